@@ -1,0 +1,65 @@
+# node-agent — developer entry points.
+#   make test   set up everything (Debian packages, venv, test control plane), then lint, type-check, test
+#   make demo   guided end-to-end tour of the agent on a throwaway node
+# Both run as root on a Debian machine; see README.md.
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+APT_PACKAGES := gcc pkg-config libsystemd-dev dbus util-linux iproute2 openssl
+CONTROLPLANE_STAMP := $(VENV)/.controlplane
+PYTEST_ARGS ?=
+
+.PHONY: help deps venv controlplane lint typecheck unit test demo clean
+
+help:
+	@echo "make test   - set up and run ruff, mypy (strict) and the whole pytest suite"
+	@echo "make demo   - run the agent's real job end to end on a throwaway node"
+	@echo "make lint | typecheck | unit | clean"
+
+deps:
+	@missing=""; for p in $(APT_PACKAGES); do \
+	  dpkg-query -W -f='$${Status}' "$$p" 2>/dev/null | grep -q 'install ok installed' || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  DEBIAN_FRONTEND=noninteractive apt-get update -qq; \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
+	fi
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(MAKE) --no-print-directory deps
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $@
+
+venv: $(VENV)/.installed
+
+controlplane:
+	@tests/testbed/build-controlplane.sh > /dev/null
+
+lint: venv
+	$(BIN)/ruff check node_agent tests bench
+	$(BIN)/ruff format --check node_agent tests bench
+
+typecheck: venv
+	$(BIN)/mypy node_agent
+
+unit: venv
+	$(BIN)/pytest tests/unit $(PYTEST_ARGS)
+
+test: deps venv controlplane lint typecheck
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+demo: deps venv controlplane
+	$(BIN)/python -m tests.demo
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis build *.egg-info
