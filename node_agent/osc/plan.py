@@ -1,0 +1,407 @@
+"""The planner: a pure diff from the last-applied OSC to the desired one.
+
+``plan()`` does no I/O. The caller resolves ``secretRef`` contents beforehand and passes the bytes
+in, persists the returned ``ChangeSet`` before touching the host, and then executes it. Everything
+is sorted so that the same inputs always give byte-identical JSON.
+
+Decisions beyond upstream gardener-node-agent:
+- files compare by decoded bytes and mode, so moving a file between ``spec`` and ``status``, or
+  re-encoding it, is not a change; a secretRef file compares by bytes when the previous bytes are
+  known (``previous_resolved``), otherwise by its reference, as upstream does;
+- a unit is restarted when its content, drop-ins, ``enable`` or ``command`` changed, or when a file
+  in its old or new ``filePaths`` was written or deleted; a reordered or extended ``filePaths``
+  list alone does not restart it;
+- changed units are restarted, never merely started (upstream does the same): ``restart`` starts a
+  stopped unit and also picks up a new definition of a unit that is already running;
+- the agent's own unit is always enabled, never stopped or removed, and its restart comes last,
+  flagged ``is_agent``, so the executor can do it after everything else.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict
+
+from node_agent.errors import SecretRefError
+from node_agent.osc.decode import decode_inline
+from node_agent.osc.merge import osc_files, osc_units
+from node_agent.osc.models import File, ImageRefContent, OperatingSystemConfig, Unit
+
+AGENT_UNIT = "gardener-node-agent.service"
+DEFAULT_FILE_MODE = 0o600
+
+UnitAction = Literal["restart", "stop"]
+
+
+class _Entry(BaseModel):
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", ser_json_bytes="base64", val_json_bytes="base64"
+    )
+
+
+class FileWrite(_Entry):
+    """Write ``content`` to ``path`` with ``mode``; for imageRef files, copy it from the image."""
+
+    path: str
+    mode: int
+    content: bytes | None = None
+    sha256: str | None = None
+    image_ref: ImageRefContent | None = None
+    reason: str
+
+
+class FileDelete(_Entry):
+    path: str
+    reason: str
+
+
+class UnitWrite(_Entry):
+    name: str
+    content: str
+    reason: str
+
+
+class UnitDelete(_Entry):
+    """Delete the unit file the agent wrote (the unit's drop-ins are listed separately)."""
+
+    name: str
+    reason: str
+
+
+class DropInWrite(_Entry):
+    unit: str
+    name: str
+    content: str
+    reason: str
+
+
+class DropInDelete(_Entry):
+    unit: str
+    name: str
+    reason: str
+
+
+class UnitCommand(_Entry):
+    """What to do with a changed unit once files and units are written and systemd reloaded.
+
+    ``removed`` units left the OSC: stop them before their unit files are deleted. ``is_agent``
+    marks the agent's own unit, always the last command.
+    """
+
+    unit: str
+    action: UnitAction
+    reasons: tuple[str, ...]
+    removed: bool = False
+    is_agent: bool = False
+
+    def describe(self) -> str:
+        verb = "restarts" if self.action == "restart" else "stops"
+        return f"{self.unit} {verb} because {'; '.join(self.reasons)}"
+
+
+class ChangeSet(_Entry):
+    files_to_write: tuple[FileWrite, ...] = ()
+    files_to_delete: tuple[FileDelete, ...] = ()
+    units_to_write: tuple[UnitWrite, ...] = ()
+    units_to_delete: tuple[UnitDelete, ...] = ()
+    dropins_to_write: tuple[DropInWrite, ...] = ()
+    dropins_to_delete: tuple[DropInDelete, ...] = ()
+    units_to_enable: tuple[str, ...] = ()
+    units_to_disable: tuple[str, ...] = ()
+    unit_commands: tuple[UnitCommand, ...] = ()
+    agent_unit: str = AGENT_UNIT
+
+    def is_empty(self) -> bool:
+        return not any(
+            (
+                self.files_to_write,
+                self.files_to_delete,
+                self.units_to_write,
+                self.units_to_delete,
+                self.dropins_to_write,
+                self.dropins_to_delete,
+                self.units_to_enable,
+                self.units_to_disable,
+                self.unit_commands,
+            )
+        )
+
+    @property
+    def restarts_agent(self) -> bool:
+        return any(cmd.is_agent for cmd in self.unit_commands)
+
+    def reasons(self) -> list[str]:
+        """One sentence per unit command, e.g. ``kubelet.service restarts because ...``."""
+        return [cmd.describe() for cmd in self.unit_commands]
+
+    def rows(self) -> list[tuple[str, str, str]]:
+        """(action, target, reason) rows in execution order, for a human-readable table."""
+        rows = [("write", f"{f.path} ({f.mode:04o})", f.reason) for f in self.files_to_write]
+        rows += [("write unit", u.name, u.reason) for u in self.units_to_write]
+        rows += [("write drop-in", f"{d.unit}/{d.name}", d.reason) for d in self.dropins_to_write]
+        rows += [("delete drop-in", f"{d.unit}/{d.name}", d.reason) for d in self.dropins_to_delete]
+        rows += [("enable", name, "") for name in self.units_to_enable]
+        rows += [("disable", name, "") for name in self.units_to_disable]
+        rows += [(c.action, c.unit, "; ".join(c.reasons)) for c in self.unit_commands]
+        rows += [("delete unit", u.name, u.reason) for u in self.units_to_delete]
+        rows += [("delete", f.path, f.reason) for f in self.files_to_delete]
+        return rows
+
+    def summary(self) -> str:
+        rows = self.rows()
+        if not rows:
+            return "no changes"
+        table = [("ACTION", "TARGET", "REASON"), *rows]
+        widths = [max(len(row[i]) for row in table) for i in range(2)]
+        return "\n".join(f"{a:<{widths[0]}}  {t:<{widths[1]}}  {r}".rstrip() for a, t, r in table)
+
+    def to_json(self) -> str:
+        return self.model_dump_json(indent=2)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> ChangeSet:
+        return cls.model_validate_json(text)
+
+    def to_yaml(self) -> str:
+        data: dict[str, Any] = json.loads(self.to_json())
+        return yaml.safe_dump(data, sort_keys=False)
+
+    @classmethod
+    def from_yaml(cls, text: str | bytes) -> ChangeSet:
+        # Round-trip through JSON so bytes fields are read back from base64.
+        return cls.model_validate_json(json.dumps(yaml.safe_load(text)))
+
+
+@dataclass(frozen=True)
+class _FileState:
+    mode: int
+    content: bytes | None  # None: unknown (previous secretRef) or not ours (imageRef)
+    source: tuple[str, ...]
+    image_ref: ImageRefContent | None = None
+
+
+def plan(
+    previous: OperatingSystemConfig | None,
+    desired: OperatingSystemConfig,
+    host_name: str,
+    resolved: Mapping[str, bytes] | None = None,
+    *,
+    previous_resolved: Mapping[str, bytes] | None = None,
+    agent_unit: str = AGENT_UNIT,
+) -> ChangeSet:
+    """Compute what to change on the host to go from ``previous`` to ``desired``.
+
+    ``resolved`` maps the path of every desired secretRef file (see ``merge.secret_refs``) to its
+    bytes; ``previous_resolved`` does the same for the previous OSC, if known. ``previous=None``
+    means nothing is known to be applied: every file and unit is new and nothing is deleted.
+    Inputs are expected to have passed ``decode.validate_osc``.
+    """
+    new_files = {
+        f.path: _file_state(f, resolved or {}, required=True) for f in osc_files(desired, host_name)
+    }
+    old_files = (
+        {
+            f.path: _file_state(f, previous_resolved or {}, required=False)
+            for f in osc_files(previous, host_name)
+        }
+        if previous is not None
+        else {}
+    )
+    writes = [
+        _file_write(path, new, reason)
+        for path, new in sorted(new_files.items())
+        if (reason := _file_change(old_files.get(path), new))
+    ]
+    deletes = [
+        FileDelete(path=p, reason="removed from the OSC")
+        for p in sorted(old_files.keys() - new_files.keys())
+    ]
+    changed_paths = {w.path: "changed" for w in writes} | {d.path: "was removed" for d in deletes}
+
+    builder = _UnitPlanner(agent_unit, changed_paths)
+    new_units = {u.name: u for u in osc_units(desired)}
+    old_units = {u.name: u for u in osc_units(previous)} if previous is not None else {}
+    for name in sorted(new_units):
+        builder.desired(old_units.get(name), new_units[name])
+    for name in sorted(old_units.keys() - new_units.keys()):
+        builder.removed(old_units[name])
+    return builder.change_set(files_to_write=tuple(writes), files_to_delete=tuple(deletes))
+
+
+def _file_state(file: File, resolved: Mapping[str, bytes], *, required: bool) -> _FileState:
+    mode = DEFAULT_FILE_MODE if file.permissions is None else file.permissions
+    content = file.content
+    if content.inline is not None:
+        return _FileState(mode, decode_inline(content.inline, path=file.path), ("inline",))
+    if content.secret_ref is not None:
+        ref = content.secret_ref
+        data = resolved.get(file.path)
+        if data is None and required:
+            raise SecretRefError(
+                ref.name, ref.data_key, path=file.path, reason="content was not resolved"
+            )
+        return _FileState(mode, data, ("secretRef", ref.name, ref.data_key))
+    if content.image_ref is not None:
+        ref_ = content.image_ref
+        return _FileState(mode, None, ("imageRef", ref_.image, ref_.file_path_in_image), ref_)
+    return _FileState(mode, None, ("none",))
+
+
+def _file_change(old: _FileState | None, new: _FileState) -> str | None:
+    if old is None:
+        return "new file"
+    reasons = []
+    if old.mode != new.mode:
+        reasons.append(f"mode changed from {old.mode:04o} to {new.mode:04o}")
+    if new.image_ref is not None or old.image_ref is not None:
+        if old.source != new.source:
+            reasons.append("image reference changed")
+    elif old.content is not None and new.content is not None:
+        if old.content != new.content:
+            reasons.append("content changed")
+    elif old.source != new.source:
+        reasons.append("content source changed")
+    return "; ".join(reasons) or None
+
+
+def _file_write(path: str, state: _FileState, reason: str) -> FileWrite:
+    digest = hashlib.sha256(state.content).hexdigest() if state.content is not None else None
+    return FileWrite(
+        path=path,
+        mode=state.mode,
+        content=state.content,
+        sha256=digest,
+        image_ref=state.image_ref,
+        reason=reason,
+    )
+
+
+class _UnitPlanner:
+    """Accumulates the unit part of a change set, one unit at a time."""
+
+    def __init__(self, agent_unit: str, changed_paths: Mapping[str, str]) -> None:
+        self.agent_unit = agent_unit
+        self.changed_paths = changed_paths
+        self.writes: list[UnitWrite] = []
+        self.deletes: list[UnitDelete] = []
+        self.dropin_writes: list[DropInWrite] = []
+        self.dropin_deletes: list[DropInDelete] = []
+        self.enable: list[str] = []
+        self.disable: list[str] = []
+        self.commands: list[UnitCommand] = []
+
+    def desired(self, old: Unit | None, new: Unit) -> None:
+        name = new.name
+        reasons = ["it is new"] if old is None else []
+        old_content = old.content if old is not None else None
+        if new.content is not None and new.content != old_content:
+            why = "unit file changed" if old_content is not None else "new unit file"
+            self.writes.append(UnitWrite(name=name, content=new.content, reason=why))
+            if old is not None:
+                reasons.append(f"its {why}")
+        elif new.content is None and old_content is not None:
+            self.deletes.append(UnitDelete(name=name, reason="content removed from the OSC"))
+            reasons.append("its unit file was removed")
+        reasons += self._drop_in_changes(old, new)
+        if old is not None:
+            reasons += _field_changes(old, new)
+            for path in sorted({*old.file_paths, *new.file_paths} & self.changed_paths.keys()):
+                reasons.append(f"{path} {self.changed_paths[path]}")
+        if not reasons:
+            return
+        is_agent = name == self.agent_unit
+        stop_why = [] if is_agent else _stop_reasons(new)
+        if is_agent and _stop_reasons(new):
+            reasons.append("it is node-agent's own unit, which is never stopped")
+        # Like upstream: re-assert enablement of every changed unit; only enable=false disables.
+        (self.disable if new.enable is False and not is_agent else self.enable).append(name)
+        self.commands.append(
+            UnitCommand(
+                unit=name,
+                action="stop" if stop_why else "restart",
+                reasons=(*stop_why, *reasons),
+                is_agent=is_agent,
+            )
+        )
+
+    def removed(self, old: Unit) -> None:
+        if old.name == self.agent_unit:
+            return  # never remove ourselves; an OSC without the agent unit is a Gardener bug
+        why = "unit removed from the OSC"
+        for d in sorted(old.drop_ins, key=lambda d: d.name):
+            self.dropin_deletes.append(DropInDelete(unit=old.name, name=d.name, reason=why))
+        if old.content is not None:
+            self.deletes.append(UnitDelete(name=old.name, reason=why))
+            self.disable.append(old.name)
+            reasons: tuple[str, ...] = ("it was removed from the OSC",)
+            self.commands.append(
+                UnitCommand(unit=old.name, action="stop", reasons=reasons, removed=True)
+            )
+        elif old.drop_ins:
+            # Not our unit (e.g. containerd.service): restart so the removed drop-ins stop applying.
+            reasons = ("it was removed from the OSC and its drop-ins deleted",)
+            self.commands.append(
+                UnitCommand(unit=old.name, action="restart", reasons=reasons, removed=True)
+            )
+
+    def _drop_in_changes(self, old: Unit | None, new: Unit) -> list[str]:
+        old_d = {d.name: d.content for d in old.drop_ins} if old is not None else {}
+        new_d = {d.name: d.content for d in new.drop_ins}
+        reasons = []
+        for name in sorted(new_d):
+            if old_d.get(name) == new_d[name]:
+                continue
+            why = "drop-in changed" if name in old_d else "new drop-in"
+            self.dropin_writes.append(
+                DropInWrite(unit=new.name, name=name, content=new_d[name], reason=why)
+            )
+            if old is not None:
+                reasons.append(f"its drop-in {name} {'changed' if name in old_d else 'is new'}")
+        for name in sorted(old_d.keys() - new_d.keys()):
+            self.dropin_deletes.append(
+                DropInDelete(unit=new.name, name=name, reason="drop-in removed from the OSC")
+            )
+            reasons.append(f"its drop-in {name} was removed")
+        return reasons
+
+    def change_set(
+        self, *, files_to_write: tuple[FileWrite, ...], files_to_delete: tuple[FileDelete, ...]
+    ) -> ChangeSet:
+        return ChangeSet(
+            files_to_write=files_to_write,
+            files_to_delete=files_to_delete,
+            units_to_write=tuple(sorted(self.writes, key=lambda u: u.name)),
+            units_to_delete=tuple(sorted(self.deletes, key=lambda u: u.name)),
+            dropins_to_write=tuple(sorted(self.dropin_writes, key=lambda d: (d.unit, d.name))),
+            dropins_to_delete=tuple(sorted(self.dropin_deletes, key=lambda d: (d.unit, d.name))),
+            units_to_enable=tuple(sorted(self.enable)),
+            units_to_disable=tuple(sorted(self.disable)),
+            unit_commands=tuple(sorted(self.commands, key=lambda c: (c.is_agent, c.unit))),
+            agent_unit=self.agent_unit,
+        )
+
+
+def _stop_reasons(unit: Unit) -> list[str]:
+    reasons = []
+    if unit.command == "stop":
+        reasons.append("command is stop")
+    if unit.enable is False:
+        reasons.append("enable is false")
+    return reasons
+
+
+def _field_changes(old: Unit, new: Unit) -> list[str]:
+    def show(value: object) -> str:
+        return "unset" if value is None else json.dumps(value)
+
+    return [
+        f"{field} changed from {show(getattr(old, field))} to {show(getattr(new, field))}"
+        for field in ("enable", "command")
+        if getattr(old, field) != getattr(new, field)
+    ]
