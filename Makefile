@@ -13,6 +13,10 @@ BIN := $(VENV)/bin
 APT_PACKAGES := gcc pkg-config libsystemd-dev dbus util-linux iproute2 openssl
 CONTROLPLANE_STAMP := $(VENV)/.controlplane
 PYTEST_ARGS ?=
+# Everything the tests build or write stays in this cache, never in the host's /tmp.
+export NODE_AGENT_TEST_CACHE ?= $(HOME)/.cache/node-agent-test
+export TMPDIR := $(NODE_AGENT_TEST_CACHE)/tmp
+$(shell mkdir -p $(TMPDIR))
 
 .PHONY: help deps venv controlplane lint typecheck unit test demo clean
 
@@ -43,7 +47,7 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 venv: $(VENV)/.installed
 
 controlplane:
-	@tests/testbed/build-controlplane.sh > /dev/null
+	@sh tests/testbed/build-controlplane.sh > /dev/null
 
 lint: venv
 	$(BIN)/ruff check node_agent tests bench

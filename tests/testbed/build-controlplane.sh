@@ -20,8 +20,9 @@ fi
 
 command -v go >/dev/null 2>&1 || { echo "build-controlplane: Go is required to build the test control plane" >&2; exit 1; }
 echo "build-controlplane: building kube-apiserver and etcd v$version into $out (first time takes minutes)" >&2
-mkdir -p "$cache/go-mod" "$cache/go-build" "$out.tmp"
-export GOMODCACHE="$cache/go-mod" GOCACHE="$cache/go-build" GOFLAGS=-mod=mod CGO_ENABLED=0
+rm -rf "$out.tmp"
+mkdir -p "$cache/go-mod" "$cache/go-build" "$cache/go-tmp" "$out.tmp"
+export GOMODCACHE="$cache/go-mod" GOCACHE="$cache/go-build" GOTMPDIR="$cache/go-tmp" GOFLAGS=-mod=mod CGO_ENABLED=0
 cd "$here/controlplane"
 if [ ! -f go.sum ]; then go mod tidy >&2; fi
 go build -trimpath -ldflags='-s -w' -o "$out.tmp/kube-apiserver" k8s.io/kubernetes/cmd/kube-apiserver >&2

@@ -1,0 +1,92 @@
+"""Shared fixtures: the real test bed (kube-apiserver + etcd, systemd in namespaces).
+
+Everything a test run creates lives under one work directory inside the test cache
+(``$NODE_AGENT_TEST_CACHE``, default ``~/.cache/node-agent-test``) and is removed at the end;
+nothing is written to the host's ``/tmp``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+from kubernetes_asyncio import client, config
+from kubernetes_asyncio.client import ApiClient
+
+from tests.testbed.controlplane import ControlPlane
+from tests.testbed.credentials import NodeAgentCredentials, node_agent_credentials
+from tests.testbed.systemd_ns import IsolatedSystemd
+
+
+def cache_dir() -> Path:
+    default = Path.home() / ".cache" / "node-agent-test"
+    return Path(os.environ.get("NODE_AGENT_TEST_CACHE", default))
+
+
+@pytest.fixture(scope="session")
+def workdir() -> Iterator[Path]:
+    path = cache_dir() / "run" / uuid.uuid4().hex[:12]
+    path.mkdir(parents=True)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def control_plane(workdir: Path) -> Iterator[ControlPlane]:
+    """One real kube-apiserver + etcd for the whole session."""
+    with ControlPlane(workdir / "controlplane") as cp:
+        yield cp
+
+
+async def api_client_from(kubeconfig: Path) -> ApiClient:
+    configuration = client.Configuration()
+    await config.load_kube_config(config_file=str(kubeconfig), client_configuration=configuration)
+    return ApiClient(configuration=configuration)
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def admin_api(control_plane: ControlPlane) -> AsyncIterator[ApiClient]:
+    api = await api_client_from(control_plane.admin_kubeconfig)
+    async with api:
+        yield api
+
+
+CredentialsFactory = Callable[..., Awaitable[NodeAgentCredentials]]
+
+
+@pytest.fixture
+def make_node_agent_credentials(
+    control_plane: ControlPlane, admin_api: ApiClient, tmp_path: Path
+) -> CredentialsFactory:
+    """Least-privilege credentials for a node agent: ``await factory(node, [secret, ...])``."""
+
+    async def factory(node_name: str, secret_names: list[str]) -> NodeAgentCredentials:
+        return await node_agent_credentials(
+            admin_api,
+            tmp_path / f"credentials-{node_name}",
+            server=control_plane.server,
+            ca_file=control_plane.ca_file,
+            node_name=node_name,
+            secret_names=secret_names,
+        )
+
+    return factory
+
+
+@pytest.fixture
+def systemd(workdir: Path) -> Iterator[IsolatedSystemd]:
+    """A real systemd as PID 1 of its own namespaces, with private unit directories."""
+    with IsolatedSystemd(workdir / "systemd") as instance:
+        yield instance
+
+
+@pytest.fixture
+def node(workdir: Path) -> Iterator[IsolatedSystemd]:
+    """A throwaway node: real systemd on an overlay of the host's root (tmpfs upper layer)."""
+    with IsolatedSystemd(workdir / "nodes", overlay=True) as instance:
+        yield instance
