@@ -12,6 +12,10 @@ class NodeAgentError(Exception):
     """Base class of every error node-agent raises on purpose."""
 
 
+class ConfigError(NodeAgentError):
+    """The agent's own configuration (NodeAgentConfiguration, flags) is unusable."""
+
+
 # --- bad OperatingSystemConfig input -------------------------------------------------------------
 
 

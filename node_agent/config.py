@@ -1,0 +1,250 @@
+"""Settings: Gardener's ``NodeAgentConfiguration`` as shipped in user-data, plus our own knobs.
+
+The component config is read unchanged from what Gardener writes (camelCase, Go durations,
+unknown fields ignored so a newer Gardener does not break an older agent). Defaults follow
+upstream's defaulting. Settings that Gardener has no field for (paths, the agent's own unit
+name, timeouts) live in ``AgentSettings``, each with its default documented next to it.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+from pathlib import Path
+from typing import Annotated, Any
+
+import yaml
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+
+from node_agent.errors import ConfigError
+
+API_VERSION = "nodeagent.config.gardener.cloud/v1alpha1"
+KIND = "NodeAgentConfiguration"
+
+# Upstream's on-disk layout (DESIGN §1); every path is relative to the --root prefix.
+BASE_DIR = "/var/lib/gardener-node-agent"
+CREDENTIALS_DIR = f"{BASE_DIR}/credentials"
+TOKEN_FILE = f"{CREDENTIALS_DIR}/token"
+KUBECONFIG_FILE = f"{CREDENTIALS_DIR}/kubeconfig"
+BOOTSTRAP_TOKEN_FILE = f"{CREDENTIALS_DIR}/bootstrap-token"
+CLUSTER_CA_FILE = f"{BASE_DIR}/cluster-ca.crt"
+MACHINE_NAME_FILE = f"{BASE_DIR}/machine-name"
+ZONE_FILE = f"{BASE_DIR}/zone"
+CONFIG_FILE = f"{BASE_DIR}/config.yaml"
+
+_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
+_UNIT_SECONDS = {
+    "ns": 1e-9,
+    "us": 1e-6,
+    "µs": 1e-6,
+    "ms": 1e-3,
+    "s": 1.0,
+    "m": 60.0,
+    "h": 3600.0,
+}
+
+
+def parse_duration(value: object) -> timedelta:
+    """Parse a Go duration (``1m30s``, ``10m``, ``1h``, ``250ms``) or a number of seconds."""
+    if isinstance(value, timedelta):
+        return value
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return timedelta(seconds=float(value))
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"not a duration: {value!r}")
+    text = value.strip()
+    sign = -1.0 if text.startswith("-") else 1.0
+    text = text.lstrip("+-")
+    if text == "0":
+        return timedelta(0)
+    pos, seconds = 0, 0.0
+    for match in _DURATION_PART.finditer(text):
+        if match.start() != pos:
+            break
+        seconds += float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+        pos = match.end()
+    if pos != len(text) or pos == 0:
+        raise ValueError(f"not a Go duration: {value!r} (examples: 30s, 1m30s, 10m, 1h)")
+    return timedelta(seconds=sign * seconds)
+
+
+def format_duration(value: timedelta) -> str:
+    """The shortest Go-style spelling of a duration, e.g. ``1m30s``."""
+    total = value.total_seconds()
+    if total == 0:
+        return "0s"
+    sign = "-" if total < 0 else ""
+    total = abs(total)
+    hours, rest = divmod(total, 3600)
+    minutes, seconds = divmod(rest, 60)
+    out = ""
+    if hours:
+        out += f"{int(hours)}h"
+    if minutes:
+        out += f"{int(minutes)}m"
+    if seconds or not out:
+        out += f"{seconds:g}s"
+    return sign + out
+
+
+Duration = Annotated[timedelta, BeforeValidator(parse_duration)]
+
+
+class _Config(BaseModel):
+    model_config = ConfigDict(populate_by_name=True, extra="ignore", frozen=True)
+
+
+class ClientConnection(_Config):
+    kubeconfig: str = Field(default=KUBECONFIG_FILE, description="kubeconfig of the agent")
+    qps: float = 100.0
+    burst: int = 100
+
+
+class ServerEndpoint(_Config):
+    bind_address: str = Field(default="", alias="bindAddress", description="'' = all addresses")
+    port: int
+
+
+class ServerConfiguration(_Config):
+    health_probes: ServerEndpoint = Field(
+        default=ServerEndpoint(port=2751), alias="healthProbes", description="/healthz, /readyz"
+    )
+    metrics: ServerEndpoint = Field(
+        default=ServerEndpoint(port=2752), description="Prometheus metrics"
+    )
+
+
+class APIServer(_Config):
+    server: str = ""
+    ca_file: str = Field(default=CLUSTER_CA_FILE, alias="caFile")
+
+
+class BootstrapConfiguration(_Config):
+    kubelet_data_volume_size: int | None = Field(default=None, alias="kubeletDataVolumeSize")
+
+
+class OSCControllerConfig(_Config):
+    sync_period: Duration = Field(
+        default=timedelta(minutes=10),
+        alias="syncPeriod",
+        description="full re-check of the OSC and the disk even without events (min 15s)",
+    )
+    secret_name: str = Field(default="", alias="secretName")
+    kubernetes_version: str | None = Field(default=None, alias="kubernetesVersion")
+
+
+class TokenSyncConfig(_Config):
+    secret_name: str = Field(alias="secretName")
+    path: str
+
+
+class TokenControllerConfig(_Config):
+    sync_configs: tuple[TokenSyncConfig, ...] = Field(default=(), alias="syncConfigs")
+    sync_period: Duration = Field(default=timedelta(hours=1), alias="syncPeriod")
+
+
+class SystemdUnitCheckConfig(_Config):
+    sync_period: Duration = Field(default=timedelta(minutes=1), alias="syncPeriod")
+    stuck_threshold: Duration = Field(default=timedelta(minutes=5), alias="stuckThreshold")
+
+
+class ControllerConfiguration(_Config):
+    operating_system_config: OSCControllerConfig = Field(
+        default=OSCControllerConfig(), alias="operatingSystemConfig"
+    )
+    token: TokenControllerConfig = TokenControllerConfig()
+    systemd_unit_check: SystemdUnitCheckConfig = Field(
+        default=SystemdUnitCheckConfig(), alias="systemdUnitCheck"
+    )
+
+
+class NodeAgentConfiguration(_Config):
+    """Gardener's component config, ``nodeagent.config.gardener.cloud/v1alpha1``."""
+
+    api_version: str = Field(default=API_VERSION, alias="apiVersion")
+    kind: str = KIND
+    client_connection: ClientConnection = Field(
+        default=ClientConnection(), alias="clientConnection"
+    )
+    log_level: str = Field(default="info", alias="logLevel")
+    log_format: str = Field(default="json", alias="logFormat")
+    server: ServerConfiguration = ServerConfiguration()
+    feature_gates: dict[str, bool] = Field(default_factory=dict, alias="featureGates")
+    api_server: APIServer = Field(default=APIServer(), alias="apiServer")
+    bootstrap: BootstrapConfiguration | None = None
+    controllers: ControllerConfiguration = ControllerConfiguration()
+
+    def dump(self) -> dict[str, Any]:
+        """The config as Gardener would write it (camelCase, Go durations)."""
+        data: dict[str, Any] = self.model_dump(by_alias=True, mode="json", exclude_none=True)
+        controllers = data["controllers"]
+        osc = self.controllers.operating_system_config
+        controllers["operatingSystemConfig"]["syncPeriod"] = format_duration(osc.sync_period)
+        controllers["token"]["syncPeriod"] = format_duration(self.controllers.token.sync_period)
+        check = self.controllers.systemd_unit_check
+        controllers["systemdUnitCheck"] = {
+            "syncPeriod": format_duration(check.sync_period),
+            "stuckThreshold": format_duration(check.stuck_threshold),
+        }
+        return data
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.dump(), sort_keys=False)
+
+
+MIN_OSC_SYNC_PERIOD = timedelta(seconds=15)
+
+
+def parse_config(raw: bytes | str, *, source: str = "config") -> NodeAgentConfiguration:
+    """Parse and check a NodeAgentConfiguration; errors name the file and field."""
+    try:
+        data = yaml.safe_load(raw)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{source}: not valid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: expected a mapping, got {type(data).__name__}")
+    if data.get("apiVersion", API_VERSION) != API_VERSION or data.get("kind", KIND) != KIND:
+        raise ConfigError(
+            f"{source}: expected apiVersion {API_VERSION} kind {KIND}, "
+            f"got {data.get('apiVersion')!r} {data.get('kind')!r}"
+        )
+    try:
+        config = NodeAgentConfiguration.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise ConfigError(f"{source}: {where}: {first['msg']}") from exc
+    osc = config.controllers.operating_system_config
+    if osc.sync_period < MIN_OSC_SYNC_PERIOD:
+        raise ConfigError(
+            f"{source}: controllers.operatingSystemConfig.syncPeriod must be at least 15s, "
+            f"got {format_duration(osc.sync_period)}"
+        )
+    return config
+
+
+def load_config(path: Path) -> NodeAgentConfiguration:
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"cannot read config {path}: {exc.strerror}") from exc
+    return parse_config(raw, source=str(path))
+
+
+class AgentSettings(_Config):
+    """Knobs of this agent that Gardener's config has no field for. Defaults suit a real node."""
+
+    root: Path = Field(default=Path("/"), description="prefix for every host path (--root)")
+    config_file: str = Field(default=CONFIG_FILE, description="NodeAgentConfiguration path")
+    agent_unit: str = Field(
+        default="gardener-node-agent.service",
+        description="the agent's own systemd unit: restarted last, never stopped or removed",
+    )
+    status_socket: str = Field(
+        default="/run/gardener-node-agent/status.sock",
+        description="unix socket (0600) that `node-agent status` talks to",
+    )
+    request_timeout: float = Field(default=15.0, description="seconds per API request")
+    systemd_job_timeout: float = Field(
+        default=60.0, description="seconds to wait for one start/stop/restart job"
+    )

@@ -1,0 +1,117 @@
+"""Gardener's NodeAgentConfiguration is accepted unchanged; bad config fails with a clear error."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+import yaml
+from hypothesis import given
+from hypothesis import strategies as st
+
+from node_agent.config import format_duration, parse_config, parse_duration
+from node_agent.errors import ConfigError
+
+GARDENER_CONFIG = """\
+apiVersion: nodeagent.config.gardener.cloud/v1alpha1
+kind: NodeAgentConfiguration
+clientConnection:
+  acceptContentTypes: ""
+  burst: 0
+  contentType: ""
+  kubeconfig: /var/lib/gardener-node-agent/credentials/kubeconfig
+  qps: 0
+logLevel: info
+logFormat: json
+server: {}
+featureGates:
+  SomeFutureGate: true
+apiServer:
+  server: https://api.shoot.example:443
+  caFile: /var/lib/gardener-node-agent/cluster-ca.crt
+bootstrap:
+  kubeletDataVolumeSize: 68719476736
+controllers:
+  operatingSystemConfig:
+    secretName: gardener-node-agent-worker-a-77ac3
+    kubernetesVersion: 1.31.4
+    syncPeriod: 1m30s
+  token:
+    syncConfigs:
+    - secretName: gardener-node-agent
+      path: /var/lib/gardener-node-agent/credentials/token
+    - secretName: valitail
+      path: /var/lib/valitail/auth-token
+  systemdUnitCheck: {}
+someFieldFromANewerGardener: 1
+"""
+
+
+def test_gardener_config_is_accepted_with_defaults() -> None:
+    config = parse_config(GARDENER_CONFIG)
+    osc = config.controllers.operating_system_config
+    assert osc.secret_name == "gardener-node-agent-worker-a-77ac3"
+    assert osc.kubernetes_version == "1.31.4"
+    assert osc.sync_period == timedelta(seconds=90)
+    assert [s.path for s in config.controllers.token.sync_configs] == [
+        "/var/lib/gardener-node-agent/credentials/token",
+        "/var/lib/valitail/auth-token",
+    ]
+    assert config.controllers.token.sync_period == timedelta(hours=1)
+    assert config.controllers.systemd_unit_check.stuck_threshold == timedelta(minutes=5)
+    assert config.server.health_probes.port == 2751
+    assert config.server.metrics.port == 2752
+    assert config.api_server.server == "https://api.shoot.example:443"
+    assert config.feature_gates == {"SomeFutureGate": True}
+    assert config.bootstrap is not None
+    assert config.bootstrap.kubelet_data_volume_size == 68719476736
+
+
+def test_dump_round_trips_in_gardener_spelling() -> None:
+    config = parse_config(GARDENER_CONFIG)
+    dumped = yaml.safe_load(config.to_yaml())
+    assert dumped["controllers"]["operatingSystemConfig"]["syncPeriod"] == "1m30s"
+    assert dumped["apiServer"]["caFile"] == "/var/lib/gardener-node-agent/cluster-ca.crt"
+    assert parse_config(config.to_yaml()) == config
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("a: [", "not valid YAML"),
+        ("- 1", "expected a mapping"),
+        ("apiVersion: v1\nkind: ConfigMap\n", "expected apiVersion"),
+        (
+            "controllers:\n  operatingSystemConfig:\n    syncPeriod: 5s\n",
+            "syncPeriod must be at least 15s",
+        ),
+        (
+            "controllers:\n  operatingSystemConfig:\n    syncPeriod: soon\n",
+            "controllers.operatingSystemConfig.syncPeriod",
+        ),
+        ("controllers:\n  token:\n    syncConfigs:\n    - path: /x\n", "secretName"),
+    ],
+)
+def test_bad_config_is_a_clear_error(text: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse_config(text, source="/etc/cfg.yaml")
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("0", 0), ("10m", 600), ("1m30s", 90), ("1h", 3600), ("250ms", 0.25), ("1.5h", 5400)],
+)
+def test_parse_go_durations(text: str, seconds: float) -> None:
+    assert parse_duration(text).total_seconds() == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("text", ["", "10", "m", "1x", "1m 30s", "abc"])
+def test_reject_non_durations(text: str) -> None:
+    with pytest.raises(ValueError, match="duration"):
+        parse_duration(text)
+
+
+@given(st.integers(min_value=0, max_value=10 * 24 * 3600))
+def test_duration_format_round_trips(seconds: int) -> None:
+    value = timedelta(seconds=seconds)
+    assert parse_duration(format_duration(value)) == value

@@ -1,0 +1,63 @@
+"""Logs are JSON lines, carry journald priorities, and never contain secrets."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+
+from node_agent import log
+
+
+def _emit(monkeypatch: pytest.MonkeyPatch, journal: bool, **fields: object) -> str:
+    stream = io.StringIO()
+    if journal:
+        monkeypatch.setenv("JOURNAL_STREAM", "8:1234")
+    else:
+        monkeypatch.delenv("JOURNAL_STREAM", raising=False)
+    log.configure("debug", "json", stream=stream)
+    logger = log.get_logger("test")
+    logger.warning("something happened", **fields)
+    return stream.getvalue()
+
+
+def test_one_json_object_per_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    out = _emit(monkeypatch, journal=False, unit="kubelet.service")
+    lines = out.splitlines()
+    assert len(lines) == 1
+    event = json.loads(lines[0])
+    assert event["event"] == "something happened"
+    assert event["level"] == "warning"
+    assert event["unit"] == "kubelet.service"
+    assert event["timestamp"].endswith("Z")
+
+
+def test_secrets_are_redacted(monkeypatch: pytest.MonkeyPatch) -> None:
+    jwt = "eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJzeXN0ZW06c2EifQ.c2lnbmF0dXJlc2lnbmF0dXJl"
+    out = _emit(
+        monkeypatch,
+        journal=False,
+        token="plain-token-value",
+        secret={"data": {"token": "abc"}, "name": "kube-system/x"},
+        message=f"request failed with Authorization: Bearer {jwt}",
+        raw_bytes=b"\x00secret",
+        bootstrap="abcdef.0123456789abcdef",
+    )
+    assert "plain-token-value" not in out
+    assert jwt not in out
+    assert "abcdef.0123456789abcdef" not in out
+    assert "secret\\u0000" not in out
+    event = json.loads(out)
+    assert event["token"] == log.REDACTED
+    assert event["secret"] == {"data": log.REDACTED, "name": "kube-system/x"}
+    assert event["raw_bytes"] == "<7 bytes>"
+
+
+def test_journald_priority_prefix(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A stream given explicitly is not the journal: no prefix.
+    assert _emit(monkeypatch, journal=True).startswith("{")
+    renderer = log._JournalRenderer(prefix=True)
+    assert renderer(None, "error", {"event": "x", "level": "error"}).startswith("<3>{")
+    assert renderer(None, "info", {"event": "x", "level": "info"}).startswith("<6>{")
+    assert renderer(None, "warning", {"event": "x", "level": "warning"}).startswith("<4>{")
