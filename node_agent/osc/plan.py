@@ -19,14 +19,15 @@ Decisions beyond upstream gardener-node-agent:
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, BeforeValidator, ConfigDict, PlainSerializer
 
 from node_agent.errors import SecretRefError
 from node_agent.osc.decode import decode_inline
@@ -40,9 +41,19 @@ UnitAction = Literal["restart", "stop"]
 
 
 class _Entry(BaseModel):
-    model_config = ConfigDict(
-        frozen=True, extra="forbid", ser_json_bytes="base64", val_json_bytes="base64"
-    )
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+def _from_base64(value: object) -> object:
+    return base64.b64decode(value, validate=True) if isinstance(value, str) else value
+
+
+# File bytes appear in JSON/YAML as standard base64 (``base64 -d`` reads them back).
+Base64Bytes = Annotated[
+    bytes,
+    BeforeValidator(_from_base64),
+    PlainSerializer(lambda data: base64.b64encode(data).decode(), when_used="json"),
+]
 
 
 class FileWrite(_Entry):
@@ -50,7 +61,7 @@ class FileWrite(_Entry):
 
     path: str
     mode: int
-    content: bytes | None = None
+    content: Base64Bytes | None = None
     sha256: str | None = None
     image_ref: ImageRefContent | None = None
     reason: str
@@ -141,7 +152,7 @@ class ChangeSet(_Entry):
         return [cmd.describe() for cmd in self.unit_commands]
 
     def rows(self) -> list[tuple[str, str, str]]:
-        """(action, target, reason) rows in execution order, for a human-readable table."""
+        """(action, target, reason) rows in the order an executor applies them, for a table."""
         rows = [("write", f"{f.path} ({f.mode:04o})", f.reason) for f in self.files_to_write]
         rows += [("write unit", u.name, u.reason) for u in self.units_to_write]
         rows += [("write drop-in", f"{d.unit}/{d.name}", d.reason) for d in self.dropins_to_write]
