@@ -1,0 +1,158 @@
+"""What the agent tells the cluster about its node: Node patches, conditions and Events.
+
+Pure builders (no I/O) of the exact wire names Gardener uses, so that the controllers stay
+short and the names are tested in one place.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+COMPONENT = "gardener-node-agent"
+EVENT_NAMESPACE = "default"  # Events about cluster-scoped objects (a Node) live here
+
+ANNOTATION_APPLIED_CHECKSUM = "checksum/cloud-config-data"
+ANNOTATION_SECRET_CHECKSUM = "checksum/data-script"
+ANNOTATION_RESTART_SERVICES = "worker.gardener.cloud/restart-systemd-services"
+ANNOTATION_RECONCILIATION_DELAY = "node-agent.gardener.cloud/reconciliation-delay"
+ANNOTATION_SERIAL = "reconciliation.osc.node-agent.gardener.cloud/serial"
+LABEL_KUBERNETES_VERSION = "worker.gardener.cloud/kubernetes-version"
+LABEL_SECRET_NAME = "worker.gardener.cloud/gardener-node-agent-secret-name"
+LABEL_HOSTNAME = "kubernetes.io/hostname"
+LABEL_ROLE_WORKER = "node-role.kubernetes.io/worker"
+LABEL_ROLE_CONTROL_PLANE = "node-role.kubernetes.io/control-plane"
+LABEL_ZONE = "topology.kubernetes.io/zone"
+CONTROL_PLANE_MARKER = "/etc/kubernetes/manifests/kube-apiserver.yaml"
+
+CONDITION_UNITS_READY = "SystemdUnitsReady"
+
+REASON_OSC_APPLIED = "OSCApplied"
+REASON_OSC_FAILED = "OSCApplyFailed"
+REASON_OSC_INVALID = "OSCInvalid"
+REASON_UNIT_COMMAND = {
+    "start": "SystemDUnitStart",
+    "stop": "SystemDUnitStop",
+    "restart": "SystemDUnitRestart",
+}
+
+EventType = Literal["Normal", "Warning"]
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+def rfc3339(moment: datetime) -> str:
+    """RFC 3339 in UTC with an explicit offset, as the API server expects."""
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def applied_patch(
+    *,
+    checksum: str,
+    kubernetes_version: str | None,
+    control_plane: bool,
+    zone: str | None,
+    current_labels: Mapping[str, str],
+) -> dict[str, Any]:
+    """Merge patch written after a successful apply: checksum last-applied, version, roles."""
+    labels: dict[str, str | None] = {}
+    if kubernetes_version:
+        labels[LABEL_KUBERNETES_VERSION] = kubernetes_version
+    role, other = (
+        (LABEL_ROLE_CONTROL_PLANE, LABEL_ROLE_WORKER)
+        if control_plane
+        else (LABEL_ROLE_WORKER, LABEL_ROLE_CONTROL_PLANE)
+    )
+    labels[role] = ""
+    if other in current_labels:
+        labels[other] = None
+    if zone:
+        labels[LABEL_ZONE] = zone
+    return {
+        "metadata": {
+            "annotations": {ANNOTATION_APPLIED_CHECKSUM: checksum},
+            "labels": labels,
+        }
+    }
+
+
+def remove_annotation_patch(key: str) -> dict[str, Any]:
+    return {"metadata": {"annotations": {key: None}}}
+
+
+@dataclass(frozen=True)
+class Condition:
+    status: Literal["True", "False", "Unknown"]
+    reason: str
+    message: str
+
+
+def units_condition(unhealthy: Mapping[str, str], progressing: Mapping[str, str]) -> Condition:
+    """SystemdUnitsReady from unit health: False if any unit failed, else progressing/healthy."""
+    if unhealthy:
+        listed = ", ".join(f"{u} ({s})" for u, s in sorted(unhealthy.items()))
+        return Condition("False", "UnhealthyUnits", f"Unhealthy systemd units: {listed}")
+    if progressing:
+        listed = ", ".join(f"{u} ({s})" for u, s in sorted(progressing.items()))
+        return Condition("True", "ProgressingUnits", f"Progressing systemd units: {listed}")
+    return Condition("True", "AllUnitsHealthy", "All systemd units are healthy")
+
+
+def condition_entry(
+    condition: Condition, existing: Mapping[str, Any] | None, at: datetime
+) -> dict[str, Any]:
+    """The Node condition entry; ``lastTransitionTime`` is kept while the status is unchanged."""
+    transition = rfc3339(at)
+    if existing is not None and existing.get("status") == condition.status:
+        kept = existing.get("lastTransitionTime")
+        transition = kept if isinstance(kept, str) else transition
+    return {
+        "type": CONDITION_UNITS_READY,
+        "status": condition.status,
+        "reason": condition.reason,
+        "message": condition.message,
+        "lastHeartbeatTime": rfc3339(at),
+        "lastTransitionTime": transition,
+    }
+
+
+def node_event(
+    *,
+    node_name: str,
+    node_uid: str | None,
+    reason: str,
+    message: str,
+    event_type: EventType = "Normal",
+    host: str | None = None,
+    at: datetime | None = None,
+) -> dict[str, Any]:
+    """A core/v1 Event about the Node, in the shape ``kubectl describe node`` shows."""
+    moment = rfc3339(at or now())
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {
+            "name": f"{node_name}.{secrets.token_hex(8)}",
+            "namespace": EVENT_NAMESPACE,
+        },
+        "involvedObject": {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "name": node_name,
+            **({"uid": node_uid} if node_uid else {}),
+        },
+        "reason": reason,
+        "message": message[:1024],
+        "type": event_type,
+        "source": {"component": COMPONENT, **({"host": host} if host else {})},
+        "firstTimestamp": moment,
+        "lastTimestamp": moment,
+        "count": 1,
+        "reportingComponent": COMPONENT,
+        "reportingInstance": host or node_name,
+    }
