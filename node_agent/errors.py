@@ -73,9 +73,159 @@ class HostError(NodeAgentError):
     """Reading or changing the host's file system failed."""
 
 
+class UnsafePathError(HostError):
+    """A host path was refused before any I/O: relative, ``..``, NUL, or through a symlink.
+
+    Never retried blindly: a symlink planted in a parent directory would redirect a write outside
+    the intended tree, so an operator has to look at ``path``.
+    """
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"refusing host path {path!r}: {reason}")
+        self.path = path
+        self.reason = reason
+
+
+class HostIOError(HostError):
+    """A system call on a host path failed; ``op`` names it, ``errno`` is the OS error number."""
+
+    def __init__(self, op: str, path: str, cause: OSError) -> None:
+        super().__init__(f"{op} {path}: {cause.strerror or cause}")
+        self.op = op
+        self.path = path
+        self.errno = cause.errno
+
+
 class SystemdError(NodeAgentError):
     """A systemd operation (D-Bus call or job) failed."""
 
 
+class SystemdUnavailable(SystemdError):
+    """The systemd worker could not be started or could not reach systemd over D-Bus."""
+
+
+class SystemdTimeout(SystemdError):
+    """A systemd call did not answer within its deadline; the worker was killed (and respawns)."""
+
+    def __init__(self, message: str, *, op: str, timeout: float) -> None:
+        super().__init__(message)
+        self.op = op
+        self.timeout = timeout
+
+
+class SystemdWorkerDied(SystemdError):
+    """The systemd worker process exited or was killed while a call was in flight."""
+
+
+class SystemdCallError(SystemdError):
+    """systemd answered a call with a D-Bus error; ``name`` is the D-Bus error name."""
+
+    def __init__(
+        self, message: str, *, op: str, name: str = "", errno: int = 0, units: tuple[str, ...] = ()
+    ) -> None:
+        super().__init__(message)
+        self.op = op
+        self.name = name
+        self.errno = errno
+        self.units = units
+
+
 class KubeError(NodeAgentError):
     """A request to the Kubernetes API failed."""
+
+
+class KubeConfigError(KubeError):
+    """The kubeconfig, CA or token file cannot be used to build a client (missing, malformed)."""
+
+
+class KubeTransportError(KubeError):
+    """No complete HTTP answer: connection refused or reset, TLS failure, or a broken stream.
+
+    Transient by nature; callers retry with backoff.
+    """
+
+
+class KubeTimeout(KubeTransportError):
+    """The request did not complete within its timeout (e.g. a hung or frozen API server)."""
+
+
+class KubeStatusError(KubeError):
+    """The API server answered with a non-2xx status.
+
+    ``verb``, ``kind``, ``namespace`` and ``name`` name the request; ``reason`` is the
+    ``Status.reason`` from the answer (e.g. ``NotFound``, ``AlreadyExists``, ``Expired``).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int,
+        reason: str = "",
+        verb: str = "",
+        kind: str = "",
+        namespace: str | None = None,
+        name: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.reason = reason
+        self.verb = verb
+        self.kind = kind
+        self.namespace = namespace
+        self.name = name
+
+
+class KubeUnauthorized(KubeStatusError):
+    """401: the bearer token was rejected (even after re-reading the token file once)."""
+
+
+class KubeForbidden(KubeStatusError):
+    """403: RBAC does not allow this request for the agent's identity."""
+
+
+class KubeNotFound(KubeStatusError):
+    """404: the named object does not exist."""
+
+
+class KubeConflict(KubeStatusError):
+    """409: the object changed since it was read (stale resourceVersion); re-read and retry."""
+
+
+class KubeAlreadyExists(KubeConflict):
+    """409 with reason ``AlreadyExists``: a create found the object already there."""
+
+
+class KubeGone(KubeStatusError):
+    """410: the resourceVersion is too old (compacted); a watch must re-list."""
+
+
+class KubeInvalid(KubeStatusError):
+    """422: the server rejected the object as invalid; retrying the same body cannot help."""
+
+
+class KubeTooManyRequests(KubeStatusError):
+    """429: throttled by API priority and fairness; retry later."""
+
+
+class KubeServerError(KubeStatusError):
+    """5xx: the API server (or etcd behind it) failed; transient, retry with backoff."""
+
+
+class KubeUnavailable(KubeServerError):
+    """503: the API server is not ready or is shutting down."""
+
+
+class KubeServerTimeout(KubeServerError):
+    """504, or a Status with reason ``Timeout``: the server gave up on the request."""
+
+
+class ApplyError(NodeAgentError):
+    """Applying a change set did not fully succeed (e.g. a unit failed to restart).
+
+    ``report`` is the executor's account of what was done before the failure.
+    """
+
+    def __init__(self, message: str, *, report: object = None) -> None:
+        super().__init__(message)
+        self.report = report

@@ -1,0 +1,30 @@
+"""The host seam: file-system access under a root prefix (``fs``), the agent's persisted state
+(``state``) and the journal's step ids (``steps``), kept apart from the planner so the planner
+stays pure and every host write goes through one small, tested place."""
+
+from node_agent.host.fs import TEMP_PREFIX, HostFS, WriteResult, host_parts
+from node_agent.host.state import (
+    ApplyRecord,
+    Claim,
+    Inventory,
+    LastApplied,
+    Pending,
+    StateStore,
+    claims_for,
+)
+from node_agent.host.steps import step_ids
+
+__all__ = [
+    "TEMP_PREFIX",
+    "ApplyRecord",
+    "Claim",
+    "HostFS",
+    "Inventory",
+    "LastApplied",
+    "Pending",
+    "StateStore",
+    "WriteResult",
+    "claims_for",
+    "host_parts",
+    "step_ids",
+]

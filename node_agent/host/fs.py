@@ -1,0 +1,554 @@
+"""HostFS: every read and write of a host path, under a ``--root`` prefix, crash-safe and exact.
+
+Why a seam of its own: the agent runs as root and writes wherever an OperatingSystemConfig says,
+so three properties must hold for every single write and are easiest to prove in one place:
+
+- **No redirection.** Paths are walked one component at a time from a directory fd of the root
+  (``openat`` with ``O_NOFOLLOW | O_DIRECTORY``), so a symlink planted anywhere in a parent chain
+  (``/etc -> /outside``) is refused instead of followed, and there is no window between checking
+  and using a path. Relative paths, ``..`` and NUL are refused before any I/O.
+- **Atomic and durable.** Content goes to a temp file in the target's directory, gets its exact
+  mode (``fchmod``, so the umask never matters), is fsynced and renamed over the target, and then
+  the directory is fsynced: after a crash the target holds the old or the new bytes, never a mix.
+  Temp files carry ``TEMP_PREFIX`` so ``cleanup_temp_files`` can remove leftovers.
+- **Idempotent.** When the bytes and attributes on disk already match, nothing is written: the
+  same OSC applied again costs zero writes and leaves every mtime alone.
+
+All methods are synchronous: each is a handful of syscalls on small files. From asyncio, use the
+``*_async`` wrappers, which run the whole operation in one ``asyncio.to_thread`` hop. (aiofiles
+only offers path-based calls; the ``dir_fd``/``O_NOFOLLOW``/``fchmod``/directory-fsync sequence
+that makes a write safe cannot be expressed with it, and one thread hop is cheaper than many.)
+Not safe against a concurrent writer of the same path; the agent has one writer per path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import errno
+import hashlib
+import os
+import secrets
+import stat
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path, PurePath
+
+from node_agent.errors import HostIOError, UnsafePathError
+
+TEMP_PREFIX = ".node-agent-tmp-"
+DEFAULT_DIR_MODE = 0o755
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+# O_NONBLOCK: opening a FIFO planted at the target must not hang the agent.
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+_TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+_CHUNK = 1 << 20
+
+HostPath = str | PurePath
+
+
+class WriteResult(enum.IntEnum):
+    """What ``write_atomic`` did. Falsy only for ``UNCHANGED``, so ``if fs.write_atomic(...)``
+    reads as "did anything change"."""
+
+    UNCHANGED = 0
+    CREATED = 1
+    REPLACED = 2
+    ATTRS_CHANGED = 3  # same bytes; mode and/or owner fixed in place (mtime untouched)
+
+
+def _fault_point(name: str) -> None:
+    """Hook for crash tests: called at named points of a write; does nothing in production."""
+
+
+def host_parts(path: HostPath) -> tuple[str, ...]:
+    """Split an absolute host path into its components, refusing anything that could escape."""
+    text = os.fspath(path)
+    if "\0" in text:
+        raise UnsafePathError(text, "contains a NUL byte")
+    if not text.startswith("/"):
+        raise UnsafePathError(text, "is not absolute")
+    parts = tuple(p for p in text.split("/") if p not in ("", "."))
+    if ".." in parts:
+        raise UnsafePathError(text, "contains '..'")
+    return parts
+
+
+def _check_mode(mode: int, what: str) -> None:
+    if not 0 <= mode <= 0o7777:
+        raise ValueError(f"{what} {mode:#o} is not a permission mode (0..0o7777)")
+
+
+@contextmanager
+def _os_errors(op: str, path: HostPath) -> Iterator[None]:
+    try:
+        yield
+    except OSError as exc:
+        raise HostIOError(op, os.fspath(path), exc) from exc
+
+
+class HostFS:
+    """The host's file system below ``root``; host paths are absolute, e.g. ``/etc/hosts``."""
+
+    def __init__(self, root: Path | str = Path("/")) -> None:
+        self.root = Path(root)
+
+    def __repr__(self) -> str:
+        return f"HostFS({str(self.root)!r})"
+
+    # --- paths -----------------------------------------------------------------------------------
+
+    def resolve(self, path: HostPath) -> Path:
+        """The real path of host ``path`` under the root, after checking that no existing parent
+        component is a symlink. For handing a path to other tools; this module's own operations
+        never go through the returned path (they walk directory fds, which cannot race)."""
+        parts = host_parts(path)
+        if parts:
+            with _os_errors("resolve", path):
+                fd = self._walk(path, parts[:-1], create=False)
+            if fd is not None:
+                os.close(fd)
+        return self.root.joinpath(*parts)
+
+    def lstat(self, path: HostPath) -> os.stat_result | None:
+        """``lstat`` of host ``path`` (a final symlink is not followed); None if it is missing."""
+        parts = self._target_parts(path)
+        with _os_errors("stat", path), self._parent(path, parts, create=False) as dfd:
+            return None if dfd is None else _lstat_at(dfd, parts[-1])
+
+    def exists(self, path: HostPath) -> bool:
+        return self.lstat(path) is not None
+
+    def list_dir(self, path: HostPath) -> list[str] | None:
+        """Sorted entry names of host directory ``path``; None if it does not exist."""
+        parts = host_parts(path)
+        with _os_errors("list", path):
+            fd = self._walk(path, parts, create=False)
+            if fd is None:
+                return None
+            try:
+                return sorted(os.listdir(fd))
+            finally:
+                os.close(fd)
+
+    # --- reading ---------------------------------------------------------------------------------
+
+    def read(self, path: HostPath) -> bytes | None:
+        """The bytes of regular file ``path``; None if it is missing. A symlink, FIFO or other
+        non-regular file at ``path`` is refused (UnsafePathError)."""
+        parts = self._target_parts(path)
+        with _os_errors("read", path), self._parent(path, parts, create=False) as dfd:
+            if dfd is None:
+                return None
+            fd = _open_regular(dfd, parts[-1], path)
+            if fd is None:
+                return None
+            try:
+                return _read_all(fd)
+            finally:
+                os.close(fd)
+
+    def stat_matches(
+        self,
+        path: HostPath,
+        *,
+        sha256: str | None = None,
+        mode: int | None = None,
+        uid: int | None = None,
+        gid: int | None = None,
+    ) -> bool:
+        """True if ``path`` is a regular file with the given content digest and attributes.
+
+        Only the given criteria are checked; a missing file, a symlink or anything that is not a
+        regular file never matches. Used to detect drift without rewriting anything.
+        """
+        parts = self._target_parts(path)
+        with _os_errors("check", path), self._parent(path, parts, create=False) as dfd:
+            if dfd is None:
+                return False
+            try:
+                fd = _open_regular(dfd, parts[-1], path)
+            except UnsafePathError:
+                return False
+            if fd is None:
+                return False
+            try:
+                st = os.fstat(fd)
+                if not _attrs_match(st, mode, uid, gid):
+                    return False
+                if sha256 is None:
+                    return True
+                digest = hashlib.sha256()
+                while chunk := os.read(fd, _CHUNK):
+                    digest.update(chunk)
+                return digest.hexdigest() == sha256.lower()
+            finally:
+                os.close(fd)
+
+    # --- writing ---------------------------------------------------------------------------------
+
+    def ensure_dir(
+        self, path: HostPath, mode: int = DEFAULT_DIR_MODE, *, parent_mode: int = DEFAULT_DIR_MODE
+    ) -> bool:
+        """Create directory ``path`` (mode exactly ``mode``) and its missing parents (exactly
+        ``parent_mode``). Existing directories keep their mode. Returns whether it was created."""
+        _check_mode(mode, "directory mode")
+        _check_mode(parent_mode, "directory mode")
+        parts = self._target_parts(path)
+        with (
+            _os_errors("mkdir", path),
+            self._parent(path, parts, create=True, dir_mode=parent_mode) as dfd,
+        ):
+            assert dfd is not None
+            created = _mkdir_at(dfd, parts[-1], mode)
+            os.close(_open_dir_at(dfd, parts[-1], path))  # refuses a symlink or a file there
+            return created
+
+    def write_atomic(
+        self,
+        path: HostPath,
+        data: bytes,
+        mode: int,
+        *,
+        dir_mode: int = DEFAULT_DIR_MODE,
+        uid: int | None = None,
+        gid: int | None = None,
+    ) -> WriteResult:
+        """Make ``path`` a regular file holding ``data`` with exactly ``mode`` (and owner, if
+        given), atomically. Missing parents are created with exactly ``dir_mode``.
+
+        Nothing is written when content and attributes already match; when only the mode or
+        owner differ, they are fixed in place. A symlink at ``path`` itself is replaced (the
+        link, never its target); a directory there is an error.
+        """
+        _check_mode(mode, "file mode")
+        _check_mode(dir_mode, "directory mode")
+        parts = self._target_parts(path)
+        name = parts[-1]
+        with (
+            _os_errors("write", path),
+            self._parent(path, parts, create=True, dir_mode=dir_mode) as dfd,
+        ):
+            assert dfd is not None
+            current = _lstat_at(dfd, name)
+            if current is not None and stat.S_ISDIR(current.st_mode):
+                raise HostIOError(
+                    "write", os.fspath(path), IsADirectoryError(errno.EISDIR, "is a directory")
+                )
+            if (
+                current is not None
+                and stat.S_ISREG(current.st_mode)
+                and current.st_size == len(data)
+            ):
+                same = _fix_attrs_if_same(dfd, name, path, data, mode, uid, gid)
+                if same is not None:
+                    return same
+            tmp = self._write_temp(dfd, name, data, mode, uid, gid)
+            try:
+                _fault_point("before-rename")
+                os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+            except BaseException:
+                _unlink_quietly(dfd, tmp)
+                raise
+            _fault_point("after-rename")
+            os.fsync(dfd)
+            return WriteResult.CREATED if current is None else WriteResult.REPLACED
+
+    def symlink_atomic(
+        self, path: HostPath, target: str, *, dir_mode: int = DEFAULT_DIR_MODE
+    ) -> bool:
+        """Make ``path`` a symlink to ``target`` (not interpreted), atomically; returns whether
+        anything changed. Whatever non-directory was at ``path`` is replaced."""
+        if "\0" in target or not target:
+            raise UnsafePathError(target, "is not a valid symlink target")
+        parts = self._target_parts(path)
+        name = parts[-1]
+        with (
+            _os_errors("symlink", path),
+            self._parent(path, parts, create=True, dir_mode=dir_mode) as dfd,
+        ):
+            assert dfd is not None
+            current = _lstat_at(dfd, name)
+            if current is not None and stat.S_ISLNK(current.st_mode):
+                if os.readlink(name, dir_fd=dfd) == target:
+                    return False
+            elif current is not None and stat.S_ISDIR(current.st_mode):
+                raise HostIOError(
+                    "symlink", os.fspath(path), IsADirectoryError(errno.EISDIR, "is a directory")
+                )
+            tmp = _temp_name(name)
+            os.symlink(target, tmp, dir_fd=dfd)
+            try:
+                os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+            except BaseException:
+                _unlink_quietly(dfd, tmp)
+                raise
+            os.fsync(dfd)
+            return True
+
+    # --- removing --------------------------------------------------------------------------------
+
+    def remove(self, path: HostPath) -> bool:
+        """Remove the file or symlink at ``path`` (never what a symlink points to). A missing
+        path is fine. Returns whether something was removed; a directory is an error."""
+        parts = self._target_parts(path)
+        with _os_errors("remove", path), self._parent(path, parts, create=False) as dfd:
+            if dfd is None:
+                return False
+            try:
+                os.unlink(parts[-1], dir_fd=dfd)
+            except FileNotFoundError:
+                return False
+            os.fsync(dfd)
+            return True
+
+    def remove_dir_if_empty(self, path: HostPath) -> bool:
+        """Remove directory ``path`` if it exists and is empty; returns whether it was removed."""
+        parts = self._target_parts(path)
+        with _os_errors("rmdir", path), self._parent(path, parts, create=False) as dfd:
+            if dfd is None:
+                return False
+            try:
+                os.rmdir(parts[-1], dir_fd=dfd)
+            except OSError as exc:
+                if exc.errno in (errno.ENOENT, errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR):
+                    return False
+                raise
+            os.fsync(dfd)
+            return True
+
+    def cleanup_temp_files(self, dirs: Iterable[HostPath]) -> list[str]:
+        """Remove leftover ``TEMP_PREFIX`` files from host directories ``dirs`` (not recursive)
+        after a crash; returns the host paths removed. Missing directories are skipped. Run it
+        before applying, never while a write into the same directory is in flight."""
+        removed: list[str] = []
+        for directory in dict.fromkeys(os.fspath(d) for d in dirs):
+            parts = host_parts(directory)
+            with _os_errors("cleanup", directory):
+                fd = self._walk(directory, parts, create=False)
+                if fd is None:
+                    continue
+                try:
+                    found = False
+                    for name in os.listdir(fd):
+                        st = _lstat_at(fd, name) if name.startswith(TEMP_PREFIX) else None
+                        if st is None or stat.S_ISDIR(st.st_mode):
+                            continue
+                        os.unlink(name, dir_fd=fd)
+                        removed.append("/" + "/".join((*parts, name)))
+                        found = True
+                    if found:
+                        os.fsync(fd)
+                finally:
+                    os.close(fd)
+        return sorted(removed)
+
+    # --- asyncio ---------------------------------------------------------------------------------
+
+    async def write_atomic_async(
+        self,
+        path: HostPath,
+        data: bytes,
+        mode: int,
+        *,
+        dir_mode: int = DEFAULT_DIR_MODE,
+        uid: int | None = None,
+        gid: int | None = None,
+    ) -> WriteResult:
+        return await asyncio.to_thread(
+            self.write_atomic, path, data, mode, dir_mode=dir_mode, uid=uid, gid=gid
+        )
+
+    async def read_async(self, path: HostPath) -> bytes | None:
+        return await asyncio.to_thread(self.read, path)
+
+    async def remove_async(self, path: HostPath) -> bool:
+        return await asyncio.to_thread(self.remove, path)
+
+    # --- internals -------------------------------------------------------------------------------
+
+    def _target_parts(self, path: HostPath) -> tuple[str, ...]:
+        parts = host_parts(path)
+        if not parts:
+            raise UnsafePathError(os.fspath(path), "is the root directory itself")
+        if parts[-1].startswith(TEMP_PREFIX):
+            raise UnsafePathError(os.fspath(path), f"names starting {TEMP_PREFIX!r} are reserved")
+        return parts
+
+    @contextmanager
+    def _parent(
+        self,
+        path: HostPath,
+        parts: tuple[str, ...],
+        *,
+        create: bool,
+        dir_mode: int = DEFAULT_DIR_MODE,
+    ) -> Iterator[int | None]:
+        """A directory fd of the parent of ``parts[-1]``; None when a parent is missing and
+        ``create`` is false."""
+        fd = self._walk(path, parts[:-1], create=create, dir_mode=dir_mode)
+        try:
+            yield fd
+        finally:
+            if fd is not None:
+                os.close(fd)
+
+    def _walk(
+        self,
+        path: HostPath,
+        dirs: tuple[str, ...],
+        *,
+        create: bool,
+        dir_mode: int = DEFAULT_DIR_MODE,
+    ) -> int | None:
+        """Open ``root/dirs...`` one component at a time without following symlinks."""
+        fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            for name in dirs:
+                try:
+                    child = _open_dir_at(fd, name, path)
+                except FileNotFoundError:
+                    if not create:
+                        os.close(fd)
+                        return None
+                    _mkdir_at(fd, name, dir_mode)
+                    child = _open_dir_at(fd, name, path)
+                os.close(fd)
+                fd = child
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def _write_temp(
+        self,
+        dfd: int,
+        name: str,
+        data: bytes,
+        mode: int,
+        uid: int | None,
+        gid: int | None,
+    ) -> str:
+        tmp = _temp_name(name)
+        fd = os.open(tmp, _TEMP_FLAGS, 0o600, dir_fd=dfd)
+        try:
+            try:
+                _fault_point("temp-created")
+                if uid is not None or gid is not None:
+                    os.fchown(fd, -1 if uid is None else uid, -1 if gid is None else gid)
+                os.fchmod(fd, mode)  # after fchown, which clears set-id bits
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
+                _fault_point("temp-written")
+                os.fsync(fd)
+                _fault_point("after-fsync")
+            finally:
+                os.close(fd)
+        except BaseException:
+            _unlink_quietly(dfd, tmp)
+            raise
+        return tmp
+
+
+def _temp_name(name: str) -> str:
+    return f"{TEMP_PREFIX}{secrets.token_hex(6)}-{name[:80]}"
+
+
+def _lstat_at(dfd: int, name: str) -> os.stat_result | None:
+    try:
+        return os.stat(name, dir_fd=dfd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+
+
+def _mkdir_at(dfd: int, name: str, mode: int) -> bool:
+    """Create directory ``name`` with exactly ``mode``; False if something already exists."""
+    try:
+        os.mkdir(name, 0o700, dir_fd=dfd)
+    except FileExistsError:
+        return False
+    fd = os.open(name, _DIR_FLAGS, dir_fd=dfd)
+    try:
+        os.fchmod(fd, mode)
+    finally:
+        os.close(fd)
+    os.fsync(dfd)
+    return True
+
+
+def _open_dir_at(dfd: int, name: str, path: HostPath) -> int:
+    try:
+        return os.open(name, _DIR_FLAGS, dir_fd=dfd)
+    except OSError as exc:
+        if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+            raise
+        st = _lstat_at(dfd, name)
+        if st is not None and stat.S_ISLNK(st.st_mode):
+            raise UnsafePathError(os.fspath(path), f"component {name!r} is a symlink") from exc
+        raise
+
+
+def _open_regular(dfd: int, name: str, path: HostPath) -> int | None:
+    try:
+        fd = os.open(name, _READ_FLAGS, dir_fd=dfd)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UnsafePathError(os.fspath(path), "is a symlink") from exc
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise UnsafePathError(os.fspath(path), "is not a regular file")
+    return fd
+
+
+def _read_all(fd: int) -> bytes:
+    chunks = []
+    while chunk := os.read(fd, _CHUNK):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _attrs_match(st: os.stat_result, mode: int | None, uid: int | None, gid: int | None) -> bool:
+    return (
+        (mode is None or stat.S_IMODE(st.st_mode) == mode)
+        and (uid is None or st.st_uid == uid)
+        and (gid is None or st.st_gid == gid)
+    )
+
+
+def _fix_attrs_if_same(
+    dfd: int,
+    name: str,
+    path: HostPath,
+    data: bytes,
+    mode: int,
+    uid: int | None,
+    gid: int | None,
+) -> WriteResult | None:
+    """If ``name`` already holds ``data``, fix its attributes in place and say what happened;
+    None if the content differs (the caller then replaces the file)."""
+    fd = _open_regular(dfd, name, path)
+    if fd is None:
+        return None
+    try:
+        if _read_all(fd) != data:
+            return None
+        st = os.fstat(fd)
+        if _attrs_match(st, mode, uid, gid):
+            return WriteResult.UNCHANGED
+        if (uid is not None and st.st_uid != uid) or (gid is not None and st.st_gid != gid):
+            os.fchown(fd, -1 if uid is None else uid, -1 if gid is None else gid)
+        os.fchmod(fd, mode)
+        os.fsync(fd)
+        return WriteResult.ATTRS_CHANGED
+    finally:
+        os.close(fd)
+
+
+def _unlink_quietly(dfd: int, name: str) -> None:
+    with suppress(OSError):
+        os.unlink(name, dir_fd=dfd)

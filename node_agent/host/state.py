@@ -1,0 +1,439 @@
+"""The agent's persisted state under ``/var/lib/gardener-node-agent`` (below the ``--root``).
+
+Why: an apply must survive a crash or reboot at any instant and converge afterwards, and removal
+must only ever touch what the agent itself created. Four small documents, each written
+atomically through HostFS, each a versioned pydantic model:
+
+- ``last-applied-osc.yaml`` — the raw ``osc.yaml`` bytes last applied, byte for byte (the upstream
+  name and format, so an upstream agent can read it and we can read upstream's), plus
+  ``last-applied-osc.meta.json`` with their sha256, the time, and the resolved secretRef
+  contents the planner needs as ``previous_resolved``. Both are mode 0600 (Secret data). The meta
+  belongs to the OSC only if its checksum matches the yaml bytes, so a crash between the two
+  writes degrades to "previous secret contents unknown", never to wrong contents.
+- ``last-computed-osc-changes.yaml`` — the ChangeSet being executed (written once by ``begin``;
+  JSON, which is valid YAML; mode 0600, it carries file contents) and
+  ``last-computed-osc-changes.done.json`` — the ids of the steps completed so far (see
+  ``steps.py``), rewritten atomically by ``mark_done``. Both carry a journal id, so a stale
+  progress file can never be matched with a newer change set.
+- ``inventory.json`` — every path the agent wrote (files, unit files, drop-ins) with its sha256
+  and whether the agent *created* it or found it already there. ``begin`` records the change
+  set's writes here *before* anything is written, so a crash between a write and its record
+  cannot make an agent-created file look foreign. ``owns()`` is true only for created paths: a
+  distro unit that merely gets drop-ins, or a pre-existing file the OSC overwrote, is never
+  deleted.
+- ``status.json`` — the last apply's outcome, for ``node-agent status`` (mode 0644, no secrets).
+
+A document that cannot be read (corrupt, or written by a newer agent) is moved aside to
+``<name>.corrupt`` and treated as absent: that always errs towards re-applying (writes are
+idempotent) and towards deleting nothing.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Annotated, Literal, TypeVar
+
+import structlog
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    ValidationError,
+)
+
+from node_agent.host.fs import HostFS
+from node_agent.host.steps import step_ids
+from node_agent.osc.plan import ChangeSet
+
+STATE_DIR = "/var/lib/gardener-node-agent"
+UNIT_DIR = "/etc/systemd/system"
+LAST_APPLIED_OSC = "last-applied-osc.yaml"
+LAST_APPLIED_META = "last-applied-osc.meta.json"
+CHANGES = "last-computed-osc-changes.yaml"
+CHANGES_DONE = "last-computed-osc-changes.done.json"
+INVENTORY = "inventory.json"
+STATUS = "status.json"
+CORRUPT_SUFFIX = ".corrupt"
+
+SECRET_MODE = 0o600
+PUBLIC_MODE = 0o644
+UNIT_FILE_MODE = 0o644
+SCHEMA_VERSION: Literal[1] = 1
+
+EntryKind = Literal["file", "unit", "dropin"]
+
+_log = structlog.get_logger(__name__)
+
+
+def unit_path(unit: str) -> str:
+    return f"{UNIT_DIR}/{unit}"
+
+
+def dropin_dir(unit: str) -> str:
+    return f"{UNIT_DIR}/{unit}.d"
+
+
+def dropin_path(unit: str, name: str) -> str:
+    return f"{dropin_dir(unit)}/{name}"
+
+
+def sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _from_base64(value: object) -> object:
+    return base64.b64decode(value, validate=True) if isinstance(value, str) else value
+
+
+# Secret bytes as standard base64 in JSON (``base64 -d`` reads them back).
+_B64 = Annotated[
+    bytes,
+    BeforeValidator(_from_base64),
+    PlainSerializer(lambda data: base64.b64encode(data).decode(), when_used="json"),
+]
+
+
+class _Doc(BaseModel):
+    """A persisted document; ``version`` makes a newer format fail validation, not misparse."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    version: Literal[1] = SCHEMA_VERSION
+
+
+class LastAppliedMeta(_Doc):
+    checksum: str  # sha256 hex of last-applied-osc.yaml
+    applied_at: AwareDatetime
+    resolved: dict[str, _B64] = Field(default_factory=dict)  # secretRef file path -> bytes
+
+
+class JournalDoc(_Doc):
+    id: str
+    osc_checksum: str
+    started_at: AwareDatetime
+    change_set: ChangeSet
+
+
+class JournalProgress(_Doc):
+    id: str
+    done: tuple[str, ...] = ()
+
+
+class OwnedEntry(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    kind: EntryKind
+    created: bool  # False: the path existed before the agent first wrote it
+    sha256: str | None = None  # None: content not known up front (imageRef files)
+    mode: int | None = None
+
+
+class Inventory(_Doc):
+    entries: dict[str, OwnedEntry] = Field(default_factory=dict)  # host path -> entry
+
+    def owns(self, path: str) -> bool:
+        entry = self.entries.get(path)
+        return entry is not None and entry.created
+
+
+class ApplyRecord(_Doc):
+    osc_checksum: str | None = None
+    started_at: AwareDatetime
+    finished_at: AwareDatetime
+    duration_seconds: float
+    result: Literal["succeeded", "failed"]
+    steps: int = 0
+    restarted_units: tuple[str, ...] = ()
+    stopped_units: tuple[str, ...] = ()
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class LastApplied:
+    raw: bytes  # the osc.yaml bytes
+    checksum: str  # sha256 hex of raw, = the Secret's checksum/data-script
+    applied_at: datetime | None
+    resolved: dict[str, bytes] | None  # None: unknown (no or mismatching meta)
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A change set that was begun and not finished: resume it by running ``remaining()``."""
+
+    id: str
+    change_set: ChangeSet
+    osc_checksum: str
+    started_at: datetime
+    done: frozenset[str]
+
+    @property
+    def steps(self) -> tuple[str, ...]:
+        return step_ids(self.change_set)
+
+    def remaining(self) -> tuple[str, ...]:
+        return tuple(s for s in self.steps if s not in self.done)
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A path the agent is about to write; recorded in the inventory first."""
+
+    kind: EntryKind
+    path: str
+    sha256: str | None
+    mode: int | None
+
+
+def claims_for(cs: ChangeSet) -> list[Claim]:
+    """The inventory claims for every write of ``cs``."""
+    claims = [Claim("file", f.path, f.sha256, f.mode) for f in cs.files_to_write]
+    claims += [
+        Claim("unit", unit_path(u.name), sha256_hex(u.content.encode()), UNIT_FILE_MODE)
+        for u in cs.units_to_write
+    ]
+    claims += [
+        Claim("dropin", dropin_path(d.unit, d.name), sha256_hex(d.content.encode()), UNIT_FILE_MODE)
+        for d in cs.dropins_to_write
+    ]
+    return claims
+
+
+_D = TypeVar("_D", bound=BaseModel)
+
+
+class StateStore:
+    """Load and save the agent's state through ``fs``. Not thread-safe: one apply at a time."""
+
+    def __init__(self, fs: HostFS, state_dir: str = STATE_DIR) -> None:
+        self.fs = fs
+        self.state_dir = state_dir.rstrip("/")
+        self._pending: Pending | None = None
+        self._inventory: Inventory | None = None
+
+    def path(self, name: str) -> str:
+        """Host path of state file ``name``."""
+        return f"{self.state_dir}/{name}"
+
+    # --- last applied OSC ------------------------------------------------------------------------
+
+    def load_last_applied(self) -> LastApplied | None:
+        raw = self.fs.read(self.path(LAST_APPLIED_OSC))
+        if raw is None:
+            return None
+        checksum = sha256_hex(raw)
+        meta = self._load(LAST_APPLIED_META, LastAppliedMeta)
+        if meta is None or meta.checksum != checksum:
+            return LastApplied(raw=raw, checksum=checksum, applied_at=None, resolved=None)
+        return LastApplied(
+            raw=raw, checksum=checksum, applied_at=meta.applied_at, resolved=dict(meta.resolved)
+        )
+
+    def save_last_applied(
+        self,
+        raw: bytes,
+        resolved: Mapping[str, bytes] | None = None,
+        *,
+        applied_at: datetime | None = None,
+    ) -> LastApplied:
+        """Persist the applied ``osc.yaml`` bytes and the secretRef contents resolved for them.
+        Call before ``finish()``: a crash in between then resumes an all-done journal."""
+        when = applied_at or _now()
+        meta = LastAppliedMeta(
+            checksum=sha256_hex(raw), applied_at=when, resolved=dict(resolved or {})
+        )
+        self._save(LAST_APPLIED_META, meta, SECRET_MODE)
+        self.fs.write_atomic(self.path(LAST_APPLIED_OSC), raw, SECRET_MODE)
+        return LastApplied(
+            raw=raw, checksum=meta.checksum, applied_at=when, resolved=dict(meta.resolved)
+        )
+
+    def clear_last_applied(self) -> None:
+        self.fs.remove(self.path(LAST_APPLIED_OSC))
+        self.fs.remove(self.path(LAST_APPLIED_META))
+
+    # --- journal ---------------------------------------------------------------------------------
+
+    def begin(self, change_set: ChangeSet, osc_checksum: str) -> Pending:
+        """Persist ``change_set`` before executing it, and claim its writes in the inventory.
+        Replaces any pending journal."""
+        self.fs.remove(self.path(CHANGES_DONE))
+        doc = JournalDoc(
+            id=uuid.uuid4().hex,
+            osc_checksum=osc_checksum,
+            started_at=_now(),
+            change_set=change_set,
+        )
+        self._save(CHANGES, doc, SECRET_MODE)
+        self._pending = Pending(
+            id=doc.id,
+            change_set=change_set,
+            osc_checksum=osc_checksum,
+            started_at=doc.started_at,
+            done=frozenset(),
+        )
+        self.claim(claims_for(change_set))
+        return self._pending
+
+    def pending(self) -> Pending | None:
+        """The journal left by an unfinished apply, with the steps already done; None if none."""
+        if self._pending is not None:
+            return self._pending
+        doc = self._load(CHANGES, JournalDoc)
+        if doc is None:
+            return None
+        progress = self._load(CHANGES_DONE, JournalProgress)
+        known = set(step_ids(doc.change_set))
+        done = (
+            frozenset(s for s in progress.done if s in known)
+            if progress is not None and progress.id == doc.id
+            else frozenset()
+        )
+        self._pending = Pending(
+            id=doc.id,
+            change_set=doc.change_set,
+            osc_checksum=doc.osc_checksum,
+            started_at=doc.started_at,
+            done=done,
+        )
+        return self._pending
+
+    def mark_done(self, *steps: str) -> Pending:
+        """Record ``steps`` (ids from ``steps.py``) as completed; durable when this returns."""
+        pending = self.pending()
+        if pending is None:
+            raise RuntimeError("mark_done() without a journal: call begin() first")
+        known = set(pending.steps)
+        unknown = [s for s in steps if s not in known]
+        if unknown:
+            raise ValueError(f"steps not in the pending change set: {', '.join(unknown)}")
+        done = pending.done | set(steps)
+        if done == pending.done:
+            return pending
+        ordered = tuple(s for s in pending.steps if s in done)
+        self._save(CHANGES_DONE, JournalProgress(id=pending.id, done=ordered), SECRET_MODE)
+        self._pending = Pending(
+            id=pending.id,
+            change_set=pending.change_set,
+            osc_checksum=pending.osc_checksum,
+            started_at=pending.started_at,
+            done=frozenset(done),
+        )
+        return self._pending
+
+    def finish(self) -> None:
+        """Drop the journal once the apply is complete (after ``save_last_applied``)."""
+        self.fs.remove(self.path(CHANGES))  # first: a lone progress file never matches a new id
+        self.fs.remove(self.path(CHANGES_DONE))
+        self._pending = None
+
+    # --- inventory -------------------------------------------------------------------------------
+
+    def inventory(self) -> Inventory:
+        if self._inventory is None:
+            self._inventory = self._load(INVENTORY, Inventory) or Inventory()
+        return self._inventory
+
+    def has_inventory(self) -> bool:
+        """False on a node never touched by this agent version (e.g. taken over from upstream)."""
+        return self.fs.exists(self.path(INVENTORY))
+
+    def owns(self, path: str) -> bool:
+        """True if the agent created ``path`` (a host path), so removing it is allowed."""
+        return self.inventory().owns(path)
+
+    def claim(self, claims: Iterable[Claim], *, created: bool | None = None) -> Inventory:
+        """Record paths about to be written. A path seen for the first time counts as created
+        by the agent if nothing exists there now (``created`` overrides that, e.g. to adopt
+        files an upstream agent wrote); a known path keeps its flag and gets the new digest."""
+        inv = self.inventory()
+        entries = dict(inv.entries)
+        for c in claims:
+            old = entries.get(c.path)
+            if old is not None:
+                flag = old.created if created is None else created
+            else:
+                flag = not self.fs.exists(c.path) if created is None else created
+            entries[c.path] = OwnedEntry(kind=c.kind, created=flag, sha256=c.sha256, mode=c.mode)
+        return self._save_inventory(entries)
+
+    def release(self, paths: Iterable[str]) -> Inventory:
+        """Forget paths after deleting them."""
+        entries = dict(self.inventory().entries)
+        for p in paths:
+            entries.pop(p, None)
+        return self._save_inventory(entries)
+
+    def _save_inventory(self, entries: dict[str, OwnedEntry]) -> Inventory:
+        inv = self.inventory()
+        if entries == inv.entries and self.has_inventory():
+            return inv
+        new = Inventory(entries=dict(sorted(entries.items())))
+        self._save(INVENTORY, new, SECRET_MODE)
+        self._inventory = new
+        return new
+
+    # --- status ----------------------------------------------------------------------------------
+
+    def save_status(self, record: ApplyRecord) -> None:
+        self._save(STATUS, record, PUBLIC_MODE)
+
+    def load_status(self) -> ApplyRecord | None:
+        return self._load(STATUS, ApplyRecord)
+
+    # --- crash leftovers -------------------------------------------------------------------------
+
+    def temp_dirs(self) -> list[str]:
+        """Directories that may hold temp files of an interrupted write: the state directory,
+        the unit directory, and the directories of pending writes and of inventory entries."""
+        dirs = {self.state_dir, UNIT_DIR}
+        pending = self.pending()
+        paths = [c.path for c in claims_for(pending.change_set)] if pending else []
+        paths += list(self.inventory().entries)
+        dirs.update(p.rsplit("/", 1)[0] or "/" for p in paths)
+        return sorted(dirs)
+
+    def cleanup_temp_files(self) -> list[str]:
+        """Remove leftover temp files; call once at start-up, before applying."""
+        removed = self.fs.cleanup_temp_files(self.temp_dirs())
+        if removed:
+            _log.warning("removed temp files left by an interrupted write", paths=removed)
+        return removed
+
+    # --- internals -------------------------------------------------------------------------------
+
+    def _save(self, name: str, doc: BaseModel, mode: int) -> None:
+        data = doc.model_dump_json(indent=2).encode() + b"\n"
+        self.fs.write_atomic(self.path(name), data, mode)
+
+    def _load(self, name: str, model: type[_D]) -> _D | None:
+        raw = self.fs.read(self.path(name))
+        if raw is None:
+            return None
+        try:
+            return model.model_validate_json(raw)
+        except ValidationError as exc:
+            self._quarantine(name, raw, exc)
+            return None
+
+    def _quarantine(self, name: str, raw: bytes, exc: Exception) -> None:
+        aside = self.path(name + CORRUPT_SUFFIX)
+        _log.warning(
+            "unreadable state file moved aside and ignored",
+            path=self.path(name),
+            moved_to=aside,
+            error=str(exc).splitlines()[0],
+        )
+        self.fs.write_atomic(aside, raw, SECRET_MODE)
+        self.fs.remove(self.path(name))

@@ -1,0 +1,81 @@
+"""Stable ids for the steps of a ChangeSet, in execution order, for the crash-resume journal.
+
+The executor marks each step done in the journal as it completes it (``StateStore.mark_done``);
+after a crash it skips the done ones. Ids are plain strings so the journal stays readable and
+survives a change of the ChangeSet model:
+
+    file:<path>                  write a file           delete-dropin:<unit>/<name>
+    unit:<unit>                  write a unit file      enable:<unit> / disable:<unit>
+    dropin:<unit>/<name>         write a drop-in        reload                (daemon-reload)
+    cmd:<unit>                   start/stop/restart     delete-unit:<unit>
+    delete-file:<path>           delete a file          reload-after-delete   (when units deleted)
+
+``reload`` is present only when a unit file or drop-in is written or deleted, or enablement
+changes.
+
+Order follows DESIGN §2: files, units, drop-ins, drop-in deletions, enable/disable, reload, unit
+commands, unit and file deletions; the agent's own restart, if any, is the very last step.
+"""
+
+from __future__ import annotations
+
+from node_agent.osc.plan import ChangeSet
+
+RELOAD = "reload"
+RELOAD_AFTER_DELETE = "reload-after-delete"
+
+
+def file_step(path: str) -> str:
+    return f"file:{path}"
+
+
+def unit_step(unit: str) -> str:
+    return f"unit:{unit}"
+
+
+def dropin_step(unit: str, name: str) -> str:
+    return f"dropin:{unit}/{name}"
+
+
+def delete_dropin_step(unit: str, name: str) -> str:
+    return f"delete-dropin:{unit}/{name}"
+
+
+def enable_step(unit: str) -> str:
+    return f"enable:{unit}"
+
+
+def disable_step(unit: str) -> str:
+    return f"disable:{unit}"
+
+
+def cmd_step(unit: str) -> str:
+    return f"cmd:{unit}"
+
+
+def delete_unit_step(unit: str) -> str:
+    return f"delete-unit:{unit}"
+
+
+def delete_file_step(path: str) -> str:
+    return f"delete-file:{path}"
+
+
+def step_ids(cs: ChangeSet) -> tuple[str, ...]:
+    """Every step of ``cs`` in execution order; empty for an empty change set."""
+    steps = [file_step(f.path) for f in cs.files_to_write]
+    unit_steps = [unit_step(u.name) for u in cs.units_to_write]
+    unit_steps += [dropin_step(d.unit, d.name) for d in cs.dropins_to_write]
+    unit_steps += [delete_dropin_step(d.unit, d.name) for d in cs.dropins_to_delete]
+    unit_steps += [enable_step(u) for u in cs.units_to_enable]
+    unit_steps += [disable_step(u) for u in cs.units_to_disable]
+    steps += unit_steps
+    if unit_steps:
+        steps.append(RELOAD)
+    steps += [cmd_step(c.unit) for c in cs.unit_commands if not c.is_agent]
+    steps += [delete_unit_step(u.name) for u in cs.units_to_delete]
+    if cs.units_to_delete:
+        steps.append(RELOAD_AFTER_DELETE)
+    steps += [delete_file_step(f.path) for f in cs.files_to_delete]
+    steps += [cmd_step(c.unit) for c in cs.unit_commands if c.is_agent]
+    return tuple(steps)
