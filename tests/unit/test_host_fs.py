@@ -1,0 +1,349 @@
+"""HostFS against a real temporary directory as root: modes, atomicity, idempotence, refusals."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from node_agent.errors import HostError, HostIOError, UnsafePathError
+from node_agent.host.fs import TEMP_PREFIX, HostFS, WriteResult
+
+
+@pytest.fixture(params=[0o077, 0o000, 0o022], ids=["umask077", "umask000", "umask022"])
+def umask(request: pytest.FixtureRequest) -> Iterator[int]:
+    old = os.umask(request.param)
+    try:
+        yield request.param
+    finally:
+        os.umask(old)
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    path = tmp_path / "root"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture
+def fs(root: Path) -> HostFS:
+    return HostFS(root)
+
+
+def mode_of(path: Path) -> int:
+    return stat.S_IMODE(os.lstat(path).st_mode)
+
+
+def temp_files(root: Path) -> list[Path]:
+    return [p for p in root.rglob("*") if p.name.startswith(TEMP_PREFIX)]
+
+
+# --- modes -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", [0o600, 0o644, 0o640, 0o755, 0o400, 0o000, 0o777, 0o1777, 0o4755])
+def test_file_mode_is_exact_whatever_the_umask(
+    fs: HostFS, root: Path, umask: int, mode: int
+) -> None:
+    assert fs.write_atomic("/etc/a/b/c.conf", b"x", mode) is WriteResult.CREATED
+    assert mode_of(root / "etc/a/b/c.conf") == mode
+    for parent in ("etc", "etc/a", "etc/a/b"):
+        assert mode_of(root / parent) == 0o755, parent
+    assert (root / "etc/a/b/c.conf").read_bytes() == b"x"
+
+
+def test_dir_mode_is_exact_and_only_for_created_parents(fs: HostFS, root: Path, umask: int) -> None:
+    (root / "etc").mkdir(mode=0o700)
+    os.chmod(root / "etc", 0o750)
+    fs.write_atomic("/etc/new/f", b"", 0o600, dir_mode=0o711)
+    assert mode_of(root / "etc") == 0o750  # existing directories keep their mode
+    assert mode_of(root / "etc/new") == 0o711
+
+
+def test_ensure_dir(fs: HostFS, root: Path, umask: int) -> None:
+    assert fs.ensure_dir("/var/lib/agent", 0o700) is True
+    assert mode_of(root / "var") == mode_of(root / "var/lib") == 0o755
+    assert mode_of(root / "var/lib/agent") == 0o700
+    assert fs.ensure_dir("/var/lib/agent", 0o755) is False
+    assert mode_of(root / "var/lib/agent") == 0o700
+    (root / "file").write_bytes(b"")
+    with pytest.raises(HostIOError):
+        fs.ensure_dir("/file")
+
+
+def test_mode_out_of_range_is_refused(fs: HostFS) -> None:
+    with pytest.raises(ValueError, match="permission mode"):
+        fs.write_atomic("/f", b"", 0o10000)
+    with pytest.raises(ValueError, match="permission mode"):
+        fs.write_atomic("/f", b"", -1)
+
+
+# --- atomic replace and idempotence ------------------------------------------------------------
+
+
+def test_replace_is_a_rename_and_leaves_no_temp_files(fs: HostFS, root: Path) -> None:
+    fs.write_atomic("/etc/f", b"old", 0o644)
+    inode = os.stat(root / "etc/f").st_ino
+    assert fs.write_atomic("/etc/f", b"new content", 0o644) is WriteResult.REPLACED
+    assert (root / "etc/f").read_bytes() == b"new content"
+    assert os.stat(root / "etc/f").st_ino != inode  # a new file was renamed into place
+    assert temp_files(root) == []
+    assert sorted(os.listdir(root / "etc")) == ["f"]
+
+
+def test_same_content_same_mode_writes_nothing(fs: HostFS, root: Path) -> None:
+    fs.write_atomic("/etc/f", b"same", 0o640)
+    os.utime(root / "etc/f", ns=(1_000_000_000, 1_000_000_000))
+    os.utime(root / "etc", ns=(2_000_000_000, 2_000_000_000))
+    before = os.stat(root / "etc/f")
+    assert fs.write_atomic("/etc/f", b"same", 0o640) is WriteResult.UNCHANGED
+    assert not fs.write_atomic("/etc/f", b"same", 0o640)
+    after = os.stat(root / "etc/f")
+    assert (after.st_ino, after.st_mtime_ns, after.st_ctime_ns) == (
+        before.st_ino,
+        before.st_mtime_ns,
+        before.st_ctime_ns,
+    )
+    assert os.stat(root / "etc").st_mtime_ns == 2_000_000_000  # no temp file came and went
+
+
+def test_same_size_different_content_is_replaced(fs: HostFS, root: Path) -> None:
+    fs.write_atomic("/f", b"aaaa", 0o600)
+    assert fs.write_atomic("/f", b"aaab", 0o600) is WriteResult.REPLACED
+    assert (root / "f").read_bytes() == b"aaab"
+
+
+def test_chmod_only_change_is_applied_in_place(fs: HostFS, root: Path) -> None:
+    fs.write_atomic("/etc/f", b"data", 0o600)
+    os.utime(root / "etc/f", ns=(1_000_000_000, 1_000_000_000))
+    inode = os.stat(root / "etc/f").st_ino
+    assert fs.write_atomic("/etc/f", b"data", 0o644) is WriteResult.ATTRS_CHANGED
+    st = os.stat(root / "etc/f")
+    assert stat.S_IMODE(st.st_mode) == 0o644
+    assert (st.st_ino, st.st_mtime_ns) == (inode, 1_000_000_000)
+    assert fs.write_atomic("/etc/f", b"data", 0o644) is WriteResult.UNCHANGED
+
+
+def test_empty_and_large_files(fs: HostFS, root: Path) -> None:
+    big = os.urandom(3 * (1 << 20) + 17)
+    assert fs.write_atomic("/big", big, 0o600) is WriteResult.CREATED
+    assert fs.read("/big") == big
+    assert fs.write_atomic("/big", big, 0o600) is WriteResult.UNCHANGED
+    assert fs.write_atomic("/empty", b"", 0o600) is WriteResult.CREATED
+    assert fs.read("/empty") == b""
+    assert fs.write_atomic("/empty", b"", 0o600) is WriteResult.UNCHANGED
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown needs root")
+def test_owner_is_set_and_compared(fs: HostFS, root: Path) -> None:
+    assert fs.write_atomic("/f", b"x", 0o4750, uid=1234, gid=5678) is WriteResult.CREATED
+    st = os.stat(root / "f")
+    assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (1234, 5678, 0o4750)
+    assert fs.write_atomic("/f", b"x", 0o4750, uid=1234, gid=5678) is WriteResult.UNCHANGED
+    assert fs.write_atomic("/f", b"x", 0o4750) is WriteResult.UNCHANGED  # owner not asked for
+    assert fs.write_atomic("/f", b"x", 0o4750, gid=0) is WriteResult.ATTRS_CHANGED
+    st = os.stat(root / "f")
+    # fchown clears set-id bits; the mode must still be exact afterwards
+    assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (1234, 0, 0o4750)
+    assert fs.stat_matches("/f", mode=0o4750, uid=1234, gid=0)
+
+
+# --- refusals ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["etc/x", "", "./x", "/etc/../x", "/..", "/etc/x/..", "/etc/x\0y", f"/etc/{TEMP_PREFIX}x"],
+)
+def test_unsafe_paths_are_refused(fs: HostFS, root: Path, path: str) -> None:
+    with pytest.raises(UnsafePathError):
+        fs.write_atomic(path, b"x", 0o600)
+    with pytest.raises(UnsafePathError):
+        fs.remove(path)
+    assert list(root.iterdir()) == []
+
+
+def test_root_itself_is_not_a_file(fs: HostFS, root: Path) -> None:
+    with pytest.raises(UnsafePathError, match="root"):
+        fs.write_atomic("/", b"x", 0o600)
+    assert fs.resolve("/") == root
+    assert fs.resolve("//etc/./x") == root / "etc/x"
+
+
+@pytest.fixture
+def outside(tmp_path: Path) -> Path:
+    path = tmp_path / "outside"
+    path.mkdir()
+    (path / "victim").write_bytes(b"precious")
+    return path
+
+
+@pytest.mark.parametrize("link", ["etc", "etc/ssl"])
+def test_symlinked_parent_is_refused_everywhere(
+    fs: HostFS, root: Path, outside: Path, link: str
+) -> None:
+    (root / link).parent.mkdir(parents=True, exist_ok=True)
+    (root / link).symlink_to(outside)
+    target = f"/{link}/victim"
+    with pytest.raises(UnsafePathError, match="symlink"):
+        fs.write_atomic(target, b"pwned", 0o600)
+    with pytest.raises(UnsafePathError):
+        fs.write_atomic(f"/{link}/new/deeper", b"pwned", 0o600)
+    with pytest.raises(UnsafePathError):
+        fs.read(target)
+    with pytest.raises(UnsafePathError):
+        fs.remove(target)
+    with pytest.raises(UnsafePathError):
+        fs.resolve(target)
+    with pytest.raises(UnsafePathError):
+        fs.list_dir(f"/{link}")
+    with pytest.raises(UnsafePathError):
+        fs.symlink_atomic(f"/{link}/l", "/x")
+    with pytest.raises(UnsafePathError):
+        fs.cleanup_temp_files([f"/{link}"])
+    with pytest.raises(UnsafePathError):
+        fs.stat_matches(target)
+    assert sorted(os.listdir(outside)) == ["victim"]
+    assert (outside / "victim").read_bytes() == b"precious"
+
+
+def test_symlink_into_the_root_is_refused_too(fs: HostFS, root: Path) -> None:
+    (root / "real").mkdir()
+    (root / "etc").symlink_to("real")
+    with pytest.raises(UnsafePathError):
+        fs.write_atomic("/etc/f", b"x", 0o600)
+
+
+def test_unsafe_path_error_is_a_host_error() -> None:
+    assert issubclass(UnsafePathError, HostError)
+    assert issubclass(HostIOError, HostError)
+
+
+def test_final_symlink_is_replaced_not_followed(fs: HostFS, root: Path, outside: Path) -> None:
+    (root / "f").symlink_to(outside / "victim")
+    with pytest.raises(UnsafePathError, match="symlink"):
+        fs.read("/f")
+    assert not fs.stat_matches("/f")
+    assert fs.write_atomic("/f", b"mine", 0o600) is WriteResult.REPLACED
+    assert not (root / "f").is_symlink()
+    assert (root / "f").read_bytes() == b"mine"
+    assert (outside / "victim").read_bytes() == b"precious"
+
+
+def test_remove_of_a_symlink_removes_only_the_link(fs: HostFS, root: Path, outside: Path) -> None:
+    (root / "f").symlink_to(outside / "victim")
+    assert fs.remove("/f") is True
+    assert not os.path.lexists(root / "f")
+    assert (outside / "victim").read_bytes() == b"precious"
+
+
+def test_fifo_is_not_read_and_does_not_hang(fs: HostFS, root: Path) -> None:
+    os.mkfifo(root / "fifo")
+    with pytest.raises(UnsafePathError, match="regular"):
+        fs.read("/fifo")
+    assert not fs.stat_matches("/fifo")
+    assert fs.write_atomic("/fifo", b"x", 0o600) is WriteResult.REPLACED
+    assert (root / "fifo").read_bytes() == b"x"
+
+
+def test_directory_at_target_is_an_error(fs: HostFS, root: Path) -> None:
+    (root / "d").mkdir()
+    with pytest.raises(HostIOError) as err:
+        fs.write_atomic("/d", b"x", 0o600)
+    assert err.value.path == "/d"
+    with pytest.raises(HostIOError):
+        fs.remove("/d")
+    assert temp_files(root) == []
+
+
+def test_file_where_a_parent_directory_should_be(fs: HostFS, root: Path) -> None:
+    (root / "etc").write_bytes(b"")
+    with pytest.raises(HostIOError):
+        fs.write_atomic("/etc/f", b"x", 0o600)
+    assert fs.read("/missing/f") is None
+
+
+# --- reading, checking, removing ---------------------------------------------------------------
+
+
+def test_read_and_stat_matches(fs: HostFS) -> None:
+    assert fs.read("/nope") is None
+    assert fs.read("/no/such/dir/f") is None
+    assert fs.lstat("/no/such/dir/f") is None
+    fs.write_atomic("/etc/f", b"hello", 0o640)
+    digest = hashlib.sha256(b"hello").hexdigest()
+    assert fs.read("/etc/f") == b"hello"
+    assert fs.exists("/etc/f")
+    assert fs.stat_matches("/etc/f", sha256=digest, mode=0o640)
+    assert fs.stat_matches("/etc/f", sha256=digest.upper())
+    assert fs.stat_matches("/etc/f")
+    assert not fs.stat_matches("/etc/f", mode=0o644)
+    assert not fs.stat_matches("/etc/f", sha256=hashlib.sha256(b"other").hexdigest())
+    assert not fs.stat_matches("/etc/missing", mode=0o640)
+    assert fs.list_dir("/etc") == ["f"]
+    assert fs.list_dir("/nope") is None
+
+
+def test_remove(fs: HostFS, root: Path) -> None:
+    assert fs.remove("/nope") is False
+    assert fs.remove("/no/such/dir/f") is False
+    fs.write_atomic("/etc/f", b"x", 0o600)
+    assert fs.remove("/etc/f") is True
+    assert fs.remove("/etc/f") is False
+    assert (root / "etc").is_dir()
+
+
+def test_remove_dir_if_empty(fs: HostFS, root: Path) -> None:
+    fs.write_atomic("/etc/d/f", b"x", 0o600)
+    assert fs.remove_dir_if_empty("/etc/d") is False
+    assert fs.remove_dir_if_empty("/etc/d/f") is False  # a file is not removed
+    fs.remove("/etc/d/f")
+    assert fs.remove_dir_if_empty("/etc/d") is True
+    assert not (root / "etc/d").exists()
+    assert fs.remove_dir_if_empty("/etc/d") is False
+    assert fs.remove_dir_if_empty("/no/such") is False
+
+
+def test_symlink_atomic(fs: HostFS, root: Path) -> None:
+    assert fs.symlink_atomic("/etc/l", "/dev/null") is True
+    assert os.readlink(root / "etc/l") == "/dev/null"
+    assert fs.symlink_atomic("/etc/l", "/dev/null") is False
+    assert fs.symlink_atomic("/etc/l", "../x") is True
+    assert os.readlink(root / "etc/l") == "../x"
+    fs.write_atomic("/etc/f", b"x", 0o600)
+    assert fs.symlink_atomic("/etc/f", "/dev/null") is True
+    assert os.readlink(root / "etc/f") == "/dev/null"
+    assert temp_files(root) == []
+
+
+def test_cleanup_temp_files(fs: HostFS, root: Path) -> None:
+    fs.write_atomic("/etc/keep", b"x", 0o600)
+    (root / "etc" / f"{TEMP_PREFIX}abc-keep").write_bytes(b"partial")
+    (root / "etc" / f"{TEMP_PREFIX}link").symlink_to("/nowhere")
+    (root / "etc" / f"{TEMP_PREFIX}dir").mkdir()  # not ours to remove
+    (root / "etc" / "sub").mkdir()
+    (root / "etc" / "sub" / f"{TEMP_PREFIX}deeper").write_bytes(b"")  # not recursive
+    removed = fs.cleanup_temp_files(["/etc", "/etc", "/missing"])
+    assert removed == [f"/etc/{TEMP_PREFIX}abc-keep", f"/etc/{TEMP_PREFIX}link"]
+    assert sorted(os.listdir(root / "etc")) == [f"{TEMP_PREFIX}dir", "keep", "sub"]
+    assert fs.cleanup_temp_files(["/etc"]) == []
+
+
+async def test_async_wrappers(fs: HostFS, root: Path) -> None:
+    assert await fs.write_atomic_async("/etc/f", b"async", 0o600) is WriteResult.CREATED
+    assert await fs.read_async("/etc/f") == b"async"
+    assert await fs.remove_async("/etc/f") is True
+    assert not (root / "etc/f").exists()
+
+
+def test_path_objects_are_accepted(fs: HostFS, root: Path) -> None:
+    from pathlib import PurePosixPath
+
+    fs.write_atomic(PurePosixPath("/etc/p"), b"x", 0o600)
+    assert (root / "etc/p").read_bytes() == b"x"
+    assert repr(fs) == f"HostFS({str(root)!r})"
