@@ -6,7 +6,12 @@ so three properties must hold for every single write and are easiest to prove in
 - **No redirection.** Paths are walked one component at a time from a directory fd of the root
   (``openat`` with ``O_NOFOLLOW | O_DIRECTORY``), so a symlink planted anywhere in a parent chain
   (``/etc -> /outside``) is refused instead of followed, and there is no window between checking
-  and using a path. Relative paths, ``..`` and NUL are refused before any I/O.
+  and using a path. Relative paths, ``..`` and NUL are refused before any I/O. Merged-/usr hosts
+  have legitimate parent symlinks (``/lib -> usr/lib``, ``/var/run -> /run``):
+  ``follow_system_symlinks=True`` follows those only when root (or the root directory's owner)
+  owns the link and its directory is writable by nobody else, and resolves them *inside* the
+  root like a chroot (an absolute target restarts at the root, ``..`` stops there), so even then
+  nothing outside the root is reachable.
 - **Atomic and durable.** Content goes to a temp file in the target's directory, gets its exact
   mode (``fchmod``, so the umask never matters), is fsynced and renamed over the target, and then
   the directory is fsynced: after a crash the target holds the old or the new bytes, never a mix.
@@ -44,6 +49,7 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 _TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _CHUNK = 1 << 20
+_MAX_SYMLINKS = 40
 
 HostPath = str | PurePath
 
@@ -91,8 +97,11 @@ def _os_errors(op: str, path: HostPath) -> Iterator[None]:
 class HostFS:
     """The host's file system below ``root``; host paths are absolute, e.g. ``/etc/hosts``."""
 
-    def __init__(self, root: Path | str = Path("/")) -> None:
+    def __init__(
+        self, root: Path | str = Path("/"), *, follow_system_symlinks: bool = False
+    ) -> None:
         self.root = Path(root)
+        self.follow_system_symlinks = follow_system_symlinks
 
     def __repr__(self) -> str:
         return f"HostFS({str(self.root)!r})"
@@ -100,16 +109,20 @@ class HostFS:
     # --- paths -----------------------------------------------------------------------------------
 
     def resolve(self, path: HostPath) -> Path:
-        """The real path of host ``path`` under the root, after checking that no existing parent
-        component is a symlink. For handing a path to other tools; this module's own operations
-        never go through the returned path (they walk directory fds, which cannot race)."""
+        """The real path of host ``path`` under the root, after checking its existing parents
+        (symlinked parents refused, or resolved inside the root when followed). For handing a
+        path to other tools; this module's own operations never go through the returned path
+        (they walk directory fds, which cannot race)."""
         parts = host_parts(path)
-        if parts:
-            with _os_errors("resolve", path):
-                fd = self._walk(path, parts[:-1], create=False)
-            if fd is not None:
-                os.close(fd)
-        return self.root.joinpath(*parts)
+        if not parts:
+            return self.root
+        names: list[str] = []
+        with _os_errors("resolve", path):
+            fd = self._walk(path, parts[:-1], create=False, names=names)
+        if fd is None:
+            return self.root.joinpath(*parts)
+        os.close(fd)
+        return self.root.joinpath(*names, parts[-1])
 
     def lstat(self, path: HostPath) -> os.stat_result | None:
         """``lstat`` of host ``path`` (a final symlink is not followed); None if it is missing."""
@@ -326,7 +339,8 @@ class HostFS:
         for directory in dict.fromkeys(os.fspath(d) for d in dirs):
             parts = host_parts(directory)
             with _os_errors("cleanup", directory):
-                fd = self._walk(directory, parts, create=False)
+                names: list[str] = []
+                fd = self._walk(directory, parts, create=False, names=names)
                 if fd is None:
                     continue
                 try:
@@ -336,7 +350,7 @@ class HostFS:
                         if st is None or stat.S_ISDIR(st.st_mode):
                             continue
                         os.unlink(name, dir_fd=fd)
-                        removed.append("/" + "/".join((*parts, name)))
+                        removed.append("/" + "/".join((*names, name)))
                         found = True
                     if found:
                         os.fsync(fd)
@@ -401,25 +415,63 @@ class HostFS:
         *,
         create: bool,
         dir_mode: int = DEFAULT_DIR_MODE,
+        names: list[str] | None = None,
     ) -> int | None:
-        """Open ``root/dirs...`` one component at a time without following symlinks."""
-        fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        """Open ``root/dirs...`` one component at a time. A symlinked component is refused, or
+        with ``follow_system_symlinks`` resolved inside the root if trusted. ``names`` receives
+        the canonical components of the directory opened."""
+        stack = [os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)]
+        canonical: list[str] = []
+        todo = list(reversed(dirs))
+        hops = 0
         try:
-            for name in dirs:
+            while todo:
+                name = todo.pop()
+                if name == "..":  # only from a symlink target; clamped at the root
+                    if len(stack) > 1:
+                        os.close(stack.pop())
+                        canonical.pop()
+                    continue
                 try:
-                    child = _open_dir_at(fd, name, path)
+                    child = _open_dir_at(stack[-1], name, path)
                 except FileNotFoundError:
                     if not create:
-                        os.close(fd)
                         return None
-                    _mkdir_at(fd, name, dir_mode)
-                    child = _open_dir_at(fd, name, path)
+                    _mkdir_at(stack[-1], name, dir_mode)
+                    child = _open_dir_at(stack[-1], name, path)
+                except UnsafePathError:
+                    if not self.follow_system_symlinks:
+                        raise
+                    target = self._trusted_link(stack, name, path)
+                    hops += 1
+                    if hops > _MAX_SYMLINKS:
+                        raise UnsafePathError(os.fspath(path), "too many symlinks") from None
+                    if target.startswith("/"):  # re-anchored at the root, like a chroot
+                        for fd in stack[1:]:
+                            os.close(fd)
+                        del stack[1:], canonical[:]
+                    todo.extend(reversed([p for p in target.split("/") if p not in ("", ".")]))
+                    continue
+                stack.append(child)
+                canonical.append(name)
+            if names is not None:
+                names[:] = canonical
+            return stack.pop()
+        finally:
+            for fd in stack:
                 os.close(fd)
-                fd = child
-        except BaseException:
-            os.close(fd)
-            raise
-        return fd
+
+    def _trusted_link(self, stack: list[int], name: str, path: HostPath) -> str:
+        """The target of symlink ``name``, if only root (or the root directory's owner) could
+        have placed it: owned by them, in a directory nobody else may write to."""
+        link = os.stat(name, dir_fd=stack[-1], follow_symlinks=False)
+        parent = os.fstat(stack[-1])
+        trusted = {0, os.fstat(stack[0]).st_uid}
+        if link.st_uid not in trusted or parent.st_uid not in trusted or parent.st_mode & 0o022:
+            raise UnsafePathError(
+                os.fspath(path), f"component {name!r} is a symlink others could have planted"
+            )
+        return os.readlink(name, dir_fd=stack[-1])
 
     def _write_temp(
         self,

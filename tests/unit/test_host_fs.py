@@ -347,3 +347,71 @@ def test_path_objects_are_accepted(fs: HostFS, root: Path) -> None:
     fs.write_atomic(PurePosixPath("/etc/p"), b"x", 0o600)
     assert (root / "etc/p").read_bytes() == b"x"
     assert repr(fs) == f"HostFS({str(root)!r})"
+
+
+# --- follow_system_symlinks (merged-/usr hosts) -------------------------------------------------
+
+
+@pytest.fixture
+def sysfs(root: Path) -> HostFS:
+    return HostFS(root, follow_system_symlinks=True)
+
+
+def test_strict_by_default_on_merged_usr(fs: HostFS, root: Path) -> None:
+    (root / "usr/lib").mkdir(parents=True)
+    (root / "lib").symlink_to("usr/lib")
+    with pytest.raises(UnsafePathError, match="'lib' is a symlink"):
+        fs.write_atomic("/lib/systemd/system/x.service", b"x", 0o644)
+
+
+def test_relative_system_symlink_is_followed_inside_root(sysfs: HostFS, root: Path) -> None:
+    (root / "usr/lib").mkdir(parents=True)
+    (root / "lib").symlink_to("usr/lib")
+    assert sysfs.write_atomic("/lib/systemd/system/x.service", b"x", 0o644)
+    assert (root / "usr/lib/systemd/system/x.service").read_bytes() == b"x"
+    assert (
+        sysfs.resolve("/lib/systemd/system/x.service") == root / "usr/lib/systemd/system/x.service"
+    )
+    assert sysfs.read("/lib/systemd/system/x.service") == b"x"
+    (root / "usr/lib/systemd/system" / f"{TEMP_PREFIX}left").write_bytes(b"")
+    assert sysfs.cleanup_temp_files(["/lib/systemd/system"]) == [
+        f"/usr/lib/systemd/system/{TEMP_PREFIX}left"
+    ]
+
+
+def test_absolute_and_escaping_targets_are_re_anchored_at_root(
+    sysfs: HostFS, root: Path, outside: Path
+) -> None:
+    (root / "var").mkdir()
+    (root / "var/run").symlink_to("/run")  # on the host this would be the host's /run
+    assert sysfs.write_atomic("/var/run/agent.pid", b"1", 0o644)
+    assert (root / "run/agent.pid").read_bytes() == b"1"  # created inside the root
+    (root / "etc").symlink_to(outside)  # absolute, pointing outside the root
+    sysfs.write_atomic("/etc/victim", b"pwned", 0o600)
+    assert (outside / "victim").read_bytes() == b"precious"
+    assert (root / outside.relative_to("/") / "victim").read_bytes() == b"pwned"
+    (root / "up").symlink_to("../../../../../../../tmp-escape")
+    sysfs.write_atomic("/up/f", b"clamped", 0o600)
+    assert (root / "tmp-escape/f").read_bytes() == b"clamped"
+
+
+def test_untrusted_symlinks_are_refused_even_when_following(sysfs: HostFS, root: Path) -> None:
+    (root / "open").mkdir()
+    os.chmod(root / "open", 0o777)
+    (root / "real").mkdir()
+    (root / "open/link").symlink_to("/real")
+    with pytest.raises(UnsafePathError, match="planted"):
+        sysfs.write_atomic("/open/link/f", b"x", 0o600)
+    if os.geteuid() == 0:
+        (root / "foreign").symlink_to("real")
+        os.lchown(root / "foreign", 1234, 1234)
+        with pytest.raises(UnsafePathError, match="planted"):
+            sysfs.write_atomic("/foreign/f", b"x", 0o600)
+    assert list((root / "real").iterdir()) == []
+
+
+def test_symlink_loops_are_refused(sysfs: HostFS, root: Path) -> None:
+    (root / "a").symlink_to("b")
+    (root / "b").symlink_to("a")
+    with pytest.raises(UnsafePathError, match="too many"):
+        sysfs.write_atomic("/a/f", b"x", 0o600)
