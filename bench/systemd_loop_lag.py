@@ -40,27 +40,36 @@ def percentile(ordered: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, int(p * len(ordered)))]
 
 
-async def ticker(lags: list[float], period: float = 0.005) -> None:
+CURRENT_PHASE = ["idle"]
+
+
+async def ticker(lags: list[float], worst: dict[str, float], period: float = 0.005) -> None:
     loop = asyncio.get_running_loop()
     while True:
         before = loop.time()
         await asyncio.sleep(period)
-        lags.append(loop.time() - before - period)
+        lag = loop.time() - before - period
+        lags.append(lag)
+        worst[CURRENT_PHASE[0]] = max(worst.get(CURRENT_PHASE[0], 0.0), lag)
 
 
 async def bench(systemd: IsolatedSystemd, units: int, rounds: int) -> None:
     names = [f"bench-{i:03d}.service" for i in range(units)]
     lags: list[float] = []
+    worst: dict[str, float] = {}
     phases: list[tuple[str, float]] = []
 
     async def phase(name: str, action: Callable[[], Awaitable[Any]]) -> Any:
+        CURRENT_PHASE[0] = name
         started = time.perf_counter()
         result = await action()
         phases.append((name, time.perf_counter() - started))
+        await asyncio.sleep(0.01)  # let the ticker attribute the tail of this phase
+        CURRENT_PHASE[0] = "idle"
         return result
 
     adapter = Systemd(systemd.bus_address)
-    tick = asyncio.create_task(ticker(lags))
+    tick = asyncio.create_task(ticker(lags, worst))
     try:
         await phase("start worker", adapter.start)
 
@@ -89,8 +98,9 @@ async def bench(systemd: IsolatedSystemd, units: int, rounds: int) -> None:
         await adapter.close()
 
     print(f"systemd {adapter.systemd_version}, {units} units, worker process, 5 ms ticker")
+    print(f"  {'phase':<28} {'wall':>11} {'worst lag':>12}")
     for name, seconds in phases:
-        print(f"  {name:<28} {seconds * 1000:8.1f} ms")
+        print(f"  {name:<28} {seconds * 1000:8.1f} ms {worst.get(name, 0.0) * 1000:9.2f} ms")
     ordered = sorted(lags)
     print(
         f"loop lag over {len(ordered)} ticks: "

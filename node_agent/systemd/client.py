@@ -291,6 +291,10 @@ class Systemd:
         except SystemdError as exc:
             await worker.kill()
             raise SystemdUnavailable(str(exc)) from exc
+        except BaseException:  # cancelled while waiting: leave no untracked process behind
+            worker.fail(SystemdUnavailable("systemd worker start was cancelled"))
+            await asyncio.shield(worker.kill())
+            raise
         self.systemd_version = str(hello.get("systemd", ""))
         log.debug("systemd worker started", pid=proc.pid, systemd=self.systemd_version)
         return worker
@@ -307,8 +311,9 @@ class Systemd:
         if deadline is None:
             deadline = self.call_timeout
         loop = asyncio.get_running_loop()
+        # Spawning is bounded by start_timeout on its own; the call's deadline starts after it.
+        worker = await self._ensure_worker()
         started = loop.time()
-        worker = await asyncio.wait_for(self._ensure_worker(), deadline + self.start_timeout)
         request_id = next(self._ids)
         future: asyncio.Future[Any] = loop.create_future()
         worker.pending[request_id] = future

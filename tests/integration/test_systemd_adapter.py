@@ -437,3 +437,26 @@ async def test_loop_lag_during_50_unit_restart(systemd: IsolatedSystemd, adapter
         assert after[name].invocation_id != before[name].invocation_id
     print(f"50-unit restart batch took {wall * 1000:.1f} ms; {ticker.summary()}")
     await adapter.run_jobs([(name, "stop") for name in names])
+
+
+async def test_hung_systemd_is_bounded_by_the_bus_timeout(systemd: IsolatedSystemd) -> None:
+    """SYSTEMD_BUS_TIMEOUT bounds each D-Bus call: the worker reports and survives."""
+    sd = Systemd(systemd.bus_address, bus_timeout=1.0, call_timeout=10.0)
+    await sd.start()
+    try:
+        pid = sd.worker_pid
+        os.kill(systemd.pid, signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            with pytest.raises(SystemdCallError) as info:
+                await sd.daemon_reload()
+            elapsed = time.monotonic() - started
+        finally:
+            os.kill(systemd.pid, signal.SIGCONT)
+        print(f"frozen systemd: call failed after {elapsed:.2f}s: {info.value}")
+        assert info.value.op == "daemon_reload"
+        assert sd.worker_pid == pid, "a D-Bus timeout does not cost the worker"
+        await sd.daemon_reload()
+        assert sd.spawn_count == 1
+    finally:
+        await sd.close()
