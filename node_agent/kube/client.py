@@ -29,7 +29,7 @@ import tempfile
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import quote
 
 import aiohttp
@@ -40,6 +40,9 @@ from kubernetes_asyncio.client.configuration import Configuration
 from node_agent import __version__
 from node_agent.errors import KubeConfigError, KubeError, KubeTimeout, KubeTransportError
 from node_agent.kube.status import ObjectRef, status_from_body
+
+if TYPE_CHECKING:
+    from node_agent.kube.watch import Watchable
 
 log = logging.getLogger(__name__)
 
@@ -199,11 +202,13 @@ class TokenFile:
             if initial:
                 raise KubeConfigError(f"token file {self.path}: {exc.strerror or exc}") from exc
             log.warning("token file %s unreadable (%s); keeping the last token", self.path, exc)
+            self._signature = signature  # warn once per change, not on every request
             return
         if not token:
             if initial:
                 raise KubeConfigError(f"token file {self.path} is empty")
             log.warning("token file %s is empty; keeping the last token", self.path)
+            self._signature = signature
             return
         if not initial and token != self.token:
             self._stats.token_reloads += 1
@@ -701,3 +706,9 @@ class Resource:
             content_type=MERGE_PATCH,
             timeouts=timeouts,
         )
+
+
+if TYPE_CHECKING:
+
+    def _resource_is_watchable(resource: Resource) -> Watchable:
+        return resource  # mypy proves Resource satisfies the list_watch protocol

@@ -115,11 +115,14 @@ def _resource_version(obj: object) -> str | None:
 
 
 class ListWatch:
-    """``async for event in ListWatch(resource, field_selector="metadata.name=x")``.
+    """``async with list_watch(...) as events: async for event in events: ...``
 
-    Iterate once. ``resource_version`` starts the watch from a known RV without an initial list
-    (a 410 then leads to a list + ``SYNC``). ``stats`` and ``resource_version`` may be read at
-    any time.
+    Iterate once. Cancelling the consuming task closes the watch connection; a consumer that
+    ``break``s out of the loop must leave the ``async with`` (or call :meth:`aclose`), because
+    Python does not close an abandoned async generator until it is garbage-collected.
+
+    ``resource_version`` starts the watch from a known RV without an initial list (a 410 then
+    leads to a list + ``SYNC``). ``stats`` and ``resource_version`` may be read at any time.
     """
 
     def __init__(
@@ -145,13 +148,27 @@ class ListWatch:
         self._sleep = sleep
         self._rng = rng or random.Random()
         self.stats = WatchStats()
+        self._events: AsyncGenerator[WatchEvent, None] | None = None
         name = None
         if field_selector and field_selector.startswith("metadata.name="):
             name = field_selector.removeprefix("metadata.name=")
         self._ref = resource.ref("watch", name)
 
     def __aiter__(self) -> AsyncIterator[WatchEvent]:
-        return self._run()
+        if self._events is None:
+            self._events = self._run()
+        return self._events
+
+    async def aclose(self) -> None:
+        """Stop: closes the open watch connection (also done by ``async with``)."""
+        if self._events is not None:
+            await self._events.aclose()
+
+    async def __aenter__(self) -> ListWatch:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
 
     async def _pause(self, exc: KubeError, what: str) -> None:
         delay = self._backoff.next()

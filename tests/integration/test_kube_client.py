@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import logging
 import os
 import shutil
 import time
@@ -21,6 +22,7 @@ from kubernetes_asyncio.client import ApiClient
 
 from node_agent.errors import (
     KubeAlreadyExists,
+    KubeConfigError,
     KubeConflict,
     KubeForbidden,
     KubeNotFound,
@@ -321,3 +323,50 @@ async def test_frozen_apiserver_times_out_within_bound(
         assert 0.5 <= fresh <= 3.5
         assert kube.stats.timeouts == 1
         await kube.get_secret(NS, osc)  # recovers after thaw
+
+
+async def test_kubeconfig_problems_are_typed_errors(tmp_path: Path) -> None:
+    ca = CertificateAuthority(tmp_path / "ca")
+    missing = write_kubeconfig(
+        tmp_path / "missing-token.kubeconfig",
+        server="https://127.0.0.1:1",
+        ca_file=ca.cert_path,
+        user={"tokenFile": "no-such-token"},  # relative to the kubeconfig's directory
+    )
+    with pytest.raises(KubeConfigError, match=f"token file {tmp_path}/no-such-token"):
+        KubeClient.from_kubeconfig(missing)
+    exec_user = write_kubeconfig(
+        tmp_path / "exec.kubeconfig",
+        server="https://127.0.0.1:1",
+        ca_file=ca.cert_path,
+        user={"exec": "x"},
+    )
+    with pytest.raises(KubeConfigError, match="'exec' is not supported"):
+        KubeClient.from_kubeconfig(exec_user)
+    with pytest.raises(KubeConfigError, match=r"kubeconfig .*nope"):
+        KubeClient.from_kubeconfig(tmp_path / "nope")
+
+
+async def test_nothing_is_logged_at_debug_by_the_library(
+    make_node_agent_credentials: CredentialsFactory, admin_api: ApiClient
+) -> None:
+    osc = f"osc-{_uid()}"
+    await _make_secret(admin_api, osc, b"top secret")
+    creds = await make_node_agent_credentials(f"node-{_uid()}", [osc])
+    root = logging.getLogger()
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.DEBUG)
+    handler.emit = records.append  # type: ignore[method-assign]
+    old_level = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.DEBUG)
+    try:
+        async with KubeClient.from_kubeconfig(creds.kubeconfig) as kube:
+            await kube.get_secret(NS, osc)
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(old_level)
+    library = [r for r in records if r.name.startswith("kubernetes_asyncio")]
+    assert library == []
+    assert logging.getLogger("kubernetes_asyncio.client.rest").getEffectiveLevel() >= logging.INFO
+    assert not any(base64.b64encode(b"top secret").decode() in r.getMessage() for r in records)
