@@ -1,12 +1,28 @@
-"""Command-line entry point: one sub-command per job the agent does on a node."""
+"""Command-line entry point: one sub-command per job the agent does on a node.
+
+``run`` is the daemon; ``plan`` shows what an OSC would change, changing nothing; ``apply``
+applies a local OSC without any API server (image builds, recovery). Errors print one clear
+line to stderr and exit non-zero; tracebacks are for bugs only.
+"""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import sys
 from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from node_agent import __version__
+
+if TYPE_CHECKING:
+    from node_agent.applier import Applier
+    from node_agent.config import AgentSettings, NodeAgentConfiguration
+    from node_agent.osc.models import OperatingSystemConfig
+
+EXIT_ERROR = 1
+EXIT_USAGE = 2
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -15,9 +31,49 @@ def _build_parser() -> argparse.ArgumentParser:
         description="On-node configuration agent for Kubernetes worker machines.",
     )
     parser.add_argument("--version", action="version", version=f"node-agent {__version__}")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--root", type=Path, default=Path("/"), help="prefix for every host path (default /)"
+    )
+    common.add_argument(
+        "--config",
+        default=None,
+        help="NodeAgentConfiguration file (default /var/lib/gardener-node-agent/config.yaml "
+        "under --root)",
+    )
+    common.add_argument("--log-level", default=None, choices=["debug", "info", "warning", "error"])
+    common.add_argument("--log-format", default=None, choices=["json", "text"])
+    common.add_argument(
+        "--hostname", default=None, help="host name to act as (default: this machine's)"
+    )
+    common.add_argument(
+        "--systemd-bus",
+        default=None,
+        help="D-Bus address of the system bus (default: the local system bus)",
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.add_parser("version", help="print the version and exit")
+    sub.add_parser("run", parents=[common], help="run the agent (as the systemd service does)")
+    plan = sub.add_parser(
+        "plan", parents=[common], help="print what applying an OSC would change; change nothing"
+    )
+    plan.add_argument("--osc", type=Path, help="OSC file (default: the node's Secret)")
+    plan.add_argument("--json", action="store_true", help="machine-readable output")
+    apply = sub.add_parser(
+        "apply", parents=[common], help="apply a local OSC file without an API server"
+    )
+    apply.add_argument("--osc", type=Path, required=True, help="OSC file (osc.yaml)")
+    apply.add_argument(
+        "--offline",
+        action="store_true",
+        help="do not talk to systemd (image build): write files and units only",
+    )
     return parser
+
+
+def _fail(message: str) -> int:
+    print(f"node-agent: {message}", file=sys.stderr)
+    return EXIT_ERROR
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -26,5 +82,133 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "version":
         print(f"node-agent {__version__}")
         return 0
+    if args.command is None:
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+
+    from node_agent import log
+    from node_agent.errors import NodeAgentError
+
+    try:
+        if args.command == "run":
+            settings, config = _load_settings(args, require_config=True)
+            log.configure(args.log_level or config.log_level, args.log_format or config.log_format)
+            from node_agent.agent import run_agent
+
+            return asyncio.run(
+                run_agent(
+                    settings, config, host_name=args.hostname, systemd_address=args.systemd_bus
+                )
+            )
+        log.configure(args.log_level or "warning", args.log_format or "text", stream=sys.stderr)
+        if args.command == "plan":
+            return asyncio.run(_plan(args))
+        if args.command == "apply":
+            return asyncio.run(_apply(args))
+    except NodeAgentError as exc:
+        return _fail(f"{type(exc).__name__}: {exc}")
+    except KeyboardInterrupt:
+        return 130
     parser.print_help(sys.stderr)
-    return 2
+    return EXIT_USAGE
+
+
+def _load_settings(
+    args: argparse.Namespace, *, require_config: bool
+) -> tuple[AgentSettings, NodeAgentConfiguration]:
+    from node_agent.config import AgentSettings, NodeAgentConfiguration, load_config
+
+    settings = AgentSettings(root=args.root)
+    default = settings.root / settings.config_file.lstrip("/")
+    path = Path(args.config) if args.config else default
+    config = load_config(path) if path.exists() or require_config else NodeAgentConfiguration()
+    return settings, config
+
+
+def _read_osc(path: Path) -> tuple[bytes, OperatingSystemConfig]:
+    from node_agent.errors import OSCDecodeError
+    from node_agent.osc.decode import parse_osc
+
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise OSCDecodeError(f"cannot read {path}: {exc.strerror}") from exc
+    osc = parse_osc(raw)
+    return raw, osc
+
+
+async def _plan(args: argparse.Namespace) -> int:
+    applier, osc, _raw, resolved = await _prepare(args, offline=True)
+    change_set = applier.plan(osc, resolved)
+    if args.json:
+        print(
+            change_set.model_dump_json(
+                indent=2, exclude={"files_to_write": {"__all__": {"content"}}}
+            )
+        )
+    else:
+        print(change_set.summary())
+    return 0
+
+
+async def _apply(args: argparse.Namespace) -> int:
+    from node_agent.osc.decode import sha256_hex
+
+    applier, osc, raw, resolved = await _prepare(args, offline=args.offline)
+    try:
+        outcome = await applier.apply(raw, osc, sha256_hex(raw), resolved)
+    finally:
+        if applier.systemd is not None:
+            await applier.systemd.close()
+    print(outcome.change_set.summary())
+    rep = outcome.report
+    print(
+        f"applied in {rep.duration:.3f}s: {len(rep.files_written)} files, "
+        f"{len(rep.units_written)} units written, restarted: {', '.join(rep.restarted) or 'none'}"
+    )
+    for note in rep.skipped:
+        print(f"skipped: {note}")
+    return 0
+
+
+async def _prepare(
+    args: argparse.Namespace, *, offline: bool
+) -> tuple[Applier, OperatingSystemConfig, bytes, dict[str, bytes]]:
+    import socket
+
+    from node_agent.applier import Applier
+    from node_agent.errors import OSCDecodeError, SecretRefError
+    from node_agent.host.fs import HostFS
+    from node_agent.host.state import StateStore
+    from node_agent.osc.decode import validate_osc
+    from node_agent.osc.merge import secret_refs
+    from node_agent.systemd import Systemd
+
+    settings, _config = _load_settings(args, require_config=False)
+    if args.osc is None:
+        raise OSCDecodeError("--osc FILE is required (reading the node's Secret needs `run`)")
+    raw, osc = _read_osc(args.osc)
+    host_name = args.hostname or socket.gethostname()
+    validate_osc(osc, host_name)
+    refs = secret_refs(osc, host_name)
+    if refs:
+        path, ref = sorted(refs.items())[0]
+        raise SecretRefError(
+            ref.name,
+            ref.data_key,
+            path=path,
+            reason="secretRef contents need the API server; not available offline",
+        )
+    fs = HostFS(settings.root, follow_system_symlinks=True)
+    systemd = None
+    if not offline:
+        systemd = Systemd(args.systemd_bus)
+        await systemd.start()
+    applier = Applier(
+        fs,
+        StateStore(fs),
+        systemd,
+        host_name=host_name,
+        agent_unit=settings.agent_unit,
+    )
+    return applier, osc, raw, {}

@@ -1,0 +1,154 @@
+"""The running agent: builds the seams, finds its Node, runs every controller in one TaskGroup.
+
+A controller that crashes takes the agent down (systemd restarts it) rather than leaving a
+half-working agent behind; transient errors are handled inside each controller. SIGTERM and
+SIGINT cancel the group, so every controller unwinds through its ``finally`` blocks, and the
+process exits 0 within a bounded time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import socket
+import time
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any
+
+from node_agent.applier import Applier
+from node_agent.config import AgentSettings, NodeAgentConfiguration
+from node_agent.context import AgentContext
+from node_agent.controllers.osc import OSCController
+from node_agent.errors import KubeError, KubeNotFound
+from node_agent.host.fs import HostFS
+from node_agent.host.state import StateStore
+from node_agent.log import get_logger
+from node_agent.sdnotify import Notifier
+from node_agent.systemd import Systemd
+
+log = get_logger("node-agent")
+SHUTDOWN_TIMEOUT = 8.0
+
+# Extra controllers register here (name, factory); each factory returns the coroutine to run.
+ControllerFactory = Callable[[AgentContext], Coroutine[Any, Any, None]]
+EXTRA_CONTROLLERS: list[tuple[str, ControllerFactory]] = []
+
+
+class _Shutdown(Exception):
+    """Raised by the signal task to cancel every controller in the TaskGroup."""
+
+
+def host_path(root: Path, path: str) -> Path:
+    return root / path.lstrip("/")
+
+
+async def find_node(ctx: AgentContext, poll: float = 10.0) -> None:
+    """The Node is this host's: named like the lowercased hostname (the kubelet's default).
+
+    Until the kubelet registered it (it is installed by the first OSC apply), keep looking.
+    """
+    name = ctx.host_name.lower()
+    while True:
+        try:
+            node = await ctx.kube.get_node(name)
+        except KubeNotFound:
+            log.info("node not registered yet", node=name)
+        except KubeError as exc:
+            log.warning("cannot read own node", node=name, error=str(exc))
+        else:
+            meta = node.get("metadata") or {}
+            ctx.node_name = str(meta.get("name"))
+            ctx.node_uid = meta.get("uid")
+            ctx.node_known.set()
+            log.info("found own node", node=ctx.node_name)
+            return
+        await asyncio.sleep(poll)
+
+
+async def run_agent(
+    settings: AgentSettings,
+    config: NodeAgentConfiguration,
+    *,
+    host_name: str | None = None,
+    systemd_address: str | None = None,
+) -> int:
+    from node_agent.kube.client import KubeClient  # costly import, only for the daemon
+
+    notifier = Notifier()
+    fs = HostFS(settings.root, follow_system_symlinks=True)
+    state = StateStore(fs)
+    removed = state.cleanup_temp_files()
+    if removed:
+        log.info("removed temp files of an interrupted write", paths=removed)
+    systemd = Systemd(systemd_address, call_timeout=settings.systemd_job_timeout + 10)
+    await systemd.start()
+    kubeconfig = host_path(settings.root, config.client_connection.kubeconfig)
+    kube = KubeClient.from_kubeconfig(kubeconfig)
+    ctx = AgentContext(
+        settings=settings,
+        config=config,
+        fs=fs,
+        state=state,
+        systemd=systemd,
+        kube=kube,
+        host_name=host_name or socket.gethostname(),
+    )
+    applier = Applier(
+        fs,
+        state,
+        systemd,
+        host_name=ctx.host_name,
+        agent_unit=settings.agent_unit,
+        job_timeout=settings.systemd_job_timeout,
+    )
+    osc = OSCController(ctx, applier)
+    ctx.health.info["osc"] = osc
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+
+    async def until_stopped() -> None:
+        await stop.wait()
+        log.info("stopping")
+        notifier.stopping()
+        raise _Shutdown
+
+    async def watchdog() -> None:
+        interval = notifier.watchdog_interval
+        while interval:
+            await asyncio.sleep(interval)
+            # Ping only while the event loop is turning and controllers are alive.
+            notifier.watchdog()
+
+    started = time.monotonic()
+    log.info(
+        "node-agent starting", host=ctx.host_name, secret=ctx.secret_name, root=str(settings.root)
+    )
+    try:
+        async with asyncio.TaskGroup() as tasks:
+            tasks.create_task(until_stopped(), name="signals")
+            tasks.create_task(find_node(ctx), name="find-node")
+            tasks.create_task(osc.run(), name="osc")
+            tasks.create_task(watchdog(), name="watchdog")
+            for name, factory in EXTRA_CONTROLLERS:
+                tasks.create_task(factory(ctx), name=name)
+            notifier.ready(f"watching secret {ctx.secret_name}")
+            log.info("node-agent ready", seconds=round(time.monotonic() - started, 3))
+    except* _Shutdown:
+        pass
+    finally:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(_close(kube, systemd), timeout=SHUTDOWN_TIMEOUT)
+    log.info("node-agent stopped")
+    return 0
+
+
+async def _close(kube: object, systemd: Systemd) -> None:
+    close = getattr(kube, "close", None)
+    if close is not None:
+        await close()
+    await systemd.close()

@@ -1,0 +1,78 @@
+"""What every controller shares: settings, the three seams, the node's identity, and reporting.
+
+One object passed to each controller keeps constructors short and makes the wiring in
+``agent.py`` the only place that knows how the parts are built.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from node_agent import report
+from node_agent.config import AgentSettings, NodeAgentConfiguration
+from node_agent.errors import KubeError
+from node_agent.host.fs import HostFS
+from node_agent.host.state import StateStore
+from node_agent.log import get_logger
+from node_agent.systemd import SystemdSeam
+
+if TYPE_CHECKING:
+    from node_agent.kube.client import KubeClient
+
+log = get_logger("node-agent")
+
+
+@dataclass
+class Health:
+    """Progress marks the health endpoints, the watchdog and ``node-agent status`` read."""
+
+    started: float = field(default_factory=time.time)
+    last_progress: dict[str, float] = field(default_factory=dict)
+    errors: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=20))
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def progress(self, loop_name: str) -> None:
+        self.last_progress[loop_name] = time.monotonic()
+
+    def error(self, source: str, message: str) -> None:
+        self.errors.append({"at": report.rfc3339(report.now()), "source": source, "error": message})
+
+
+@dataclass
+class AgentContext:
+    settings: AgentSettings
+    config: NodeAgentConfiguration
+    fs: HostFS
+    state: StateStore
+    systemd: SystemdSeam
+    kube: KubeClient
+    host_name: str
+    node_name: str | None = None
+    node_uid: str | None = None
+    health: Health = field(default_factory=Health)
+    node_known: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def secret_name(self) -> str:
+        return self.config.controllers.operating_system_config.secret_name
+
+    async def event(self, reason: str, message: str, *, warning: bool = False) -> None:
+        """Record an Event on the Node; never fails the caller (it is only a report)."""
+        if self.node_name is None:
+            return
+        body = report.node_event(
+            node_name=self.node_name,
+            node_uid=self.node_uid,
+            reason=reason,
+            message=message,
+            event_type="Warning" if warning else "Normal",
+            host=self.host_name,
+        )
+        try:
+            await self.kube.create_event(body)
+        except KubeError as exc:
+            log.warning("event not recorded", reason=reason, error=str(exc))

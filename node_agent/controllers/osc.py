@@ -1,0 +1,241 @@
+"""The OperatingSystemConfig controller: the node's desired files and units, applied.
+
+One Secret is watched (list+watch with a name field selector). Events only wake the reconciler;
+it always works on the latest Secret, so a burst of updates collapses into one apply. A bad
+OSC is reported (log + Warning Event on the Node) and left alone until the Secret changes,
+while transient failures (API, systemd, missing secretRef) are retried with jittered backoff.
+The Node is annotated with the applied checksum only after everything succeeded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import contextlib
+import random
+from collections.abc import Mapping
+from typing import Any
+
+from node_agent import report
+from node_agent.applier import Applier, Outcome
+from node_agent.config import ZONE_FILE, parse_duration
+from node_agent.context import AgentContext
+from node_agent.errors import (
+    KubeError,
+    KubeNotFound,
+    NodeAgentError,
+    OSCDecodeError,
+    OSCError,
+    SecretRefError,
+)
+from node_agent.kube.watch import list_watch
+from node_agent.log import get_logger
+from node_agent.osc.decode import decode_osc, sha256_hex
+from node_agent.osc.merge import osc_files, secret_refs
+from node_agent.osc.models import OperatingSystemConfig
+
+NAMESPACE = "kube-system"
+DATA_KEY = "osc.yaml"
+log = get_logger("node-agent.osc")
+
+JSON = dict[str, Any]
+
+
+def secret_bytes(secret: Mapping[str, Any], key: str, what: str) -> bytes:
+    data = secret.get("data") or {}
+    if key not in data:
+        raise OSCDecodeError(f"{what} has no data key {key!r}")
+    try:
+        return base64.b64decode(data[key], validate=True)
+    except (binascii.Error, ValueError, TypeError) as exc:
+        raise OSCDecodeError(f"{what} data key {key!r} is not valid base64") from exc
+
+
+class OSCController:
+    def __init__(self, ctx: AgentContext, applier: Applier) -> None:
+        self.ctx = ctx
+        self.applier = applier
+        self._latest: JSON | None = None
+        self._seen = False
+        self._wake = asyncio.Event()
+        self._rejected: str | None = None  # resourceVersion of a Secret found invalid
+        self.applies = 0
+        self.failures = 0
+        self.last_outcome: Outcome | None = None
+        self.desired_checksum: str | None = None
+
+    async def run(self) -> None:
+        async with asyncio.TaskGroup() as tasks:
+            tasks.create_task(self._watch(), name="osc-watch")
+            tasks.create_task(self._reconcile_loop(), name="osc-reconcile")
+
+    async def _watch(self) -> None:
+        name = self.ctx.secret_name
+        events = list_watch(
+            self.ctx.kube.secrets(NAMESPACE), field_selector=f"metadata.name={name}"
+        )
+        async with events:
+            async for event in events:
+                self.ctx.health.progress("osc-watch")
+                if event.type in ("SYNC", "ADDED", "MODIFIED"):
+                    self._latest = event.object
+                elif event.type == "DELETED":
+                    self._latest = None
+                self._seen = True
+                self._wake.set()
+
+    async def _reconcile_loop(self) -> None:
+        period = self.ctx.config.controllers.operating_system_config.sync_period.total_seconds()
+        backoff = 1.0
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=period)
+            self._wake.clear()
+            if not self._seen:
+                continue
+            secret = self._latest
+            self.ctx.health.progress("osc-reconcile")
+            if secret is None:
+                log.warning("OSC secret not found", secret=self.ctx.secret_name)
+                continue
+            try:
+                await self.reconcile(secret)
+                backoff = 1.0
+            except SecretRefError as exc:
+                await self._failed(exc, transient=True)
+            except OSCError as exc:
+                self._rejected = str((secret.get("metadata") or {}).get("resourceVersion"))
+                await self._failed(exc, transient=False)
+                continue
+            except NodeAgentError as exc:
+                await self._failed(exc, transient=True)
+            else:
+                continue
+            delay = backoff * random.uniform(0.8, 1.2)
+            backoff = min(backoff * 2, 60.0)
+            log.info("retrying the OSC apply", in_seconds=round(delay, 1))
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout=delay)
+            except TimeoutError:
+                self._wake.set()
+
+    async def _failed(self, exc: NodeAgentError, *, transient: bool) -> None:
+        self.failures += 1
+        kind = type(exc).__name__
+        message = f"{kind}: {exc}"
+        log.error("OSC not applied", error=message, retry=transient)
+        self.ctx.health.error("osc", message)
+        reason = report.REASON_OSC_FAILED if transient else report.REASON_OSC_INVALID
+        await self.ctx.event(reason, message, warning=True)
+
+    # -- one reconciliation -----------------------------------------------------------------
+    async def reconcile(self, secret: JSON) -> Outcome | None:
+        meta = secret.get("metadata") or {}
+        if self._rejected is not None and str(meta.get("resourceVersion")) == self._rejected:
+            return None  # already reported; wait for the Secret to change
+        self._rejected = None
+        name = f"secret {NAMESPACE}/{meta.get('name')}"
+        raw = secret_bytes(secret, DATA_KEY, name)
+        checksum = (meta.get("annotations") or {}).get(report.ANNOTATION_SECRET_CHECKSUM)
+        osc = decode_osc(raw, checksum, self.ctx.host_name)
+        checksum = sha256_hex(raw)
+        self.desired_checksum = checksum
+        first_apply = self.applier.applied_checksum() == ""
+        if self.applier.applied_checksum() == checksum and self.ctx.state.pending() is None:
+            await self._report_applied(osc, checksum, only_if_missing=True)
+            return None
+
+        if not first_apply:
+            await self._reconciliation_delay()
+        resolved = await self.resolve(osc)
+        log.info("applying OSC", checksum=checksum, first=first_apply)
+        outcome = await self.applier.apply(raw, osc, checksum, resolved)
+        self.applies += 1
+        self.last_outcome = outcome
+        for _unit, result in sorted(outcome.report.results.items()):
+            reason = report.REASON_UNIT_COMMAND.get(result.action, "SystemDUnitRestart")
+            await self.ctx.event(reason, result.describe(), warning=not result.ok)
+        await self._report_applied(osc, checksum)
+        summary = ", ".join(outcome.change_set.reasons()) or "no unit changes"
+        await self.ctx.event(report.REASON_OSC_APPLIED, f"OSC {checksum[:12]} applied: {summary}")
+        log.info(
+            "OSC applied",
+            checksum=checksum,
+            seconds=round(outcome.report.duration, 3),
+            restarted=outcome.report.restarted,
+            files=len(outcome.report.files_written),
+            orphans=outcome.orphans_removed,
+        )
+        if outcome.restarts_agent:
+            log.info("restarting the agent's own unit last", unit=self.ctx.settings.agent_unit)
+            await self.ctx.systemd.restart_unit(self.ctx.settings.agent_unit)
+        return outcome
+
+    async def resolve(self, osc: OperatingSystemConfig) -> dict[str, bytes]:
+        """Fetch every secretRef file's bytes; a missing Secret or key names itself."""
+        resolved: dict[str, bytes] = {}
+        cache: dict[str, JSON] = {}
+        for path, ref in sorted(secret_refs(osc, self.ctx.host_name).items()):
+            if ref.name not in cache:
+                try:
+                    cache[ref.name] = await self.ctx.kube.get_secret(NAMESPACE, ref.name)
+                except KubeNotFound as exc:
+                    raise SecretRefError(
+                        ref.name, ref.data_key, path=path, reason="Secret not found"
+                    ) from exc
+            data = cache[ref.name].get("data") or {}
+            if ref.data_key not in data:
+                raise SecretRefError(ref.name, ref.data_key, path=path, reason="key not in Secret")
+            try:
+                resolved[path] = base64.b64decode(data[ref.data_key], validate=True)
+            except (binascii.Error, ValueError) as exc:
+                raise SecretRefError(
+                    ref.name, ref.data_key, path=path, reason="value is not valid base64"
+                ) from exc
+        return resolved
+
+    async def _reconciliation_delay(self) -> None:
+        if self.ctx.node_name is None:
+            return
+        try:
+            node = await self.ctx.kube.get_node(self.ctx.node_name)
+        except KubeError:
+            return
+        value = ((node.get("metadata") or {}).get("annotations") or {}).get(
+            report.ANNOTATION_RECONCILIATION_DELAY
+        )
+        if not value:
+            return
+        try:
+            delay = parse_duration(value).total_seconds()
+        except ValueError:
+            log.warning("ignoring an invalid reconciliation delay", value=value)
+            return
+        if delay > 0:
+            log.info("waiting before applying the updated OSC", seconds=delay)
+            await asyncio.sleep(delay)
+
+    async def _report_applied(
+        self, osc: OperatingSystemConfig, checksum: str, *, only_if_missing: bool = False
+    ) -> None:
+        if self.ctx.node_name is None:
+            return
+        node = await self.ctx.kube.get_node(self.ctx.node_name)
+        node_meta = node.get("metadata") or {}
+        annotations = node_meta.get("annotations") or {}
+        if only_if_missing and annotations.get(report.ANNOTATION_APPLIED_CHECKSUM) == checksum:
+            return
+        zone_raw = self.ctx.fs.read(ZONE_FILE)
+        zone = zone_raw.decode(errors="replace").strip() if zone_raw else None
+        control_plane = any(
+            f.path == report.CONTROL_PLANE_MARKER for f in osc_files(osc, self.ctx.host_name)
+        )
+        patch = report.applied_patch(
+            checksum=checksum,
+            kubernetes_version=self.ctx.config.controllers.operating_system_config.kubernetes_version,
+            control_plane=control_plane,
+            zone=zone or None,
+            current_labels=node_meta.get("labels") or {},
+        )
+        await self.ctx.kube.patch_node(self.ctx.node_name, patch)
