@@ -113,14 +113,24 @@ class Applier:
             )
             try:
                 resumed = await self.executor.execute(pending)
-            except ApplyError:
-                self.state.finish()  # re-planned and re-run in full on the next attempt
-                raise
-            if pending.osc_checksum == checksum:
-                return await self._complete(
-                    raw, osc, checksum, resolved, pending.change_set, resumed, started, resumed=True
-                )
-            self.state.finish()  # a newer OSC arrived; orphans of the old one are removed below
+            except NodeAgentError as exc:
+                # Re-planning from the last applied OSC yields these steps again (steps are
+                # idempotent), so dropping the journal loses nothing and cannot loop forever.
+                log.warning("resuming failed; planning afresh", error=str(exc))
+                self.state.finish()
+            else:
+                if pending.osc_checksum == checksum:
+                    return await self._complete(
+                        raw,
+                        osc,
+                        checksum,
+                        resolved,
+                        pending.change_set,
+                        resumed,
+                        started,
+                        resumed=True,
+                    )
+                self.state.finish()  # a newer OSC arrived; the old one's orphans go below
 
         change_set = self.plan(osc, resolved)
         pending = self.state.begin(change_set, checksum)
