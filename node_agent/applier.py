@@ -133,6 +133,7 @@ class Applier:
                 self.state.finish()  # a newer OSC arrived; the old one's orphans go below
 
         change_set = self.plan(osc, resolved)
+        self.preflight(change_set)
         pending = self.state.begin(change_set, checksum)
         try:
             report = await self.executor.execute(pending)
@@ -141,6 +142,17 @@ class Applier:
             self._record(checksum, started, error=str(exc), report=exc.report)
             raise
         return await self._complete(raw, osc, checksum, resolved, change_set, report, started)
+
+    def preflight(self, cs: ChangeSet) -> None:
+        """Refuse the whole change set before any write if one of its paths is unsafe on this
+        host (e.g. a parent symlink planted under /etc): nothing is then half-applied."""
+        paths = [f.path for f in cs.files_to_write] + [f.path for f in cs.files_to_delete]
+        paths += [unit_path(u.name) for u in cs.units_to_write]
+        paths += [
+            dropin_path(d.unit, d.name) for d in (*cs.dropins_to_write, *cs.dropins_to_delete)
+        ]
+        for path in paths:
+            self.fs.resolve(path)
 
     async def _complete(
         self,

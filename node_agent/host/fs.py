@@ -42,6 +42,11 @@ from pathlib import Path, PurePath
 from node_agent.errors import HostIOError, UnsafePathError
 
 TEMP_PREFIX = ".node-agent-tmp-"
+# Parent symlinks a distribution legitimately has (merged /usr, /var/run -> /run); with
+# ``follow_system_symlinks`` only these are followed.
+SYSTEM_SYMLINKS = frozenset(
+    {"/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/var/run", "/var/lock", "/usr/tmp"}
+)
 DEFAULT_DIR_MODE = 0o755
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -442,7 +447,7 @@ class HostFS:
                 except UnsafePathError:
                     if not self.follow_system_symlinks:
                         raise
-                    target = self._trusted_link(stack, name, path)
+                    target = self._trusted_link(stack, canonical, name, path)
                     hops += 1
                     if hops > _MAX_SYMLINKS:
                         raise UnsafePathError(os.fspath(path), "too many symlinks") from None
@@ -461,9 +466,18 @@ class HostFS:
             for fd in stack:
                 os.close(fd)
 
-    def _trusted_link(self, stack: list[int], name: str, path: HostPath) -> str:
-        """The target of symlink ``name``, if only root (or the root directory's owner) could
-        have placed it: owned by them, in a directory nobody else may write to."""
+    def _trusted_link(
+        self, stack: list[int], canonical: list[str], name: str, path: HostPath
+    ) -> str:
+        """The target of symlink ``name``, if it is one of the distribution's own layout links
+        (``SYSTEM_SYMLINKS``) and only root (or the root directory's owner) could have placed
+        it: owned by them, in a directory nobody else may write to. Any other symlink in a
+        parent chain, e.g. one planted under ``/etc``, is refused."""
+        where = "/" + "/".join([*canonical, name])
+        if where not in SYSTEM_SYMLINKS:
+            raise UnsafePathError(
+                os.fspath(path), f"component {where!r} is a symlink (not a system layout link)"
+            )
         link = os.stat(name, dir_fd=stack[-1], follow_symlinks=False)
         parent = os.fstat(stack[-1])
         trusted = {0, os.fstat(stack[0]).st_uid}

@@ -386,32 +386,40 @@ def test_absolute_and_escaping_targets_are_re_anchored_at_root(
     (root / "var/run").symlink_to("/run")  # on the host this would be the host's /run
     assert sysfs.write_atomic("/var/run/agent.pid", b"1", 0o644)
     assert (root / "run/agent.pid").read_bytes() == b"1"  # created inside the root
-    (root / "etc").symlink_to(outside)  # absolute, pointing outside the root
-    sysfs.write_atomic("/etc/victim", b"pwned", 0o600)
+    (root / "lib").symlink_to(outside)  # absolute, pointing outside the root
+    sysfs.write_atomic("/lib/victim", b"pwned", 0o600)
     assert (outside / "victim").read_bytes() == b"precious"
     assert (root / outside.relative_to("/") / "victim").read_bytes() == b"pwned"
-    (root / "up").symlink_to("../../../../../../../tmp-escape")
-    sysfs.write_atomic("/up/f", b"clamped", 0o600)
+    (root / "sbin").symlink_to("../../../../../../../tmp-escape")
+    sysfs.write_atomic("/sbin/f", b"clamped", 0o600)
     assert (root / "tmp-escape/f").read_bytes() == b"clamped"
 
 
+def test_only_system_layout_links_are_followed(sysfs: HostFS, root: Path, outside: Path) -> None:
+    (root / "etc").symlink_to(outside)  # planted: not one of the distribution's layout links
+    with pytest.raises(UnsafePathError, match="not a system layout link"):
+        sysfs.write_atomic("/etc/victim", b"pwned", 0o600)
+    assert (outside / "victim").read_bytes() == b"precious"
+    assert not (root / outside.relative_to("/")).exists()
+
+
 def test_untrusted_symlinks_are_refused_even_when_following(sysfs: HostFS, root: Path) -> None:
-    (root / "open").mkdir()
-    os.chmod(root / "open", 0o777)
+    (root / "var").mkdir()
+    os.chmod(root / "var", 0o777)
     (root / "real").mkdir()
-    (root / "open/link").symlink_to("/real")
+    (root / "var/run").symlink_to("/real")
     with pytest.raises(UnsafePathError, match="planted"):
-        sysfs.write_atomic("/open/link/f", b"x", 0o600)
+        sysfs.write_atomic("/var/run/f", b"x", 0o600)
     if os.geteuid() == 0:
-        (root / "foreign").symlink_to("real")
-        os.lchown(root / "foreign", 1234, 1234)
+        (root / "lib").symlink_to("real")
+        os.lchown(root / "lib", 1234, 1234)
         with pytest.raises(UnsafePathError, match="planted"):
-            sysfs.write_atomic("/foreign/f", b"x", 0o600)
+            sysfs.write_atomic("/lib/f", b"x", 0o600)
     assert list((root / "real").iterdir()) == []
 
 
 def test_symlink_loops_are_refused(sysfs: HostFS, root: Path) -> None:
-    (root / "a").symlink_to("b")
-    (root / "b").symlink_to("a")
+    (root / "bin").symlink_to("lib")
+    (root / "lib").symlink_to("bin")
     with pytest.raises(UnsafePathError, match="too many"):
-        sysfs.write_atomic("/a/f", b"x", 0o600)
+        sysfs.write_atomic("/bin/f", b"x", 0o600)
