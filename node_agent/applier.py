@@ -148,9 +148,8 @@ class Applier:
         host (e.g. a parent symlink planted under /etc): nothing is then half-applied."""
         paths = [f.path for f in cs.files_to_write] + [f.path for f in cs.files_to_delete]
         paths += [unit_path(u.name) for u in cs.units_to_write]
-        paths += [
-            dropin_path(d.unit, d.name) for d in (*cs.dropins_to_write, *cs.dropins_to_delete)
-        ]
+        paths += [dropin_path(d.unit, d.name) for d in cs.dropins_to_write]
+        paths += [dropin_path(d.unit, d.name) for d in cs.dropins_to_delete]
         for path in paths:
             self.fs.resolve(path)
 
