@@ -226,3 +226,91 @@ class OSCAgent:
     async def unit_states(self, names: list[str]) -> dict[str, UnitState]:
         assert self.ctx is not None
         return await self.ctx.systemd.unit_states(names)
+
+
+@dataclass
+class AgentProcess:
+    """``node-agent run`` as a real process acting on a throwaway node (crash and signal tests)."""
+
+    harness: OSCAgent
+    log_path: Path
+    env: dict[str, str] = field(default_factory=dict)
+    proc: asyncio.subprocess.Process | None = None
+
+    def install_config(self) -> Path:
+        """Write the agent's config and kubeconfig where a real node has them (under its root)."""
+        assert self.harness.creds is not None
+        node = self.harness.node
+        base = "/var/lib/gardener-node-agent"
+        kubeconfig = node.path(f"{base}/credentials/kubeconfig")
+        kubeconfig.parent.mkdir(parents=True, exist_ok=True)
+        kubeconfig.write_bytes(self.harness.creds.kubeconfig.read_bytes())
+        config = node.path(f"{base}/config.yaml")
+        config.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "nodeagent.config.gardener.cloud/v1alpha1",
+                    "kind": "NodeAgentConfiguration",
+                    "clientConnection": {"kubeconfig": f"{base}/credentials/kubeconfig"},
+                    "controllers": {
+                        "operatingSystemConfig": {
+                            "secretName": self.harness.secret_name,
+                            "kubernetesVersion": "1.31.4",
+                        }
+                    },
+                }
+            )
+        )
+        return config
+
+    async def start(self, **env: str) -> None:
+        import os
+        import sys
+
+        config = self.install_config()
+        node = self.harness.node
+        with self.log_path.open("ab") as log:
+            self.proc = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "node_agent",
+                "run",
+                "--root",
+                str(node.root),
+                "--config",
+                str(config),
+                "--hostname",
+                self.harness.node_name,
+                "--systemd-bus",
+                node.bus_address.decode(),
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=log,
+                stderr=asyncio.subprocess.STDOUT,
+                env={**os.environ, **self.env, **env},
+            )
+
+    async def wait(self, timeout: float = 60.0) -> int:
+        assert self.proc is not None
+        try:
+            return await asyncio.wait_for(self.proc.wait(), timeout)
+        except TimeoutError:
+            raise AssertionError(
+                f"agent did not exit within {timeout:.0f}s; log tail:\n{self.log_tail()}"
+            ) from None
+
+    async def terminate(self, timeout: float = 10.0) -> int:
+        assert self.proc is not None
+        if self.proc.returncode is None:
+            self.proc.terminate()
+        return await self.wait(timeout)
+
+    async def kill(self) -> None:
+        if self.proc is not None and self.proc.returncode is None:
+            self.proc.kill()
+            await self.proc.wait()
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"

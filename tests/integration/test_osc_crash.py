@@ -1,0 +1,116 @@
+"""kill -9 of the agent after each kind of apply step: the next start converges, no temp files.
+
+The agent runs as a real process (``node-agent run``) on a throwaway node. The fault hook
+``NODE_AGENT_TEST_CRASH_AFTER=<step kind>`` makes it SIGKILL itself right after journaling the
+first step of that kind, exactly like an OOM kill or a power cut between two steps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from kubernetes_asyncio.client import ApiClient
+
+from node_agent.executor import CRASH_HOOK_ENV
+from tests.testbed.agent_harness import AgentProcess, OSCAgent, inline_file, osc_document, service
+from tests.testbed.controlplane import ControlPlane
+from tests.testbed.systemd_ns import IsolatedSystemd
+
+pytestmark = pytest.mark.integration
+
+STATE = "/var/lib/gardener-node-agent"
+# Every kind of step a change set can have, in execution order.
+CRASH_POINTS = [
+    "file",
+    "unit",
+    "dropin",
+    "enable",
+    "disable",
+    "reload",
+    "cmd",
+    "delete-unit",
+    "reload-after-delete",
+    "delete-file",
+]
+
+
+def variant(k: int) -> dict[str, Any]:
+    """Round ``k`` changes every file, unit and drop-in, adds a unit and a file, drops the
+    previous round's, so its change set has a step of every kind."""
+    files = [inline_file(f"/etc/crash/f{i}", f"round {k} file {i}\n") for i in range(4)]
+    files.append(inline_file(f"/etc/crash/only-{k}", f"only {k}\n"))
+    units = [
+        service(
+            "crash-a.service",
+            extra=f"Environment=ROUND={k}\n",
+            filePaths=["/etc/crash/f0"],
+            dropIns=[{"name": "10-r.conf", "content": f"[Service]\nEnvironment=DROPIN={k}\n"}],
+        ),
+        service(f"crash-new-{k}.service"),
+        service("crash-off.service", enable=False),
+    ]
+    return osc_document(files, units)
+
+
+def assert_converged(node: IsolatedSystemd, k: int) -> None:
+    for i in range(4):
+        assert node.path(f"/etc/crash/f{i}").read_text() == f"round {k} file {i}\n"
+    assert node.path(f"/etc/crash/only-{k}").exists()
+    assert not node.path(f"/etc/crash/only-{k - 1}").exists()
+    env = node.run(["systemctl", "show", "-P", "Environment", "crash-a.service"]).stdout.split()
+    assert sorted(env) == sorted([f"ROUND={k}", f"DROPIN={k}"])
+    assert node.run(["systemctl", "is-active", "crash-a.service"]).stdout.strip() == "active"
+    assert node.run(["systemctl", "is-active", f"crash-new-{k}.service"]).stdout.strip() == "active"
+    assert (
+        node.run(["systemctl", "is-enabled", f"crash-new-{k}.service"]).stdout.strip() == "enabled"
+    )
+    assert not node.path(f"/etc/systemd/system/crash-new-{k - 1}.service").exists()
+    gone = node.run(["systemctl", "is-active", f"crash-new-{k - 1}.service"], check=False)
+    assert gone.stdout.strip() == "inactive"
+    assert node.run(
+        ["systemctl", "is-enabled", "crash-off.service"], check=False
+    ).stdout.strip() == ("disabled")
+    leftovers = node.run(
+        ["find", "/etc/crash", "/etc/systemd/system", STATE, "-name", ".node-agent-tmp-*"]
+    ).stdout
+    assert leftovers == ""
+    assert not node.path(f"{STATE}/last-computed-osc-changes.yaml").exists()
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def harness(
+    admin_api: ApiClient, control_plane: ControlPlane, node: IsolatedSystemd, tmp_path: Path
+) -> AsyncIterator[OSCAgent]:
+    agent = OSCAgent(admin_api, control_plane, node, tmp_path)
+    await agent.setup()
+    yield agent
+
+
+async def test_kill_after_each_step_kind_converges(harness: OSCAgent, tmp_path: Path) -> None:
+    node = harness.node
+    agent = AgentProcess(harness, tmp_path / "agent.log")
+    try:
+        checksum = await harness.publish(variant(0))
+        await agent.start()
+        await harness.wait_applied(checksum)
+        assert await agent.terminate() == 0
+        assert_converged(node, 0)
+
+        for k, point in enumerate(CRASH_POINTS, start=1):
+            checksum = await harness.publish(variant(k))
+            await agent.start(**{CRASH_HOOK_ENV: point})
+            code = await agent.wait()
+            assert code == -9, f"crash point {point}: agent exited with {code}\n{agent.log_tail()}"
+            assert node.path(f"{STATE}/last-computed-osc-changes.yaml").exists(), point
+            assert (await harness.node_annotations()).get("checksum/cloud-config-data") != checksum
+
+            await agent.start()
+            await harness.wait_applied(checksum)
+            assert await agent.terminate() == 0, agent.log_tail()
+            assert_converged(node, k)
+    finally:
+        await agent.kill()
