@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 import socket
+import threading
 import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
@@ -20,7 +22,11 @@ from typing import Any
 from node_agent.applier import Applier
 from node_agent.config import AgentSettings, NodeAgentConfiguration
 from node_agent.context import AgentContext
+from node_agent.controllers.lease import LeaseController
+from node_agent.controllers.lifecycle import HostnameChanged, watch_hostname, watchdog_pings
+from node_agent.controllers.node import NodeController
 from node_agent.controllers.osc import OSCController
+from node_agent.controllers.token import TokenController
 from node_agent.errors import KubeError, KubeNotFound
 from node_agent.host.fs import HostFS
 from node_agent.host.state import StateStore
@@ -29,7 +35,8 @@ from node_agent.sdnotify import Notifier
 from node_agent.systemd import Systemd
 
 log = get_logger("node-agent")
-SHUTDOWN_TIMEOUT = 8.0
+#: From SIGTERM to exit: controllers unwind, clients close; past this the process exits anyway.
+SHUTDOWN_TIMEOUT = 9.0
 
 # Extra controllers register here (name, factory); each factory returns the coroutine to run.
 ControllerFactory = Callable[[AgentContext], Coroutine[Any, Any, None]]
@@ -104,9 +111,13 @@ async def run_agent(
         job_timeout=settings.systemd_job_timeout,
     )
     osc = OSCController(ctx, applier)
-    ctx.health.info["osc"] = osc
+    lease = LeaseController(ctx)  # its own client and connection pool (see the module)
+    node = NodeController(ctx)
+    token = TokenController(ctx)
+    ctx.health.info.update(osc=osc, lease=lease, node=node, token=token)
 
     stop = asyncio.Event()
+    guards: list[threading.Timer] = []
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
@@ -115,16 +126,18 @@ async def run_agent(
         await stop.wait()
         log.info("stopping")
         notifier.stopping()
+        guards.append(_hard_stop_guard(SHUTDOWN_TIMEOUT))
         raise _Shutdown
 
     async def watchdog() -> None:
-        interval = notifier.watchdog_interval
-        while interval:
-            await asyncio.sleep(interval)
-            # Ping only while the event loop is turning and controllers are alive.
-            notifier.watchdog()
+        # Ping only while the event loop turns and the lease loop ticks (see lifecycle).
+        if notifier.watchdog_interval:
+            await watchdog_pings(
+                notifier.watchdog_interval, notifier.watchdog, ctx.health.last_progress
+            )
 
     started = time.monotonic()
+    exit_code = 0
     log.info(
         "node-agent starting", host=ctx.host_name, secret=ctx.secret_name, root=str(settings.root)
     )
@@ -134,17 +147,44 @@ async def run_agent(
             tasks.create_task(find_node(ctx), name="find-node")
             tasks.create_task(osc.run(), name="osc")
             tasks.create_task(watchdog(), name="watchdog")
+            tasks.create_task(lease.run(), name="lease")
+            tasks.create_task(node.run(), name="node")
+            tasks.create_task(token.run(), name="token")
+            tasks.create_task(watch_hostname(), name="hostname")
             for name, factory in EXTRA_CONTROLLERS:
                 tasks.create_task(factory(ctx), name=name)
             notifier.ready(f"watching secret {ctx.secret_name}")
             log.info("node-agent ready", seconds=round(time.monotonic() - started, 3))
     except* _Shutdown:
         pass
+    except* HostnameChanged as group:
+        exit_code = HostnameChanged.exit_code
+        log.error(
+            "node-agent exiting for a restart", reason=str(group.exceptions[0]), code=exit_code
+        )
     finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(_close(kube, systemd), timeout=SHUTDOWN_TIMEOUT)
-    log.info("node-agent stopped")
-    return 0
+            await asyncio.wait_for(_close(kube, systemd), timeout=SHUTDOWN_TIMEOUT / 2)
+        for guard in guards:
+            guard.cancel()
+    log.info("node-agent stopped", code=exit_code)
+    return exit_code
+
+
+def _hard_stop_guard(seconds: float) -> threading.Timer:
+    """Exit the process after ``seconds`` even if unwinding hangs (a blocked thread, a stuck
+    call): systemd's stop must stay bounded. A daemon thread, so a blocked loop cannot stop it."""
+
+    def expire() -> None:
+        log.error("shutdown took too long; exiting now", seconds=seconds)
+        os._exit(1)
+
+    timer = threading.Timer(seconds, expire)
+    timer.daemon = True
+    timer.start()
+    return timer
 
 
 async def _close(kube: object, systemd: Systemd) -> None:

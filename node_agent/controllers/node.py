@@ -1,0 +1,248 @@
+"""The Node controller: acts on what operators and Gardener ask of this node through its Node.
+
+- annotation ``worker.gardener.cloud/restart-systemd-services`` (comma list; ``.service`` is
+  added to names without a unit suffix): restart each unit, one ``SystemDUnitRestart`` Event per
+  unit (Warning when it failed), then remove the annotation (merge patch). If the agent's own
+  unit is listed, the annotation is removed *first* and the agent restarts itself *last*, so a
+  restarted agent never finds the annotation again and never loops.
+- label ``worker.gardener.cloud/gardener-node-agent-secret-name``: when it names another OSC
+  Secret than the configured one, the config file is rewritten (atomically, every other field
+  kept) and the agent restarts itself to pick it up.
+
+The own Node is list+watched by name; events only wake the worker, which always acts on the
+latest Node, one request at a time. A restart list that was acted on but whose annotation could
+not be removed yet is remembered, so a retry only removes it and never restarts units twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from node_agent import report
+from node_agent.config import parse_config
+from node_agent.context import AgentContext
+from node_agent.errors import ConfigError, HostError, NodeAgentError
+from node_agent.kube.watch import list_watch
+from node_agent.log import get_logger
+
+log = get_logger("node-agent.node")
+
+JSON = dict[str, Any]
+UNIT_SUFFIXES = (
+    ".service",
+    ".socket",
+    ".target",
+    ".timer",
+    ".mount",
+    ".automount",
+    ".path",
+    ".slice",
+    ".scope",
+    ".device",
+    ".swap",
+)
+REASON_RESTART = report.REASON_UNIT_COMMAND["restart"]
+CONFIG_FILE_MODE = 0o600
+
+
+def restart_units(value: str) -> list[str]:
+    """The units named by the restart annotation, in order, without duplicates."""
+    units: list[str] = []
+    for item in value.split(","):
+        name = item.strip()
+        if not name:
+            continue
+        if not name.endswith(UNIT_SUFFIXES):
+            name += ".service"
+        if name not in units:
+            units.append(name)
+    return units
+
+
+def _meta(node: Mapping[str, Any], key: str) -> dict[str, str]:
+    meta = node.get("metadata") or {}
+    value = meta.get(key) or {}
+    return dict(value) if isinstance(value, Mapping) else {}
+
+
+@dataclass
+class NodeStats:
+    restarts: list[str] = field(default_factory=list)
+    self_restarts: int = 0
+    config_rewrites: int = 0
+    handled: int = 0
+
+
+class NodeController:
+    def __init__(self, ctx: AgentContext, *, retry_cap: float = 30.0) -> None:
+        self.ctx = ctx
+        self.stats = NodeStats()
+        self._latest: JSON | None = None
+        self._wake = asyncio.Event()
+        self._retry_cap = retry_cap
+        #: Restart list already acted on, its annotation still to be removed.
+        self._restarted_value: str | None = None
+        #: Secret name the config was rewritten to (the agent restart is requested once).
+        self._secret_name_requested: str | None = None
+
+    async def run(self) -> None:
+        await self.ctx.node_known.wait()
+        async with asyncio.TaskGroup() as tasks:
+            tasks.create_task(self._watch(), name="node-watch")
+            tasks.create_task(self._worker(), name="node-worker")
+
+    async def _watch(self) -> None:
+        assert self.ctx.node_name is not None
+        events = list_watch(
+            self.ctx.kube.nodes(), field_selector=f"metadata.name={self.ctx.node_name}"
+        )
+        async with events:
+            async for event in events:
+                self.ctx.health.progress("node-watch")
+                if event.type in ("SYNC", "ADDED", "MODIFIED") and event.object is not None:
+                    self._latest = event.object
+                    self._wake.set()
+
+    async def _worker(self) -> None:
+        backoff = 1.0
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            node = self._latest
+            if node is None:
+                continue
+            try:
+                await self.reconcile(node)
+                backoff = 1.0
+            except NodeAgentError as exc:
+                log.warning("node request not handled; retrying", error=str(exc))
+                self.ctx.health.error("node", str(exc))
+                delay = backoff * random.uniform(0.8, 1.2)
+                backoff = min(backoff * 2, self._retry_cap)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), timeout=delay)
+                self._wake.set()
+
+    def _wants_action(self, node: Mapping[str, Any]) -> bool:
+        if report.ANNOTATION_RESTART_SERVICES in _meta(node, "annotations"):
+            return True
+        wanted = _meta(node, "labels").get(report.LABEL_SECRET_NAME)
+        return bool(wanted) and wanted not in (self.ctx.secret_name, self._secret_name_requested)
+
+    async def reconcile(self, node: Mapping[str, Any]) -> None:
+        """Act on ``node``. An event may be older than our own last patch (watch lag), so
+        before acting the Node is read again: a removed annotation is never acted on twice."""
+        if not self._wants_action(node):
+            self._restarted_value = None
+            return
+        assert self.ctx.node_name is not None
+        node = await self.ctx.kube.get_node(self.ctx.node_name)
+        self.stats.handled += 1
+        await self._secret_name_label(node)
+        await self._restart_annotation(node)
+
+    # -- restart-systemd-services -----------------------------------------------------------
+
+    async def _remove_annotation(self) -> None:
+        assert self.ctx.node_name is not None
+        await self.ctx.kube.patch_node(
+            self.ctx.node_name, report.remove_annotation_patch(report.ANNOTATION_RESTART_SERVICES)
+        )
+
+    async def _restart_annotation(self, node: Mapping[str, Any]) -> None:
+        value = _meta(node, "annotations").get(report.ANNOTATION_RESTART_SERVICES)
+        if value is None:
+            self._restarted_value = None
+            return
+        if value == self._restarted_value:
+            # Acted on already; only the removal failed before.
+            await self._remove_annotation()
+            self._restarted_value = None
+            return
+        units = restart_units(value)
+        own = self.ctx.settings.agent_unit
+        restart_self = own in units
+        others = [u for u in units if u != own]
+        log.info("restart requested through the node annotation", units=units)
+        if restart_self:
+            # First, so that the restarted agent does not find the annotation and loop.
+            await self._remove_annotation()
+        self._restarted_value = value
+        timeout = self.ctx.settings.systemd_job_timeout
+        for unit in others:
+            try:
+                result = await self.ctx.systemd.restart_unit(unit, job_timeout=timeout)
+            except NodeAgentError as exc:
+                ok, text = False, f"restart {unit}: {exc}"
+            else:
+                ok, text = result.ok, result.describe()
+            self.stats.restarts.append(unit)
+            if ok:
+                log.info("unit restarted", unit=unit)
+            else:
+                log.warning("unit restart failed", unit=unit, detail=text)
+            await self.ctx.event(REASON_RESTART, text, warning=not ok)
+        if not restart_self:
+            await self._remove_annotation()
+            self._restarted_value = None
+            return
+        self._restarted_value = None
+        await self._restart_self("requested through the node annotation")
+
+    async def _restart_self(self, why: str) -> None:
+        own = self.ctx.settings.agent_unit
+        log.info("restarting the agent's own unit", unit=own, reason=why)
+        self.stats.self_restarts += 1
+        await self.ctx.event(REASON_RESTART, f"restart {own}: {why}")
+        # Under systemd this stops this very process; the job completes after it exited.
+        result = await self.ctx.systemd.restart_unit(
+            own, job_timeout=self.ctx.settings.systemd_job_timeout
+        )
+        if not result.ok:
+            log.warning("own unit restart failed", unit=own, detail=result.describe())
+            await self.ctx.event(REASON_RESTART, result.describe(), warning=True)
+
+    # -- gardener-node-agent-secret-name ----------------------------------------------------
+
+    async def _secret_name_label(self, node: Mapping[str, Any]) -> None:
+        wanted = _meta(node, "labels").get(report.LABEL_SECRET_NAME)
+        if not wanted or wanted == self.ctx.secret_name:
+            return
+        if wanted == self._secret_name_requested:
+            return  # config rewritten, restart requested; this process is on its way out
+        await self.rewrite_config_secret_name(wanted)
+        self._secret_name_requested = wanted
+        await self._restart_self(f"OSC secret name changed to {wanted}")
+
+    async def rewrite_config_secret_name(self, secret_name: str) -> None:
+        """Set ``controllers.operatingSystemConfig.secretName`` in the config file on disk."""
+        path = self.ctx.settings.config_file
+        fs = self.ctx.fs
+        try:
+            raw = await fs.read_async(path)
+            st = await asyncio.to_thread(fs.lstat, path)
+        except HostError as exc:
+            raise ConfigError(f"cannot read config {path}: {exc}") from exc
+        config = parse_config(raw, source=path) if raw is not None else self.ctx.config
+        osc = config.controllers.operating_system_config.model_copy(
+            update={"secret_name": secret_name}
+        )
+        controllers = config.controllers.model_copy(update={"operating_system_config": osc})
+        updated = config.model_copy(update={"controllers": controllers})
+        mode = (st.st_mode & 0o7777) if st is not None else CONFIG_FILE_MODE
+        try:
+            await fs.write_atomic_async(path, updated.to_yaml().encode(), mode)
+        except HostError as exc:
+            raise ConfigError(f"cannot write config {path}: {exc}") from exc
+        self.stats.config_rewrites += 1
+        log.info(
+            "config rewritten with the new OSC secret name",
+            path=path,
+            old=config.controllers.operating_system_config.secret_name,
+            new=secret_name,
+        )

@@ -1,0 +1,180 @@
+"""Token sync: ``controllers.token.syncConfigs[]`` Secrets' ``data.token`` → files on the host.
+
+This is how the agent's own credentials (and e.g. the kubelet's bootstrap material) are rotated:
+Gardener writes a new token into a Secret, the agent writes it to the file its kubeconfig names,
+and every client re-reads the file on its next request. Each Secret is list+watched by name
+(the RBAC allows get/list/watch on exactly those names), re-read every ``syncPeriod`` (a missed
+event cannot leave a stale token for longer than that), and its file is checked for existence
+every few seconds: an OSC apply that deletes the path (an orphaned file) gets it rewritten at
+once from the last known token, without an API call. A periodic ``stat`` was chosen over a hook
+into the applier because it also covers anyone else deleting the file and costs one syscall.
+
+Writes go through ``HostFS.write_atomic`` (temp file + rename, mode exactly 0640, parents 0755),
+which writes nothing when the bytes and mode already match. A Secret that is missing or has no
+``token`` key is logged; the file is left alone (a stale token beats none).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+from dataclasses import dataclass
+
+from node_agent.config import TokenSyncConfig
+from node_agent.context import AgentContext
+from node_agent.errors import HostError, KubeError, KubeNotFound
+from node_agent.host.fs import WriteResult
+from node_agent.kube.watch import list_watch
+from node_agent.log import get_logger
+
+log = get_logger("node-agent.token")
+
+NAMESPACE = "kube-system"
+DATA_KEY = "token"
+FILE_MODE = 0o640
+DIR_MODE = 0o755
+EXISTENCE_CHECK_PERIOD = 2.0
+
+
+def token_bytes(secret: dict[str, object] | None) -> bytes | None:
+    """The decoded ``data.token`` of a Secret, or None if it is absent or not base64."""
+    if not secret:
+        return None
+    data = secret.get("data")
+    if not isinstance(data, dict) or not isinstance(data.get(DATA_KEY), str):
+        return None
+    try:
+        return base64.b64decode(data[DATA_KEY], validate=True)
+    except (binascii.Error, ValueError):
+        return None
+
+
+@dataclass
+class SyncStats:
+    writes: int = 0
+    rewrites_after_delete: int = 0
+    syncs: int = 0
+    last_error: str | None = None
+
+
+class TokenSync:
+    """One ``syncConfigs`` entry: a Secret kept in sync with one file."""
+
+    def __init__(
+        self,
+        ctx: AgentContext,
+        config: TokenSyncConfig,
+        *,
+        sync_period: float,
+        check_period: float = EXISTENCE_CHECK_PERIOD,
+    ) -> None:
+        self.ctx = ctx
+        self.secret_name = config.secret_name
+        self.path = config.path
+        self.sync_period = sync_period
+        self.check_period = check_period
+        self.token: bytes | None = None
+        self.stats = SyncStats()
+        self._lock = asyncio.Lock()
+
+    async def run(self) -> None:
+        async with asyncio.TaskGroup() as tasks:
+            tasks.create_task(self._watch(), name=f"token-watch-{self.secret_name}")
+            tasks.create_task(self._resync_loop(), name=f"token-resync-{self.secret_name}")
+            tasks.create_task(self._existence_loop(), name=f"token-check-{self.secret_name}")
+
+    async def _watch(self) -> None:
+        events = list_watch(
+            self.ctx.kube.secrets(NAMESPACE), field_selector=f"metadata.name={self.secret_name}"
+        )
+        async with events:
+            async for event in events:
+                self.ctx.health.progress("token-watch")
+                if event.type == "DELETED" or event.object is None:
+                    log.warning("token secret not found", secret=self.secret_name, path=self.path)
+                    continue
+                await self.apply(event.object, why=event.type.lower())
+
+    async def _resync_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.sync_period)
+            await self.sync()
+
+    async def sync(self) -> bool:
+        """Read the Secret now and write the file; False if the Secret could not be read."""
+        try:
+            secret = await self.ctx.kube.get_secret(NAMESPACE, self.secret_name)
+        except KubeNotFound:
+            log.warning("token secret not found", secret=self.secret_name, path=self.path)
+            return False
+        except KubeError as exc:
+            self.stats.last_error = str(exc)
+            log.warning("token secret not read", secret=self.secret_name, error=str(exc))
+            return False
+        self.stats.syncs += 1
+        return await self.apply(secret, why="resync")
+
+    async def _existence_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.check_period)
+            if self.token is None:
+                continue
+            try:
+                missing = not await asyncio.to_thread(self.ctx.fs.exists, self.path)
+            except HostError as exc:
+                log.warning("token file not checked", path=self.path, error=str(exc))
+                continue
+            if missing:
+                log.info("token file deleted; rewriting it", path=self.path)
+                self.stats.rewrites_after_delete += 1
+                await self._write(self.token, why="deleted")
+
+    async def apply(self, secret: dict[str, object], *, why: str) -> bool:
+        token = token_bytes(secret)
+        if token is None:
+            log.warning("token secret has no valid data key", secret=self.secret_name, key=DATA_KEY)
+            return False
+        self.token = token
+        return await self._write(token, why=why)
+
+    async def _write(self, token: bytes, *, why: str) -> bool:
+        async with self._lock:
+            try:
+                result = await self.ctx.fs.write_atomic_async(
+                    self.path, token, FILE_MODE, dir_mode=DIR_MODE
+                )
+            except HostError as exc:
+                self.stats.last_error = str(exc)
+                log.error("token file not written", path=self.path, error=str(exc))
+                self.ctx.health.error("token", str(exc))
+                return False
+        if result != WriteResult.UNCHANGED:
+            self.stats.writes += 1
+            log.info(
+                "token file written",
+                path=self.path,
+                secret=self.secret_name,
+                trigger=why,
+                result=result.name.lower(),
+            )
+        return True
+
+
+class TokenController:
+    """All ``syncConfigs`` entries, each in its own task."""
+
+    def __init__(self, ctx: AgentContext, *, check_period: float = EXISTENCE_CHECK_PERIOD) -> None:
+        token_config = ctx.config.controllers.token
+        period = max(token_config.sync_period.total_seconds(), 1.0)
+        self.syncs = [
+            TokenSync(ctx, entry, sync_period=period, check_period=check_period)
+            for entry in token_config.sync_configs
+        ]
+
+    async def run(self) -> None:
+        if not self.syncs:
+            return
+        async with asyncio.TaskGroup() as tasks:
+            for sync in self.syncs:
+                tasks.create_task(sync.run(), name=f"token-{sync.secret_name}")

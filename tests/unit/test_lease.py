@@ -1,0 +1,75 @@
+"""Lease body and tick schedule: wire names and a heartbeat that never drifts."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta, timezone
+
+import pytest
+
+from node_agent.controllers.lease import (
+    LEASE_DURATION_SECONDS,
+    desired_lease,
+    lease_name,
+    micro_time,
+    next_tick,
+)
+
+
+def test_micro_time_is_utc_with_microseconds_and_z() -> None:
+    moment = datetime(2026, 8, 1, 14, 3, 4, 56, tzinfo=timezone(timedelta(hours=2)))
+    assert micro_time(moment) == "2026-08-01T12:03:04.000056Z"
+
+
+def test_new_lease_has_the_wire_fields() -> None:
+    at = datetime(2026, 8, 1, 12, 0, 0, tzinfo=UTC)
+    body = desired_lease("n1", "uid-1", at)
+    assert body["apiVersion"] == "coordination.k8s.io/v1"
+    assert body["kind"] == "Lease"
+    assert body["metadata"]["name"] == lease_name("n1") == "gardener-node-agent-n1"
+    assert body["metadata"]["namespace"] == "kube-system"
+    assert body["metadata"]["ownerReferences"] == [
+        {"apiVersion": "v1", "kind": "Node", "name": "n1", "uid": "uid-1"}
+    ]
+    assert body["spec"] == {
+        "holderIdentity": "gardener-node-agent-n1",
+        "leaseDurationSeconds": LEASE_DURATION_SECONDS,
+        "renewTime": "2026-08-01T12:00:00.000000Z",
+    }
+
+
+def test_update_keeps_resource_version_and_foreign_fields_and_repairs_ours() -> None:
+    current = {
+        "metadata": {
+            "name": "gardener-node-agent-n1",
+            "namespace": "kube-system",
+            "resourceVersion": "42",
+            "labels": {"x": "y"},
+            "ownerReferences": [
+                {"apiVersion": "v1", "kind": "Node", "name": "n1", "uid": "old"},
+                {"apiVersion": "v1", "kind": "ConfigMap", "name": "c", "uid": "c1"},
+            ],
+        },
+        "spec": {"holderIdentity": "someone", "leaseDurationSeconds": 5, "acquireTime": "t"},
+    }
+    body = desired_lease("n1", "uid-2", datetime(2026, 1, 1, tzinfo=UTC), current)
+    assert body["metadata"]["resourceVersion"] == "42"
+    assert body["metadata"]["labels"] == {"x": "y"}
+    kinds = [(r["kind"], r["uid"]) for r in body["metadata"]["ownerReferences"]]
+    assert kinds == [("ConfigMap", "c1"), ("Node", "uid-2")]
+    assert body["spec"]["holderIdentity"] == "gardener-node-agent-n1"
+    assert body["spec"]["leaseDurationSeconds"] == 40
+    assert body["spec"]["acquireTime"] == "t"
+    assert current["spec"]["holderIdentity"] == "someone"  # input not mutated
+
+
+@pytest.mark.parametrize(
+    ("previous", "now", "expected"),
+    [
+        (100.0, 100.5, 110.0),  # the call took 0.5 s: next slot stays on the schedule
+        (100.0, 109.9, 110.0),
+        (100.0, 110.0, 120.0),  # exactly at the slot: the slot is taken as missed
+        (100.0, 125.0, 130.0),  # two slots missed: skipped, not bunched
+    ],
+)
+def test_ticks_follow_a_fixed_schedule(previous: float, now: float, expected: float) -> None:
+    assert next_tick(previous, now, 10.0) == pytest.approx(expected)

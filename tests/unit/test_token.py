@@ -1,0 +1,98 @@
+"""Token sync with a fake API: exact bytes, mode 0640, parents 0755, rewrite after deletion."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import os
+from pathlib import Path
+from typing import Any
+
+from node_agent.config import AgentSettings, NodeAgentConfiguration, TokenSyncConfig
+from node_agent.context import AgentContext
+from node_agent.controllers.token import TokenSync, token_bytes
+from node_agent.errors import KubeNotFound
+from node_agent.host.fs import HostFS
+
+
+class FakeKube:
+    def __init__(self) -> None:
+        self.secrets: dict[str, dict[str, Any]] = {}
+
+    async def get_secret(self, namespace: str, name: str) -> dict[str, Any]:
+        if name not in self.secrets:
+            raise KubeNotFound("missing", status=404)
+        return self.secrets[name]
+
+
+def _secret(token: bytes) -> dict[str, Any]:
+    return {"data": {"token": base64.b64encode(token).decode()}}
+
+
+def _sync(tmp_path: Path, kube: FakeKube, check_period: float = 0.02) -> TokenSync:
+    ctx = AgentContext(
+        settings=AgentSettings(root=tmp_path),
+        config=NodeAgentConfiguration(),
+        fs=HostFS(tmp_path),
+        state=None,  # type: ignore[arg-type]
+        systemd=None,  # type: ignore[arg-type]
+        kube=kube,  # type: ignore[arg-type]
+        host_name="n1",
+    )
+    entry = TokenSyncConfig(secretName="tok", path="/var/lib/x/credentials/token")
+    return TokenSync(ctx, entry, sync_period=3600, check_period=check_period)
+
+
+def test_token_bytes() -> None:
+    assert token_bytes(_secret(b"abc\n")) == b"abc\n"
+    assert token_bytes({"data": {"other": "YQ=="}}) is None
+    assert token_bytes({"data": {"token": "not base64!"}}) is None
+    assert token_bytes(None) is None
+
+
+async def test_sync_writes_exact_bytes_with_modes(tmp_path: Path) -> None:
+    kube = FakeKube()
+    kube.secrets["tok"] = _secret(b"t0ken-\x00-bytes")
+    sync = _sync(tmp_path, kube)
+    old = os.umask(0o077)
+    try:
+        assert await sync.sync()
+    finally:
+        os.umask(old)
+    path = tmp_path / "var/lib/x/credentials/token"
+    assert path.read_bytes() == b"t0ken-\x00-bytes"
+    assert path.stat().st_mode & 0o7777 == 0o640
+    assert (tmp_path / "var/lib/x").stat().st_mode & 0o7777 == 0o755
+    assert (tmp_path / "var/lib/x/credentials").stat().st_mode & 0o7777 == 0o755
+    assert sync.stats.writes == 1
+    assert await sync.sync()  # same bytes: nothing written
+    assert sync.stats.writes == 1
+
+
+async def test_missing_secret_or_key_leaves_the_file(tmp_path: Path) -> None:
+    kube = FakeKube()
+    sync = _sync(tmp_path, kube)
+    assert not await sync.sync()
+    kube.secrets["tok"] = {"data": {}}
+    assert not await sync.sync()
+    assert not (tmp_path / "var/lib/x/credentials/token").exists()
+
+
+async def test_deleted_file_is_rewritten_from_the_last_token(tmp_path: Path) -> None:
+    kube = FakeKube()
+    kube.secrets["tok"] = _secret(b"abc")
+    sync = _sync(tmp_path, kube)
+    await sync.sync()
+    kube.secrets.clear()  # no API needed for the rewrite
+    path = tmp_path / "var/lib/x/credentials/token"
+    task = asyncio.create_task(sync._existence_loop())
+    try:
+        path.unlink()
+        for _ in range(200):
+            if path.exists():
+                break
+            await asyncio.sleep(0.01)
+        assert path.read_bytes() == b"abc"
+        assert sync.stats.rewrites_after_delete == 1
+    finally:
+        task.cancel()
