@@ -8,6 +8,7 @@ OSC never succeeds).
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -73,17 +74,23 @@ class Applier:
         self.systemd = systemd
         self.host_name = host_name
         self.agent_unit = agent_unit
+        self._parsed: tuple[str, OperatingSystemConfig] | None = None  # last applied, parsed
         self.executor = Executor(fs, systemd, state, job_timeout=job_timeout, on_command=on_command)
 
     def previous(self) -> tuple[OperatingSystemConfig | None, Mapping[str, bytes] | None, str]:
         last = self.state.load_last_applied()
         if last is None:
             return None, None, ""
+        cached = self._parsed
+        if cached is not None and cached[0] == last.checksum:
+            return cached[1], last.resolved, last.checksum
         try:
-            return parse_osc(last.raw), last.resolved, last.checksum
+            osc = parse_osc(last.raw)
         except NodeAgentError as exc:
             log.warning("last applied OSC unreadable; planning from scratch", error=str(exc))
             return None, None, ""
+        self._parsed = (last.checksum, osc)
+        return osc, last.resolved, last.checksum
 
     def plan(self, osc: OperatingSystemConfig, resolved: Mapping[str, bytes]) -> ChangeSet:
         previous, previous_resolved, _ = self.previous()
@@ -97,7 +104,9 @@ class Applier:
         )
 
     def applied_checksum(self) -> str:
-        return self.previous()[2]
+        """sha256 of the last applied osc.yaml ('' if none); cheap: no parsing."""
+        last = self.state.load_last_applied()
+        return last.checksum if last is not None else ""
 
     async def apply(
         self, raw: bytes, osc: OperatingSystemConfig, checksum: str, resolved: Mapping[str, bytes]
@@ -132,7 +141,7 @@ class Applier:
                     )
                 self.state.finish()  # a newer OSC arrived; the old one's orphans go below
 
-        change_set = self.plan(osc, resolved)
+        change_set = await asyncio.to_thread(self.plan, osc, resolved)
         self.preflight(change_set)
         pending = self.state.begin(change_set, checksum)
         try:
@@ -167,6 +176,7 @@ class Applier:
     ) -> Outcome:
         orphans = await self.remove_orphans(osc)
         self.state.save_last_applied(raw, resolved)
+        self._parsed = (checksum, osc)
         self.state.finish()
         report.duration = time.monotonic() - started
         self._record(checksum, started, report=report)

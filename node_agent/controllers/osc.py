@@ -60,8 +60,10 @@ class OSCController:
         self._seen = False
         self._wake = asyncio.Event()
         self._rejected: str | None = None  # resourceVersion of a Secret found invalid
+        self._reported: str | None = None  # checksum last written to the Node
         self.applies = 0
         self.failures = 0
+        self.reconciles = 0
         self.last_outcome: Outcome | None = None
         self.desired_checksum: str | None = None
 
@@ -131,21 +133,27 @@ class OSCController:
 
     # -- one reconciliation -----------------------------------------------------------------
     async def reconcile(self, secret: JSON) -> Outcome | None:
+        self.reconciles += 1
         meta = secret.get("metadata") or {}
         if self._rejected is not None and str(meta.get("resourceVersion")) == self._rejected:
             return None  # already reported; wait for the Secret to change
         self._rejected = None
         name = f"secret {NAMESPACE}/{meta.get('name')}"
         raw = secret_bytes(secret, DATA_KEY, name)
-        checksum = (meta.get("annotations") or {}).get(report.ANNOTATION_SECRET_CHECKSUM)
-        osc = decode_osc(raw, checksum, self.ctx.host_name)
+        annotated = (meta.get("annotations") or {}).get(report.ANNOTATION_SECRET_CHECKSUM)
         checksum = sha256_hex(raw)
-        self.desired_checksum = checksum
-        first_apply = self.applier.applied_checksum() == ""
-        if self.applier.applied_checksum() == checksum and self.ctx.state.pending() is None:
-            await self._report_applied(osc, checksum, only_if_missing=True)
+        applied = self.applier.applied_checksum()
+        if applied == checksum and self.ctx.state.pending() is None:
+            # Byte-identical to what is applied (and was validated then): no host action.
+            if self._reported != checksum:
+                await self._report_applied(
+                    decode_osc(raw, annotated, self.ctx.host_name), checksum, only_if_missing=True
+                )
             return None
-
+        # Parsing a large OSC takes tens of ms of CPU: off the loop, so heartbeats keep ticking.
+        osc = await asyncio.to_thread(decode_osc, raw, annotated, self.ctx.host_name)
+        self.desired_checksum = checksum
+        first_apply = applied == ""
         if not first_apply:
             await self._reconciliation_delay()
         resolved = await self.resolve(osc)
@@ -225,6 +233,7 @@ class OSCController:
         node_meta = node.get("metadata") or {}
         annotations = node_meta.get("annotations") or {}
         if only_if_missing and annotations.get(report.ANNOTATION_APPLIED_CHECKSUM) == checksum:
+            self._reported = checksum
             return
         zone_raw = self.ctx.fs.read(ZONE_FILE)
         zone = zone_raw.decode(errors="replace").strip() if zone_raw else None
@@ -239,3 +248,4 @@ class OSCController:
             current_labels=node_meta.get("labels") or {},
         )
         await self.ctx.kube.patch_node(self.ctx.node_name, patch)
+        self._reported = checksum

@@ -70,7 +70,8 @@ async def publish_osc(
     admin: ApiClient, secret_name: str, osc: dict[str, Any] | bytes, *, checksum: str | None = None
 ) -> str:
     """Create or replace the OSC Secret the way Gardener does; return the checksum."""
-    raw = osc if isinstance(osc, bytes) else yaml.safe_dump(osc).encode()
+    dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+    raw = osc if isinstance(osc, bytes) else yaml.dump(osc, Dumper=dumper).encode()
     digest = hashlib.sha256(raw).hexdigest() if checksum is None else checksum
     body = client.V1Secret(
         metadata=client.V1ObjectMeta(
