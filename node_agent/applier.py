@@ -19,13 +19,14 @@ from node_agent.executor import ApplyReport, Executor
 from node_agent.host.fs import HostFS
 from node_agent.host.state import (
     UNIT_DIR,
+    UNIT_FILE_MODE,
     ApplyRecord,
     StateStore,
     dropin_path,
     unit_path,
 )
 from node_agent.log import get_logger
-from node_agent.osc.decode import parse_osc
+from node_agent.osc.decode import parse_osc, sha256_hex
 from node_agent.osc.merge import osc_files, osc_units
 from node_agent.osc.models import OperatingSystemConfig
 from node_agent.osc.plan import ChangeSet, UnitCommand, plan
@@ -152,6 +153,53 @@ class Applier:
             raise
         return await self._complete(raw, osc, checksum, resolved, change_set, report, started)
 
+    def drifted(self, full: ChangeSet) -> set[str]:
+        """Host paths whose bytes or mode no longer match what the OSC says (edited, deleted)."""
+        wanted: dict[str, tuple[str | None, int]] = {
+            f.path: (f.sha256, f.mode) for f in full.files_to_write if f.content is not None
+        }
+        for u in full.units_to_write:
+            wanted[unit_path(u.name)] = (sha256_hex(u.content.encode()), UNIT_FILE_MODE)
+        for d in full.dropins_to_write:
+            wanted[dropin_path(d.unit, d.name)] = (sha256_hex(d.content.encode()), UNIT_FILE_MODE)
+        return {
+            path
+            for path, (digest, mode) in wanted.items()
+            if not self.fs.stat_matches(path, sha256=digest, mode=mode)
+        }
+
+    async def repair_drift(
+        self, osc: OperatingSystemConfig, resolved: Mapping[str, bytes] | None
+    ) -> Outcome | None:
+        """Re-check the disk against the applied OSC (upstream trusts the checksum forever):
+        rewrite what drifted and restart exactly the units that depend on it."""
+        last = self.state.load_last_applied()
+        if last is None or self.state.pending() is not None:
+            return None
+        refs = resolved if resolved is not None else (last.resolved or {})
+        try:
+            full = await asyncio.to_thread(
+                plan, None, osc, self.host_name, refs, agent_unit=self.agent_unit
+            )
+        except NodeAgentError as exc:  # e.g. secretRef contents unknown: cannot compare
+            log.info("drift check skipped", reason=str(exc))
+            return None
+        drifted = await asyncio.to_thread(self.drifted, full)
+        if not drifted:
+            return None
+        repair = drift_change_set(full, drifted, osc)
+        log.warning("host drifted from the applied OSC; repairing", paths=sorted(drifted))
+        started = time.monotonic()
+        self.preflight(repair)
+        pending = self.state.begin(repair, last.checksum)
+        try:
+            report = await self.executor.execute(pending)
+        finally:
+            self.state.finish()
+        report.duration = time.monotonic() - started
+        self._record(last.checksum, started, report=report)
+        return Outcome(last.checksum, repair, report)
+
     def preflight(self, cs: ChangeSet) -> None:
         """Refuse the whole change set before any write if one of its paths is unsafe on this
         host (e.g. a parent symlink planted under /etc): nothing is then half-applied."""
@@ -241,3 +289,26 @@ class Applier:
             )
         except (NodeAgentError, ValueError) as exc:  # status is informational only
             log.warning("apply status not saved", error=str(exc))
+
+
+def drift_change_set(full: ChangeSet, drifted: set[str], osc: OperatingSystemConfig) -> ChangeSet:
+    """The part of a from-scratch plan that rewrites ``drifted`` paths, and the commands of the
+    units that use them (their unit file, a drop-in or one of their ``filePaths``)."""
+    files = tuple(f for f in full.files_to_write if f.path in drifted)
+    units = tuple(u for u in full.units_to_write if unit_path(u.name) in drifted)
+    dropins = tuple(d for d in full.dropins_to_write if dropin_path(d.unit, d.name) in drifted)
+    touched = {u.name for u in units} | {d.unit for d in dropins}
+    changed_files = {f.path for f in files}
+    touched |= {u.name for u in osc_units(osc) if changed_files & set(u.file_paths)}
+    commands = tuple(
+        cmd.model_copy(update={"reasons": ("its files drifted on the host",)})
+        for cmd in full.unit_commands
+        if cmd.unit in touched
+    )
+    return ChangeSet(
+        files_to_write=files,
+        units_to_write=units,
+        dropins_to_write=dropins,
+        unit_commands=commands,
+        agent_unit=full.agent_unit,
+    )

@@ -33,6 +33,7 @@ CONDITION_UNITS_READY = "SystemdUnitsReady"
 REASON_OSC_APPLIED = "OSCApplied"
 REASON_OSC_FAILED = "OSCApplyFailed"
 REASON_OSC_INVALID = "OSCInvalid"
+REASON_DRIFT_REPAIRED = "OSCDriftRepaired"
 REASON_UNIT_COMMAND = {
     "start": "SystemDUnitStart",
     "stop": "SystemDUnitStop",

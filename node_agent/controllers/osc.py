@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-import contextlib
 import random
 from collections.abc import Mapping
 from typing import Any
@@ -61,6 +60,7 @@ class OSCController:
         self._wake = asyncio.Event()
         self._rejected: str | None = None  # resourceVersion of a Secret found invalid
         self._reported: str | None = None  # checksum last written to the Node
+        self._resync = False
         self.applies = 0
         self.failures = 0
         self.reconciles = 0
@@ -91,8 +91,10 @@ class OSCController:
         period = self.ctx.config.controllers.operating_system_config.sync_period.total_seconds()
         backoff = 1.0
         while True:
-            with contextlib.suppress(TimeoutError):
+            try:
                 await asyncio.wait_for(self._wake.wait(), timeout=period)
+            except TimeoutError:
+                self._resync = True  # the periodic full check: also looks for drift on disk
             self._wake.clear()
             if not self._seen:
                 continue
@@ -101,8 +103,9 @@ class OSCController:
             if secret is None:
                 log.warning("OSC secret not found", secret=self.ctx.secret_name)
                 continue
+            resync, self._resync = self._resync, False
             try:
-                await self.reconcile(secret)
+                await self.reconcile(secret, resync=resync)
                 backoff = 1.0
             except SecretRefError as exc:
                 await self._failed(exc, transient=True)
@@ -132,7 +135,12 @@ class OSCController:
         await self.ctx.event(reason, message, warning=True)
 
     # -- one reconciliation -----------------------------------------------------------------
-    async def reconcile(self, secret: JSON) -> Outcome | None:
+    def request_resync(self) -> None:
+        """Run the periodic full check (drift on disk included) now."""
+        self._resync = True
+        self._wake.set()
+
+    async def reconcile(self, secret: JSON, *, resync: bool = False) -> Outcome | None:
         self.reconciles += 1
         meta = secret.get("metadata") or {}
         if self._rejected is not None and str(meta.get("resourceVersion")) == self._rejected:
@@ -144,7 +152,10 @@ class OSCController:
         checksum = sha256_hex(raw)
         applied = self.applier.applied_checksum()
         if applied == checksum and self.ctx.state.pending() is None:
-            # Byte-identical to what is applied (and was validated then): no host action.
+            # Byte-identical to what is applied (and was validated then): no host action,
+            # except on the periodic resync, which repairs drift on disk.
+            if resync:
+                await self._repair_drift(raw, annotated)
             if self._reported != checksum:
                 await self._report_applied(
                     decode_osc(raw, annotated, self.ctx.host_name), checksum, only_if_missing=True
@@ -179,6 +190,20 @@ class OSCController:
             log.info("restarting the agent's own unit last", unit=self.ctx.settings.agent_unit)
             await self.ctx.systemd.restart_unit(self.ctx.settings.agent_unit)
         return outcome
+
+    async def _repair_drift(self, raw: bytes, annotated: str | None) -> None:
+        osc = await asyncio.to_thread(decode_osc, raw, annotated, self.ctx.host_name)
+        outcome = await self.applier.repair_drift(osc, None)
+        if outcome is None:
+            return
+        paths = sorted(
+            [f.path for f in outcome.change_set.files_to_write]
+            + [u.name for u in outcome.change_set.units_to_write]
+            + [f"{d.unit}/{d.name}" for d in outcome.change_set.dropins_to_write]
+        )
+        restarted = ", ".join(outcome.report.restarted) or "none"
+        message = f"rewrote {', '.join(paths)}; restarted {restarted}"
+        await self.ctx.event(report.REASON_DRIFT_REPAIRED, message, warning=True)
 
     async def resolve(self, osc: OperatingSystemConfig) -> dict[str, bytes]:
         """Fetch every secretRef file's bytes; a missing Secret or key names itself."""

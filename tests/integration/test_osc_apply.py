@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import copy
 import os
@@ -213,3 +214,32 @@ async def test_same_osc_again_touches_nothing(agent: OSCAgent) -> None:
     changed = {p for p in paths if os.stat(p).st_mtime_ns != mtimes[p]}
     assert changed == {agent.node.path("/etc/demo/f05.conf")}
     assert await invocations(agent, ALL_UNITS) == before
+
+
+async def test_drift_on_disk_is_repaired_by_the_periodic_check(agent: OSCAgent) -> None:
+    osc = base_osc()
+    await agent.wait_applied(await agent.publish(osc))
+    assert agent.controller is not None
+    node = agent.node
+    before = await invocations(agent, ALL_UNITS)
+
+    node.path("/etc/demo/f00.conf").write_text("edited by hand\n")  # app-a's filePaths
+    os.chmod(node.path("/etc/demo/f03.conf"), 0o666)  # no unit refers to it
+    node.path("/etc/systemd/system/app-b.service.d/10-env.conf").unlink()
+    agent.controller.request_resync()
+    message = await agent.wait_event("OSCDriftRepaired")
+
+    assert "/etc/demo/f00.conf" in message
+    assert node.path("/etc/demo/f00.conf").read_text() == "file 0\n"
+    assert file_mode(node.path("/etc/demo/f03.conf")) == 0o640
+    assert node.path("/etc/systemd/system/app-b.service.d/10-env.conf").read_text() == (
+        "[Service]\nEnvironment=B=1\n"
+    )
+    after = await invocations(agent, ALL_UNITS)
+    assert {u for u in ALL_UNITS if after[u] != before[u]} == {"app-a.service", "app-b.service"}
+    # A second check finds nothing more to do.
+    repaired = [e for e in await agent.events() if e.reason == "OSCDriftRepaired"]
+    agent.controller.request_resync()
+    await agent.publish(osc)  # an event after the resync, to know it was processed
+    await asyncio.sleep(1.0)
+    assert [e for e in await agent.events() if e.reason == "OSCDriftRepaired"] == repaired
