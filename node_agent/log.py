@@ -88,24 +88,34 @@ def configure(level: str = "info", fmt: str = "json", stream: TextIO | None = No
         if fmt == "json"
         else structlog.dev.ConsoleRenderer(colors=False)
     )
+    shared: list[Any] = [
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+        structlog.processors.format_exc_info,
+        redact,
+    ]
     structlog.configure(
-        processors=[
-            structlog.contextvars.merge_contextvars,
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
-            structlog.processors.format_exc_info,
-            redact,
-            renderer,
-        ],
+        processors=[structlog.contextvars.merge_contextvars, *shared, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(
             _LEVELS.get(level.lower(), logging.INFO)
         ),
         logger_factory=structlog.PrintLoggerFactory(file=out),
         cache_logger_on_first_use=False,
     )
-    # Library loggers (aiohttp, kubernetes_asyncio) may log request bodies at DEBUG: cap them.
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-    for noisy in ("kubernetes_asyncio", "aiohttp", "urllib3"):
+    # Standard-library loggers (node_agent.kube, aiohttp, ...) go through the same renderer and
+    # redaction, so every line of the agent is one JSON object.
+    handler = logging.StreamHandler(out)
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
+            foreign_pre_chain=[structlog.stdlib.add_logger_name, *shared],
+        )
+    )
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(_LEVELS.get(level.lower(), logging.INFO))
+    # Library loggers may log request bodies at DEBUG: never below WARNING.
+    for noisy in ("kubernetes_asyncio", "aiohttp", "urllib3", "asyncio"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 

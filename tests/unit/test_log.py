@@ -61,3 +61,21 @@ def test_journald_priority_prefix(monkeypatch: pytest.MonkeyPatch) -> None:
     assert renderer(None, "error", {"event": "x", "level": "error"}).startswith("<3>{")
     assert renderer(None, "info", {"event": "x", "level": "info"}).startswith("<6>{")
     assert renderer(None, "warning", {"event": "x", "level": "warning"}).startswith("<4>{")
+
+
+def test_standard_library_loggers_are_json_and_redacted(monkeypatch: pytest.MonkeyPatch) -> None:
+    import logging
+
+    stream = io.StringIO()
+    monkeypatch.delenv("JOURNAL_STREAM", raising=False)
+    log.configure("info", "json", stream=stream)
+    logging.getLogger("node_agent.kube.watch").warning(
+        "watch failed with Bearer %s", "eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJ4In0.c2lnbmF0dXJl"
+    )
+    logging.getLogger("kubernetes_asyncio.client.rest").debug("response body: secret")
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == 1
+    event = json.loads(lines[0])
+    assert event["level"] == "warning"
+    assert event["logger"] == "node_agent.kube.watch"
+    assert "eyJ" not in event["event"]
