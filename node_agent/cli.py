@@ -174,41 +174,71 @@ async def _apply(args: argparse.Namespace) -> int:
 async def _prepare(
     args: argparse.Namespace, *, offline: bool
 ) -> tuple[Applier, OperatingSystemConfig, bytes, dict[str, bytes]]:
+    """The applier for --root, and the OSC with its secretRef contents.
+
+    Without --osc the OSC comes from the node's Secret; secretRef contents always come from the
+    API server named in the config (so a local OSC with secretRefs needs the config too).
+    """
     import socket
 
     from node_agent.applier import Applier
-    from node_agent.errors import OSCDecodeError, SecretRefError
     from node_agent.host.fs import HostFS
     from node_agent.host.state import StateStore
     from node_agent.osc.decode import validate_osc
     from node_agent.osc.merge import secret_refs
     from node_agent.systemd import Systemd
 
-    settings, _config = _load_settings(args, require_config=False)
-    if args.osc is None:
-        raise OSCDecodeError("--osc FILE is required (reading the node's Secret needs `run`)")
-    raw, osc = _read_osc(args.osc)
+    from_secret = args.osc is None
+    settings, config = _load_settings(args, require_config=from_secret)
     host_name = args.hostname or socket.gethostname()
-    validate_osc(osc, host_name)
-    refs = secret_refs(osc, host_name)
-    if refs:
-        path, ref = sorted(refs.items())[0]
-        raise SecretRefError(
-            ref.name,
-            ref.data_key,
-            path=path,
-            reason="secretRef contents need the API server; not available offline",
-        )
+    resolved: dict[str, bytes] = {}
+    if from_secret:
+        raw, osc, resolved = await _from_api(settings, config, host_name, secret=True)
+    else:
+        raw, osc = _read_osc(args.osc)
+        validate_osc(osc, host_name)
+        if secret_refs(osc, host_name):  # their contents live in the cluster
+            _, _, resolved = await _from_api(settings, config, host_name, osc=osc)
     fs = HostFS(settings.root, follow_system_symlinks=True)
     systemd = None
     if not offline:
         systemd = Systemd(args.systemd_bus)
         await systemd.start()
     applier = Applier(
-        fs,
-        StateStore(fs),
-        systemd,
-        host_name=host_name,
-        agent_unit=settings.agent_unit,
+        fs, StateStore(fs), systemd, host_name=host_name, agent_unit=settings.agent_unit
     )
-    return applier, osc, raw, {}
+    return applier, osc, raw, resolved
+
+
+async def _from_api(
+    settings: AgentSettings,
+    config: NodeAgentConfiguration,
+    host_name: str,
+    *,
+    secret: bool = False,
+    osc: OperatingSystemConfig | None = None,
+) -> tuple[bytes, OperatingSystemConfig, dict[str, bytes]]:
+    """Read the node's OSC Secret (``secret=True``) and resolve secretRefs through the API."""
+    from node_agent.controllers.osc import (
+        DATA_KEY,
+        NAMESPACE,
+        resolve_secret_refs,
+        secret_bytes,
+    )
+    from node_agent.kube.client import KubeClient
+    from node_agent.osc.decode import decode_osc
+    from node_agent.report import ANNOTATION_SECRET_CHECKSUM
+
+    kubeconfig = settings.root / config.client_connection.kubeconfig.lstrip("/")
+    async with KubeClient.from_kubeconfig(kubeconfig) as kube:
+        raw = b""
+        if secret:
+            name = config.controllers.operating_system_config.secret_name
+            obj = await kube.get_secret(NAMESPACE, name)
+            raw = secret_bytes(obj, DATA_KEY, f"secret {NAMESPACE}/{name}")
+            annotated = ((obj.get("metadata") or {}).get("annotations") or {}).get(
+                ANNOTATION_SECRET_CHECKSUM
+            )
+            osc = decode_osc(raw, annotated, host_name)
+        assert osc is not None
+        return raw, osc, await resolve_secret_refs(kube, osc, host_name)

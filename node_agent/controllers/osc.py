@@ -14,7 +14,7 @@ import base64
 import binascii
 import random
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from node_agent import report
 from node_agent.applier import Applier, Outcome
@@ -34,6 +34,9 @@ from node_agent.osc.decode import decode_osc, sha256_hex
 from node_agent.osc.merge import osc_files, secret_refs
 from node_agent.osc.models import OperatingSystemConfig
 
+if TYPE_CHECKING:
+    from node_agent.kube.client import KubeClient
+
 NAMESPACE = "kube-system"
 DATA_KEY = "osc.yaml"
 log = get_logger("node-agent.osc")
@@ -49,6 +52,32 @@ def secret_bytes(secret: Mapping[str, Any], key: str, what: str) -> bytes:
         return base64.b64decode(data[key], validate=True)
     except (binascii.Error, ValueError, TypeError) as exc:
         raise OSCDecodeError(f"{what} data key {key!r} is not valid base64") from exc
+
+
+async def resolve_secret_refs(
+    kube: KubeClient, osc: OperatingSystemConfig, host_name: str
+) -> dict[str, bytes]:
+    """Fetch every secretRef file's bytes; a missing Secret or key names itself."""
+    resolved: dict[str, bytes] = {}
+    cache: dict[str, JSON] = {}
+    for path, ref in sorted(secret_refs(osc, host_name).items()):
+        if ref.name not in cache:
+            try:
+                cache[ref.name] = await kube.get_secret(NAMESPACE, ref.name)
+            except KubeNotFound as exc:
+                raise SecretRefError(
+                    ref.name, ref.data_key, path=path, reason="Secret not found"
+                ) from exc
+        data = cache[ref.name].get("data") or {}
+        if ref.data_key not in data:
+            raise SecretRefError(ref.name, ref.data_key, path=path, reason="key not in Secret")
+        try:
+            resolved[path] = base64.b64decode(data[ref.data_key], validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise SecretRefError(
+                ref.name, ref.data_key, path=path, reason="value is not valid base64"
+            ) from exc
+    return resolved
 
 
 class OSCController:
@@ -206,27 +235,7 @@ class OSCController:
         await self.ctx.event(report.REASON_DRIFT_REPAIRED, message, warning=True)
 
     async def resolve(self, osc: OperatingSystemConfig) -> dict[str, bytes]:
-        """Fetch every secretRef file's bytes; a missing Secret or key names itself."""
-        resolved: dict[str, bytes] = {}
-        cache: dict[str, JSON] = {}
-        for path, ref in sorted(secret_refs(osc, self.ctx.host_name).items()):
-            if ref.name not in cache:
-                try:
-                    cache[ref.name] = await self.ctx.kube.get_secret(NAMESPACE, ref.name)
-                except KubeNotFound as exc:
-                    raise SecretRefError(
-                        ref.name, ref.data_key, path=path, reason="Secret not found"
-                    ) from exc
-            data = cache[ref.name].get("data") or {}
-            if ref.data_key not in data:
-                raise SecretRefError(ref.name, ref.data_key, path=path, reason="key not in Secret")
-            try:
-                resolved[path] = base64.b64decode(data[ref.data_key], validate=True)
-            except (binascii.Error, ValueError) as exc:
-                raise SecretRefError(
-                    ref.name, ref.data_key, path=path, reason="value is not valid base64"
-                ) from exc
-        return resolved
+        return await resolve_secret_refs(self.ctx.kube, osc, self.ctx.host_name)
 
     async def _reconciliation_delay(self) -> None:
         if self.ctx.node_name is None:
