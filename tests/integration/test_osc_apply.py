@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import copy
+import hashlib
 import os
 import stat
 from collections.abc import AsyncIterator
@@ -13,14 +14,25 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
+import yaml
+from kubernetes_asyncio import client
 from kubernetes_asyncio.client import ApiClient
 
-from tests.testbed.agent_harness import OSCAgent, inline_file, osc_document, service
+from node_agent.config import ZONE_FILE
+from tests.testbed.agent_harness import (
+    AGENT_UNIT,
+    OSCAgent,
+    inline_file,
+    osc_document,
+    service,
+    wait_until,
+)
 from tests.testbed.controlplane import ControlPlane
 from tests.testbed.systemd_ns import IsolatedSystemd
 
 pytestmark = pytest.mark.integration
 
+STATE = "/var/lib/gardener-node-agent"
 FOREIGN = "foreign.service"  # a distro unit: the OSC only adds a drop-in to it
 FOREIGN_TEXT = "[Unit]\nStartLimitIntervalSec=0\n[Service]\nExecStart=/bin/sleep infinity\n"
 MODES = [0o644, 0o600, 0o755, 0o640, 0o444, 0o700, 0o664, 0o4755, 0o1777, None]
@@ -243,3 +255,57 @@ async def test_drift_on_disk_is_repaired_by_the_periodic_check(agent: OSCAgent) 
     await agent.publish(osc)  # an event after the resync, to know it was processed
     await asyncio.sleep(1.0)
     assert [e for e in await agent.events() if e.reason == "OSCDriftRepaired"] == repaired
+
+
+async def test_agent_unit_restarts_last_after_state_is_persisted(agent: OSCAgent) -> None:
+    agent_unit = AGENT_UNIT
+    osc = base_osc()
+    osc["spec"]["units"].append(service(agent_unit, filePaths=["/etc/demo/f00.conf"]))
+    agent.node.path(ZONE_FILE).parent.mkdir(parents=True, exist_ok=True)
+    agent.node.path(ZONE_FILE).write_text("zone-b\n")
+    await agent.wait_applied(await agent.publish(osc))
+    assert (await agent.node_labels())["topology.kubernetes.io/zone"] == "zone-b"
+    before = await agent.unit_states([agent_unit, "app-a.service"])
+
+    osc["spec"]["files"][0]["content"]["inline"]["data"] = "both restart\n"
+    checksum = await agent.publish(osc)
+    await agent.wait_applied(checksum)
+
+    async def agent_restarted() -> bool:
+        now = await agent.unit_states([agent_unit])
+        return now[agent_unit].invocation_id != before[agent_unit].invocation_id
+
+    await wait_until(agent_restarted, "the agent's own unit to restart")
+    after = await agent.unit_states([agent_unit, "app-a.service"])
+    assert after["app-a.service"].invocation_id != before["app-a.service"].invocation_id
+    persisted = os.stat(agent.node.path(f"{STATE}/last-applied-osc.yaml")).st_mtime
+    agent_start = after[agent_unit].exec_main_start
+    other_start = after["app-a.service"].exec_main_start
+    assert agent_start is not None
+    assert other_start is not None
+    assert other_start < agent_start  # everything else first
+    assert persisted <= agent_start.timestamp()  # state persisted before it
+    assert (
+        agent.node.path(f"{STATE}/last-applied-osc.yaml").read_bytes()
+        == yaml.safe_dump(osc).encode()
+        or hashlib.sha256(
+            agent.node.path(f"{STATE}/last-applied-osc.yaml").read_bytes()
+        ).hexdigest()
+        == checksum
+    )
+
+
+async def test_reconciliation_delay_applies_to_updates_only(agent: OSCAgent) -> None:
+    await client.CoreV1Api(agent.admin).patch_node(
+        agent.node_name,
+        {"metadata": {"annotations": {"node-agent.gardener.cloud/reconciliation-delay": "4s"}}},
+    )
+    osc = base_osc()
+    await agent.wait_applied(await agent.publish(osc), timeout=3.5)  # first apply: no delay
+
+    osc["spec"]["files"][0]["content"]["inline"]["data"] = "delayed\n"
+    checksum = await agent.publish(osc)
+    await asyncio.sleep(2.0)
+    assert agent.node.path("/etc/demo/f00.conf").read_text() == "file 0\n"  # still waiting
+    await agent.wait_applied(checksum)
+    assert agent.node.path("/etc/demo/f00.conf").read_text() == "delayed\n"
