@@ -68,6 +68,11 @@ def _build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="do not talk to systemd (image build): write files and units only",
     )
+    sub.add_parser(
+        "bootstrap",
+        parents=[common],
+        help="install, enable and start the agent's own unit (run by the init script)",
+    )
     return parser
 
 
@@ -100,6 +105,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                     settings, config, host_name=args.hostname, systemd_address=args.systemd_bus
                 )
             )
+        if args.command == "bootstrap":
+            log.configure(args.log_level or "warning", args.log_format or "text", stream=sys.stderr)
+            from node_agent.bootstrap import run_bootstrap
+
+            report = asyncio.run(
+                run_bootstrap(args.root, args.config, systemd_address=args.systemd_bus)
+            )
+            print(report.summary())
+            return 0
         log.configure(args.log_level or "warning", args.log_format or "text", stream=sys.stderr)
         if args.command == "plan":
             return asyncio.run(_plan(args))

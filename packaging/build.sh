@@ -1,0 +1,101 @@
+#!/bin/sh
+# Build the self-contained node-agent artifact: a PyInstaller onedir bundle (CPython, its shared
+# libraries and every dependency) that runs on a host without Python.
+#
+#   packaging/build.sh [OUT_DIR]        (default: dist/ in the source tree)
+#
+# Writes OUT_DIR/node-agent-<version>-linux-amd64.tar.gz and its .sha256 (sha256sum format) and
+# prints the tarball's path. Tar layout:
+#   bin/node-agent -> ../lib/node-agent/node-agent   the entry point
+#   lib/node-agent/                                  the bundle (bootloader + _internal/)
+#   VERSION
+# The host must provide glibc and libsystemd.so.0 (every systemd host does); nothing else.
+#
+# Environment:
+#   PYTHON                  CPython 3.11 built with --enable-shared (default: python3)
+#   NODE_AGENT_BUILD_CACHE  where build venvs and finished artifacts are kept
+#                           (default: $NODE_AGENT_TEST_CACHE/artifact, else ~/.cache/node-agent-test/artifact)
+# A finished artifact is reused while its key is unchanged: the hash of the agent's sources, the
+# lock file, the packaging files, the unit file and the interpreter's version. The build venv is
+# reused while the lock and the interpreter are unchanged.
+#
+# CI and the Containerfile both run this script; CI has no container engine, so building and
+# testing the artifact through this script in `make test` is what keeps the Containerfile honest.
+set -eu
+
+src=$(cd "$(dirname "$0")/.." && pwd)
+out=${1:-$src/dist}
+python=${PYTHON:-python3}
+cache=${NODE_AGENT_BUILD_CACHE:-${NODE_AGENT_TEST_CACHE:-$HOME/.cache/node-agent-test}/artifact}
+
+die() {
+    echo "packaging/build.sh: $*" >&2
+    exit 1
+}
+
+[ "$(uname -m)" = x86_64 ] || die "only linux-amd64 is built (this machine is $(uname -m))"
+version=$(sed -n 's/^__version__ = "\(.*\)"$/\1/p' "$src/node_agent/__init__.py")
+[ -n "$version" ] || die "no __version__ in node_agent/__init__.py"
+pyinfo=$("$python" -c 'import sys, sysconfig
+assert sys.version_info[:2] == (3, 11), "CPython 3.11 needed (the lock is for cp311)"
+assert sysconfig.get_config_var("Py_ENABLE_SHARED"), "CPython without a shared libpython"
+print(sys.version.split()[0], sys.implementation.cache_tag)') || die "unusable interpreter $python"
+
+name=node-agent-$version-linux-amd64
+lock_key=$(sha256sum < "$src/packaging/requirements.lock" | cut -c1-16)
+py_key=$(printf '%s' "$pyinfo" | sha256sum | cut -c1-8)
+src_key=$(
+    cd "$src"
+    {
+        find node_agent -name '*.py' -type f
+        echo pyproject.toml packaging/build.sh packaging/entry.py packaging/node-agent.spec \
+            packaging/requirements.lock systemd/node-agent.service | tr ' ' '\n'
+    } | LC_ALL=C sort | while read -r f; do
+        printf '%s %s\n' "$f" "$(sha256sum < "$f" | cut -d' ' -f1)"
+    done | { cat; echo "$pyinfo"; } | sha256sum | cut -c1-16
+)
+done_dir=$cache/builds/$version-$src_key
+
+mkdir -p "$out" "$cache/builds"
+if [ -f "$done_dir/$name.tar.gz" ] && [ -f "$done_dir/$name.tar.gz.sha256" ]; then
+    cp "$done_dir/$name.tar.gz" "$done_dir/$name.tar.gz.sha256" "$out/"
+    echo "$out/$name.tar.gz"
+    exit 0
+fi
+
+venv=$cache/venv-$lock_key-$py_key
+if [ ! -x "$venv/bin/pyinstaller" ]; then
+    echo "packaging/build.sh: creating build venv $venv" >&2
+    rm -rf "$venv"
+    "$python" -m venv "$venv"
+    "$venv/bin/pip" install -q --disable-pip-version-check --no-deps --require-hashes \
+        -r "$src/packaging/requirements.lock"
+fi
+
+work=$(mktemp -d "$cache/work.XXXXXX")
+trap 'rm -rf "$work"' EXIT INT TERM
+echo "packaging/build.sh: building $name (key $src_key)" >&2
+NODE_AGENT_SRC=$src "$venv/bin/pyinstaller" --noconfirm --clean --log-level WARN \
+    --workpath "$work/build" --distpath "$work/dist" "$src/packaging/node-agent.spec" >&2
+
+tree=$work/tree
+mkdir -p "$tree/bin" "$tree/lib"
+mv "$work/dist/node-agent" "$tree/lib/node-agent"
+ln -s ../lib/node-agent/node-agent "$tree/bin/node-agent"
+echo "$version" > "$tree/VERSION"
+got=$("$tree/bin/node-agent" version) || die "the built binary does not run"
+[ "$got" = "node-agent $version" ] || die "the built binary reports '$got', expected $version"
+
+# Same inputs, same bytes: fixed order, owners and times, no gzip timestamp.
+tar -C "$tree" --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner -cf - . \
+    | gzip -9n > "$work/$name.tar.gz"
+(cd "$work" && sha256sum "$name.tar.gz" > "$name.tar.gz.sha256")
+mkdir "$work/done"
+cp "$work/$name.tar.gz" "$work/$name.tar.gz.sha256" "$work/done/"
+rm -rf "$done_dir"
+mv -T "$work/done" "$done_dir"  # complete or absent, never half-copied
+# Keep the five newest builds.
+# shellcheck disable=SC2012 # our own directory names: no odd characters
+ls -1dt "$cache"/builds/*/ | tail -n +6 | while read -r old; do rm -rf "$old"; done
+cp "$work/$name.tar.gz" "$work/$name.tar.gz.sha256" "$out/"
+echo "$out/$name.tar.gz"
