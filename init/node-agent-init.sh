@@ -47,4 +47,5 @@ fi
 if [ "$(readlink "$top/current" || true)" != "$ver" ]; then
     ln -sfn "$ver" "$top/.current.$$" && mv -T "$top/.current.$$" "$top/current"
 fi
+rm -f "$tmp" # exec skips the EXIT trap
 exec "$top/current/bin/node-agent" bootstrap --config "$cfg"
