@@ -6,7 +6,8 @@ single hung connection stalled renewal for hours (gardener#15471). Here the Leas
 ``KubeClient`` (its own connection pool) with short timeouts; each tick is bounded to less than
 one period, and after a transport failure the client is thrown away so the next tick starts on a
 fresh connection. Ticks follow a fixed schedule (``next = previous + period``), so a slow call
-never makes the heartbeat drift.
+never makes the heartbeat drift; after a failure an extra attempt follows 2.5 s later, so a
+recovered API server sees a renewal within seconds.
 
 Normally one request per tick: a compare-and-swap PUT of the last Lease written. A 409 re-reads
 and retries; a missing Lease is created (409 on create → read, then update).
@@ -45,6 +46,8 @@ LEASE_DURATION_SECONDS = 40
 TICK_MARK = "lease-tick"
 RENEW_MARK = "lease"
 MAX_CONFLICT_RETRIES = 3
+#: After a failed renewal, try again this soon instead of waiting for the next tick.
+RETRY_AFTER_FAILURE = 2.5
 
 JSON = dict[str, Any]
 
@@ -128,9 +131,11 @@ class LeaseController:
         *,
         client_factory: Callable[[], KubeClient] | None = None,
         period: float = RENEW_PERIOD,
+        retry_after: float = RETRY_AFTER_FAILURE,
     ) -> None:
         self.ctx = ctx
         self.period = period
+        self.retry_after = retry_after
         self._client_factory = client_factory or self._default_client
         self._kube: KubeClient | None = None
         self._last: JSON | None = None  # the Lease as last written (for a one-request renewal)
@@ -150,30 +155,35 @@ class LeaseController:
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
-        tick = loop.time()
+        anchor = loop.time()  # ticks are anchor + k·period
         try:
             while True:
                 self.ctx.health.progress(TICK_MARK)
                 if self.ctx.node_known.is_set():
                     # Bounded below one period, so a tick never overlaps the next one.
-                    with contextlib.suppress(TimeoutError):
-                        async with asyncio.timeout(self.period * 0.9):
-                            await self.renew_once()
-                    tick = next_tick(tick, loop.time(), self.period)
-                    await asyncio.sleep(max(0.0, tick - loop.time()))
+                    ok = await self.renew_once(deadline=self.period * 0.9)
+                    now = loop.time()
+                    wake = next_tick(anchor, now, self.period)
+                    if not ok:
+                        # An extra attempt soon (a thawed or restarted API server is used at
+                        # once); the schedule itself stays where it is.
+                        wake = min(wake, now + self.retry_after)
+                    await asyncio.sleep(max(0.0, wake - loop.time()))
                     continue
                 # Until the Node is found: keep ticking, and renew as soon as it is known.
-                tick = next_tick(tick, loop.time(), self.period)
+                wake = next_tick(anchor, loop.time(), self.period)
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.ctx.node_known.wait(), max(0.0, tick - loop.time()))
-                    tick = loop.time()
+                    await asyncio.wait_for(self.ctx.node_known.wait(), max(0.0, wake - loop.time()))
+                    anchor = loop.time()
         finally:
             await self._drop_client()
 
-    async def renew_once(self) -> bool:
-        """One renewal attempt; API trouble is logged and counted, never raised."""
+    async def renew_once(self, deadline: float | None = None) -> bool:
+        """One renewal attempt within ``deadline`` seconds; API trouble and a missed deadline
+        are logged and counted, never raised."""
         try:
-            lease = await self._renew()
+            async with asyncio.timeout(deadline):
+                lease = await self._renew()
         except (KubeError, TimeoutError) as exc:
             self.stats.failures += 1
             self.stats.last_error = str(exc) or type(exc).__name__

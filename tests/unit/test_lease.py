@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime, timedelta, timezone
+from pathlib import Path
 
 import pytest
 
+from node_agent.config import AgentSettings, NodeAgentConfiguration
+from node_agent.context import AgentContext
 from node_agent.controllers.lease import (
     LEASE_DURATION_SECONDS,
+    LeaseController,
     desired_lease,
     lease_name,
     micro_time,
@@ -73,3 +78,58 @@ def test_update_keeps_resource_version_and_foreign_fields_and_repairs_ours() -> 
 )
 def test_ticks_follow_a_fixed_schedule(previous: float, now: float, expected: float) -> None:
     assert next_tick(previous, now, 10.0) == pytest.approx(expected)
+
+
+class _HangingThenWorking:
+    """A fake client: the first instance hangs on every call, later ones answer."""
+
+    instances = 0
+
+    def __init__(self) -> None:
+        type(self).instances += 1
+        self.hang = type(self).instances == 1
+        self.closed = False
+        self.store: dict[str, dict[str, object]] = {}
+
+    async def get_lease(self, namespace: str, name: str) -> dict[str, object]:
+        if self.hang:
+            await asyncio.sleep(3600)
+        from node_agent.errors import KubeNotFound
+
+        raise KubeNotFound("missing", status=404)
+
+    async def create_lease(self, namespace: str, body: dict[str, object]) -> dict[str, object]:
+        return body
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+async def test_a_hung_connection_is_abandoned_and_the_next_tick_uses_a_fresh_client(
+    tmp_path: Path,
+) -> None:
+    ctx = AgentContext(
+        settings=AgentSettings(root=tmp_path),
+        config=NodeAgentConfiguration(),
+        fs=None,  # type: ignore[arg-type]
+        state=None,  # type: ignore[arg-type]
+        systemd=None,  # type: ignore[arg-type]
+        kube=None,  # type: ignore[arg-type]
+        host_name="n1",
+        node_name="n1",
+        node_uid="u1",
+    )
+    _HangingThenWorking.instances = 0
+    made: list[_HangingThenWorking] = []
+
+    def factory() -> _HangingThenWorking:
+        made.append(_HangingThenWorking())
+        return made[-1]
+
+    controller = LeaseController(ctx, client_factory=factory, period=0.2)  # type: ignore[arg-type]
+    assert not await controller.renew_once(deadline=0.05)
+    assert made[0].closed
+    assert await controller.renew_once(deadline=0.05)
+    assert len(made) == 2
+    assert controller.stats.creates == 1
+    assert controller.stats.failures == 1
