@@ -10,7 +10,7 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-APT_PACKAGES := gcc pkg-config libsystemd-dev dbus util-linux iproute2 openssl
+APT_PACKAGES := gcc pkg-config libsystemd-dev dbus util-linux iproute2 openssl curl shellcheck
 CONTROLPLANE_STAMP := $(VENV)/.controlplane
 PYTEST_ARGS ?=
 # Everything the tests build or write stays in this cache, never in the host's /tmp.
@@ -18,11 +18,12 @@ export NODE_AGENT_TEST_CACHE ?= $(HOME)/.cache/node-agent-test
 export TMPDIR := $(NODE_AGENT_TEST_CACHE)/tmp
 $(shell mkdir -p $(TMPDIR))
 
-.PHONY: help deps venv controlplane lint typecheck unit test demo clean
+.PHONY: help deps venv controlplane artifact lint typecheck unit test demo clean
 
 help:
 	@echo "make test   - set up and run ruff, mypy (strict) and the whole pytest suite"
 	@echo "make demo   - run the agent's real job end to end on a throwaway node"
+	@echo "make artifact - build dist/node-agent-<version>-linux-amd64.tar.gz (+ .sha256; cached)"
 	@echo "make lint | typecheck | unit | clean"
 
 deps:
@@ -50,8 +51,9 @@ controlplane:
 	@sh tests/testbed/build-controlplane.sh > /dev/null
 
 lint: venv
-	$(BIN)/ruff check node_agent tests bench
-	$(BIN)/ruff format --check node_agent tests bench
+	$(BIN)/ruff check node_agent tests bench packaging
+	$(BIN)/ruff format --check node_agent tests bench packaging
+	shellcheck init/node-agent-init.sh packaging/build.sh
 
 typecheck: venv
 	$(BIN)/mypy node_agent
@@ -59,11 +61,16 @@ typecheck: venv
 unit: venv
 	$(BIN)/pytest tests/unit $(PYTEST_ARGS)
 
-test: deps venv controlplane lint typecheck
+# The self-contained artifact (packaging/build.sh; reused from the cache while its sources are
+# unchanged). The integration tests install it on a throwaway node.
+artifact: venv
+	PYTHON=$(BIN)/python sh packaging/build.sh
+
+test: deps venv controlplane artifact lint typecheck
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 demo: deps venv controlplane
 	$(BIN)/python -m tests.demo
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis build *.egg-info
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis build dist *.egg-info
