@@ -134,7 +134,11 @@ def _load_settings(
 
     settings = AgentSettings(root=args.root)
     default = settings.root / settings.config_file.lstrip("/")
-    path = Path(args.config) if args.config else default
+    path = Path(args.config).absolute() if args.config else default
+    if args.config and path.is_relative_to(settings.root):
+        # The agent rewrites its config (secret-name label): keep it pointing at this file.
+        inner = "/" + str(path.relative_to(settings.root))
+        settings = settings.model_copy(update={"config_file": inner})
     config = load_config(path) if path.exists() or require_config else NodeAgentConfiguration()
     return settings, config
 
