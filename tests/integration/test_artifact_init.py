@@ -10,14 +10,9 @@ running agent exactly as it was.
 from __future__ import annotations
 
 import asyncio
-import functools
-import hashlib
-import http.server
 import os
 import stat
 import subprocess
-import sys
-import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -32,85 +27,38 @@ from kubernetes_asyncio.client import ApiClient
 from tests.testbed.agent_harness import NS, OSCAgent
 from tests.testbed.controlplane import ControlPlane
 from tests.testbed.systemd_ns import IsolatedSystemd
+from tests.testbed.userdata import (
+    BASE,
+    INIT_PATH,
+    INIT_SCRIPT,
+    INIT_UNIT,
+    PYTHON_DIRS,
+    REPO,
+    UNIT,
+    Artifact,
+    build_artifact,
+    hide_python,
+    install_credentials,
+    play_user_data,
+    serve_directory,
+    sh,
+    show,
+)
 
 pytestmark = pytest.mark.integration
-
-REPO = Path(__file__).resolve().parents[2]
-INIT_SCRIPT = REPO / "init" / "node-agent-init.sh"
-UNIT = "gardener-node-agent.service"
-INIT_UNIT = "gardener-node-init.service"
-BASE = "/var/lib/gardener-node-agent"
-INIT_PATH = f"{BASE}/init.sh"
-# Every place a Python could come from on this machine; hidden inside the node.
-PYTHON_DIRS = ("/root/.pyenv", "/usr/lib/python3", "/usr/lib/python3.11", "/usr/local/lib")
-PYTHON_GLOBS = "/usr/bin/python* /usr/local/bin/python* /usr/lib/x86_64-linux-gnu/libpython*"
-
-
-@dataclass(frozen=True)
-class Artifact:
-    path: Path
-    sha256: str
-    version: str
 
 
 @pytest.fixture(scope="session")
 def artifact(workdir: Path) -> Artifact:
     """The artifact, built by the same script CI and the Containerfile use (cached by its key)."""
-    out = workdir / "dist"
-    env = {**os.environ, "PYTHON": sys.executable}
-    built = subprocess.run(
-        ["sh", str(REPO / "packaging" / "build.sh"), str(out)],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
-        env=env,
-    )
-    assert built.returncode == 0, f"artifact build failed:\n{built.stderr[-3000:]}"
-    path = Path(built.stdout.strip().splitlines()[-1])
-    sha = Path(f"{path}.sha256").read_text().split()[0]
-    assert hashlib.sha256(path.read_bytes()).hexdigest() == sha
-    version = path.name.removeprefix("node-agent-").removesuffix("-linux-amd64.tar.gz")
-    return Artifact(path, sha, version)
+    return build_artifact(workdir / "dist")
 
 
 @pytest.fixture(scope="module")
 def server(artifact: Artifact) -> Iterator[str]:
     """A loopback HTTP server for the artifact; the node shares this network namespace."""
-    handler = functools.partial(
-        _QuietHandler, directory=str(artifact.path.parent)
-    )  # serves only the dist directory
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}"
-    httpd.shutdown()
-    httpd.server_close()
-
-
-class _QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, format: str, *args: object) -> None:
-        pass
-
-
-def sh(node: IsolatedSystemd, script: str, **env: str) -> subprocess.CompletedProcess[str]:
-    """A shell command inside the node, with a PATH like a real node's and nothing inherited."""
-    argv = [
-        "env",
-        "-i",
-        "PATH=/usr/sbin:/usr/bin:/sbin:/bin",
-        *(f"{k}={v}" for k, v in env.items()),
-    ]
-    return node.run([*argv, "sh", "-c", script], check=False, timeout=180)
-
-
-def show(node: IsolatedSystemd, unit: str) -> dict[str, str]:
-    props = (
-        "ActiveState,SubState,MainPID,InvocationID,NRestarts,UnitFileState,Type,NotifyAccess,"
-        "ExecMainStartTimestampMonotonic,ActiveEnterTimestampMonotonic"
-    )
-    out = node.run(["systemctl", "show", "-p", props, unit]).stdout
-    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+    with serve_directory(artifact.path.parent) as url:
+        yield url
 
 
 def snapshot(node: IsolatedSystemd, *roots: str) -> dict[str, tuple[int, int, int]]:
@@ -124,14 +72,6 @@ def snapshot(node: IsolatedSystemd, *roots: str) -> dict[str, tuple[int, int, in
     return found
 
 
-def hide_python(node: IsolatedSystemd) -> None:
-    """The node's mount namespace is private and its root an overlay: nothing reaches the host."""
-    for directory in PYTHON_DIRS:
-        if node.path(directory).is_dir():
-            node.run(["mount", "-t", "tmpfs", "-o", "mode=0755", "no-python", directory])
-    sh(node, f"rm -f {PYTHON_GLOBS}")
-
-
 @dataclass
 class Installed:
     node: IsolatedSystemd
@@ -140,52 +80,6 @@ class Installed:
     url: str
     first: subprocess.CompletedProcess[str]
     seconds_to_ready: float
-
-
-def _install_credentials(agent: OSCAgent, control_plane: ControlPlane) -> None:
-    """Config, kubeconfig, token and CA where user-data puts them, all valid inside the node."""
-    assert agent.creds is not None
-    node = agent.node
-    creds = node.path(f"{BASE}/credentials")
-    creds.mkdir(parents=True, exist_ok=True)
-    (creds / "token").write_text(agent.creds.token)
-    (creds / "token").chmod(0o600)
-    (creds / "bootstrap-token").write_text("abcdef.0123456789abcdef\n")
-    node.path(f"{BASE}/cluster-ca.crt").write_bytes(control_plane.ca_file.read_bytes())
-    name = "node-agent"
-    kubeconfig = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [
-            {
-                "name": name,
-                "cluster": {
-                    "server": control_plane.server,
-                    "certificate-authority": f"{BASE}/cluster-ca.crt",
-                },
-            }
-        ],
-        "users": [{"name": name, "user": {"tokenFile": f"{BASE}/credentials/token"}}],
-        "contexts": [{"name": name, "context": {"cluster": name, "user": name}}],
-        "current-context": name,
-    }
-    (creds / "kubeconfig").write_text(yaml.safe_dump(kubeconfig))
-    (creds / "kubeconfig").chmod(0o600)
-    config = {
-        "apiVersion": "nodeagent.config.gardener.cloud/v1alpha1",
-        "kind": "NodeAgentConfiguration",
-        "apiServer": {"server": control_plane.server, "caFile": f"{BASE}/cluster-ca.crt"},
-        "clientConnection": {"kubeconfig": f"{BASE}/credentials/kubeconfig"},
-        "controllers": {
-            "operatingSystemConfig": {
-                "secretName": agent.secret_name,
-                "kubernetesVersion": "1.31.4",
-            }
-        },
-    }
-    path = node.path(f"{BASE}/config.yaml")
-    path.write_text(yaml.safe_dump(config))
-    path.chmod(0o600)
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
@@ -203,29 +97,9 @@ async def installed(
         await agent.setup()
         node.run(["hostname", agent.node_name])  # the agent finds its Node by hostname
         hide_python(node)
-        _install_credentials(agent, control_plane)
+        install_credentials(agent, control_plane)
         url = f"{server}/{artifact.path.name}"
-        script = node.path(INIT_PATH)
-        script.write_bytes(INIT_SCRIPT.read_bytes())
-        script.chmod(0o755)
-        node.path(f"/etc/systemd/system/{INIT_UNIT}").write_text(
-            "[Unit]\nDescription=user-data: install and bootstrap node-agent\n"
-            "[Service]\nType=oneshot\n"
-            f"Environment=NODE_AGENT_URL={url} NODE_AGENT_SHA256={artifact.sha256} "
-            f"NODE_AGENT_VERSION={artifact.version}\n"
-            f"ExecStart={INIT_PATH}\n"
-            "[Install]\nWantedBy=multi-user.target\n"
-        )
-        node.run(["systemctl", "daemon-reload"])
-        node.run(["systemctl", "enable", INIT_UNIT])
-        started = time.monotonic()
-        first = node.run(["systemctl", "start", INIT_UNIT], check=False, timeout=180)
-        seconds = time.monotonic() - started
-        journal = node.run(
-            ["journalctl", "--no-pager", "-o", "cat", "-u", INIT_UNIT, "-u", UNIT], check=False
-        ).stdout
-        assert first.returncode == 0, f"{first.stderr}\njournal:\n{journal[-4000:]}"
-        first = subprocess.CompletedProcess(first.args, 0, journal, first.stderr)
+        first, seconds = play_user_data(node, url, artifact)
         try:
             yield Installed(node, agent, artifact, url, first, seconds)
         finally:
