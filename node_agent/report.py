@@ -34,6 +34,7 @@ REASON_OSC_APPLIED = "OSCApplied"
 REASON_OSC_FAILED = "OSCApplyFailed"
 REASON_OSC_INVALID = "OSCInvalid"
 REASON_DRIFT_REPAIRED = "OSCDriftRepaired"
+REASON_OSC_SKIPPED = "OSCItemsSkipped"
 REASON_UNIT_COMMAND = {
     "start": "SystemDUnitStart",
     "stop": "SystemDUnitStop",

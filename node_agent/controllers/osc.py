@@ -96,6 +96,11 @@ class OSCController:
         self.last_outcome: Outcome | None = None
         self.desired_checksum: str | None = None
 
+    @property
+    def latest_secret(self) -> JSON | None:
+        """The Secret as the watch last saw it (None: not seen yet, or deleted); for status."""
+        return self._latest
+
     async def run(self) -> None:
         async with asyncio.TaskGroup() as tasks:
             tasks.create_task(self._watch(), name="osc-watch")
@@ -205,6 +210,10 @@ class OSCController:
             reason = report.REASON_UNIT_COMMAND.get(result.action, "SystemDUnitRestart")
             await self.ctx.event(reason, result.describe(), warning=not result.ok)
         await self._report_applied(osc, checksum)
+        if outcome.report.skipped:
+            await self.ctx.event(
+                report.REASON_OSC_SKIPPED, "; ".join(outcome.report.skipped), warning=True
+            )
         summary = ", ".join(outcome.change_set.reasons()) or "no unit changes"
         await self.ctx.event(report.REASON_OSC_APPLIED, f"OSC {checksum[:12]} applied: {summary}")
         log.info(

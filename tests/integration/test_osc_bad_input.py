@@ -190,3 +190,24 @@ async def test_symlink_planted_in_a_parent_is_refused_before_any_write(
     assert agent.node.run(["ls", "-A", "/srv/elsewhere"]).stdout == ""
     # Refused as a whole: the other change in the same OSC was not applied either.
     assert snapshot(agent) == before
+
+
+async def test_image_ref_files_are_reported_as_skipped(agent: OSCAgent) -> None:
+    osc = with_file(
+        good_osc(),
+        {
+            "path": "/opt/bin/kubelet",
+            "permissions": 0o755,
+            "content": {
+                "imageRef": {
+                    "image": "registry.example/hyperkube:v1.31.4",
+                    "filePathInImage": "/kubelet",
+                }
+            },
+        },
+    )
+    await agent.wait_applied(await agent.publish(osc))
+    message = await agent.wait_event("OSCItemsSkipped", "/opt/bin/kubelet")
+    assert "imageRef content is not supported" in message
+    assert not agent.node.path("/opt/bin/kubelet").exists()
+    assert agent.node.path("/etc/good/a.conf").read_text() == "a\n"
