@@ -31,6 +31,7 @@ from node_agent.errors import KubeError, KubeNotFound
 from node_agent.host.fs import HostFS
 from node_agent.host.state import StateStore
 from node_agent.log import get_logger
+from node_agent.observability import ApplyObservations, Observability, ObservedStateStore
 from node_agent.sdnotify import Notifier
 from node_agent.systemd import Systemd
 
@@ -85,7 +86,9 @@ async def run_agent(
 
     notifier = Notifier()
     fs = HostFS(settings.root, follow_system_symlinks=True)
-    state = StateStore(fs)
+    observations = ApplyObservations()
+    state: StateStore = ObservedStateStore(fs, observations.observe)  # apply durations, restarts
+    observations.last = state.load_status()
     removed = state.cleanup_temp_files()
     if removed:
         log.info("removed temp files of an interrupted write", paths=removed)
@@ -141,6 +144,8 @@ async def run_agent(
     log.info(
         "node-agent starting", host=ctx.host_name, secret=ctx.secret_name, root=str(settings.root)
     )
+    observability = Observability(ctx, observations)  # /healthz, /readyz, /metrics, status socket
+    await observability.start()
     try:
         async with asyncio.TaskGroup() as tasks:
             tasks.create_task(until_stopped(), name="signals")
@@ -165,6 +170,8 @@ async def run_agent(
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(observability.close(), timeout=2.0)
         with contextlib.suppress(Exception):
             await asyncio.wait_for(_close(kube, systemd), timeout=SHUTDOWN_TIMEOUT / 2)
         for guard in guards:

@@ -73,6 +73,18 @@ def _build_parser() -> argparse.ArgumentParser:
         parents=[common],
         help="install, enable and start the agent's own unit (run by the init script)",
     )
+    status = sub.add_parser(
+        "status",
+        parents=[common],
+        help="what the running agent is doing (or, if it is not running, its saved state)",
+    )
+    status.add_argument("--json", action="store_true", help="machine-readable output")
+    status.add_argument(
+        "--socket",
+        type=Path,
+        default=None,
+        help="the agent's socket (default /run/gardener-node-agent/status.sock under --root)",
+    )
     return parser
 
 
@@ -90,6 +102,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
+    if args.command == "status":
+        return _status(args)  # before the imports below: status must start fast
 
     from node_agent import log
     from node_agent.errors import NodeAgentError
@@ -260,3 +274,14 @@ async def _from_api(
             osc = decode_osc(raw, annotated, host_name)
         assert osc is not None
         return raw, osc, await resolve_secret_refs(kube, osc, host_name)
+
+
+def _status(args: argparse.Namespace) -> int:
+    """``node-agent status``: asks the agent over its socket; reads files if it is not running."""
+    from node_agent.status import DEFAULT_CONFIG, run_status
+
+    config = Path(args.config) if args.config else args.root / DEFAULT_CONFIG.lstrip("/")
+    try:
+        return run_status(args.root, config_file=config, socket_file=args.socket, as_json=args.json)
+    except KeyboardInterrupt:
+        return 130

@@ -26,6 +26,7 @@ import contextlib
 import logging
 import random
 import time
+import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
@@ -37,6 +38,8 @@ log = logging.getLogger(__name__)
 
 JSON = dict[str, Any]
 EventType = Literal["SYNC", "ADDED", "MODIFIED", "DELETED"]
+#: Every live ListWatch, so metrics can read their counters without each controller exposing them.
+_LIVE: weakref.WeakSet[ListWatch] = weakref.WeakSet()
 
 
 class Watchable(Protocol):
@@ -153,6 +156,12 @@ class ListWatch:
         if field_selector and field_selector.startswith("metadata.name="):
             name = field_selector.removeprefix("metadata.name=")
         self._ref = resource.ref("watch", name)
+        _LIVE.add(self)
+
+    @property
+    def kind(self) -> str:
+        """The watched kind (``Secret``, ``Node``), e.g. as a metrics label."""
+        return self._ref.kind
 
     def __aiter__(self) -> AsyncIterator[WatchEvent]:
         if self._events is None:
@@ -248,6 +257,11 @@ class ListWatch:
             except KubeError as exc:
                 self.stats.reconnects += 1
                 await self._pause(exc, f"watch for {self._ref}")
+
+
+def live_watches() -> list[ListWatch]:
+    """The ListWatches currently alive in this process (for metrics and ``node-agent status``)."""
+    return list(_LIVE)
 
 
 def list_watch(

@@ -1,0 +1,211 @@
+"""Metrics in the Prometheus text format, the health/readiness rules, and the tiny HTTP server."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from node_agent.host.fs import HostFS
+from node_agent.host.state import ApplyRecord
+from node_agent.kube.watch import list_watch, live_watches
+from node_agent.observability import (
+    FAILURE_STREAK,
+    ApplyObservations,
+    HttpEndpoint,
+    MetricsText,
+    ObservedStateStore,
+    Probes,
+    render_metrics,
+)
+from tests.unit.test_status import FakeOSC, make_ctx, osc_yaml
+
+
+def _record(result: str = "succeeded", seconds: float = 0.3, restarted: int = 2) -> ApplyRecord:
+    now = datetime.now(UTC)
+    return ApplyRecord(
+        osc_checksum="a" * 64,
+        started_at=now - timedelta(seconds=seconds),
+        finished_at=now,
+        duration_seconds=seconds,
+        result=result,  # type: ignore[arg-type]
+        restarted_units=tuple(f"u{i}.service" for i in range(restarted)),
+        error="boom" if result == "failed" else None,
+    )
+
+
+def _samples(text: str) -> dict[str, float]:
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            key, _, value = line.rpartition(" ")
+            out[key] = float(value)
+    return out
+
+
+def test_every_saved_apply_record_is_observed(tmp_path: Path) -> None:
+    obs = ApplyObservations()
+    store = ObservedStateStore(HostFS(tmp_path), obs.observe)
+    store.save_status(_record(seconds=0.3))
+    store.save_status(_record("failed", seconds=7.0, restarted=0))
+    assert store.load_status() is not None  # still persisted
+    assert obs.durations.count == 2
+    assert obs.durations.total == pytest.approx(7.3)
+    assert obs.results == {"succeeded": 1, "failed": 1}
+    assert obs.restarts == 2
+    assert obs.last is not None
+    assert obs.last.result == "failed"
+
+
+def test_render_metrics_text_format(tmp_path: Path) -> None:
+    ctx = make_ctx(tmp_path)
+    osc = ctx.health.info["osc"]
+    osc.applies, osc.failures = 3, 1
+    ctx.health.info["lease"].stats.renewals = 12
+    ctx.health.info["lease"].stats.failures = 2
+    ctx.health.info["node"].stats.restarts.extend(["x.service"])
+    obs = ApplyObservations()
+    obs.observe(_record(seconds=0.3))
+    obs.observe(_record(seconds=45.0, restarted=1))
+    text = render_metrics(ctx, Probes(ctx, obs))
+    samples = _samples(text)
+    assert text.endswith("\n")
+    assert "# TYPE node_agent_osc_apply_duration_seconds histogram" in text
+    assert samples["node_agent_up"] == 1
+    assert samples["node_agent_osc_applies_total"] == 3
+    assert samples["node_agent_osc_apply_failures_total"] == 1
+    assert samples['node_agent_osc_apply_duration_seconds_bucket{le="0.25"}'] == 0
+    assert samples['node_agent_osc_apply_duration_seconds_bucket{le="0.5"}'] == 1
+    assert samples['node_agent_osc_apply_duration_seconds_bucket{le="60"}'] == 2
+    assert samples['node_agent_osc_apply_duration_seconds_bucket{le="+Inf"}'] == 2
+    assert samples["node_agent_osc_apply_duration_seconds_count"] == 2
+    assert samples["node_agent_osc_apply_duration_seconds_sum"] == pytest.approx(45.3)
+    assert samples['node_agent_unit_restarts_total{source="osc"}'] == 3
+    assert samples['node_agent_unit_restarts_total{source="annotation"}'] == 1
+    assert samples["node_agent_lease_renewals_total"] == 12
+    assert samples["node_agent_lease_renew_failures_total"] == 2
+    assert samples["node_agent_api_requests_total"] == 7
+    assert samples["node_agent_api_request_errors_total"] == 1
+    assert samples["node_agent_last_apply_success"] == 1
+    assert samples["node_agent_last_apply_timestamp_seconds"] == pytest.approx(time.time(), abs=5)
+    assert samples["node_agent_ready"] == 0  # node not found yet
+    assert any(k.startswith("node_agent_build_info{version=") for k in samples)
+    # every sample belongs to a declared family
+    families = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE")}
+    for key in samples:
+        name = key.split("{")[0]
+        base = name.removesuffix("_bucket").removesuffix("_sum").removesuffix("_count")
+        assert name in families or base in families, key
+
+
+async def test_watch_counters_are_summed_by_kind(tmp_path: Path) -> None:
+    class Res:
+        def ref(self, verb: str, name: str | None = None) -> object:
+            from node_agent.kube.status import ObjectRef
+
+            return ObjectRef(verb, "Secret", "kube-system", name)
+
+    watches = [list_watch(Res(), field_selector=f"metadata.name=s{i}") for i in range(2)]  # type: ignore[arg-type]
+    watches[0].stats.reconnects, watches[1].stats.reconnects = 2, 3
+    watches[1].stats.relists = 1
+    assert {id(w) for w in watches} <= {id(w) for w in live_watches()}
+    ctx = make_ctx(tmp_path)
+    samples = _samples(render_metrics(ctx, Probes(ctx, ApplyObservations())))
+    assert samples['node_agent_watch_reconnects_total{resource="Secret"}'] >= 5
+    assert samples['node_agent_watch_relists_total{resource="Secret"}'] >= 1
+
+
+def test_label_values_are_escaped() -> None:
+    out = MetricsText()
+    out.metric("m", "gauge", "help", [({"v": 'a"b\\c\nd'}, 1.5)])
+    assert out.render().splitlines()[-1] == 'm{v="a\\"b\\\\c\\nd"} 1.5'
+
+
+def test_readiness_rules(tmp_path: Path) -> None:
+    ctx = make_ctx(tmp_path)
+    obs = ApplyObservations()
+    osc: FakeOSC = ctx.health.info["osc"]
+    obs.failure_count = lambda: osc.failures
+    probes = Probes(ctx, obs)
+    verdict = probes.ready()
+    assert not verdict.ok
+    assert verdict.reasons == ("node node-a not found yet", f"secret {_secret()} not listed yet")
+    ctx.node_known.set()
+    ctx.health.progress("lease")
+    ctx.health.progress("osc-watch")
+    assert probes.ready().ok
+    # failing again and again while the node is not converged: not ready
+    osc.failures = FAILURE_STREAK
+    assert probes.ready().reasons == (f"OSC apply failed {FAILURE_STREAK} times in a row",)
+    # a successful apply ends the streak
+    obs.observe(_record())
+    assert probes.ready().ok
+    # ... and so does being converged (the Secret went back to what is applied)
+    osc.failures += FAILURE_STREAK
+    raw = osc_yaml(["a.service"])
+    last = ctx.state.save_last_applied(raw)
+    osc.desired_checksum = last.checksum
+    assert probes.ready().ok
+    # a lease that was not renewed for longer than its duration
+    ctx.health.last_progress["lease"] = time.monotonic() - 41
+    assert probes.ready().reasons[0].startswith("lease not renewed for 41s")
+
+
+def _secret() -> str:
+    from tests.unit.test_status import SECRET
+
+    return SECRET
+
+
+def test_liveness_needs_the_lease_loop_and_a_responsive_event_loop(tmp_path: Path) -> None:
+    ctx = make_ctx(tmp_path)
+    probes = Probes(ctx, ApplyObservations())
+    assert probes.live().ok  # grace period from the start
+    ctx.health.last_progress["lease-tick"] = time.monotonic() - 60
+    assert not probes.live().ok
+    assert "lease-tick" in probes.live().reasons[0]
+    ctx.health.progress("lease-tick")
+    probes.loop_lag = 6.0
+    assert probes.live().reasons == ("event loop lagging 6.0s",)
+
+
+async def _request(port: int, raw: bytes) -> bytes:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(raw)
+    await writer.drain()
+    data = await asyncio.wait_for(reader.read(), 5)
+    writer.close()
+    return data
+
+
+async def test_http_endpoint() -> None:
+    async def ok() -> tuple[int, str, str]:
+        return 200, "text/plain", "ok\n"
+
+    async def broken() -> tuple[int, str, str]:
+        raise RuntimeError("bug")
+
+    endpoint = HttpEndpoint("test", {"/healthz": ok, "/broken": broken})
+    await endpoint.start("127.0.0.1", 0)
+    try:
+        port = endpoint.port
+        assert port > 0
+        assert endpoint.address == f"127.0.0.1:{port}"
+        got = await _request(port, b"GET /healthz?verbose HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert got.startswith(b"HTTP/1.1 200 OK\r\n")
+        assert b"Content-Length: 3\r\n" in got
+        assert got.endswith(b"\r\n\r\nok\n")
+        head = await _request(port, b"HEAD /healthz HTTP/1.1\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200")
+        assert head.endswith(b"\r\n\r\n")
+        assert (await _request(port, b"POST /healthz HTTP/1.1\r\n\r\n")).startswith(b"HTTP/1.1 405")
+        assert (await _request(port, b"GET /nope HTTP/1.1\r\n\r\n")).startswith(b"HTTP/1.1 404")
+        assert (await _request(port, b"garbage\r\n\r\n")).startswith(b"HTTP/1.1 400")
+        assert (await _request(port, b"GET /broken HTTP/1.1\r\n\r\n")).startswith(b"HTTP/1.1 500")
+        # the server survives all of that
+        assert (await _request(port, b"GET /healthz HTTP/1.0\r\n\r\n")).endswith(b"ok\n")
+    finally:
+        await endpoint.close()

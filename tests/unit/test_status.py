@@ -1,0 +1,362 @@
+"""``node-agent status``: the server and client over a real unix socket, the offline document
+from real state files, and the rendering for people. Also holds the fakes the metrics tests use."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import stat
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from node_agent import status
+from node_agent.config import CONFIG_FILE, AgentSettings, NodeAgentConfiguration
+from node_agent.context import AgentContext
+from node_agent.controllers.lease import LeaseStats
+from node_agent.controllers.node import NodeStats
+from node_agent.host.fs import HostFS
+from node_agent.host.state import ApplyRecord, StateStore
+from node_agent.kube.client import ClientStats
+from node_agent.observability import ApplyObservations, Probes
+from node_agent.osc.decode import parse_osc
+from node_agent.osc.plan import plan
+from node_agent.systemd import UnitState
+
+SECRET = "gardener-node-agent-pool-a-0123456789abcdef"
+
+
+def osc_yaml(units: list[str], text: str = "x=1\n") -> bytes:
+    doc = {
+        "apiVersion": "extensions.gardener.cloud/v1alpha1",
+        "kind": "OperatingSystemConfig",
+        "spec": {
+            "type": "debian",
+            "purpose": "reconcile",
+            "files": [
+                {"path": "/etc/test/a.conf", "permissions": 0o644,
+                 "content": {"inline": {"data": text}}}
+            ],
+            "units": [
+                {"name": u, "command": "start", "enable": True,
+                 "content": "[Service]\nExecStart=/bin/true\n"}
+                for u in units
+            ],
+        },
+    }  # fmt: skip
+    return yaml.safe_dump(doc).encode()
+
+
+class FakeSystemd:
+    def __init__(self, states: dict[str, tuple[str, str]], *, hang: bool = False) -> None:
+        self.states = states
+        self.hang = hang
+
+    async def unit_states(self, names: list[str]) -> dict[str, UnitState]:
+        if self.hang:
+            await asyncio.sleep(3600)
+        out = {}
+        for name in names:
+            active, sub = self.states.get(name, ("inactive", "dead"))
+            out[name] = UnitState(
+                name=name,
+                id=name,
+                load_state="loaded" if name in self.states else "not-found",
+                active_state=active,
+                sub_state=sub,
+                unit_file_state="enabled",
+                invocation_id="",
+                fragment_path="",
+                drop_in_paths=(),
+            )
+        return out
+
+
+@dataclass
+class FakeKube:
+    server: str = "https://api.example:6443"
+    stats: ClientStats = field(default_factory=lambda: ClientStats(requests=7, timeouts=1))
+
+
+@dataclass
+class FakeOSC:
+    applies: int = 0
+    failures: int = 0
+    desired_checksum: str | None = None
+    latest_secret: dict[str, Any] | None = None
+
+
+@dataclass
+class FakeLease:
+    name: str | None = "gardener-node-agent-node-a"
+    stats: LeaseStats = field(default_factory=LeaseStats)
+
+
+@dataclass
+class FakeNode:
+    stats: NodeStats = field(default_factory=NodeStats)
+
+
+def make_ctx(root: Path, systemd: FakeSystemd | None = None, **settings: Any) -> AgentContext:
+    fs = HostFS(root)
+    config = NodeAgentConfiguration.model_validate(
+        {"controllers": {"operatingSystemConfig": {"secretName": SECRET}}}
+    )
+    ctx = AgentContext(
+        settings=AgentSettings(root=root, **settings),
+        config=config,
+        fs=fs,
+        state=StateStore(fs),
+        systemd=systemd or FakeSystemd({}),  # type: ignore[arg-type]
+        kube=FakeKube(),  # type: ignore[arg-type]
+        host_name="Node-A",
+    )
+    ctx.health.info.update(osc=FakeOSC(), lease=FakeLease(), node=FakeNode())
+    return ctx
+
+
+def _record(checksum: str, restarted: tuple[str, ...] = ("a.service",)) -> ApplyRecord:
+    now = datetime.now(UTC)
+    return ApplyRecord(
+        osc_checksum=checksum,
+        started_at=now - timedelta(seconds=1.5),
+        finished_at=now,
+        duration_seconds=1.5,
+        result="succeeded",
+        restarted_units=restarted,
+    )
+
+
+def _applied(ctx: AgentContext, units: list[str]) -> str:
+    raw = osc_yaml(units)
+    last = ctx.state.save_last_applied(raw)
+    ctx.state.save_status(_record(last.checksum))
+    return last.checksum
+
+
+async def _server(ctx: AgentContext) -> status.StatusServer:
+    server = status.StatusServer(
+        ctx, Probes(ctx, ApplyObservations()), endpoints=lambda: {"health": "127.0.0.1:1"}
+    )
+    await server.start()
+    return server
+
+
+def test_defaults_match_the_settings() -> None:
+    assert AgentSettings().status_socket == status.DEFAULT_SOCKET
+    assert status.DEFAULT_CONFIG == CONFIG_FILE
+
+
+async def test_the_running_agent_answers_over_a_0600_socket(tmp_path: Path) -> None:
+    ctx = make_ctx(tmp_path, FakeSystemd({"a.service": ("active", "running")}))
+    checksum = _applied(ctx, ["a.service", "b.service"])
+    ctx.health.info["osc"].latest_secret = {
+        "data": {"osc.yaml": _b64(osc_yaml(["a.service", "b.service"]))}
+    }
+    ctx.node_name = "node-a"
+    ctx.health.error("lease", "renew lease: connection refused")
+    server = await _server(ctx)
+    try:
+        path = status.socket_path(tmp_path)
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+        assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+        doc = await asyncio.to_thread(status.query, path)
+    finally:
+        await server.close()
+    assert not path.exists()
+    assert doc["schema_version"] == 1
+    assert doc["agent"]["running"] is True
+    assert doc["agent"]["pid"] == os.getpid()
+    assert doc["agent"]["node_name"] == "node-a"
+    assert doc["osc"] == {
+        "secret_name": SECRET,
+        "applied_checksum": checksum,
+        "desired_checksum": checksum,
+        "up_to_date": True,
+        "applies": 0,
+        "failures": 0,
+    }
+    assert doc["last_apply"]["result"] == "succeeded"
+    assert doc["last_apply"]["restarted_units"] == ["a.service"]
+    assert doc["units"] == [
+        {"name": "a.service", "load_state": "loaded", "active_state": "active",
+         "sub_state": "running", "error": None},
+        {"name": "b.service", "load_state": "not-found", "active_state": "inactive",
+         "sub_state": "dead", "error": None},
+    ]  # fmt: skip
+    assert doc["api_server"]["server"] == "https://api.example:6443"
+    assert doc["api_server"]["last_error"]["source"] == "lease"
+    assert doc["lease"]["name"] == "kube-system/gardener-node-agent-node-a"
+    assert doc["endpoints"]["health"] == "127.0.0.1:1"
+    assert doc["endpoints"]["metrics"] is None
+    assert list(doc) == list(status._skeleton())  # every documented field, in order
+
+
+def _b64(raw: bytes) -> str:
+    import base64
+
+    return base64.b64encode(raw).decode()
+
+
+async def test_a_hanging_systemd_does_not_stall_the_answer(tmp_path: Path) -> None:
+    ctx = make_ctx(tmp_path, FakeSystemd({}, hang=True))
+    _applied(ctx, ["a.service"])
+    server = await _server(ctx)
+    try:
+        started = time.monotonic()
+        doc = await asyncio.to_thread(status.query, status.socket_path(tmp_path))
+        took = time.monotonic() - started
+    finally:
+        await server.close()
+    assert took < status.CLIENT_TIMEOUT
+    assert doc["units"][0]["name"] == "a.service"
+    assert doc["units"][0]["active_state"] is None
+    assert doc["units"][0]["error"]
+
+
+async def test_errors_are_scrubbed_and_contents_never_shown(tmp_path: Path) -> None:
+    ctx = make_ctx(tmp_path)
+    _applied(ctx, ["a.service"])
+    jwt = "eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJzeXN0ZW06c2EifQ.c2lnbmF0dXJl"
+    ctx.health.error("token", f"bad token {jwt}")
+    server = await _server(ctx)
+    try:
+        doc = await asyncio.to_thread(status.query, status.socket_path(tmp_path))
+    finally:
+        await server.close()
+    text = json.dumps(doc) + status.render(doc)
+    assert jwt not in text
+    assert "[redacted]" in text
+    assert "x=1" not in text
+    assert "ExecStart" not in text
+
+
+def test_not_running_no_socket(tmp_path: Path) -> None:
+    with pytest.raises(status.NotRunning, match="no socket"):
+        status.query(status.socket_path(tmp_path))
+
+
+def test_not_running_stale_socket(tmp_path: Path) -> None:
+    path = status.socket_path(tmp_path)
+    path.parent.mkdir(parents=True)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    with status._addressable(path) as address:
+        sock.bind(address)  # bound, never listening: what a killed agent leaves behind
+    sock.close()
+    with pytest.raises(status.NotRunning, match="stale socket"):
+        status.query(path)
+
+
+def test_not_running_when_nobody_answers_in_time(tmp_path: Path) -> None:
+    path = status.socket_path(tmp_path)
+    path.parent.mkdir(parents=True)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    with status._addressable(path) as address:
+        sock.bind(address)
+    sock.listen(1)  # accepts into the backlog, never answers: a hung agent
+    try:
+        started = time.monotonic()
+        with pytest.raises(status.NotRunning, match="no answer"):
+            status.query(path, timeout=0.3)
+        assert time.monotonic() - started < 1.0
+    finally:
+        sock.close()
+
+
+def test_offline_document_reads_only_the_persisted_state(tmp_path: Path) -> None:
+    ctx = make_ctx(tmp_path)
+    checksum = _applied(ctx, ["a.service"])
+    osc = parse_osc(osc_yaml(["a.service", "c.service"], text="y=2\n"))
+    pending = ctx.state.begin(plan(None, osc, "node-a"), "f" * 64)
+    ctx.state.mark_done(pending.steps[0])
+    config = tmp_path / CONFIG_FILE.lstrip("/")
+    config.parent.mkdir(parents=True, exist_ok=True)
+    config.write_text(
+        yaml.safe_dump({"controllers": {"operatingSystemConfig": {"secretName": SECRET}}})
+    )
+    before = sorted(p.name for p in ctx.state.fs.root.rglob("*"))
+    doc = status.offline_document(tmp_path, config, "no socket at /x")
+    assert sorted(p.name for p in ctx.state.fs.root.rglob("*")) == before  # wrote nothing
+    assert doc["agent"] == {**status._skeleton()["agent"], "not_running_reason": "no socket at /x"}
+    assert doc["osc"]["secret_name"] == SECRET
+    assert doc["osc"]["applied_checksum"] == checksum
+    assert doc["osc"]["desired_checksum"] is None
+    assert doc["last_apply"]["osc_checksum"] == checksum
+    change = doc["change_in_progress"]
+    assert change["osc_checksum"] == "f" * 64
+    assert change["steps_done"] == 1
+    assert change["steps_total"] == len(pending.steps)
+    assert change["remaining"] == list(pending.steps[1:])
+    assert doc["inventory"]["files"] == 1
+    assert doc["inventory"]["units"] == 2
+    assert doc["units"] is None
+
+
+def test_offline_document_of_an_untouched_node(tmp_path: Path) -> None:
+    doc = status.offline_document(tmp_path, tmp_path / "missing.yaml", "no socket")
+    assert doc["osc"]["applied_checksum"] is None
+    assert doc["last_apply"] is None
+    assert doc["change_in_progress"] is None
+    text = status.render(doc)
+    assert "NOT RUNNING: no socket" in text
+    assert "Last apply:   none recorded" in text
+
+
+def test_render_running_with_a_failed_unit_and_a_change_in_progress() -> None:
+    now = time.time()
+    doc = status._skeleton()
+    doc["agent"].update(running=True, version="0.1.0", pid=42, started_at="2026-01-01T00:00:00Z",
+                        uptime_seconds=7300, host_name="node-a", node_name="node-a")  # fmt: skip
+    doc["api_server"] = {"server": "https://api:6443", "last_success_at": None, "last_error": None}
+    doc["lease"] = {"name": "kube-system/l", "last_renew_time": None, "renewals": 0, "failures": 2}
+    doc["osc"].update(secret_name=SECRET, applied_checksum="a" * 64, desired_checksum="b" * 64,
+                      up_to_date=False, applies=1, failures=3)  # fmt: skip
+    doc["change_in_progress"] = status._pending_entry(
+        "b" * 64,
+        "2026-01-01T00:00:00Z",
+        tuple(f"s{i}" for i in range(14)),
+        tuple(f"s{i}" for i in range(2, 14)),
+    )
+    doc["units"] = [
+        {"name": "kubelet.service", "load_state": "loaded", "active_state": "failed",
+         "sub_state": "failed", "error": None},
+    ]  # fmt: skip
+    doc["errors"] = [{"at": "2026-01-01T00:00:00Z", "source": "osc", "error": "ApplyError: boom"}]
+    doc["health"] = {"live": True, "ready": False, "reasons": ["OSC apply failed 3 times in a row"]}
+    text = status.render(doc, now=now)
+    assert "running (pid 42, up 2h01m" in text
+    assert f"applied {'a' * 12}, desired {'b' * 12} (NOT up to date)" in text
+    assert "2/14 steps done" in text
+    assert "s2, s3" in text
+    assert "and 2 more" in text
+    assert "kubelet.service  failed/failed  <- FAILED" in text
+    assert "NOT READY (OSC apply failed 3 times in a row)" in text
+    assert "osc: ApplyError: boom" in text
+    assert "0 renewals, 2 failures" in text
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [(0.25, "0.2s"), (42, "42s"), (185, "3m05s"), (7380, "2h03m"), (93600, "1d02h"), (-5, "0.0s")],
+)
+def test_human_duration(seconds: float, text: str) -> None:
+    assert status.human_duration(seconds) == text
+
+
+def test_cli_status_without_an_agent_exits_3(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from node_agent.cli import main
+
+    assert main(["status", "--root", str(tmp_path), "--json"]) == status.EXIT_NOT_RUNNING
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["agent"]["running"] is False
+    assert main(["status", "--root", str(tmp_path)]) == status.EXIT_NOT_RUNNING
+    assert "NOT RUNNING" in capsys.readouterr().out
