@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncIterator
 from datetime import datetime
@@ -77,6 +78,29 @@ async def test_demo_flow(demo: Demo) -> None:
         renewed = await lease_renew_time(demo)
     assert renewed is not None
     assert renewed > first
+
+    # What an on-call engineer sees on the node: `node-agent status --json` from the artifact.
+    assert demo.artifact is not None
+    assert demo.agent is not None
+    doc = json.loads(demo.status("--json"))
+    assert doc["agent"]["running"] is True
+    assert doc["agent"]["version"] == demo.artifact.version
+    assert doc["agent"]["pid"] == int(state["MainPID"])
+    assert doc["agent"]["node_name"] == demo.agent.node_name
+    assert doc["osc"]["secret_name"] == demo.agent.secret_name
+    assert doc["osc"]["applied_checksum"] == demo.checksum
+    assert doc["osc"]["desired_checksum"] == demo.checksum
+    assert doc["osc"]["up_to_date"] is True
+    assert doc["last_apply"]["result"] == "succeeded"
+    assert "demo-app.service" in doc["last_apply"]["restarted_units"]
+    assert doc["lease"]["last_renew_time"] is not None
+    units = {u["name"]: u["active_state"] for u in doc["units"]}
+    assert units["demo-app.service"] == "active"
+    assert units["demo-report.timer"] == "active"
+    assert doc["change_in_progress"] is None
+    text = demo.status()
+    assert demo.checksum[:12] in text
+    assert "s3cr3t" not in text  # never file contents
 
     before, after = await demo.change_one_file()
     assert {u for u in before if after[u] != before[u]} == {"demo-app.service"}
