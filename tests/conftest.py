@@ -10,14 +10,16 @@ from __future__ import annotations
 import os
 import shutil
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 import pytest_asyncio
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client import ApiClient
 
+from tests.testbed.agent_harness import PreparedAgent, create_node, prepare_agent, unique
 from tests.testbed.controlplane import ControlPlane
 from tests.testbed.credentials import NodeAgentCredentials, node_agent_credentials
 from tests.testbed.systemd_ns import IsolatedSystemd
@@ -74,6 +76,33 @@ def make_node_agent_credentials(
             node_name=node_name,
             secret_names=secret_names,
         )
+
+    return factory
+
+
+PreparedAgentFactory = Callable[..., Awaitable[PreparedAgent]]
+
+
+@pytest.fixture
+def make_prepared_agent(
+    control_plane: ControlPlane,
+    admin_api: ApiClient,
+    make_node_agent_credentials: CredentialsFactory,
+) -> PreparedAgentFactory:
+    """A Node of its own for a whole agent, its credentials and its files below ``root``:
+    ``await factory(root, name=..., extra_secrets=[...], **prepare_agent_options)``.
+
+    The agent may read its OSC Secret (``osc-<node>``) and the ``extra_secrets``, nothing else."""
+
+    async def factory(
+        root: Path, *, name: str | None = None, extra_secrets: Sequence[str] = (), **options: Any
+    ) -> PreparedAgent:
+        name = name or unique("node")
+        osc_secret = f"osc-{name}"
+        uid = await create_node(admin_api, name)
+        creds = await make_node_agent_credentials(name, [osc_secret, *extra_secrets])
+        setup = prepare_agent(root, control_plane, creds, osc_secret=osc_secret, **options)
+        return PreparedAgent(name, uid, osc_secret, creds, setup)
 
     return factory
 

@@ -17,14 +17,7 @@ import yaml
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client import ApiClient
 
-from tests.testbed.agent_harness import (
-    NS,
-    AgentProcess,
-    OSCAgent,
-    inline_file,
-    osc_document,
-    service,
-)
+from tests.testbed.agent_harness import NS, OSCAgent, inline_file, osc_document, service
 from tests.testbed.controlplane import ControlPlane
 from tests.testbed.systemd_ns import IsolatedSystemd
 
@@ -108,7 +101,7 @@ async def test_plan_from_the_secret_and_apply_against_systemd(
 ) -> None:
     harness = OSCAgent(admin_api, control_plane, node, tmp_path, extra_secrets=["cli-refs"])
     await harness.setup()
-    config = AgentProcess(harness, tmp_path / "unused.log").install_config()
+    config = harness.prepare().config_file
     await client.CoreV1Api(admin_api).create_namespaced_secret(
         NS,
         client.V1Secret(

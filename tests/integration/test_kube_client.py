@@ -7,16 +7,16 @@ per-request timeout against a frozen (SIGSTOPped) apiserver.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import logging
 import os
 import shutil
 import time
-import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import pytest_asyncio
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client import ApiClient
 
@@ -33,16 +33,17 @@ from node_agent.errors import (
 from node_agent.kube.client import KubeClient, Timeouts, file_signature
 from node_agent.report import node_event
 from tests.conftest import CredentialsFactory
+from tests.testbed.agent_harness import create_node, unique, wait_token_rejected
 from tests.testbed.controlplane import ControlPlane, write_kubeconfig
-from tests.testbed.credentials import NAMESPACE, NodeAgentCredentials, issue_token
+from tests.testbed.credentials import (
+    NAMESPACE,
+    NodeAgentCredentials,
+    issue_token_bound_to_new_secret,
+)
 from tests.testbed.pki import CertificateAuthority
 
 pytestmark = pytest.mark.integration
 NS = NAMESPACE
-
-
-def _uid() -> str:
-    return uuid.uuid4().hex[:8]
 
 
 async def _make_secret(admin: ApiClient, name: str, value: bytes = b"x") -> None:
@@ -54,10 +55,20 @@ async def _make_secret(admin: ApiClient, name: str, value: bytes = b"x") -> None
     )
 
 
-async def _make_node(admin: ApiClient, name: str) -> None:
-    await client.CoreV1Api(admin).create_node(
-        client.V1Node(metadata=client.V1ObjectMeta(name=name))
-    )
+@dataclass(frozen=True)
+class Reader:
+    """A node agent (its Node not registered) whose credentials may read just one Secret."""
+
+    node: str
+    osc: str
+    creds: NodeAgentCredentials
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def reader(admin_api: ApiClient, make_node_agent_credentials: CredentialsFactory) -> Reader:
+    node, osc = unique("node"), unique("osc")
+    await _make_secret(admin_api, osc)
+    return Reader(node, osc, await make_node_agent_credentials(node, [osc]))
 
 
 async def _rotate(admin: ApiClient, creds: NodeAgentCredentials) -> tuple[str, str]:
@@ -65,15 +76,10 @@ async def _rotate(admin: ApiClient, creds: NodeAgentCredentials) -> tuple[str, s
 
     Returns (old token, new token); the old one is invalid on the server afterwards.
     """
-    core = client.CoreV1Api(admin)
-    new_binding = f"{creds.service_account}-binding-{_uid()}"
-    await core.create_namespaced_secret(
-        NS, client.V1Secret(metadata=client.V1ObjectMeta(name=new_binding))
-    )
-    new_token = await issue_token(admin, creds.service_account, binding_secret=new_binding)
+    new_token = await issue_token_bound_to_new_secret(admin, creds.service_account)
     old_token = creds.token_file.read_text().strip()
     assert creds.binding_secret is not None
-    await core.delete_namespaced_secret(creds.binding_secret, NS)
+    await client.CoreV1Api(admin).delete_namespaced_secret(creds.binding_secret, NS)
     return old_token, new_token
 
 
@@ -84,29 +90,16 @@ def _atomic_write(path: Path, text: str) -> None:
 
 
 async def _wait_rejected(control_plane: ControlPlane, token: str, tmp_path: Path) -> None:
-    """Until the server rejects ``token`` (401) — proves the rotation is real, not cosmetic."""
-    token_file = tmp_path / f"old-token-{_uid()}"
-    token_file.write_text(token)
-    async with KubeClient.from_token_file(
-        control_plane.server, control_plane.ca_file, token_file
-    ) as old:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                await old.request("GET", "/api", old.nodes().ref("discover"))
-            except KubeUnauthorized:
-                assert old.stats.unauthorized_retries == 1  # re-read once, still rejected
-                return
-            assert time.monotonic() < deadline, "old token still accepted after 30 s"
-            await asyncio.sleep(0.5)
+    _, stats = await wait_token_rejected(control_plane, token, tmp_path, 30)
+    assert stats.unauthorized_retries == 1  # re-read once, still rejected
 
 
 async def test_typed_calls_and_errors(
     admin_api: ApiClient, make_node_agent_credentials: CredentialsFactory
 ) -> None:
-    node = f"node-{_uid()}"
-    osc, missing, foreign = f"osc-{_uid()}", f"missing-{_uid()}", f"foreign-{_uid()}"
-    await _make_node(admin_api, node)
+    node = unique("node")
+    osc, missing, foreign = unique("osc"), unique("missing"), unique("foreign")
+    await create_node(admin_api, node)
     await _make_secret(admin_api, osc, b"payload")
     await _make_secret(admin_api, foreign)
     creds = await make_node_agent_credentials(node, [osc, missing])
@@ -187,13 +180,11 @@ async def test_typed_calls_and_errors(
 
 async def test_token_rotation_is_picked_up_without_rebuilding(
     admin_api: ApiClient,
-    make_node_agent_credentials: CredentialsFactory,
+    reader: Reader,
     control_plane: ControlPlane,
     tmp_path: Path,
 ) -> None:
-    node, osc = f"node-{_uid()}", f"osc-{_uid()}"
-    await _make_secret(admin_api, osc)
-    creds = await make_node_agent_credentials(node, [osc])
+    osc, creds = reader.osc, reader.creds
     async with KubeClient.from_kubeconfig(creds.kubeconfig) as kube:
         await kube.get_secret(NS, osc)
         api_before = kube._gen.api
@@ -211,13 +202,11 @@ async def test_token_rotation_is_picked_up_without_rebuilding(
 
 async def test_unauthorized_rereads_token_and_retries_once(
     admin_api: ApiClient,
-    make_node_agent_credentials: CredentialsFactory,
+    reader: Reader,
     control_plane: ControlPlane,
     tmp_path: Path,
 ) -> None:
-    node, osc = f"node-{_uid()}", f"osc-{_uid()}"
-    await _make_secret(admin_api, osc)
-    creds = await make_node_agent_credentials(node, [osc])
+    osc, creds = reader.osc, reader.creds
     async with KubeClient.from_kubeconfig(creds.kubeconfig) as kube:
         await kube.get_secret(NS, osc)
         old_token, new_token = await _rotate(admin_api, creds)
@@ -242,14 +231,11 @@ async def test_unauthorized_rereads_token_and_retries_once(
 
 
 async def test_ca_file_change_rebuilds_client(
-    admin_api: ApiClient,
-    make_node_agent_credentials: CredentialsFactory,
+    reader: Reader,
     control_plane: ControlPlane,
     tmp_path: Path,
 ) -> None:
-    node, osc = f"node-{_uid()}", f"osc-{_uid()}"
-    await _make_secret(admin_api, osc)
-    creds = await make_node_agent_credentials(node, [osc])
+    osc, creds = reader.osc, reader.creds
     ca = tmp_path / "ca.crt"
     shutil.copy(control_plane.ca_file, ca)
     other_ca = CertificateAuthority(tmp_path / "other-ca", name="some-other-ca")
@@ -268,14 +254,11 @@ async def test_ca_file_change_rebuilds_client(
 
 
 async def test_kubeconfig_with_inline_ca_and_token(
-    admin_api: ApiClient,
-    make_node_agent_credentials: CredentialsFactory,
+    reader: Reader,
     control_plane: ControlPlane,
     tmp_path: Path,
 ) -> None:
-    node, osc = f"node-{_uid()}", f"osc-{_uid()}"
-    await _make_secret(admin_api, osc)
-    creds = await make_node_agent_credentials(node, [osc])
+    osc, creds = reader.osc, reader.creds
     kubeconfig = write_kubeconfig(
         tmp_path / "inline.kubeconfig",
         server=control_plane.server,
@@ -293,13 +276,9 @@ async def test_kubeconfig_with_inline_ca_and_token(
 
 
 async def test_frozen_apiserver_times_out_within_bound(
-    admin_api: ApiClient,
-    make_node_agent_credentials: CredentialsFactory,
-    control_plane: ControlPlane,
+    reader: Reader, control_plane: ControlPlane
 ) -> None:
-    node, osc = f"node-{_uid()}", f"osc-{_uid()}"
-    await _make_secret(admin_api, osc)
-    creds = await make_node_agent_credentials(node, [osc])
+    node, osc, creds = reader.node, reader.osc, reader.creds
     timeouts = Timeouts(connect=1.0, read=2.0, total=3.0)
     async with KubeClient.from_kubeconfig(creds.kubeconfig, timeouts=timeouts) as kube:
         await kube.get_secret(NS, osc)  # a pooled keep-alive connection now exists
@@ -350,9 +329,9 @@ async def test_kubeconfig_problems_are_typed_errors(tmp_path: Path) -> None:
 async def test_nothing_is_logged_at_debug_by_the_library(
     make_node_agent_credentials: CredentialsFactory, admin_api: ApiClient
 ) -> None:
-    osc = f"osc-{_uid()}"
+    osc = unique("osc")
     await _make_secret(admin_api, osc, b"top secret")
-    creds = await make_node_agent_credentials(f"node-{_uid()}", [osc])
+    creds = await make_node_agent_credentials(unique("node"), [osc])
     root = logging.getLogger()
     records: list[logging.LogRecord] = []
     handler = logging.Handler(logging.DEBUG)

@@ -9,51 +9,43 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import uuid
 from pathlib import Path
 
 import pytest
 import yaml
+from kubernetes_asyncio import client
 from kubernetes_asyncio.client import ApiClient
 
-from tests.conftest import CredentialsFactory
-from tests.testbed.agent_harness import osc_document, service
-from tests.testbed.controlplane import ControlPlane
-from tests.testbed.full_agent import (
-    create_node,
-    node_annotations,
+from tests.conftest import PreparedAgentFactory
+from tests.testbed.agent_harness import (
     now,
-    prepare_agent,
-    put_osc_secret,
+    osc_document,
+    publish_osc,
     read_lease,
     running_agent,
+    service,
+    unique,
     unit_props,
+    wait_applied,
     wait_for,
     wait_lease_renewed_after,
 )
+from tests.testbed.controlplane import ControlPlane
 from tests.testbed.systemd_ns import IsolatedSystemd
 
 pytestmark = pytest.mark.integration
 
 
-def _uid() -> str:
-    return uuid.uuid4().hex[:8]
-
-
 async def test_lease_created_and_renewed_every_10s(
     admin_api: ApiClient,
-    control_plane: ControlPlane,
-    make_node_agent_credentials: CredentialsFactory,
+    make_prepared_agent: PreparedAgentFactory,
     systemd: IsolatedSystemd,
     tmp_path: Path,
 ) -> None:
-    node = f"node-{_uid()}"
-    osc = f"osc-{node}"
-    uid = await create_node(admin_api, node)
-    creds = await make_node_agent_credentials(node, [osc])
-    setup = prepare_agent(tmp_path / "root", control_plane, creds, osc_secret=osc)
+    prepared = await make_prepared_agent(tmp_path / "root")
+    node, uid = prepared.name, prepared.uid
 
-    async with running_agent(setup, host_name=node, systemd=systemd):
+    async with running_agent(prepared.setup, host_name=node, systemd=systemd):
         await wait_for(lambda: read_lease(admin_api, node), 20, "the lease")
         lease = await read_lease(admin_api, node)
         assert lease is not None
@@ -76,22 +68,17 @@ async def test_lease_created_and_renewed_every_10s(
 async def test_lease_renewed_right_after_a_frozen_apiserver_without_restarts(
     admin_api: ApiClient,
     control_plane: ControlPlane,
-    make_node_agent_credentials: CredentialsFactory,
+    make_prepared_agent: PreparedAgentFactory,
     node: IsolatedSystemd,
 ) -> None:
-    name = f"node-{_uid()}"
-    osc_secret = f"osc-{name}"
-    await create_node(admin_api, name)
-    creds = await make_node_agent_credentials(name, [osc_secret])
-    setup = prepare_agent(node.root, control_plane, creds, osc_secret=osc_secret)
-    probe = f"probe-{_uid()}.service"
+    prepared = await make_prepared_agent(node.root)
+    name, setup = prepared.name, prepared.setup
+    probe = unique("probe") + ".service"
     osc = yaml.safe_dump(osc_document([], [service(probe, command="start", enable=True)]))
-    checksum = await put_osc_secret(admin_api, osc_secret, osc.encode())
+    checksum = await publish_osc(admin_api, prepared.osc_secret, osc.encode())
 
     async with running_agent(setup, host_name=name, systemd=node) as agent:
-        await wait_for(
-            lambda: _applied(admin_api, name, checksum), 60, "the OSC applied (node checksum)"
-        )
+        await wait_applied(admin_api, name, checksum, 60)
         before = unit_props(node, probe)
         assert before["ActiveState"] == "active"
         last_applied = setup.root / "var/lib/gardener-node-agent/last-applied-osc.yaml"
@@ -114,8 +101,6 @@ async def test_lease_renewed_right_after_a_frozen_apiserver_without_restarts(
             assert last_applied.stat().st_mtime_ns == applied_mtime
 
         # The watches resumed: a restart request through the Node is acted on.
-        from kubernetes_asyncio import client
-
         await client.CoreV1Api(admin_api).patch_node(
             name,
             {
@@ -131,24 +116,17 @@ async def test_lease_renewed_right_after_a_frozen_apiserver_without_restarts(
         )
 
 
-async def _applied(admin: ApiClient, node: str, checksum: str) -> bool:
-    return (await node_annotations(admin, node)).get("checksum/cloud-config-data") == checksum
-
-
 async def test_agent_recovers_from_an_apiserver_restart(
     admin_api: ApiClient,
     control_plane: ControlPlane,
-    make_node_agent_credentials: CredentialsFactory,
+    make_prepared_agent: PreparedAgentFactory,
     systemd: IsolatedSystemd,
     tmp_path: Path,
 ) -> None:
-    node = f"node-{_uid()}"
-    osc = f"osc-{node}"
-    await create_node(admin_api, node)
-    creds = await make_node_agent_credentials(node, [osc])
-    setup = prepare_agent(tmp_path / "root", control_plane, creds, osc_secret=osc)
+    prepared = await make_prepared_agent(tmp_path / "root")
+    node = prepared.name
 
-    async with running_agent(setup, host_name=node, systemd=systemd) as agent:
+    async with running_agent(prepared.setup, host_name=node, systemd=systemd) as agent:
         await wait_lease_renewed_after(admin_api, node, now(), 25)
         control_plane.kill_apiserver()
         try:

@@ -11,9 +11,7 @@ import asyncio
 import os
 import signal
 import socket
-import sys
 import time
-import uuid
 from pathlib import Path
 
 import pytest
@@ -22,54 +20,32 @@ from kubernetes_asyncio.client import ApiClient
 
 from node_agent.host.fs import HostFS
 from node_agent.host.state import StateStore
-from tests.conftest import CredentialsFactory
-from tests.testbed.agent_harness import inline_file, osc_document, service
-from tests.testbed.controlplane import ControlPlane
-from tests.testbed.full_agent import (
+from tests.conftest import PreparedAgentFactory
+from tests.testbed.agent_harness import (
     AgentSetup,
-    create_node,
+    inline_file,
     node_annotations,
-    prepare_agent,
-    put_osc_secret,
+    osc_document,
+    publish_osc,
+    service,
+    spawn_agent,
+    unique,
     unit_props,
+    wait_applied,
     wait_for,
 )
 from tests.testbed.systemd_ns import IsolatedSystemd
 
 pytestmark = pytest.mark.integration
-REPO = Path(__file__).resolve().parents[2]
-
-
-def _uid() -> str:
-    return uuid.uuid4().hex[:8]
 
 
 async def _spawn(
     setup: AgentSetup, node: IsolatedSystemd, name: str, log: Path, notify: str
 ) -> asyncio.subprocess.Process:
+    """The agent with a notify socket and a 1 s watchdog, as its systemd unit configures it."""
     env = {**os.environ, "NOTIFY_SOCKET": notify, "WATCHDOG_USEC": "1000000"}
     env.pop("WATCHDOG_PID", None)
-    with log.open("ab") as out:
-        return await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "node_agent",
-            "run",
-            "--root",
-            str(setup.root),
-            "--config",
-            str(setup.config_file),
-            "--hostname",
-            name,
-            "--systemd-bus",
-            node.bus_address.decode(),
-            "--log-format",
-            "text",
-            cwd=REPO,
-            env=env,
-            stdout=out,
-            stderr=asyncio.subprocess.STDOUT,
-        )
+    return await spawn_agent(setup, node, name, log, env=env, args=["--log-format", "text"])
 
 
 async def _terminate(proc: asyncio.subprocess.Process) -> tuple[int, float]:
@@ -95,17 +71,13 @@ def _messages(sock: socket.socket) -> list[str]:
 
 async def test_sigterm_during_an_apply_exits_0_and_the_next_start_finishes_it(
     admin_api: ApiClient,
-    control_plane: ControlPlane,
-    make_node_agent_credentials: CredentialsFactory,
+    make_prepared_agent: PreparedAgentFactory,
     node: IsolatedSystemd,
     tmp_path: Path,
 ) -> None:
-    name = f"node-{_uid()}"
-    osc_secret = f"osc-{name}"
-    await create_node(admin_api, name)
-    creds = await make_node_agent_credentials(name, [osc_secret])
-    setup = prepare_agent(node.root, control_plane, creds, osc_secret=osc_secret)
-    slow = f"slow-{_uid()}.service"
+    prepared = await make_prepared_agent(node.root)
+    name, setup = prepared.name, prepared.setup
+    slow = unique("slow") + ".service"
     marker = f"/run/{slow}.fast"
     osc = osc_document(
         [inline_file(f"/etc/node-agent-test/{name}.conf", "x=1\n")],
@@ -119,8 +91,8 @@ async def test_sigterm_during_an_apply_exits_0_and_the_next_start_finishes_it(
             )
         ],
     )
-    checksum = await put_osc_secret(admin_api, osc_secret, yaml.safe_dump(osc).encode())
-    notify_name = f"@node-agent-test-{_uid()}"
+    checksum = await publish_osc(admin_api, prepared.osc_secret, yaml.safe_dump(osc).encode())
+    notify_name = "@" + unique("node-agent-test")
     notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     notify.bind("\0" + notify_name[1:])
     notify.setblocking(False)
@@ -159,12 +131,7 @@ async def test_sigterm_during_an_apply_exits_0_and_the_next_start_finishes_it(
         node.path(marker).write_text("")
         proc = await _spawn(setup, node, name, log, notify_name)
         try:
-
-            async def applied() -> bool:
-                got = await node_annotations(admin_api, name)
-                return got.get("checksum/cloud-config-data") == checksum
-
-            await wait_for(applied, 60, "the interrupted apply finished")
+            await wait_applied(admin_api, name, checksum, 60)  # the interrupted apply finished
         finally:
             code, took = await _terminate(proc)
         print(f"second run: exit {code} after {took:.2f}s")

@@ -9,7 +9,6 @@ InvocationID and MainPID (NRestarts counts only systemd's automatic restarts).
 from __future__ import annotations
 
 import asyncio
-import uuid
 from pathlib import Path
 
 import pytest
@@ -17,14 +16,13 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client import ApiClient
 
 from node_agent.config import parse_config
-from tests.conftest import CredentialsFactory
-from tests.testbed.controlplane import ControlPlane
-from tests.testbed.full_agent import (
-    create_node,
+from tests.conftest import PreparedAgentFactory
+from tests.testbed.agent_harness import (
     node_annotations,
-    prepare_agent,
+    node_events,
     running_agent,
     start_unit,
+    unique,
     unit_props,
     wait_for,
 )
@@ -42,40 +40,23 @@ COUNTING = (
 )
 
 
-def _uid() -> str:
-    return uuid.uuid4().hex[:8]
-
-
-async def _events(admin: ApiClient, node: str, reason: str) -> list[str]:
-    listed = await client.CoreV1Api(admin).list_namespaced_event(
-        "default", field_selector=f"involvedObject.name={node}"
-    )
-    return [e.message or "" for e in listed.items if e.reason == reason]
-
-
 async def test_restart_annotation_with_the_agents_own_unit(
     admin_api: ApiClient,
-    control_plane: ControlPlane,
-    make_node_agent_credentials: CredentialsFactory,
+    make_prepared_agent: PreparedAgentFactory,
     systemd: IsolatedSystemd,
     tmp_path: Path,
 ) -> None:
-    node = f"node-{_uid()}"
-    osc = f"osc-{node}"
-    await create_node(admin_api, node)
-    creds = await make_node_agent_credentials(node, [osc])
-    a, b, own = f"a-{_uid()}", f"b-{_uid()}", f"agent-{_uid()}"
+    a, b, own = unique("a"), unique("b"), unique("agent")
     start_unit(systemd, f"{a}.service", SLEEPER)
     start_unit(systemd, f"{b}.service", SLEEPER)
     start_unit(systemd, f"{own}.service", COUNTING.format(name=own))
     starts = systemd.path(f"/run/{own}.starts")
     assert starts.read_text().count("started") == 1
     before = {u: unit_props(systemd, f"{u}.service") for u in (a, b, own)}
-    setup = prepare_agent(
-        tmp_path / "root", control_plane, creds, osc_secret=osc, agent_unit=f"{own}.service"
-    )
+    prepared = await make_prepared_agent(tmp_path / "root", agent_unit=f"{own}.service")
+    node = prepared.name
 
-    async with running_agent(setup, host_name=node, systemd=systemd):
+    async with running_agent(prepared.setup, host_name=node, systemd=systemd):
         await client.CoreV1Api(admin_api).patch_node(
             node,
             # own unit in the middle, one name without the .service suffix
@@ -97,28 +78,30 @@ async def test_restart_annotation_with_the_agents_own_unit(
             assert after["ActiveState"] == "active"
             assert after["MainPID"] != before[u]["MainPID"]
         assert ANNOTATION not in await node_annotations(admin_api, node)
-        messages = await _events(admin_api, node, "SystemDUnitRestart")
+        messages = [
+            e.message or ""
+            for e in await node_events(admin_api, node)
+            if e.reason == "SystemDUnitRestart"
+        ]
         for u in (a, b, own):
             assert any(f"{u}.service" in m for m in messages), (u, messages)
 
 
 async def test_secret_name_label_rewrites_config_and_restarts_agent(
     admin_api: ApiClient,
-    control_plane: ControlPlane,
-    make_node_agent_credentials: CredentialsFactory,
+    make_prepared_agent: PreparedAgentFactory,
     systemd: IsolatedSystemd,
     tmp_path: Path,
 ) -> None:
-    node = f"node-{_uid()}"
-    osc, new_osc = f"osc-{node}", f"osc-{node}-new"
-    await create_node(admin_api, node)
-    creds = await make_node_agent_credentials(node, [osc, new_osc])
-    own = f"agent-{_uid()}"
+    node = unique("node")
+    new_osc = f"osc-{node}-new"
+    own = unique("agent")
+    prepared = await make_prepared_agent(
+        tmp_path / "root", name=node, extra_secrets=[new_osc], agent_unit=f"{own}.service"
+    )
+    setup = prepared.setup
     start_unit(systemd, f"{own}.service", COUNTING.format(name=own))
     starts = systemd.path(f"/run/{own}.starts")
-    setup = prepare_agent(
-        tmp_path / "root", control_plane, creds, osc_secret=osc, agent_unit=f"{own}.service"
-    )
 
     async with running_agent(setup, host_name=node, systemd=systemd):
         await client.CoreV1Api(admin_api).patch_node(

@@ -24,7 +24,7 @@ from tests.testbed.agent_harness import (
     inline_file,
     osc_document,
     service,
-    wait_until,
+    wait_for,
 )
 from tests.testbed.controlplane import ControlPlane
 from tests.testbed.systemd_ns import IsolatedSystemd
@@ -81,13 +81,8 @@ async def agent(
     node.path(f"/etc/systemd/system/{FOREIGN}").write_text(FOREIGN_TEXT)
     node.run(["systemctl", "daemon-reload"])
     node.run(["systemctl", "start", FOREIGN])
-    harness = OSCAgent(admin_api, control_plane, node, tmp_path)
-    await harness.setup()
-    await harness.start()
-    try:
+    async with OSCAgent(admin_api, control_plane, node, tmp_path).running() as harness:
         yield harness
-    finally:
-        await harness.stop()
 
 
 async def invocations(agent: OSCAgent, names: list[str]) -> dict[str, str]:
@@ -274,7 +269,7 @@ async def test_agent_unit_restarts_last_after_state_is_persisted(agent: OSCAgent
         now = await agent.unit_states([agent_unit])
         return now[agent_unit].invocation_id != before[agent_unit].invocation_id
 
-    await wait_until(agent_restarted, "the agent's own unit to restart")
+    await wait_for(agent_restarted, 30, "the agent's own unit to restart", poll=0.1)
     after = await agent.unit_states([agent_unit, "app-a.service"])
     assert after["app-a.service"].invocation_id != before["app-a.service"].invocation_id
     persisted = os.stat(agent.node.path(f"{STATE}/last-applied-osc.yaml")).st_mtime

@@ -45,13 +45,9 @@ def raw(osc: dict[str, Any]) -> bytes:
 async def agent(
     admin_api: ApiClient, control_plane: ControlPlane, node: IsolatedSystemd, tmp_path: Path
 ) -> AsyncIterator[OSCAgent]:
-    harness = OSCAgent(admin_api, control_plane, node, tmp_path, extra_secrets=[REF_SECRET])
-    await harness.setup()
-    await harness.start()
-    try:
+    agent = OSCAgent(admin_api, control_plane, node, tmp_path, extra_secrets=[REF_SECRET])
+    async with agent.running() as harness:
         yield harness
-    finally:
-        await harness.stop()
 
 
 def snapshot(agent: OSCAgent) -> dict[str, tuple[bytes, int]]:

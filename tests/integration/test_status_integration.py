@@ -16,7 +16,6 @@ import sys
 import time
 import urllib.error
 import urllib.request
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -24,49 +23,26 @@ import pytest
 import yaml
 from kubernetes_asyncio.client import ApiClient
 
-from tests.conftest import CredentialsFactory
-from tests.testbed.agent_harness import inline_file, osc_document, service
-from tests.testbed.controlplane import ControlPlane
-from tests.testbed.full_agent import (
+from tests.conftest import PreparedAgentFactory
+from tests.testbed.agent_harness import (
+    REPO,
     AgentSetup,
-    create_node,
-    node_annotations,
-    prepare_agent,
-    put_osc_secret,
+    inline_file,
+    osc_document,
+    publish_osc,
+    service,
+    spawn_agent,
+    unique,
     unit_props,
+    wait_applied,
     wait_for,
 )
+from tests.testbed.controlplane import ControlPlane
 from tests.testbed.systemd_ns import IsolatedSystemd
 
 pytestmark = pytest.mark.integration
-REPO = Path(__file__).resolve().parents[2]
 SOCKET = "/run/gardener-node-agent/status.sock"
 MARKER = "do-not-print-this-content-7f3a"
-
-
-async def _spawn(
-    setup: AgentSetup, node: IsolatedSystemd, name: str, log: Path
-) -> asyncio.subprocess.Process:
-    env = {k: v for k, v in os.environ.items() if k not in ("NOTIFY_SOCKET", "WATCHDOG_USEC")}
-    with log.open("ab") as out:
-        return await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "node_agent",
-            "run",
-            "--root",
-            str(setup.root),
-            "--config",
-            str(setup.config_file),
-            "--hostname",
-            name,
-            "--systemd-bus",
-            node.bus_address.decode(),
-            cwd=REPO,
-            env=env,
-            stdout=out,
-            stderr=asyncio.subprocess.STDOUT,
-        )
 
 
 async def _status(root: Path, *extra: str) -> tuple[int, str]:
@@ -128,17 +104,19 @@ def _with_loopback_servers(setup: AgentSetup) -> None:
 async def test_status_and_endpoints_of_a_running_agent_and_after_it_stopped(
     admin_api: ApiClient,
     control_plane: ControlPlane,
-    make_node_agent_credentials: CredentialsFactory,
+    make_prepared_agent: PreparedAgentFactory,
     node: IsolatedSystemd,
     tmp_path: Path,
 ) -> None:
-    name = f"node-{uuid.uuid4().hex[:8]}"
-    osc_secret = f"osc-{name}"
-    await create_node(admin_api, name)
-    creds = await make_node_agent_credentials(name, [osc_secret])
-    setup = prepare_agent(node.root, control_plane, creds, osc_secret=osc_secret)
+    prepared = await make_prepared_agent(node.root)
+    name, osc_secret, creds, setup = (
+        prepared.name,
+        prepared.osc_secret,
+        prepared.creds,
+        prepared.setup,
+    )
     _with_loopback_servers(setup)
-    unit = f"status-{uuid.uuid4().hex[:6]}.service"
+    unit = unique("status") + ".service"
     conf = f"/etc/node-agent-test/{name}.conf"
 
     def osc(generation: int) -> bytes:
@@ -148,16 +126,13 @@ async def test_status_and_endpoints_of_a_running_agent_and_after_it_stopped(
         )
         return yaml.safe_dump(doc).encode()
 
-    checksum = await put_osc_secret(admin_api, osc_secret, osc(1))
+    checksum = await publish_osc(admin_api, osc_secret, osc(1))
     log = tmp_path / "agent.log"
-    proc = await _spawn(setup, node, name, log)
+    # Not under systemd: no notify socket, no watchdog.
+    env = {k: v for k, v in os.environ.items() if k not in ("NOTIFY_SOCKET", "WATCHDOG_USEC")}
+    proc = await spawn_agent(setup, node, name, log, env=env)
     try:
-
-        async def applied(expected: str) -> bool:
-            got = await node_annotations(admin_api, name)
-            return got.get("checksum/cloud-config-data") == expected
-
-        await wait_for(lambda: applied(checksum), 60, "the first apply")
+        await wait_applied(admin_api, name, checksum, 60)  # the first apply
 
         async def lease_renewed() -> bool:
             _, doc = await _status_json(node.root)
@@ -238,8 +213,8 @@ async def test_status_and_endpoints_of_a_running_agent_and_after_it_stopped(
 
         # An update restarts the unit (its file changed): the counters move.
         started = time.time()
-        checksum2 = await put_osc_secret(admin_api, osc_secret, osc(2))
-        await wait_for(lambda: applied(checksum2), 60, "the second apply")
+        checksum2 = await publish_osc(admin_api, osc_secret, osc(2))
+        await wait_applied(admin_api, name, checksum2, 60)  # the second apply
         _, after = await asyncio.to_thread(_get, metrics, "/metrics")
         assert _metric(after, "node_agent_osc_applies_total") == 2
         assert _metric(after, "node_agent_osc_apply_duration_seconds_count") == 2

@@ -1,18 +1,33 @@
-"""Run the real OSC controller against the real test bed, in-process, and publish OSC Secrets.
+"""The agent under test against the real test bed: one harness for every way a test runs it.
 
-The agent acts on an isolated systemd (its files under ``/proc/<pid>/root``, its units over
-the namespace's D-Bus) and talks to the test kube-apiserver with least-privilege credentials.
+- ``OSCAgent`` runs only the OSC controller, in this process, so a test can look at the
+  controller's own counters and state; ``AgentProcess`` runs ``node-agent run`` as a process
+  for that node (crash and signal tests).
+- ``prepare_agent`` lays out what a whole agent needs under its ``--root`` the way a real node
+  has them (config file, a kubeconfig whose ``tokenFile`` is the file the token controller keeps
+  in sync, and that token; paths from ``node_agent.config``), with the token file's absolute host
+  path in the kubeconfig so the agent works from the test process; ``running_agent`` runs the
+  whole agent (``run_agent``) in-process, ``spawn_agent`` as a subprocess, as systemd would.
+
+The agent acts on an isolated systemd (its files under ``/proc/<pid>/root``, its units over the
+namespace's D-Bus) and talks to the test kube-apiserver with least-privilege credentials. The
+API, waiting and systemd helpers below are shared by all of them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
+import dataclasses
 import hashlib
+import os
+import sys
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -21,19 +36,37 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client import ApiClient
 
 from node_agent.applier import Applier
-from node_agent.config import AgentSettings, NodeAgentConfiguration
+from node_agent.config import (
+    CONFIG_FILE,
+    KUBECONFIG_FILE,
+    TOKEN_FILE,
+    AgentSettings,
+    NodeAgentConfiguration,
+    parse_config,
+)
 from node_agent.context import AgentContext
 from node_agent.controllers.osc import OSCController
+from node_agent.errors import KubeUnauthorized
 from node_agent.host.fs import HostFS
 from node_agent.host.state import StateStore
-from node_agent.kube.client import KubeClient
+from node_agent.kube.client import ClientStats, KubeClient
 from node_agent.systemd import Systemd, UnitState
-from tests.testbed.controlplane import ControlPlane
-from tests.testbed.credentials import NodeAgentCredentials, node_agent_credentials
+from tests.testbed.controlplane import ControlPlane, write_kubeconfig
+from tests.testbed.credentials import NAMESPACE, NodeAgentCredentials, node_agent_credentials
 from tests.testbed.systemd_ns import IsolatedSystemd
 
-NS = "kube-system"
+NS = NAMESPACE
 AGENT_UNIT = "node-agent-under-test.service"
+REPO = Path(__file__).resolve().parents[2]
+KUBERNETES_VERSION = "1.31.4"
+
+
+def unique(prefix: str) -> str:
+    """A name no other test of the session uses: they all share one API server."""
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+# --- OSC documents ----------------------------------------------------------------------------
 
 
 def osc_document(files: list[dict[str, Any]], units: list[dict[str, Any]]) -> dict[str, Any]:
@@ -66,43 +99,319 @@ def service(
     return {"name": name, "content": text, **fields}
 
 
+# --- API helpers ------------------------------------------------------------------------------
+
+
+async def create_node(admin: ApiClient, name: str) -> str:
+    """Register a Node the way the kubelet labels it; returns its uid."""
+    node = await client.CoreV1Api(admin).create_node(
+        client.V1Node(
+            metadata=client.V1ObjectMeta(name=name, labels={"kubernetes.io/hostname": name})
+        )
+    )
+    return str(node.metadata.uid)
+
+
+async def _create_or_replace_secret(admin: ApiClient, body: client.V1Secret) -> None:
+    core = client.CoreV1Api(admin)
+    try:
+        await core.create_namespaced_secret(NS, body)
+    except client.ApiException as exc:
+        if exc.status != 409:
+            raise
+        await core.replace_namespaced_secret(body.metadata.name, NS, body)
+
+
+async def put_secret(admin: ApiClient, name: str, data: dict[str, bytes]) -> None:
+    """Create or replace a Secret in kube-system."""
+    await _create_or_replace_secret(
+        admin,
+        client.V1Secret(
+            metadata=client.V1ObjectMeta(name=name),
+            data={k: base64.b64encode(v).decode() for k, v in data.items()},
+        ),
+    )
+
+
 async def publish_osc(
     admin: ApiClient, secret_name: str, osc: dict[str, Any] | bytes, *, checksum: str | None = None
 ) -> str:
-    """Create or replace the OSC Secret the way Gardener does; return the checksum."""
+    """Create or replace the OSC Secret the way Gardener does; return the checksum.
+
+    ``checksum`` overrides the annotation (a mismatch the agent must refuse)."""
     dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
     raw = osc if isinstance(osc, bytes) else yaml.dump(osc, Dumper=dumper).encode()
     digest = hashlib.sha256(raw).hexdigest() if checksum is None else checksum
-    body = client.V1Secret(
-        metadata=client.V1ObjectMeta(
-            name=secret_name,
-            namespace=NS,
-            labels={
-                "gardener.cloud/role": "operating-system-config",
-                "worker.gardener.cloud/pool": "pool-a",
-            },
-            annotations={"checksum/data-script": digest},
+    await _create_or_replace_secret(
+        admin,
+        client.V1Secret(
+            metadata=client.V1ObjectMeta(
+                name=secret_name,
+                namespace=NS,
+                labels={
+                    "gardener.cloud/role": "operating-system-config",
+                    "worker.gardener.cloud/pool": "pool-a",
+                },
+                annotations={"checksum/data-script": digest},
+            ),
+            data={"osc.yaml": base64.b64encode(raw).decode()},
         ),
-        data={"osc.yaml": base64.b64encode(raw).decode()},
     )
-    core = client.CoreV1Api(admin)
-    try:
-        await core.replace_namespaced_secret(secret_name, NS, body)
-    except client.ApiException as exc:
-        if exc.status != 404:
-            raise
-        await core.create_namespaced_secret(NS, body)
     return digest
 
 
-async def wait_until(
-    predicate: Callable[[], Awaitable[bool]], what: str, timeout: float = 30.0
-) -> None:
-    deadline = time.monotonic() + timeout
-    while not await predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        await asyncio.sleep(0.1)
+async def node_annotations(admin: ApiClient, node: str) -> dict[str, str]:
+    obj = await client.CoreV1Api(admin).read_node(node)
+    return dict(obj.metadata.annotations or {})
+
+
+async def node_labels(admin: ApiClient, node: str) -> dict[str, str]:
+    obj = await client.CoreV1Api(admin).read_node(node)
+    return dict(obj.metadata.labels or {})
+
+
+async def node_events(admin: ApiClient, node: str) -> list[client.CoreV1Event]:
+    """The Events about a Node (they live in "default")."""
+    listed = await client.CoreV1Api(admin).list_namespaced_event(
+        "default", field_selector=f"involvedObject.name={node}"
+    )
+    return list(listed.items)
+
+
+async def read_lease(admin: ApiClient, node: str) -> client.V1Lease | None:
+    try:
+        return await client.CoordinationV1Api(admin).read_namespaced_lease(
+            f"gardener-node-agent-{node}", NS
+        )
+    except client.ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+# --- waiting ----------------------------------------------------------------------------------
+
+
+async def wait_for(predicate: object, timeout: float, what: str, poll: float = 0.2) -> None:
+    """Poll an (async or plain) predicate until it is truthy."""
+    assert callable(predicate)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        result = predicate()
+        if asyncio.iscoroutine(result):
+            result = await result
+        if result:
+            return
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(poll)
+
+
+async def wait_applied(admin: ApiClient, node: str, checksum: str, timeout: float = 60.0) -> None:
+    """Until the agent reports on its Node that it applied the OSC with this checksum."""
+
+    async def applied() -> bool:
+        annotations = await node_annotations(admin, node)
+        return annotations.get("checksum/cloud-config-data") == checksum
+
+    await wait_for(applied, timeout, f"node annotation checksum {checksum[:12]}", poll=0.1)
+
+
+async def wait_lease_renewed_after(
+    admin: ApiClient, node: str, after: datetime, timeout: float
+) -> datetime:
+    """Until the Lease's renewTime is later than ``after``; returns that renewTime."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        lease = await read_lease(admin, node)
+        renew = lease.spec.renew_time if lease is not None else None
+        if renew is not None and renew > after:
+            return renew  # type: ignore[no-any-return]
+        if loop.time() > deadline:
+            raise AssertionError(f"lease of {node} not renewed after {after} within {timeout}s")
+        await asyncio.sleep(0.25)
+
+
+async def wait_token_rejected(
+    control_plane: ControlPlane, token: str, directory: Path, timeout: float
+) -> tuple[float, ClientStats]:
+    """Until the server rejects ``token`` alone (401) — proves a rotation is real, not cosmetic.
+
+    Returns how long that took and the stats of the client that tried it."""
+    token_file = directory / unique("old-token")
+    token_file.write_text(token)
+    started = time.monotonic()
+    async with KubeClient.from_token_file(
+        control_plane.server, control_plane.ca_file, token_file
+    ) as old:
+        while True:
+            try:
+                await old.request("GET", "/api", old.nodes().ref("discover"))
+            except KubeUnauthorized:
+                return time.monotonic() - started, old.stats
+            elapsed = time.monotonic() - started
+            assert elapsed < timeout, f"old token still accepted after {timeout:.0f} s"
+            await asyncio.sleep(0.5)
+
+
+# --- systemd of a node, seen from the host ----------------------------------------------------
+
+
+def unit_props(systemd: IsolatedSystemd, unit: str) -> dict[str, str]:
+    out = systemd.run(
+        ["systemctl", "show", "-p", "InvocationID,MainPID,ActiveState,SubState", unit]
+    ).stdout
+    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
+def start_unit(systemd: IsolatedSystemd, name: str, text: str) -> None:
+    systemd.path(f"/etc/systemd/system/{name}").write_text(text)
+    systemd.run(["systemctl", "daemon-reload"])
+    systemd.run(["systemctl", "start", name])
+
+
+# --- the whole agent: on-disk layout, in-process and as a process -----------------------------
+
+
+@dataclass(frozen=True)
+class AgentSetup:
+    root: Path
+    config_file: Path  # host path of the config (under root)
+    token_file: Path  # host path of the agent's token file (under root)
+    settings: AgentSettings
+    config: NodeAgentConfiguration
+
+    def with_config(self, doc: dict[str, Any]) -> AgentSetup:
+        """The same layout run with another configuration (the file on disk is left alone)."""
+        return dataclasses.replace(self, config=NodeAgentConfiguration.model_validate(doc))
+
+
+def host(root: Path, path: str) -> Path:
+    return root / path.lstrip("/")
+
+
+def prepare_agent(
+    root: Path,
+    control_plane: ControlPlane,
+    creds: NodeAgentCredentials,
+    *,
+    osc_secret: str,
+    token_secret: str | None = None,
+    agent_unit: str = "gardener-node-agent.service",
+    job_timeout: float = 60.0,
+) -> AgentSetup:
+    """Write config, kubeconfig and token below ``root`` (a node's root, seen from the host)."""
+    token_file = host(root, TOKEN_FILE)
+    token_file.parent.mkdir(parents=True, exist_ok=True)
+    token_file.write_text(creds.token)
+    token_file.chmod(0o640)
+    write_kubeconfig(
+        host(root, KUBECONFIG_FILE),
+        server=control_plane.server,
+        ca_file=control_plane.ca_file,
+        user={"tokenFile": str(token_file)},
+        name=creds.service_account,
+    )
+    doc: dict[str, object] = {
+        "apiVersion": "nodeagent.config.gardener.cloud/v1alpha1",
+        "kind": "NodeAgentConfiguration",
+        "logFormat": "text",
+        "controllers": {
+            "operatingSystemConfig": {
+                "secretName": osc_secret,
+                "kubernetesVersion": KUBERNETES_VERSION,
+            },
+            "token": {
+                "syncConfigs": (
+                    [{"secretName": token_secret, "path": TOKEN_FILE}] if token_secret else []
+                ),
+            },
+        },
+    }
+    config_file = host(root, CONFIG_FILE)
+    config_file.write_text(yaml.safe_dump(doc))
+    config_file.chmod(0o600)
+    config = parse_config(config_file.read_bytes())
+    settings = AgentSettings(root=root, agent_unit=agent_unit, systemd_job_timeout=job_timeout)
+    return AgentSetup(root, config_file, token_file, settings, config)
+
+
+@dataclass(frozen=True)
+class PreparedAgent:
+    """A registered Node, its agent's least-privilege credentials and the agent's layout."""
+
+    name: str
+    uid: str
+    osc_secret: str
+    creds: NodeAgentCredentials
+    setup: AgentSetup
+
+
+@contextlib.asynccontextmanager
+async def running_agent(
+    setup: AgentSetup, *, host_name: str, systemd: IsolatedSystemd
+) -> AsyncIterator[asyncio.Task[int]]:
+    """The agent (``run_agent``) as a task of the test's loop; cancelled at the end."""
+    from node_agent.agent import run_agent
+
+    task = asyncio.create_task(
+        run_agent(
+            setup.settings,
+            setup.config,
+            host_name=host_name,
+            systemd_address=systemd.bus_address.decode(),
+        ),
+        name=f"agent-{host_name}",
+    )
+    try:
+        yield task
+        assert not task.done() or task.cancelled() or task.exception() is None, task.exception()
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait_for(task, 15)
+
+
+async def spawn_agent(
+    setup: AgentSetup,
+    systemd: IsolatedSystemd,
+    host_name: str,
+    log: Path,
+    *,
+    env: Mapping[str, str],
+    args: Sequence[str] = (),
+) -> asyncio.subprocess.Process:
+    """``node-agent run`` as its systemd service runs it, output appended to ``log``."""
+    with log.open("ab") as out:
+        return await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "node_agent",
+            "run",
+            "--root",
+            str(setup.root),
+            "--config",
+            str(setup.config_file),
+            "--hostname",
+            host_name,
+            "--systemd-bus",
+            systemd.bus_address.decode(),
+            *args,
+            cwd=REPO,
+            env=dict(env),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=out,
+            stderr=asyncio.subprocess.STDOUT,
+        )
+
+
+# --- the OSC controller alone, in-process -----------------------------------------------------
 
 
 @dataclass
@@ -128,13 +437,7 @@ class OSCAgent:
         self.secret_name = self.secret_name or f"gardener-node-agent-{self.node_name}-osc"
 
     async def setup(self) -> None:
-        await client.CoreV1Api(self.admin).create_node(
-            client.V1Node(
-                metadata=client.V1ObjectMeta(
-                    name=self.node_name, labels={"kubernetes.io/hostname": self.node_name}
-                )
-            )
-        )
+        await create_node(self.admin, self.node_name)
         self.creds = await node_agent_credentials(
             self.admin,
             self.workdir / f"creds-{self.node_name}",
@@ -142,6 +445,13 @@ class OSCAgent:
             ca_file=self.control_plane.ca_file,
             node_name=self.node_name,
             secret_names=[self.secret_name, *self.extra_secrets],
+        )
+
+    def prepare(self) -> AgentSetup:
+        """The whole agent's layout for this node, under its root (for ``node-agent`` runs)."""
+        assert self.creds is not None
+        return prepare_agent(
+            self.node.root, self.control_plane, self.creds, osc_secret=self.secret_name
         )
 
     async def start(self) -> None:
@@ -152,7 +462,7 @@ class OSCAgent:
                 "controllers": {
                     "operatingSystemConfig": {
                         "secretName": self.secret_name,
-                        "kubernetesVersion": "1.31.4",
+                        "kubernetesVersion": KUBERNETES_VERSION,
                     }
                 }
             }
@@ -187,29 +497,30 @@ class OSCAgent:
             await self.ctx.kube.close()
             await self.ctx.systemd.close()
 
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[OSCAgent]:
+        """Set up and started for the ``with`` block, stopped after it."""
+        await self.setup()
+        await self.start()
+        try:
+            yield self
+        finally:
+            await self.stop()
+
     async def publish(self, osc: dict[str, Any] | bytes, **kw: Any) -> str:
         return await publish_osc(self.admin, self.secret_name, osc, **kw)
 
     async def node_annotations(self) -> dict[str, str]:
-        node = await client.CoreV1Api(self.admin).read_node(self.node_name)
-        return dict(node.metadata.annotations or {})
+        return await node_annotations(self.admin, self.node_name)
 
     async def node_labels(self) -> dict[str, str]:
-        node = await client.CoreV1Api(self.admin).read_node(self.node_name)
-        return dict(node.metadata.labels or {})
+        return await node_labels(self.admin, self.node_name)
 
     async def wait_applied(self, checksum: str, timeout: float = 60.0) -> None:
-        async def applied() -> bool:
-            annotations = await self.node_annotations()
-            return annotations.get("checksum/cloud-config-data") == checksum
-
-        await wait_until(applied, f"node annotation checksum {checksum[:12]}", timeout)
+        await wait_applied(self.admin, self.node_name, checksum, timeout)
 
     async def events(self) -> list[client.CoreV1Event]:
-        listed = await client.CoreV1Api(self.admin).list_namespaced_event(
-            "default", field_selector=f"involvedObject.name={self.node_name}"
-        )
-        return list(listed.items)
+        return await node_events(self.admin, self.node_name)
 
     async def wait_event(self, reason: str, contains: str = "", timeout: float = 30.0) -> str:
         found: list[str] = []
@@ -221,7 +532,7 @@ class OSCAgent:
                     return True
             return False
 
-        await wait_until(seen, f"event {reason} containing {contains!r}", timeout)
+        await wait_for(seen, timeout, f"event {reason} containing {contains!r}", poll=0.1)
         return found[0]
 
     async def unit_states(self, names: list[str]) -> dict[str, UnitState]:
@@ -238,57 +549,14 @@ class AgentProcess:
     env: dict[str, str] = field(default_factory=dict)
     proc: asyncio.subprocess.Process | None = None
 
-    def install_config(self) -> Path:
-        """Write the agent's config and kubeconfig where a real node has them (under its root)."""
-        assert self.harness.creds is not None
-        node = self.harness.node
-        base = "/var/lib/gardener-node-agent"
-        kubeconfig = node.path(f"{base}/credentials/kubeconfig")
-        kubeconfig.parent.mkdir(parents=True, exist_ok=True)
-        kubeconfig.write_bytes(self.harness.creds.kubeconfig.read_bytes())
-        config = node.path(f"{base}/config.yaml")
-        config.write_text(
-            yaml.safe_dump(
-                {
-                    "apiVersion": "nodeagent.config.gardener.cloud/v1alpha1",
-                    "kind": "NodeAgentConfiguration",
-                    "clientConnection": {"kubeconfig": f"{base}/credentials/kubeconfig"},
-                    "controllers": {
-                        "operatingSystemConfig": {
-                            "secretName": self.harness.secret_name,
-                            "kubernetesVersion": "1.31.4",
-                        }
-                    },
-                }
-            )
-        )
-        return config
-
     async def start(self, **env: str) -> None:
-        import os
-        import sys
-
-        config = self.install_config()
-        node = self.harness.node
-        with self.log_path.open("ab") as log:
-            self.proc = await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-m",
-                "node_agent",
-                "run",
-                "--root",
-                str(node.root),
-                "--config",
-                str(config),
-                "--hostname",
-                self.harness.node_name,
-                "--systemd-bus",
-                node.bus_address.decode(),
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=log,
-                stderr=asyncio.subprocess.STDOUT,
-                env={**os.environ, **self.env, **env},
-            )
+        self.proc = await spawn_agent(
+            self.harness.prepare(),
+            self.harness.node,
+            self.harness.node_name,
+            self.log_path,
+            env={**os.environ, **self.env, **env},
+        )
 
     async def wait(self, timeout: float = 60.0) -> int:
         assert self.proc is not None

@@ -8,6 +8,7 @@ Secret invalidates it on the server, which is how tests rotate credentials for r
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,6 +67,16 @@ async def issue_token(
         service_account, NAMESPACE, request
     )
     return str(response.status.token)
+
+
+async def issue_token_bound_to_new_secret(admin: ApiClient, service_account: str) -> str:
+    """A fresh token bound to a Secret of its own, so that deleting the old binding Secret
+    invalidates the old token while this one stays valid (a real rotation)."""
+    binding = f"{service_account}-binding-{uuid.uuid4().hex[:8]}"
+    await client.CoreV1Api(admin).create_namespaced_secret(
+        NAMESPACE, client.V1Secret(metadata=client.V1ObjectMeta(name=binding))
+    )
+    return await issue_token(admin, service_account, binding_secret=binding)
 
 
 async def node_agent_credentials(
