@@ -42,12 +42,12 @@ from node_agent.config import (
 )
 from node_agent.errors import ConfigError, HostError, NodeAgentError
 from node_agent.host.fs import HostFS, WriteResult
+from node_agent.host.state import UNIT_DIR
 from node_agent.log import get_logger
 from node_agent.systemd import JobAction, SystemdSeam
 
 log = get_logger("node-agent.bootstrap")
 
-UNIT_DIR = "/etc/systemd/system"
 INIT_UNIT = "gardener-node-init.service"
 TEMP_DIR = f"{BASE_DIR}/tmp"
 #: Where the init script installs versions; ``current`` is the active one.

@@ -251,15 +251,10 @@ async def _from_api(
     osc: OperatingSystemConfig | None = None,
 ) -> tuple[bytes, OperatingSystemConfig, dict[str, bytes]]:
     """Read the node's OSC Secret (``secret=True``) and resolve secretRefs through the API."""
-    from node_agent.controllers.osc import (
-        DATA_KEY,
-        NAMESPACE,
-        resolve_secret_refs,
-        secret_bytes,
-    )
+    from node_agent.controllers.osc import DATA_KEY, resolve_secret_refs, secret_bytes
     from node_agent.kube.client import KubeClient
     from node_agent.osc.decode import decode_osc
-    from node_agent.report import ANNOTATION_SECRET_CHECKSUM
+    from node_agent.report import ANNOTATION_SECRET_CHECKSUM, NAMESPACE
 
     kubeconfig = settings.root / config.client_connection.kubeconfig.lstrip("/")
     async with KubeClient.from_kubeconfig(kubeconfig) as kube:

@@ -17,6 +17,7 @@ import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from node_agent.errors import ConfigError
+from node_agent.osc.plan import AGENT_UNIT
 
 API_VERSION = "nodeagent.config.gardener.cloud/v1alpha1"
 KIND = "NodeAgentConfiguration"
@@ -237,7 +238,7 @@ class AgentSettings(_Config):
     root: Path = Field(default=Path("/"), description="prefix for every host path (--root)")
     config_file: str = Field(default=CONFIG_FILE, description="NodeAgentConfiguration path")
     agent_unit: str = Field(
-        default="gardener-node-agent.service",
+        default=AGENT_UNIT,
         description="the agent's own systemd unit: restarted last, never stopped or removed",
     )
     status_socket: str = Field(

@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 COMPONENT = "gardener-node-agent"
+NAMESPACE = "kube-system"  # the OSC, token and Lease objects of node agents live here
 EVENT_NAMESPACE = "default"  # Events about cluster-scoped objects (a Node) live here
 
 ANNOTATION_APPLIED_CHECKSUM = "checksum/cloud-config-data"

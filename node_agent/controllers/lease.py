@@ -32,13 +32,13 @@ from node_agent.errors import (
     KubeTransportError,
 )
 from node_agent.log import get_logger
+from node_agent.report import NAMESPACE
 
 if TYPE_CHECKING:
     from node_agent.kube.client import KubeClient, Timeouts
 
 log = get_logger("node-agent.lease")
 
-NAMESPACE = "kube-system"
 LEASE_PREFIX = "gardener-node-agent-"
 RENEW_PERIOD = 10.0
 LEASE_DURATION_SECONDS = 40

@@ -33,11 +33,11 @@ from node_agent.log import get_logger
 from node_agent.osc.decode import decode_osc, sha256_hex
 from node_agent.osc.merge import osc_files, secret_refs
 from node_agent.osc.models import OperatingSystemConfig
+from node_agent.report import NAMESPACE
 
 if TYPE_CHECKING:
     from node_agent.kube.client import KubeClient
 
-NAMESPACE = "kube-system"
 DATA_KEY = "osc.yaml"
 log = get_logger("node-agent.osc")
 

@@ -27,10 +27,10 @@ from node_agent.errors import HostError, KubeError, KubeNotFound
 from node_agent.host.fs import WriteResult
 from node_agent.kube.watch import list_watch
 from node_agent.log import get_logger
+from node_agent.report import NAMESPACE
 
 log = get_logger("node-agent.token")
 
-NAMESPACE = "kube-system"
 DATA_KEY = "token"
 FILE_MODE = 0o640
 DIR_MODE = 0o755

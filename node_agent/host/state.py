@@ -49,11 +49,12 @@ from pydantic import (
     ValidationError,
 )
 
+from node_agent.config import BASE_DIR
 from node_agent.host.fs import HostFS
 from node_agent.host.steps import step_ids
 from node_agent.osc.plan import ChangeSet
 
-STATE_DIR = "/var/lib/gardener-node-agent"
+STATE_DIR = BASE_DIR
 UNIT_DIR = "/etc/systemd/system"
 LAST_APPLIED_OSC = "last-applied-osc.yaml"
 LAST_APPLIED_META = "last-applied-osc.meta.json"
