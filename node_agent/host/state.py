@@ -149,6 +149,19 @@ class Inventory(_Doc):
         return entry is not None and entry.created
 
 
+class ItemFailure(BaseModel):
+    """One item of an apply that did not reach its desired state; the others went on."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    #: what failed: ``file``, ``unit``, ``dropin``, ``enable``, ``disable``, ``reload``,
+    #: ``command`` (a start/stop/restart job), ``delete`` or ``blocked`` (not attempted because
+    #: something it depends on failed)
+    kind: str
+    item: str  # the host path or unit name
+    error: str  # one line, naming the cause (systemd's reason, the OS error)
+
+
 class ApplyRecord(_Doc):
     osc_checksum: str | None = None
     started_at: AwareDatetime
@@ -159,6 +172,7 @@ class ApplyRecord(_Doc):
     restarted_units: tuple[str, ...] = ()
     stopped_units: tuple[str, ...] = ()
     error: str | None = None
+    failures: tuple[ItemFailure, ...] = ()  # per item; empty when the apply succeeded
 
 
 @dataclass(frozen=True)
