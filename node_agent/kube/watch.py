@@ -11,8 +11,9 @@ reflector loop of client-go, reduced to what a node agent needs:
 3. ``BOOKMARK`` → remember its resourceVersion, yield nothing;
 4. 410 Gone — as HTTP status or as an ``ERROR`` event — → **re-list** (never re-watch a stale RV);
 5. anything else (dropped connection, timeout, 5xx, 401/403 after the client's own retry) →
-   re-watch from the last resourceVersion after a jittered exponential backoff (cap 30 s),
-   reset once a watch makes progress.
+   re-watch from the last resourceVersion after the agent's one backoff policy
+   (``node_agent.retry.WATCH``: jittered, exponential, cap 30 s), reset once a watch makes
+   progress.
 
 Events carry plain JSON dicts (the wire shape): cheaper than kubernetes-asyncio models and the same
 as what :class:`node_agent.kube.client.KubeClient` returns. After a re-list a consumer gets a new
@@ -33,6 +34,7 @@ from typing import Any, Literal, Protocol
 
 from node_agent.errors import KubeError, KubeGone
 from node_agent.kube.status import ObjectRef, status_from_object
+from node_agent.retry import WATCH, Backoff
 
 log = logging.getLogger(__name__)
 
@@ -86,29 +88,6 @@ class WatchStats:
     last_error: str | None = None
 
 
-class Backoff:
-    """Exponential backoff with "equal jitter": a delay in [d/2, d], d = min(cap, base·factorⁿ)."""
-
-    def __init__(
-        self,
-        base: float = 0.8,
-        cap: float = 30.0,
-        factor: float = 2.0,
-        rng: random.Random | None = None,
-    ) -> None:
-        self.base, self.cap, self.factor = base, cap, factor
-        self.attempt = 0
-        self._rng = rng or random.Random()
-
-    def next(self) -> float:
-        ceiling = min(self.cap, self.base * self.factor**self.attempt)
-        self.attempt += 1
-        return self._rng.uniform(ceiling / 2, ceiling)
-
-    def reset(self) -> None:
-        self.attempt = 0
-
-
 def _resource_version(obj: object) -> str | None:
     if isinstance(obj, dict):
         meta = obj.get("metadata")
@@ -147,7 +126,7 @@ class ListWatch:
         self.resource_version = resource_version
         self._timeout_range = timeout_range
         self._read_grace = read_grace
-        self._backoff = backoff or Backoff()
+        self._backoff = backoff or Backoff.of(WATCH)
         self._sleep = sleep
         self._rng = rng or random.Random()
         self.stats = WatchStats()

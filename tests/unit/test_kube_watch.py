@@ -23,7 +23,8 @@ from node_agent.errors import (
     KubeTransportError,
 )
 from node_agent.kube.status import ObjectRef
-from node_agent.kube.watch import Backoff, ListWatch, Watchable, WatchEvent, list_watch
+from node_agent.kube.watch import ListWatch, Watchable, WatchEvent, list_watch
+from node_agent.retry import Backoff
 
 JSON = dict[str, Any]
 Script = list[JSON | Exception] | Exception
