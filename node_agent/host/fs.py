@@ -17,7 +17,14 @@ so three properties must hold for every single write and are easiest to prove in
   the directory is fsynced: after a crash the target holds the old or the new bytes, never a mix.
   Temp files carry ``TEMP_PREFIX`` so ``cleanup_temp_files`` can remove leftovers.
 - **Idempotent.** When the bytes and attributes on disk already match, nothing is written: the
-  same OSC applied again costs zero writes and leaves every mtime alone.
+  same OSC applied again costs zero writes and leaves every mtime alone. Removing what is already
+  gone succeeds without any write-side syscall, so it works on a read-only mount too (``unlinkat``
+  there fails with EROFS even for a missing name).
+- **Only regular files are replaced.** A directory, device node, FIFO or socket at a target is
+  refused, never silently swapped for a regular file; ``check_target`` tells the same before any
+  write, so a whole change set can be checked first.
+- **Bounded.** A walk holds at most three descriptors whatever the depth of the path, and a
+  creating operation that fails removes the empty parents it created on the way.
 
 All methods are synchronous: each is a handful of syscalls on small files. From asyncio, use the
 ``*_async`` wrappers, which run the whole operation in one ``asyncio.to_thread`` hop. (aiofiles
@@ -55,6 +62,8 @@ _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 _TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _CHUNK = 1 << 20
 _MAX_SYMLINKS = 40
+NAME_MAX = 255  # bytes per path component on Linux file systems
+_TEMP_STEM = 80  # bytes of the target's name kept in a temp file's name
 
 HostPath = str | PurePath
 
@@ -84,6 +93,32 @@ def host_parts(path: HostPath) -> tuple[str, ...]:
     if ".." in parts:
         raise UnsafePathError(text, "contains '..'")
     return parts
+
+
+class _NotADirectory(NotADirectoryError):
+    """An existing component of a parent chain is not a directory; ``where`` is its host path."""
+
+    def __init__(self, where: str) -> None:
+        super().__init__(errno.ENOTDIR, os.strerror(errno.ENOTDIR))
+        self.where = where
+
+
+_KINDS = {
+    stat.S_IFDIR: "is a directory",
+    stat.S_IFCHR: "is a character device",
+    stat.S_IFBLK: "is a block device",
+    stat.S_IFIFO: "is a FIFO",
+    stat.S_IFSOCK: "is a socket",
+}
+
+
+def _refuse_special(st: os.stat_result | None, path: HostPath) -> None:
+    """Refuse a target that exists and is neither a regular file nor a symlink: replacing it
+    would destroy a directory, device node, FIFO or socket that something else relies on."""
+    if st is not None:
+        reason = _KINDS.get(stat.S_IFMT(st.st_mode))
+        if reason is not None:
+            raise UnsafePathError(os.fspath(path), reason)
 
 
 def _check_mode(mode: int, what: str) -> None:
@@ -149,6 +184,39 @@ class HostFS:
                 return sorted(os.listdir(fd))
             finally:
                 os.close(fd)
+
+    def check_target(self, path: HostPath) -> None:
+        """Raise UnsafePathError if writing a regular file at ``path`` could not succeed or would
+        destroy something that is not a regular file; creates nothing.
+
+        Refused: a component longer than ``NAME_MAX`` bytes, an existing parent component that
+        is not a directory, a symlinked parent (unless a trusted system link is followed), and a
+        directory, device node, FIFO or socket at ``path`` itself. A missing parent is fine (the
+        write creates it); a regular file or a symlink at ``path`` is fine (the write replaces
+        it, never a symlink's target). Meant to be run over a whole change set before its first
+        write, so a bad target fails the set instead of leaving it half applied.
+        """
+        parts = self._target_parts(path)
+        for name in parts:
+            size = len(os.fsencode(name))
+            if size > NAME_MAX:
+                raise UnsafePathError(
+                    os.fspath(path),
+                    f"component {name[:24]!r}... is {size} bytes long (the limit is {NAME_MAX})",
+                )
+        with _os_errors("check", path):
+            try:
+                dfd = self._walk(path, parts[:-1], create=False)
+            except _NotADirectory as exc:
+                raise UnsafePathError(
+                    os.fspath(path), f"component {exc.where!r} is not a directory"
+                ) from None
+            if dfd is None:
+                return
+            try:
+                _refuse_special(_lstat_at(dfd, parts[-1]), path)
+            finally:
+                os.close(dfd)
 
     # --- reading ---------------------------------------------------------------------------------
 
@@ -238,7 +306,8 @@ class HostFS:
 
         Nothing is written when content and attributes already match; when only the mode or
         owner differ, they are fixed in place. A symlink at ``path`` itself is replaced (the
-        link, never its target); a directory there is an error.
+        link, never its target); a directory, device node, FIFO or socket there, or a parent
+        component that is not a directory, is refused (UnsafePathError) before any change.
         """
         _check_mode(mode, "file mode")
         _check_mode(dir_mode, "directory mode")
@@ -250,10 +319,7 @@ class HostFS:
         ):
             assert dfd is not None
             current = _lstat_at(dfd, name)
-            if current is not None and stat.S_ISDIR(current.st_mode):
-                raise HostIOError(
-                    "write", os.fspath(path), IsADirectoryError(errno.EISDIR, "is a directory")
-                )
+            _refuse_special(current, path)
             if (
                 current is not None
                 and stat.S_ISREG(current.st_mode)
@@ -277,7 +343,8 @@ class HostFS:
         self, path: HostPath, target: str, *, dir_mode: int = DEFAULT_DIR_MODE
     ) -> bool:
         """Make ``path`` a symlink to ``target`` (not interpreted), atomically; returns whether
-        anything changed. Whatever non-directory was at ``path`` is replaced."""
+        anything changed. A regular file or symlink at ``path`` is replaced; a directory, device
+        node, FIFO or socket is refused (UnsafePathError)."""
         if "\0" in target or not target:
             raise UnsafePathError(target, "is not a valid symlink target")
         parts = self._target_parts(path)
@@ -288,13 +355,13 @@ class HostFS:
         ):
             assert dfd is not None
             current = _lstat_at(dfd, name)
-            if current is not None and stat.S_ISLNK(current.st_mode):
-                if os.readlink(name, dir_fd=dfd) == target:
-                    return False
-            elif current is not None and stat.S_ISDIR(current.st_mode):
-                raise HostIOError(
-                    "symlink", os.fspath(path), IsADirectoryError(errno.EISDIR, "is a directory")
-                )
+            _refuse_special(current, path)
+            if (
+                current is not None
+                and stat.S_ISLNK(current.st_mode)
+                and os.readlink(name, dir_fd=dfd) == target
+            ):
+                return False
             tmp = _temp_name(name)
             os.symlink(target, tmp, dir_fd=dfd)
             try:
@@ -308,33 +375,104 @@ class HostFS:
     # --- removing --------------------------------------------------------------------------------
 
     def remove(self, path: HostPath) -> bool:
-        """Remove the file or symlink at ``path`` (never what a symlink points to). A missing
-        path is fine. Returns whether something was removed; a directory is an error."""
+        """Remove the file or symlink at ``path`` (never what a symlink points to); returns
+        whether something was removed. A directory there is an error.
+
+        Something already gone is success: a missing path, a missing parent or a parent that is
+        not a directory returns False after reads only, so it works on a read-only mount."""
         parts = self._target_parts(path)
-        with _os_errors("remove", path), self._parent(path, parts, create=False) as dfd:
+        name = parts[-1]
+        with (
+            _os_errors("remove", path),
+            self._parent(path, parts, create=False, absent_if_not_dir=True) as dfd,
+        ):
             if dfd is None:
                 return False
+            current = _lstat_at(dfd, name)
+            if current is None:
+                return False
+            if stat.S_ISDIR(current.st_mode):
+                raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR))
             try:
-                os.unlink(parts[-1], dir_fd=dfd)
+                os.unlink(name, dir_fd=dfd)
             except FileNotFoundError:
                 return False
             os.fsync(dfd)
             return True
 
     def remove_dir_if_empty(self, path: HostPath) -> bool:
-        """Remove directory ``path`` if it exists and is empty; returns whether it was removed."""
+        """Remove directory ``path`` if it exists and is empty; returns whether it was removed.
+
+        Tidying, so anything else returns False: a missing or non-directory path, a directory
+        with entries or one in use as a mount point. Only an empty directory is ever handed to
+        ``rmdir``, so the missing and non-empty cases work on a read-only mount too."""
         parts = self._target_parts(path)
-        with _os_errors("rmdir", path), self._parent(path, parts, create=False) as dfd:
+        name = parts[-1]
+        with (
+            _os_errors("rmdir", path),
+            self._parent(path, parts, create=False, absent_if_not_dir=True) as dfd,
+        ):
             if dfd is None:
                 return False
+            current = _lstat_at(dfd, name)
+            if current is None or not stat.S_ISDIR(current.st_mode):
+                return False
             try:
-                os.rmdir(parts[-1], dir_fd=dfd)
+                fd = _open_dir_at(dfd, name, path)
+            except (FileNotFoundError, NotADirectoryError, UnsafePathError):
+                return False  # replaced since the lstat
+            try:
+                with os.scandir(fd) as entries:
+                    if next(entries, None) is not None:
+                        return False
+            finally:
+                os.close(fd)
+            try:
+                os.rmdir(name, dir_fd=dfd)
             except OSError as exc:
-                if exc.errno in (errno.ENOENT, errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR):
+                if exc.errno in (
+                    errno.ENOENT,
+                    errno.ENOTEMPTY,
+                    errno.EEXIST,
+                    errno.ENOTDIR,
+                    errno.EBUSY,
+                ):
                     return False
                 raise
             os.fsync(dfd)
             return True
+
+    def chmod(self, path: HostPath, mode: int) -> bool:
+        """Set the mode of existing regular file ``path`` to exactly ``mode`` without rewriting
+        it (no new inode, mtime untouched, so nothing watching the content sees a change);
+        returns whether the mode changed. Used to repair drift of attributes alone.
+
+        A symlink at ``path`` is refused, never followed, as is anything else that is not a
+        regular file (UnsafePathError); a missing file is a HostIOError (ENOENT)."""
+        _check_mode(mode, "file mode")
+        parts = self._target_parts(path)
+        name = parts[-1]
+        with _os_errors("chmod", path), self._parent(path, parts, create=False) as dfd:
+            current = None if dfd is None else _lstat_at(dfd, name)
+            if dfd is None or current is None:
+                raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT))
+            if stat.S_ISLNK(current.st_mode):
+                raise UnsafePathError(os.fspath(path), "is a symlink")
+            if not stat.S_ISREG(current.st_mode):
+                raise UnsafePathError(os.fspath(path), "is not a regular file")
+            # fchmodat(AT_SYMLINK_NOFOLLOW) is not a syscall on Linux (glibc emulates it through
+            # /proc); an fd opened without following, checked to be a regular file, is portable.
+            fd = _open_regular(dfd, name, path)
+            if fd is None:
+                raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT))
+            try:
+                if stat.S_IMODE(os.fstat(fd).st_mode) == mode:
+                    return False
+                os.fchmod(fd, mode)
+                os.fsync(fd)
+                return True
+            finally:
+                os.close(fd)
 
     def cleanup_temp_files(self, dirs: Iterable[HostPath]) -> list[str]:
         """Remove leftover ``TEMP_PREFIX`` files from host directories ``dirs`` (not recursive)
@@ -403,12 +541,29 @@ class HostFS:
         *,
         create: bool,
         dir_mode: int = DEFAULT_DIR_MODE,
+        absent_if_not_dir: bool = False,
     ) -> Iterator[int | None]:
         """A directory fd of the parent of ``parts[-1]``; None when a parent is missing and
-        ``create`` is false."""
-        fd = self._walk(path, parts[:-1], create=create, dir_mode=dir_mode)
+        ``create`` is false (or, with ``absent_if_not_dir``, when one is not a directory).
+
+        Directories created for this call are removed again (innermost first, best effort) if
+        the body fails, so a failed write leaves no trail of empty parents behind."""
+        made: set[tuple[int, int]] = set()
+        names: list[str] = []
+        try:
+            fd = self._walk(
+                path, parts[:-1], create=create, dir_mode=dir_mode, names=names, created=made
+            )
+        except _NotADirectory:
+            if not absent_if_not_dir:
+                raise
+            fd = None
         try:
             yield fd
+        except BaseException:
+            if made and fd is not None:
+                _remove_created(fd, names, made)
+            raise
         finally:
             if fd is not None:
                 os.close(fd)
@@ -421,53 +576,99 @@ class HostFS:
         create: bool,
         dir_mode: int = DEFAULT_DIR_MODE,
         names: list[str] | None = None,
+        created: set[tuple[int, int]] | None = None,
     ) -> int | None:
         """Open ``root/dirs...`` one component at a time. A symlinked component is refused, or
         with ``follow_system_symlinks`` resolved inside the root if trusted. ``names`` receives
-        the canonical components of the directory opened."""
-        stack = [os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)]
+        the canonical components of the directory opened, ``created`` the (st_dev, st_ino) of
+        each directory created on the way.
+
+        Holds the root's fd, the current directory's and, briefly, its child's, whatever the
+        depth: a ``..`` from a link target reopens the shortened canonical chain from the root
+        rather than keeping an fd per level. An existing component that is not a directory
+        raises UnsafePathError when creating, else ``_NotADirectory``. If the walk itself fails
+        after creating directories, it removes them again (innermost first, best effort)."""
+        made: set[tuple[int, int]] = set() if created is None else created
+        root_fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        fd = root_fd  # the directory named by ``canonical``
         canonical: list[str] = []
         todo = list(reversed(dirs))
         hops = 0
+        keep = -1  # the fd handed to the caller, not closed here
         try:
             while todo:
                 name = todo.pop()
                 if name == "..":  # only from a symlink target; clamped at the root
-                    if len(stack) > 1:
-                        os.close(stack.pop())
+                    if canonical:
                         canonical.pop()
+                        current, fd = fd, root_fd  # _reopen closes ``current`` in any case
+                        fd = self._reopen(root_fd, current, canonical, path)
                     continue
                 try:
-                    child = _open_dir_at(stack[-1], name, path)
+                    child = _open_dir_at(fd, name, path)
                 except FileNotFoundError:
                     if not create:
                         return None
-                    _mkdir_at(stack[-1], name, dir_mode)
-                    child = _open_dir_at(stack[-1], name, path)
+                    child = _make_dir_at(fd, name, dir_mode, path, made)
+                except NotADirectoryError:
+                    where = "/" + "/".join([*canonical, name])
+                    if create:
+                        raise UnsafePathError(
+                            os.fspath(path), f"component {where!r} is not a directory"
+                        ) from None
+                    raise _NotADirectory(where) from None
                 except UnsafePathError:
                     if not self.follow_system_symlinks:
                         raise
-                    target = self._trusted_link(stack, canonical, name, path)
+                    target = self._trusted_link(root_fd, fd, canonical, name, path)
                     hops += 1
                     if hops > _MAX_SYMLINKS:
                         raise UnsafePathError(os.fspath(path), "too many symlinks") from None
                     if target.startswith("/"):  # re-anchored at the root, like a chroot
-                        for fd in stack[1:]:
+                        if fd != root_fd:
                             os.close(fd)
-                        del stack[1:], canonical[:]
+                            fd = root_fd
+                        canonical.clear()
                     todo.extend(reversed([p for p in target.split("/") if p not in ("", ".")]))
                     continue
-                stack.append(child)
+                if fd != root_fd:
+                    os.close(fd)
+                fd = child
                 canonical.append(name)
             if names is not None:
                 names[:] = canonical
-            return stack.pop()
+            keep = fd
+            return fd
+        except BaseException:
+            if made:
+                _remove_created(fd, canonical if fd != root_fd else [], made)
+            raise
         finally:
-            for fd in stack:
+            if fd not in (keep, root_fd):
                 os.close(fd)
+            if root_fd != keep:
+                os.close(root_fd)
+
+    def _reopen(self, root_fd: int, fd: int, canonical: list[str], path: HostPath) -> int:
+        """Close ``fd`` and open ``root/canonical...`` afresh (symlinks refused: every name was
+        a real directory moments ago, a link there now is someone racing the walk)."""
+        if fd != root_fd:
+            os.close(fd)
+        fd = root_fd
+        try:
+            for name in canonical:
+                child = _open_dir_at(fd, name, path)
+                if fd != root_fd:
+                    os.close(fd)
+                fd = child
+        except BaseException:
+            if fd != root_fd:
+                os.close(fd)
+            raise
+        return fd
 
     def _trusted_link(
-        self, stack: list[int], canonical: list[str], name: str, path: HostPath
+        self, root_fd: int, dir_fd: int, canonical: list[str], name: str, path: HostPath
     ) -> str:
         """The target of symlink ``name``, if it is one of the distribution's own layout links
         (``SYSTEM_SYMLINKS``) and only root (or the root directory's owner) could have placed
@@ -478,14 +679,14 @@ class HostFS:
             raise UnsafePathError(
                 os.fspath(path), f"component {where!r} is a symlink (not a system layout link)"
             )
-        link = os.stat(name, dir_fd=stack[-1], follow_symlinks=False)
-        parent = os.fstat(stack[-1])
-        trusted = {0, os.fstat(stack[0]).st_uid}
+        link = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        parent = os.fstat(dir_fd)
+        trusted = {0, os.fstat(root_fd).st_uid}
         if link.st_uid not in trusted or parent.st_uid not in trusted or parent.st_mode & 0o022:
             raise UnsafePathError(
                 os.fspath(path), f"component {name!r} is a symlink others could have planted"
             )
-        return os.readlink(name, dir_fd=stack[-1])
+        return os.readlink(name, dir_fd=dir_fd)
 
     def _write_temp(
         self,
@@ -519,7 +720,12 @@ class HostFS:
 
 
 def _temp_name(name: str) -> str:
-    return f"{TEMP_PREFIX}{secrets.token_hex(6)}-{name[:80]}"
+    """A fresh temp name next to ``name``; its stem is cut by bytes, not characters, so a target
+    name that fits in ``NAME_MAX`` bytes always gets a temp name that fits too."""
+    stem = name[:_TEMP_STEM]
+    while len(os.fsencode(stem)) > _TEMP_STEM:
+        stem = stem[:-1]
+    return f"{TEMP_PREFIX}{secrets.token_hex(6)}-{stem}"
 
 
 def _lstat_at(dfd: int, name: str) -> os.stat_result | None:
@@ -542,6 +748,67 @@ def _mkdir_at(dfd: int, name: str, mode: int) -> bool:
         os.close(fd)
     os.fsync(dfd)
     return True
+
+
+def _make_dir_at(dfd: int, name: str, mode: int, path: HostPath, made: set[tuple[int, int]]) -> int:
+    """Create directory ``name`` with exactly ``mode`` and return an fd of it, recording its
+    identity in ``made``; if someone else created it first, open theirs (not recorded)."""
+    try:
+        os.mkdir(name, 0o700, dir_fd=dfd)
+    except FileExistsError:
+        return _open_dir_at(dfd, name, path)
+    try:
+        fd = os.open(name, _DIR_FLAGS, dir_fd=dfd)
+    except BaseException:
+        with suppress(OSError):
+            os.rmdir(name, dir_fd=dfd)
+        raise
+    try:
+        st = os.fstat(fd)
+        made.add((st.st_dev, st.st_ino))
+        os.fchmod(fd, mode)
+        os.fsync(dfd)
+    except BaseException:
+        os.close(fd)
+        with suppress(OSError):
+            os.rmdir(name, dir_fd=dfd)
+            made.discard((st.st_dev, st.st_ino))
+        raise
+    return fd
+
+
+def _remove_created(fd: int, names: list[str], made: set[tuple[int, int]]) -> None:
+    """Best effort: remove the directories of ``made`` on the chain that ends at ``fd`` (the
+    directory ``names`` leads to), innermost first, while they are empty. Goes up by ``..`` and
+    removes a directory only if its parent still holds it under the expected name."""
+    try:
+        here = os.open(".", _DIR_FLAGS, dir_fd=fd)
+    except OSError:
+        return
+    depth = len(names)
+    removed = False
+    try:
+        while depth:
+            st = os.fstat(here)
+            key = (st.st_dev, st.st_ino)
+            if key not in made:
+                break
+            parent = os.open("..", _DIR_FLAGS, dir_fd=here)
+            os.close(here)
+            here = parent
+            depth -= 1
+            entry = _lstat_at(here, names[depth])
+            if entry is None or (entry.st_dev, entry.st_ino) != key:
+                break
+            os.rmdir(names[depth], dir_fd=here)
+            made.discard(key)
+            removed = True
+        if removed:
+            os.fsync(here)
+    except OSError:
+        pass
+    finally:
+        os.close(here)
 
 
 def _open_dir_at(dfd: int, name: str, path: HostPath) -> int:

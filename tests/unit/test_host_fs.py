@@ -246,25 +246,35 @@ def test_fifo_is_not_read_and_does_not_hang(fs: HostFS, root: Path) -> None:
     with pytest.raises(UnsafePathError, match="regular"):
         fs.read("/fifo")
     assert not fs.stat_matches("/fifo")
-    assert fs.write_atomic("/fifo", b"x", 0o600) is WriteResult.REPLACED
-    assert (root / "fifo").read_bytes() == b"x"
+    with pytest.raises(UnsafePathError, match="is a FIFO"):
+        fs.write_atomic("/fifo", b"x", 0o600)
+    assert stat.S_ISFIFO(os.lstat(root / "fifo").st_mode)  # left alone, not replaced
+    assert temp_files(root) == []
 
 
 def test_directory_at_target_is_an_error(fs: HostFS, root: Path) -> None:
     (root / "d").mkdir()
-    with pytest.raises(HostIOError) as err:
+    with pytest.raises(UnsafePathError, match="is a directory") as err:
         fs.write_atomic("/d", b"x", 0o600)
     assert err.value.path == "/d"
-    with pytest.raises(HostIOError):
+    with pytest.raises(HostIOError, match="remove /d: Is a directory"):
         fs.remove("/d")
+    assert (root / "d").is_dir()
     assert temp_files(root) == []
 
 
 def test_file_where_a_parent_directory_should_be(fs: HostFS, root: Path) -> None:
     (root / "etc").write_bytes(b"")
-    with pytest.raises(HostIOError):
+    with pytest.raises(UnsafePathError, match="component '/etc' is not a directory"):
         fs.write_atomic("/etc/f", b"x", 0o600)
+    with pytest.raises(UnsafePathError, match="component '/etc' is not a directory"):
+        fs.write_atomic("/etc/new/deeper/f", b"x", 0o600)
+    with pytest.raises(HostIOError, match="Not a directory"):
+        fs.read("/etc/f")
+    assert fs.remove("/etc/f") is False  # cannot exist: already gone
+    assert fs.remove_dir_if_empty("/etc/d") is False
     assert fs.read("/missing/f") is None
+    assert (root / "etc").read_bytes() == b""
 
 
 # --- reading, checking, removing ---------------------------------------------------------------
