@@ -17,17 +17,18 @@ import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from node_agent.errors import ConfigError
+from node_agent.layout import BASE_DIR as BASE_DIR
+from node_agent.layout import BOOTSTRAP_TOKEN_FILE as BOOTSTRAP_TOKEN_FILE
+from node_agent.layout import CREDENTIALS_DIR as CREDENTIALS_DIR
+from node_agent.layout import KUBECONFIG_FILE as KUBECONFIG_FILE
+from node_agent.layout import TOKEN_FILE as TOKEN_FILE
 from node_agent.osc.plan import AGENT_UNIT
 
 API_VERSION = "nodeagent.config.gardener.cloud/v1alpha1"
 KIND = "NodeAgentConfiguration"
 
-# Upstream's on-disk layout (DESIGN §1); every path is relative to the --root prefix.
-BASE_DIR = "/var/lib/gardener-node-agent"
-CREDENTIALS_DIR = f"{BASE_DIR}/credentials"
-TOKEN_FILE = f"{CREDENTIALS_DIR}/token"
-KUBECONFIG_FILE = f"{CREDENTIALS_DIR}/kubeconfig"
-BOOTSTRAP_TOKEN_FILE = f"{CREDENTIALS_DIR}/bootstrap-token"
+# Upstream's on-disk layout; every path is relative to the --root prefix. The agent's own
+# directory and credentials are defined in node_agent.layout (re-exported above).
 CLUSTER_CA_FILE = f"{BASE_DIR}/cluster-ca.crt"
 MACHINE_NAME_FILE = f"{BASE_DIR}/machine-name"
 ZONE_FILE = f"{BASE_DIR}/zone"

@@ -1,0 +1,59 @@
+"""Where the agent keeps its own files on the node: one definition of every name.
+
+Why a module of its own: the same names are needed by the layers that write these files
+(``host.state``, ``bootstrap``), by the config defaults, and by OSC validation, which must refuse
+an OperatingSystemConfig file that would overwrite them. This module imports nothing from the
+agent, so any of them can use it without an import cycle. Every path is absolute and relative to
+the ``--root`` prefix.
+"""
+
+from __future__ import annotations
+
+# Upstream's directory for the agent's config, state and credentials (``config-<version>.yaml``,
+# ``cluster-ca.crt``, ``machine-name`` ... live here too and are written by a real OSC).
+BASE_DIR = "/var/lib/gardener-node-agent"
+CREDENTIALS_DIR = f"{BASE_DIR}/credentials"
+KUBECONFIG_FILE = f"{CREDENTIALS_DIR}/kubeconfig"
+TOKEN_FILE = f"{CREDENTIALS_DIR}/token"
+BOOTSTRAP_TOKEN_FILE = f"{CREDENTIALS_DIR}/bootstrap-token"
+
+# Directory of the unit files and ``<unit>.d`` drop-in directories the agent writes.
+UNIT_DIR = "/etc/systemd/system"
+
+# The agent's persisted state, file names inside ``BASE_DIR``.
+LAST_APPLIED_OSC = "last-applied-osc.yaml"
+LAST_APPLIED_META = "last-applied-osc.meta.json"
+CHANGES = "last-computed-osc-changes.yaml"
+CHANGES_DONE = "last-computed-osc-changes.done.json"
+INVENTORY = "inventory.json"
+STATUS = "status.json"
+# A state document that cannot be read is moved aside to ``<name>.corrupt``.
+CORRUPT_SUFFIX = ".corrupt"
+
+STATE_FILES = (LAST_APPLIED_OSC, LAST_APPLIED_META, CHANGES, CHANGES_DONE, INVENTORY, STATUS)
+CREDENTIAL_FILES = (KUBECONFIG_FILE, TOKEN_FILE, BOOTSTRAP_TOKEN_FILE)
+
+# Paths no OSC file may take: the state files, their ``.corrupt`` siblings and the credentials.
+# An OSC writing one of them would corrupt what the agent knows it created, or lock it out.
+RESERVED_FILES = frozenset(
+    [f"{BASE_DIR}/{name}" for name in STATE_FILES]
+    + [f"{BASE_DIR}/{name}{CORRUPT_SUFFIX}" for name in STATE_FILES]
+    + list(CREDENTIAL_FILES)
+)
+# Directories holding reserved files: an OSC file there would have to replace the directory.
+RESERVED_DIRS = frozenset({BASE_DIR, CREDENTIALS_DIR})
+
+
+def unit_path(unit: str) -> str:
+    """The unit file of ``unit``."""
+    return f"{UNIT_DIR}/{unit}"
+
+
+def drop_in_dir(unit: str) -> str:
+    """The directory of ``unit``'s drop-ins."""
+    return f"{UNIT_DIR}/{unit}.d"
+
+
+def drop_in_path(unit: str, name: str) -> str:
+    """The drop-in file ``name`` of ``unit``."""
+    return f"{drop_in_dir(unit)}/{name}"
