@@ -1,9 +1,14 @@
 """The apply pipeline shared by the OSC controller and ``node-agent apply``.
 
-decode (caller) → plan against the last applied OSC (pure) → persist the change set → execute
-→ remove orphans → persist last-applied. Anything left by a crash is finished first, and
-anything the agent created that no OSC wants any more is removed (upstream leaks those when an
-OSC never succeeds).
+decode (caller) → what is applied now (``base``: the last applied OSC overlaid with any
+unfinished journal) → plan (pure) → persist the change set with its base and target → execute,
+each item with its own outcome → remove orphans → persist last-applied.
+
+The invariant: from any state the agent can be in (applied OSC, a journal half done, failed
+units, a crash, a newer Secret), the next successful apply converges the host to the latest OSC,
+restarting each affected unit once, and one failing item neither blocks nor re-disrupts the
+others. Anything the agent created that no OSC wants any more is removed (upstream leaks those
+when an OSC never succeeds).
 """
 
 from __future__ import annotations
@@ -13,23 +18,29 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import NoReturn
 
-from node_agent.errors import ApplyError, NodeAgentError
+from node_agent.errors import ApplyError, HostError, NodeAgentError, SystemdCallError
 from node_agent.executor import ApplyReport, Executor
+from node_agent.host import steps
 from node_agent.host.fs import HostFS
 from node_agent.host.state import (
     UNIT_DIR,
     UNIT_FILE_MODE,
     ApplyRecord,
+    Pending,
     StateStore,
+    claims_for,
     dropin_path,
     unit_path,
 )
 from node_agent.log import get_logger
+from node_agent.osc.applied import Applied, Owed
 from node_agent.osc.decode import parse_osc, sha256_hex
 from node_agent.osc.merge import osc_files, osc_units
 from node_agent.osc.models import OperatingSystemConfig
 from node_agent.osc.plan import ChangeSet, UnitCommand, plan
+from node_agent.osc.settle import settle
 from node_agent.systemd import JobResult, SystemdSeam
 
 log = get_logger("node-agent.apply")
@@ -45,7 +56,20 @@ class Outcome:
 
     @property
     def restarts_agent(self) -> bool:
-        return self.change_set.restarts_agent
+        return self.report.agent_restart_due
+
+
+def _write_path(step: str) -> str | None:
+    """The host path a write step writes, None for other steps."""
+    kind, _, arg = step.partition(":")
+    if kind == "file":
+        return arg
+    if kind == "unit":
+        return unit_path(arg)
+    if kind == "dropin":
+        unit, name = arg.split("/", 1)
+        return dropin_path(unit, name)
+    return None
 
 
 def desired_paths(osc: OperatingSystemConfig, host_name: str) -> set[str]:
@@ -112,49 +136,124 @@ class Applier:
     async def apply(
         self, raw: bytes, osc: OperatingSystemConfig, checksum: str, resolved: Mapping[str, bytes]
     ) -> Outcome:
-        """Bring the host to ``osc``; raises ApplyError (state kept for a retry) on failure."""
+        """Bring the host to ``osc``. Every item gets its own outcome: when some fail, the rest
+        is applied, the journal keeps what is left, and ApplyError (with the report) is raised;
+        the next call for the same OSC runs only what failed or is pending, and a newer OSC is
+        planned from what is really applied."""
         started = time.monotonic()
         pending = self.state.pending()
-        if pending is not None:
+        resumed = pending is not None and pending.osc_checksum == checksum
+        if pending is not None and resumed:
             log.info(
-                "resuming an interrupted apply",
-                checksum=pending.osc_checksum,
+                "continuing an unfinished apply of the same OSC",
+                checksum=checksum,
                 remaining=len(pending.remaining()),
+                failed_before=sorted(pending.failed),
             )
-            try:
-                resumed = await self.executor.execute(pending)
-            except NodeAgentError as exc:
-                # Re-planning from the last applied OSC yields these steps again (steps are
-                # idempotent), so dropping the journal loses nothing and cannot loop forever.
-                log.warning("resuming failed; planning afresh", error=str(exc))
-                self.state.finish()
-            else:
-                if pending.osc_checksum == checksum:
-                    return await self._complete(
-                        raw,
-                        osc,
-                        checksum,
-                        resolved,
-                        pending.change_set,
-                        resumed,
-                        started,
-                        resumed=True,
-                    )
-                self.state.finish()  # a newer OSC arrived; the old one's orphans go below
+        else:
+            base = await asyncio.to_thread(self.base, pending)
+            target = Applied.of_osc(osc, self.host_name, resolved, required=True)
+            change_set = await asyncio.to_thread(
+                plan, base, osc, self.host_name, resolved, agent_unit=self.agent_unit
+            )
+            self.preflight(change_set)
+            pending = self.state.begin(change_set, checksum, base=base, target=target)
+        report = await self.executor.execute(pending)
+        if not report.complete:
+            self._unfinished(checksum, started, report)
+        return await self._complete(
+            raw, osc, checksum, resolved, pending.change_set, report, started, resumed=resumed
+        )
 
-        change_set = await asyncio.to_thread(self.plan, osc, resolved)
-        self.preflight(change_set)
-        pending = self.state.begin(change_set, checksum)
-        try:
-            report = await self.executor.execute(pending)
-        except ApplyError as exc:
-            self.state.finish()
-            self._record(checksum, started, error=str(exc), report=exc.report)
-            raise
-        return await self._complete(raw, osc, checksum, resolved, change_set, report, started)
+    def base(self, pending: Pending | None) -> Applied:
+        """What is applied now, item by item: the last applied OSC, overlaid with whatever an
+        unfinished journal already did (its marks, and writes or deletions seen on disk that a
+        crash kept from being marked). Claims those writes in the inventory first."""
+        previous, previous_resolved, _ = self.previous()
+        last = Applied.of_osc(previous, self.host_name, previous_resolved)
+        if pending is None:
+            return last
+        cs = pending.change_set
+        observed = self._observed(pending)
+        if observed:
+            claims = {c.path: c for c in claims_for(cs)}
+            paths = [_write_path(step) for step in observed]
+            self.state.record_written(claims[p] for p in paths if p is not None and p in claims)
+        done = set(pending.done) | observed
+        if pending.target is None:  # a journal from an older agent: commands owed, conservatively
+            owed = {
+                c.unit: Owed(action=c.action, reasons=c.reasons)
+                for c in cs.unit_commands
+                if steps.cmd_step(c.unit) not in done and not c.removed
+            }
+            return last.model_copy(update={"owed": owed})
+        return settle(pending.base or last, pending.target, cs, done)
 
-    def drifted(self, full: ChangeSet) -> set[str]:
-        """Host paths whose bytes or mode no longer match what the OSC says (edited, deleted)."""
+    def _observed(self, pending: Pending) -> set[str]:
+        """Not-yet-marked write and delete steps whose result is already on disk."""
+        cs = pending.change_set
+        found: set[str] = set()
+        todo = set(pending.remaining())
+        for fw in cs.files_to_write:
+            step = steps.file_step(fw.path)
+            if (
+                step in todo
+                and fw.content is not None
+                and self.fs.stat_matches(fw.path, sha256=fw.sha256, mode=fw.mode)
+            ):
+                found.add(step)
+        for uw in cs.units_to_write:
+            step = steps.unit_step(uw.name)
+            digest = sha256_hex(uw.content.encode())
+            if step in todo and self.fs.stat_matches(
+                unit_path(uw.name), sha256=digest, mode=UNIT_FILE_MODE
+            ):
+                found.add(step)
+        for dw in cs.dropins_to_write:
+            step = steps.dropin_step(dw.unit, dw.name)
+            digest = sha256_hex(dw.content.encode())
+            if step in todo and self.fs.stat_matches(
+                dropin_path(dw.unit, dw.name), sha256=digest, mode=UNIT_FILE_MODE
+            ):
+                found.add(step)
+        for fd in cs.files_to_delete:
+            step = steps.delete_file_step(fd.path)
+            if step in todo and not self.fs.exists(fd.path):
+                found.add(step)
+        for ud in cs.units_to_delete:
+            step = steps.delete_unit_step(ud.name)
+            if step in todo and not self.fs.exists(unit_path(ud.name)):
+                found.add(step)
+        for dd in cs.dropins_to_delete:
+            step = steps.delete_dropin_step(dd.unit, dd.name)
+            if step in todo and not self.fs.exists(dropin_path(dd.unit, dd.name)):
+                found.add(step)
+        return found
+
+    def _unfinished(self, checksum: str, started: float, report: ApplyReport) -> NoReturn:
+        """Record a partial apply (the journal stays for the retry) and raise ApplyError."""
+        if report.agent_restart_due:
+            # The caller restarts the agent now; record it first so a retry does not repeat it.
+            pending = self.state.pending()
+            if pending is not None:
+                agent = [s for s in pending.remaining() if self._is_agent_step(pending, s)]
+                self.state.mark_done(*agent)
+        report.duration = time.monotonic() - started
+        message = (
+            f"{len(report.failures)} item(s) not applied, the rest is: {report.describe_failures()}"
+        )
+        self._record(checksum, started, report=report, error=message)
+        raise ApplyError(message, report=report)
+
+    @staticmethod
+    def _is_agent_step(pending: Pending, step: str) -> bool:
+        return any(
+            c.is_agent and steps.cmd_step(c.unit) == step for c in pending.change_set.unit_commands
+        )
+
+    def drifted(self, full: ChangeSet) -> tuple[set[str], set[str]]:
+        """Host paths that no longer match what the OSC says: (bytes differ or missing, only the
+        mode differs)."""
         wanted: dict[str, tuple[str | None, int]] = {
             f.path: (f.sha256, f.mode) for f in full.files_to_write if f.content is not None
         }
@@ -162,11 +261,16 @@ class Applier:
             wanted[unit_path(u.name)] = (sha256_hex(u.content.encode()), UNIT_FILE_MODE)
         for d in full.dropins_to_write:
             wanted[dropin_path(d.unit, d.name)] = (sha256_hex(d.content.encode()), UNIT_FILE_MODE)
-        return {
-            path
-            for path, (digest, mode) in wanted.items()
-            if not self.fs.stat_matches(path, sha256=digest, mode=mode)
-        }
+        content: set[str] = set()
+        mode_only: set[str] = set()
+        for path, (digest, mode) in wanted.items():
+            if self.fs.stat_matches(path, sha256=digest, mode=mode):
+                continue
+            if self.fs.stat_matches(path, sha256=digest):
+                mode_only.add(path)
+            else:
+                content.add(path)
+        return content, mode_only
 
     async def repair_drift(
         self, osc: OperatingSystemConfig, resolved: Mapping[str, bytes] | None
@@ -184,18 +288,23 @@ class Applier:
         except NodeAgentError as exc:  # e.g. secretRef contents unknown: cannot compare
             log.info("drift check skipped", reason=str(exc))
             return None
-        drifted = await asyncio.to_thread(self.drifted, full)
-        if not drifted:
+        content, mode_only = await asyncio.to_thread(self.drifted, full)
+        if not content and not mode_only:
             return None
-        repair = drift_change_set(full, drifted, osc)
-        log.warning("host drifted from the applied OSC; repairing", paths=sorted(drifted))
+        repair = drift_change_set(full, content, mode_only, osc)
+        log.warning(
+            "host drifted from the applied OSC; repairing",
+            paths=sorted(content),
+            modes=sorted(mode_only),
+        )
         started = time.monotonic()
         self.preflight(repair)
-        pending = self.state.begin(repair, last.checksum)
-        try:
-            report = await self.executor.execute(pending)
-        finally:
-            self.state.finish()
+        applied = Applied.of_osc(osc, self.host_name, refs)
+        pending = self.state.begin(repair, last.checksum, base=applied, target=applied)
+        report = await self.executor.execute(pending)
+        if not report.complete:
+            self._unfinished(last.checksum, started, report)
+        self.state.finish()
         report.duration = time.monotonic() - started
         self._record(last.checksum, started, report=report)
         return Outcome(last.checksum, repair, report)
@@ -245,15 +354,28 @@ class Applier:
         ]
         units = [u for u in units if u != self.agent_unit]
         if units and self.systemd is not None:
-            await self.systemd.run_jobs([(u, "stop") for u in units], job_timeout=30.0)
-            await self.systemd.disable(units)
+            results = await self.systemd.run_jobs([(u, "stop") for u in units], job_timeout=30.0)
+            stuck = {u for u, r in results.items() if not r.ok}
+            for unit in units:
+                try:
+                    await self.systemd.disable([unit])
+                except SystemdCallError as exc:
+                    log.info("leftover unit not disabled", unit=unit, error=str(exc))
+            # A leftover unit that would not stop keeps its file until a later apply.
+            owned = [p for p in owned if p.removeprefix(UNIT_DIR + "/") not in stuck]
         removed = []
         for path in sorted(owned):
             if path == unit_path(self.agent_unit):
                 continue
-            self.fs.remove(path)
-            if "/" in path.removeprefix(UNIT_DIR + "/") and path.startswith(UNIT_DIR + "/"):
-                self.fs.remove_dir_if_empty(path.rsplit("/", 1)[0])
+            try:
+                self.fs.remove(path)
+                if "/" in path.removeprefix(UNIT_DIR + "/") and path.startswith(UNIT_DIR + "/"):
+                    self.fs.remove_dir_if_empty(path.rsplit("/", 1)[0])
+            except HostError as exc:
+                log.warning(
+                    "leftover not removed; kept for a later apply", path=path, error=str(exc)
+                )
+                continue
             removed.append(path)
         if removed:
             self.state.release(removed)
@@ -285,20 +407,26 @@ class Applier:
                     restarted_units=tuple(rep.restarted if rep else ()),
                     stopped_units=tuple(sorted(stopped)),
                     error=error,
+                    failures=rep.failure_list() if rep else (),
                 )
             )
         except (NodeAgentError, ValueError) as exc:  # status is informational only
             log.warning("apply status not saved", error=str(exc))
 
 
-def drift_change_set(full: ChangeSet, drifted: set[str], osc: OperatingSystemConfig) -> ChangeSet:
-    """The part of a from-scratch plan that rewrites ``drifted`` paths, and the commands of the
-    units that use them (their unit file, a drop-in or one of their ``filePaths``)."""
-    files = tuple(f for f in full.files_to_write if f.path in drifted)
-    units = tuple(u for u in full.units_to_write if unit_path(u.name) in drifted)
-    dropins = tuple(d for d in full.dropins_to_write if dropin_path(d.unit, d.name) in drifted)
-    touched = {u.name for u in units} | {d.unit for d in dropins}
-    changed_files = {f.path for f in files}
+def drift_change_set(
+    full: ChangeSet, drifted: set[str], mode_only: set[str], osc: OperatingSystemConfig
+) -> ChangeSet:
+    """The part of a from-scratch plan that rewrites ``drifted`` paths and the commands of the
+    units that use them (their unit file, a drop-in or one of their ``filePaths``); paths whose
+    bytes still match and only the mode drifted are rewritten without restarting anything."""
+    rewrite = drifted | mode_only
+    files = tuple(f for f in full.files_to_write if f.path in rewrite)
+    units = tuple(u for u in full.units_to_write if unit_path(u.name) in rewrite)
+    dropins = tuple(d for d in full.dropins_to_write if dropin_path(d.unit, d.name) in rewrite)
+    touched = {u.name for u in units if unit_path(u.name) in drifted}
+    touched |= {d.unit for d in dropins if dropin_path(d.unit, d.name) in drifted}
+    changed_files = {f.path for f in files if f.path in drifted}
     touched |= {u.name for u in osc_units(osc) if changed_files & set(u.file_paths)}
     commands = tuple(
         cmd.model_copy(update={"reasons": ("its files drifted on the host",)})

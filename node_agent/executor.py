@@ -1,36 +1,70 @@
-"""Carry out a persisted ChangeSet on the host, step by step, each step journaled when done.
+"""Carry out a persisted ChangeSet on the host, step by step, each item with its own outcome.
 
 The caller persists the change set first (``StateStore.begin``); the executor then runs the
 journal's remaining steps in their fixed order (``host.steps``) and records each one, so a crash
 at any point resumes with exactly the steps still to do. Steps are idempotent: a file whose bytes
-and mode already match is not rewritten, and a unit restarted twice is harmless.
+and mode already match is not rewritten, deleting something already gone is success, and a unit
+command that succeeded for this change set is never run again for it.
 
-Consecutive steps of one kind are batched: all enables in one call, all disables in one call, and
-all unit commands as one parallel batch of systemd jobs. Deletions touch only what the agent
-created (the inventory). The agent's own restart is never run here: the caller persists
-everything first and restarts the agent last.
+One failing item never stops the others: a file that cannot be written (read-only mount, full
+disk), a unit systemd does not know or that is masked, a unit that fails to start — each is
+recorded as an ``ItemFailure`` and the rest goes on. Only a unit command whose own inputs failed
+(its unit file, a drop-in, its enablement, a file in its ``filePaths``, the daemon-reload) is held
+back ("blocked"): restarting it would run the old definition and spend the restart. A retry runs
+only what failed or is still pending. systemd being unreachable as a whole is not an item
+failure: it raises, with every finished step already recorded.
+
+Consecutive steps of one kind are batched: all enables in one call (one by one only after a
+failure, to find the culprit), and all unit commands as one parallel batch of systemd jobs.
+Deletions touch only what the agent created (the inventory). The agent's own restart is never
+run here: the caller persists everything first and restarts the agent last.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from node_agent.errors import ApplyError
+from node_agent.errors import HostError, SystemdCallError
+from node_agent.host import steps as S
 from node_agent.host.fs import HostFS
-from node_agent.host.state import UNIT_FILE_MODE, Pending, StateStore, dropin_path, unit_path
+from node_agent.host.state import (
+    UNIT_FILE_MODE,
+    Claim,
+    ItemFailure,
+    Pending,
+    StateStore,
+    dropin_path,
+    sha256_hex,
+    unit_path,
+)
 from node_agent.osc.plan import ChangeSet, UnitCommand
 from node_agent.systemd import JobResult, SystemdSeam
 
 CRASH_HOOK_ENV = "NODE_AGENT_TEST_CRASH_AFTER"
 
+_KIND_OF_STEP = {
+    "file": "file",
+    "unit": "unit",
+    "dropin": "dropin",
+    "delete-dropin": "delete",
+    "enable": "enable",
+    "disable": "disable",
+    "reload": "reload",
+    "reload-after-delete": "reload",
+    "cmd": "command",
+    "delete-unit": "delete",
+    "delete-file": "delete",
+}
+
 
 @dataclass
 class ApplyReport:
-    """What one apply did, for the status command, Events and metrics."""
+    """What one apply attempt did, for the status command, Events and metrics."""
 
     files_written: list[str] = field(default_factory=list)
     files_deleted: list[str] = field(default_factory=list)
@@ -38,6 +72,10 @@ class ApplyReport:
     units_deleted: list[str] = field(default_factory=list)
     results: dict[str, JobResult] = field(default_factory=dict)
     skipped: list[str] = field(default_factory=list)
+    #: step id -> what went wrong, for every step that failed or was blocked in this attempt
+    failures: dict[str, ItemFailure] = field(default_factory=dict)
+    #: the agent's own restart is due (its inputs are in place), for the caller to do last
+    agent_restart_due: bool = False
     duration: float = 0.0
 
     @property
@@ -45,8 +83,20 @@ class ApplyReport:
         return [r for r in self.results.values() if not r.ok]
 
     @property
+    def complete(self) -> bool:
+        return not self.failures
+
+    @property
     def restarted(self) -> list[str]:
         return sorted(u for u, r in self.results.items() if r.action == "restart" and r.ok)
+
+    def failure_list(self) -> tuple[ItemFailure, ...]:
+        return tuple(self.failures[k] for k in sorted(self.failures))
+
+    def describe_failures(self, limit: int = 5) -> str:
+        items = self.failure_list()
+        text = "; ".join(f"{f.item}: {f.error}" for f in items[:limit])
+        return text + (f"; and {len(items) - limit} more" if len(items) > limit else "")
 
 
 def _crash_hook(step: str) -> None:
@@ -77,94 +127,144 @@ class Executor:
         self.on_command = on_command
 
     async def execute(self, pending: Pending) -> ApplyReport:
-        """Run the remaining steps of ``pending``; ApplyError if a unit job failed."""
+        """Run the remaining steps of ``pending``; every item gets its own outcome in the
+        report. Raises only when systemd as a whole is unreachable (steps done so far are
+        recorded)."""
         started = time.monotonic()
         report = ApplyReport()
         cs = pending.change_set
-        remaining = list(pending.remaining())
-        i = 0
-        while i < len(remaining):
-            kind = remaining[i].split(":", 1)[0]
-            j = i
-            while j < len(remaining) and remaining[j].split(":", 1)[0] == kind:
-                j += 1
-            batch = remaining[i:j]
-            if kind == "cmd":
-                batch = [s for s in batch if not self._is_agent(cs, s)]
-                j = i + len(batch) if batch else j
-                if not batch:  # the agent's own restart: left to the caller
-                    break
-            await self._run(kind, batch, cs, report)
-            self.state.mark_done(*batch)
-            for step in batch:
+        agent_steps = {S.cmd_step(c.unit) for c in cs.unit_commands if c.is_agent}
+        remaining = [s for s in pending.remaining() if s not in agent_steps]
+        failed: dict[str, str] = {}
+        for kind, batch in _batches(remaining):
+            ok, errors = await self._run(kind, batch, pending, report)
+            failed.update(errors)
+            for step, why in errors.items():
+                report.failures[step] = _failure(step, why)
+            pending = self.state.mark_done(*ok, failed=failed)
+            for step in ok:
                 _crash_hook(step)
-            i = j
+        due = [s for s in agent_steps if s not in pending.done]
+        report.agent_restart_due = bool(due) and not self._blockers(due[0], pending)
         report.duration = time.monotonic() - started
-        if report.failed:
-            raise ApplyError(
-                "units did not reach their desired state: "
-                + "; ".join(r.describe() for r in report.failed),
-                report=report,
-            )
         return report
 
-    @staticmethod
-    def _is_agent(cs: ChangeSet, step: str) -> bool:
-        return any(c.is_agent and f"cmd:{c.unit}" == step for c in cs.unit_commands)
+    def _blockers(self, cmd: str, pending: Pending) -> list[str]:
+        """The steps a unit command depends on that are not done: its unit file, drop-ins,
+        enablement, the files in its ``filePaths``, and the reload that makes them count."""
+        unit = cmd.split(":", 1)[1]
+        deps = {S.unit_step(unit), S.enable_step(unit), S.disable_step(unit), S.RELOAD}
+        cs = pending.change_set
+        deps |= {S.dropin_step(d.unit, d.name) for d in cs.dropins_to_write if d.unit == unit}
+        deps |= {
+            S.delete_dropin_step(d.unit, d.name) for d in cs.dropins_to_delete if d.unit == unit
+        }
+        for applied in (pending.target, pending.base):
+            if applied is not None and unit in applied.units:
+                deps |= {S.file_step(p) for p in applied.units[unit].file_paths}
+        steps = set(pending.steps)
+        return sorted(d for d in deps if d in steps and d not in pending.done)
 
-    async def _run(self, kind: str, steps: Sequence[str], cs: ChangeSet, rep: ApplyReport) -> None:
-        args = [s.split(":", 1)[1] for s in steps if ":" in s]
-        if kind == "file":
-            writes = {f.path: f for f in cs.files_to_write}
-            for path in args:
-                fw = writes[path]
-                if fw.content is None:
-                    rep.skipped.append(f"{path}: imageRef content is not supported by this agent")
+    async def _run(
+        self, kind: str, steps: Sequence[str], pending: Pending, rep: ApplyReport
+    ) -> tuple[list[str], dict[str, str]]:
+        """Run one batch; returns the steps that succeeded and why each other one failed."""
+        cs = pending.change_set
+        args = {s: s.split(":", 1)[1] if ":" in s else "" for s in steps}
+        ok: list[str] = []
+        errors: dict[str, str] = {}
+        if kind in ("file", "unit", "dropin"):
+            claims: list[Claim] = []
+            for step in steps:
+                try:
+                    claim = await self._write(kind, args[step], cs, rep)
+                except HostError as exc:
+                    errors[step] = str(exc)
                     continue
-                await self.fs.write_atomic_async(path, fw.content, fw.mode)
-                rep.files_written.append(path)
-        elif kind == "unit":
-            units = {u.name: u for u in cs.units_to_write}
-            for name in args:
-                await self.fs.write_atomic_async(
-                    unit_path(name), units[name].content.encode(), UNIT_FILE_MODE
-                )
-                rep.units_written.append(name)
-        elif kind == "dropin":
-            dropins = {f"{d.unit}/{d.name}": d for d in cs.dropins_to_write}
-            for key in args:
-                d = dropins[key]
-                await self.fs.write_atomic_async(
-                    dropin_path(d.unit, d.name), d.content.encode(), UNIT_FILE_MODE
-                )
-        elif kind == "delete-dropin":
-            for key in args:
-                unit, name = key.split("/", 1)
-                self._delete(dropin_path(unit, name), rep)
-                self.fs.remove_dir_if_empty(f"{unit_path(unit)}.d")
+                if claim is not None:
+                    claims.append(claim)
+                ok.append(step)
+            if claims:
+                self.state.record_written(claims)  # before the steps are marked done
+        elif kind in ("delete-dropin", "delete-unit", "delete-file"):
+            for step in steps:
+                if kind == "delete-unit" and self._stop_failed(args[step], pending):
+                    errors[step] = "not deleted: stopping the unit failed"
+                    continue
+                try:
+                    self._remove(kind, args[step], rep)
+                except HostError as exc:
+                    errors[step] = str(exc)
+                    continue
+                ok.append(step)
         elif kind in ("enable", "disable"):
-            if self.systemd is not None:
-                call = self.systemd.enable if kind == "enable" else self.systemd.disable
-                await call(args)
+            names = {args[s]: s for s in steps}
+            good, bad = await self._unit_files(kind, list(names))
+            ok += [names[n] for n in good]
+            errors |= {names[n]: why for n, why in bad.items()}
         elif kind in ("reload", "reload-after-delete"):
             if self.systemd is not None:
                 await self.systemd.daemon_reload()
+            ok += steps
         elif kind == "cmd":
-            await self._commands([c for c in cs.unit_commands if c.unit in args], rep)
-        elif kind == "delete-unit":
-            for name in args:
-                if self._delete(unit_path(name), rep):
-                    rep.units_deleted.append(name)
-                self.fs.remove_dir_if_empty(f"{unit_path(name)}.d")
-        elif kind == "delete-file":
-            for path in args:
-                if self._delete(path, rep):
-                    rep.files_deleted.append(path)
+            runnable: list[str] = []
+            for step in steps:
+                blockers = self._blockers(step, pending)
+                if blockers:
+                    errors[step] = "not attempted: " + ", ".join(
+                        _describe_step(b, pending) for b in blockers
+                    )
+                else:
+                    runnable.append(step)
+            good, bad = await self._commands([args[s] for s in runnable], cs, rep)
+            ok += [S.cmd_step(u) for u in good]
+            errors |= {S.cmd_step(u): why for u, why in bad.items()}
         else:  # pragma: no cover - step_ids() and this dispatcher change together
             raise AssertionError(f"unknown step kind {kind!r}")
+        return ok, errors
+
+    async def _write(self, kind: str, arg: str, cs: ChangeSet, rep: ApplyReport) -> Claim | None:
+        if kind == "file":
+            fw = next(f for f in cs.files_to_write if f.path == arg)
+            if fw.content is None:
+                rep.skipped.append(f"{arg}: imageRef content is not supported by this agent")
+                return None
+            await self.fs.write_atomic_async(arg, fw.content, fw.mode)
+            rep.files_written.append(arg)
+            return Claim("file", arg, fw.sha256, fw.mode)
+        if kind == "unit":
+            uw = next(u for u in cs.units_to_write if u.name == arg)
+            data = uw.content.encode()
+            await self.fs.write_atomic_async(unit_path(arg), data, UNIT_FILE_MODE)
+            rep.units_written.append(arg)
+            return Claim("unit", unit_path(arg), sha256_hex(data), UNIT_FILE_MODE)
+        unit, name = arg.split("/", 1)
+        dw = next(d for d in cs.dropins_to_write if d.unit == unit and d.name == name)
+        data = dw.content.encode()
+        path = dropin_path(unit, name)
+        await self.fs.write_atomic_async(path, data, UNIT_FILE_MODE)
+        return Claim("dropin", path, sha256_hex(data), UNIT_FILE_MODE)
+
+    def _remove(self, kind: str, arg: str, rep: ApplyReport) -> None:
+        if kind == "delete-dropin":
+            unit, name = arg.split("/", 1)
+            self._delete(dropin_path(unit, name), rep)
+            self.fs.remove_dir_if_empty(f"{unit_path(unit)}.d")
+        elif kind == "delete-unit":
+            if self._delete(unit_path(arg), rep):
+                rep.units_deleted.append(arg)
+            self.fs.remove_dir_if_empty(f"{unit_path(arg)}.d")
+        elif self._delete(arg, rep):
+            rep.files_deleted.append(arg)
+
+    @staticmethod
+    def _stop_failed(unit: str, pending: Pending) -> bool:
+        step = S.cmd_step(unit)
+        return step in pending.steps and step not in pending.done
 
     def _delete(self, path: str, rep: ApplyReport) -> bool:
-        """Delete ``path`` if the agent created it; leave anything else in place."""
+        """Delete ``path`` if the agent created it; leave anything else in place. Already gone
+        is success."""
         if not self.state.owns(path):
             if self.fs.exists(path):
                 rep.skipped.append(f"{path}: not created by node-agent, left in place")
@@ -173,14 +273,92 @@ class Executor:
         self.state.release([path])
         return True
 
-    async def _commands(self, commands: list[UnitCommand], rep: ApplyReport) -> None:
+    async def _unit_files(self, kind: str, units: list[str]) -> tuple[list[str], dict[str, str]]:
+        """Enable or disable ``units``: one call, or one per unit after a failure so that one
+        unknown or masked unit does not hold back the others. Disabling a unit whose file is
+        already gone is success."""
+        if self.systemd is None or not units:
+            return units, {}
+        call = self.systemd.enable if kind == "enable" else self.systemd.disable
+        try:
+            await call(units)
+            return units, {}
+        except SystemdCallError:
+            pass
+        ok: list[str] = []
+        bad: dict[str, str] = {}
+        for unit in units:
+            try:
+                await call([unit])
+                ok.append(unit)
+            except SystemdCallError as exc:
+                if kind == "disable" and _unit_file_missing(exc):
+                    ok.append(unit)
+                else:
+                    bad[unit] = f"{kind} {unit}: {exc}"
+        return ok, bad
+
+    async def _commands(
+        self, units: list[str], cs: ChangeSet, rep: ApplyReport
+    ) -> tuple[list[str], dict[str, str]]:
+        commands = [c for c in cs.unit_commands if c.unit in set(units)]
         if self.systemd is None or not commands:
-            return
+            return [c.unit for c in commands], {}
         results = await self.systemd.run_jobs(
             [(c.unit, c.action) for c in commands], job_timeout=self.job_timeout
         )
+        ok: list[str] = []
+        bad: dict[str, str] = {}
         for command in commands:
             result = results[command.unit]
             rep.results[command.unit] = result
             if self.on_command is not None:
                 self.on_command(command, result)
+            if result.ok:
+                ok.append(command.unit)
+            else:
+                bad[command.unit] = result.describe()
+        return ok, bad
+
+
+def _batches(steps: Sequence[str]) -> list[tuple[str, list[str]]]:
+    """Consecutive steps of one kind, in order."""
+    out: list[tuple[str, list[str]]] = []
+    for step in steps:
+        kind = step.split(":", 1)[0]
+        if out and out[-1][0] == kind:
+            out[-1][1].append(step)
+        else:
+            out.append((kind, [step]))
+    return out
+
+
+def _unit_file_missing(exc: SystemdCallError) -> bool:
+    return (
+        exc.errno == errno.ENOENT
+        or exc.name.endswith("NoSuchUnit")
+        or "does not exist" in str(exc)
+        or "not found" in str(exc)
+    )
+
+
+def _describe_step(step: str, pending: Pending) -> str:
+    kind, _, arg = step.partition(":")
+    why = pending.failed.get(step)
+    what = {
+        "file": f"{arg} was not written",
+        "unit": f"unit file {arg} was not written",
+        "dropin": f"drop-in {arg} was not written",
+        "delete-dropin": f"drop-in {arg} was not deleted",
+        "enable": f"enabling {arg} failed",
+        "disable": f"disabling {arg} failed",
+        "reload": "daemon-reload failed",
+    }.get(kind, step)
+    return f"{what} ({why})" if why and not why.startswith("not attempted") else what
+
+
+def _failure(step: str, why: str) -> ItemFailure:
+    kind, _, arg = step.partition(":")
+    if why.startswith("not attempted:"):
+        return ItemFailure(kind="blocked", item=arg or kind, error=why)
+    return ItemFailure(kind=_KIND_OF_STEP.get(kind, kind), item=arg or kind, error=why)

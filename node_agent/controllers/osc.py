@@ -12,15 +12,15 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-import random
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from node_agent import report
+from node_agent import report, retry
 from node_agent.applier import Applier, Outcome
 from node_agent.config import ZONE_FILE, parse_duration
 from node_agent.context import AgentContext
 from node_agent.errors import (
+    ApplyError,
     KubeError,
     KubeNotFound,
     NodeAgentError,
@@ -28,12 +28,14 @@ from node_agent.errors import (
     OSCError,
     SecretRefError,
 )
+from node_agent.executor import ApplyReport
 from node_agent.kube.watch import list_watch
 from node_agent.log import get_logger
 from node_agent.osc.decode import decode_osc, sha256_hex
 from node_agent.osc.merge import osc_files, secret_refs
 from node_agent.osc.models import OperatingSystemConfig
 from node_agent.report import NAMESPACE
+from node_agent.retry import Backoff
 
 if TYPE_CHECKING:
     from node_agent.kube.client import KubeClient
@@ -95,6 +97,8 @@ class OSCController:
         self.reconciles = 0
         self.last_outcome: Outcome | None = None
         self.desired_checksum: str | None = None
+        self._failures_for: str | None = None  # checksum whose item failures were reported
+        self._failures_seen: set[tuple[str, str, str]] = set()
 
     @property
     def latest_secret(self) -> JSON | None:
@@ -123,7 +127,7 @@ class OSCController:
 
     async def _reconcile_loop(self) -> None:
         period = self.ctx.config.controllers.operating_system_config.sync_period.total_seconds()
-        backoff = 1.0
+        backoff = Backoff.of(retry.APPLY)
         while True:
             try:
                 await asyncio.wait_for(self._wake.wait(), timeout=period)
@@ -140,24 +144,22 @@ class OSCController:
             resync, self._resync = self._resync, False
             try:
                 await self.reconcile(secret, resync=resync)
-                backoff = 1.0
+                backoff.reset()
             except SecretRefError as exc:
                 await self._failed(exc, transient=True)
             except OSCError as exc:
                 self._rejected = str((secret.get("metadata") or {}).get("resourceVersion"))
                 await self._failed(exc, transient=False)
                 continue
+            except ApplyError as exc:
+                await self._partly_applied(exc)
             except NodeAgentError as exc:
                 await self._failed(exc, transient=True)
             else:
                 continue
-            delay = backoff * random.uniform(0.8, 1.2)
-            backoff = min(backoff * 2, 60.0)
-            log.info("retrying the OSC apply", in_seconds=round(delay, 1))
-            try:
-                await asyncio.wait_for(self._wake.wait(), timeout=delay)
-            except TimeoutError:
-                self._wake.set()
+            delay = await backoff.wait(self._wake)
+            log.info("retried the OSC apply", after_seconds=round(delay, 1))
+            self._wake.set()
 
     async def _failed(self, exc: NodeAgentError, *, transient: bool) -> None:
         self.failures += 1
@@ -167,6 +169,40 @@ class OSCController:
         self.ctx.health.error("osc", message)
         reason = report.REASON_OSC_FAILED if transient else report.REASON_OSC_INVALID
         await self.ctx.event(reason, message, warning=True)
+
+    async def _partly_applied(self, exc: ApplyError) -> None:
+        """Some items of the OSC failed, the rest is applied. Each failing item is logged and
+        gets one Warning Event naming it and the cause — once per OSC, not on every retry."""
+        self.failures += 1
+        rep = exc.report if isinstance(exc.report, ApplyReport) else None
+        failures = rep.failure_list() if rep is not None else ()
+        log.error(
+            "OSC partly applied; retrying what failed",
+            error=str(exc),
+            failures=[f.model_dump() for f in failures],
+        )
+        self.ctx.health.error("osc", f"ApplyError: {exc}")
+        checksum = self.desired_checksum or ""
+        if self._failures_for != checksum:
+            self._failures_for, self._failures_seen = checksum, set()
+        for failure in failures:
+            key = (failure.kind, failure.item, failure.error)
+            if key in self._failures_seen:
+                continue
+            self._failures_seen.add(key)
+            result = rep.results.get(failure.item) if rep is not None else None
+            reason = (
+                report.REASON_UNIT_COMMAND.get(result.action, report.REASON_OSC_FAILED)
+                if result is not None
+                else report.REASON_OSC_FAILED
+            )
+            await self.ctx.event(reason, f"{failure.item}: {failure.error}", warning=True)
+        if rep is not None and rep.agent_restart_due:
+            await self._restart_self()
+
+    async def _restart_self(self) -> None:
+        log.info("restarting the agent's own unit last", unit=self.ctx.settings.agent_unit)
+        await self.ctx.systemd.restart_unit(self.ctx.settings.agent_unit)
 
     # -- one reconciliation -----------------------------------------------------------------
     def request_resync(self) -> None:
@@ -199,7 +235,9 @@ class OSCController:
         osc = await asyncio.to_thread(decode_osc, raw, annotated, self.ctx.host_name)
         self.desired_checksum = checksum
         first_apply = applied == ""
-        if not first_apply:
+        pending = self.ctx.state.pending()
+        retrying = pending is not None and pending.osc_checksum == checksum
+        if not first_apply and not retrying:
             await self._reconciliation_delay()
         resolved = await self.resolve(osc)
         log.info("applying OSC", checksum=checksum, first=first_apply)
@@ -225,8 +263,7 @@ class OSCController:
             orphans=outcome.orphans_removed,
         )
         if outcome.restarts_agent:
-            log.info("restarting the agent's own unit last", unit=self.ctx.settings.agent_unit)
-            await self.ctx.systemd.restart_unit(self.ctx.settings.agent_unit)
+            await self._restart_self()
         return outcome
 
     async def _repair_drift(self, raw: bytes, annotated: str | None) -> None:

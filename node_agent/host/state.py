@@ -16,9 +16,11 @@ atomically through HostFS, each a versioned pydantic model:
   ``steps.py``), rewritten atomically by ``mark_done``. Both carry a journal id, so a stale
   progress file can never be matched with a newer change set.
 - ``inventory.json`` — every path the agent wrote (files, unit files, drop-ins) with its sha256
-  and whether the agent *created* it or found it already there. ``begin`` records the change
-  set's writes here *before* anything is written, so a crash between a write and its record
-  cannot make an agent-created file look foreign. ``owns()`` is true only for created paths: a
+  and whether the agent *created* it or found it already there. Entries describe what exists:
+  a path is claimed once its write succeeded (``record_written``), so a write that failed (a
+  read-only mount) leaves no claim that a later apply would have to remove. ``begin`` notes in
+  the journal which paths existed before; a crash between a write and its claim is settled
+  from the journal and the disk before the next apply. ``owns()`` is true only for created paths: a
   distro unit that merely gets drop-ins, or a pre-existing file the OSC overwrote, is never
   deleted.
 - ``status.json`` — the last apply's outcome, for ``node-agent status`` (mode 0644, no secrets).
@@ -34,7 +36,8 @@ import base64
 import hashlib
 import uuid
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from dataclasses import field as dataclass_field
 from datetime import UTC, datetime
 from typing import Annotated, Literal, TypeVar
 
@@ -52,6 +55,7 @@ from pydantic import (
 from node_agent.config import BASE_DIR
 from node_agent.host.fs import HostFS
 from node_agent.host.steps import step_ids
+from node_agent.osc.applied import Applied
 from node_agent.osc.plan import ChangeSet
 
 STATE_DIR = BASE_DIR
@@ -66,7 +70,7 @@ CORRUPT_SUFFIX = ".corrupt"
 
 SECRET_MODE = 0o600
 PUBLIC_MODE = 0o644
-UNIT_FILE_MODE = 0o644
+UNIT_FILE_MODE = 0o600  # as upstream: a unit's Environment= often holds credentials
 SCHEMA_VERSION: Literal[1] = 1
 
 EntryKind = Literal["file", "unit", "dropin"]
@@ -125,11 +129,18 @@ class JournalDoc(_Doc):
     osc_checksum: str
     started_at: AwareDatetime
     change_set: ChangeSet
+    #: what was applied before this change set and what it aims at, item by item (None in a
+    #: journal written by an older agent: then the last applied OSC is the base)
+    base: Applied | None = None
+    target: Applied | None = None
+    #: paths written by this change set that existed before and were not the agent's
+    preexisting: tuple[str, ...] = ()
 
 
 class JournalProgress(_Doc):
     id: str
     done: tuple[str, ...] = ()
+    failed: dict[str, str] = Field(default_factory=dict)  # step id -> why, from the last attempt
 
 
 class OwnedEntry(BaseModel):
@@ -192,6 +203,10 @@ class Pending:
     osc_checksum: str
     started_at: datetime
     done: frozenset[str]
+    base: Applied | None = None
+    target: Applied | None = None
+    preexisting: frozenset[str] = frozenset()
+    failed: Mapping[str, str] = dataclass_field(default_factory=dict)
 
     @property
     def steps(self) -> tuple[str, ...]:
@@ -280,25 +295,47 @@ class StateStore:
 
     # --- journal ---------------------------------------------------------------------------------
 
-    def begin(self, change_set: ChangeSet, osc_checksum: str) -> Pending:
-        """Persist ``change_set`` before executing it, and claim its writes in the inventory.
-        Replaces any pending journal."""
+    def begin(
+        self,
+        change_set: ChangeSet,
+        osc_checksum: str,
+        *,
+        base: Applied | None = None,
+        target: Applied | None = None,
+    ) -> Pending:
+        """Persist ``change_set`` (with the ``Applied`` it starts from and aims at) before
+        executing it. Replaces any pending journal: settle that one first. Inventory claims are
+        made as writes succeed (``record_written``), so they describe what exists."""
+        inventory = self.inventory()
+        preexisting = tuple(
+            sorted(
+                c.path
+                for c in claims_for(change_set)
+                if c.path not in inventory.entries and self.fs.exists(c.path)
+            )
+        )
         self.fs.remove(self.path(CHANGES_DONE))
         doc = JournalDoc(
             id=uuid.uuid4().hex,
             osc_checksum=osc_checksum,
             started_at=_now(),
             change_set=change_set,
+            base=base,
+            target=target,
+            preexisting=preexisting,
         )
         self._save(CHANGES, doc, SECRET_MODE)
+        self._save_inventory(dict(inventory.entries))  # an apply marks the node as managed
         self._pending = Pending(
             id=doc.id,
             change_set=change_set,
             osc_checksum=osc_checksum,
             started_at=doc.started_at,
             done=frozenset(),
+            base=base,
+            target=target,
+            preexisting=frozenset(preexisting),
         )
-        self.claim(claims_for(change_set))
         return self._pending
 
     def pending(self) -> Pending | None:
@@ -310,42 +347,58 @@ class StateStore:
             return None
         progress = self._load(CHANGES_DONE, JournalProgress)
         known = set(step_ids(doc.change_set))
-        done = (
-            frozenset(s for s in progress.done if s in known)
-            if progress is not None and progress.id == doc.id
-            else frozenset()
+        mine = progress is not None and progress.id == doc.id
+        done = frozenset(s for s in progress.done if s in known) if progress and mine else None
+        failed = (
+            {k: v for k, v in progress.failed.items() if k in known} if progress and mine else {}
         )
         self._pending = Pending(
             id=doc.id,
             change_set=doc.change_set,
             osc_checksum=doc.osc_checksum,
             started_at=doc.started_at,
-            done=done,
+            done=done or frozenset(),
+            base=doc.base,
+            target=doc.target,
+            preexisting=frozenset(doc.preexisting),
+            failed=failed,
         )
         return self._pending
 
-    def mark_done(self, *steps: str) -> Pending:
-        """Record ``steps`` (ids from ``steps.py``) as completed; durable when this returns."""
+    def mark_done(self, *steps: str, failed: Mapping[str, str] | None = None) -> Pending:
+        """Record ``steps`` (ids from ``steps.py``) as completed and, when given, the steps that
+        failed in this attempt (replacing the previous attempt's); durable when this returns."""
         pending = self.pending()
         if pending is None:
             raise RuntimeError("mark_done() without a journal: call begin() first")
         known = set(pending.steps)
-        unknown = [s for s in steps if s not in known]
+        unknown = [s for s in (*steps, *(failed or {})) if s not in known]
         if unknown:
             raise ValueError(f"steps not in the pending change set: {', '.join(unknown)}")
         done = pending.done | set(steps)
-        if done == pending.done:
+        new_failed = dict(pending.failed if failed is None else failed)
+        for step in steps:
+            new_failed.pop(step, None)
+        if done == pending.done and new_failed == dict(pending.failed):
             return pending
         ordered = tuple(s for s in pending.steps if s in done)
-        self._save(CHANGES_DONE, JournalProgress(id=pending.id, done=ordered), SECRET_MODE)
-        self._pending = Pending(
-            id=pending.id,
-            change_set=pending.change_set,
-            osc_checksum=pending.osc_checksum,
-            started_at=pending.started_at,
-            done=frozenset(done),
-        )
+        progress = JournalProgress(id=pending.id, done=ordered, failed=new_failed)
+        self._save(CHANGES_DONE, progress, SECRET_MODE)
+        self._pending = replace(pending, done=frozenset(done), failed=new_failed)
         return self._pending
+
+    def record_written(self, claims: Iterable[Claim]) -> Inventory:
+        """Claim paths that were just written (call before marking their steps done). A path new
+        to the inventory counts as created by the agent unless the journal saw it before."""
+        pending = self.pending()
+        before = pending.preexisting if pending is not None else frozenset()
+        inv = self.inventory()
+        entries = dict(inv.entries)
+        for c in claims:
+            old = entries.get(c.path)
+            created = old.created if old is not None else c.path not in before
+            entries[c.path] = OwnedEntry(kind=c.kind, created=created, sha256=c.sha256, mode=c.mode)
+        return self._save_inventory(entries)
 
     def finish(self) -> None:
         """Drop the journal once the apply is complete (after ``save_last_applied``)."""

@@ -20,22 +20,27 @@ Decisions beyond upstream gardener-node-agent:
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, PlainSerializer
 
-from node_agent.errors import SecretRefError
+from node_agent.osc.applied import (
+    DEFAULT_FILE_MODE,
+    Applied,
+    AppliedFile,
+    AppliedUnit,
+    Owed,
+    file_state,
+)
 from node_agent.osc.decode import decode_inline
 from node_agent.osc.merge import osc_files, osc_units
-from node_agent.osc.models import File, ImageRefContent, OperatingSystemConfig, Unit
+from node_agent.osc.models import File, ImageRefContent, OperatingSystemConfig
 
 AGENT_UNIT = "gardener-node-agent.service"
-DEFAULT_FILE_MODE = 0o600
+__all__ = ["AGENT_UNIT", "DEFAULT_FILE_MODE", "Applied", "ChangeSet", "UnitCommand", "plan"]
 
 UnitAction = Literal["restart", "stop"]
 
@@ -189,16 +194,8 @@ class ChangeSet(_Entry):
         return cls.model_validate_json(json.dumps(yaml.safe_load(text)))
 
 
-@dataclass(frozen=True)
-class _FileState:
-    mode: int
-    content: bytes | None  # None: unknown (previous secretRef) or not ours (imageRef)
-    source: tuple[str, ...]
-    image_ref: ImageRefContent | None = None
-
-
 def plan(
-    previous: OperatingSystemConfig | None,
+    previous: Applied | OperatingSystemConfig | None,
     desired: OperatingSystemConfig,
     host_name: str,
     resolved: Mapping[str, bytes] | None = None,
@@ -208,63 +205,41 @@ def plan(
 ) -> ChangeSet:
     """Compute what to change on the host to go from ``previous`` to ``desired``.
 
-    ``resolved`` maps the path of every desired secretRef file (see ``merge.secret_refs``) to its
-    bytes; ``previous_resolved`` does the same for the previous OSC, if known. ``previous=None``
-    means nothing is known to be applied: every file and unit is new and nothing is deleted.
-    Inputs are expected to have passed ``decode.validate_osc``.
+    ``previous`` is what is applied: an ``Applied`` (item by item, e.g. after a partial apply),
+    an OSC that applied completely, or None (nothing is known to be applied: every file and unit
+    is new and nothing is deleted). ``resolved`` maps the path of every desired secretRef file
+    (see ``merge.secret_refs``) to its bytes; ``previous_resolved`` does the same for a previous
+    OSC, if known. Inputs are expected to have passed ``decode.validate_osc``.
     """
-    new_files = {
-        f.path: _file_state(f, resolved or {}, required=True) for f in osc_files(desired, host_name)
-    }
-    old_files = (
-        {
-            f.path: _file_state(f, previous_resolved or {}, required=False)
-            for f in osc_files(previous, host_name)
-        }
-        if previous is not None
-        else {}
+    base = (
+        previous
+        if isinstance(previous, Applied)
+        else Applied.of_osc(previous, host_name, previous_resolved)
     )
+    refs = resolved or {}
+    wanted = {f.path: f for f in osc_files(desired, host_name)}
+    new_files = {p: file_state(f, refs, required=True) for p, f in wanted.items()}
     writes = [
-        _file_write(path, new, reason)
+        _file_write(wanted[path], new, refs, reason)
         for path, new in sorted(new_files.items())
-        if (reason := _file_change(old_files.get(path), new))
+        if (reason := _file_change(base.files.get(path), new))
     ]
     deletes = [
         FileDelete(path=p, reason="removed from the OSC")
-        for p in sorted(old_files.keys() - new_files.keys())
+        for p in sorted(base.files.keys() - new_files.keys())
     ]
     changed_paths = {w.path: "changed" for w in writes} | {d.path: "was removed" for d in deletes}
 
-    builder = _UnitPlanner(agent_unit, changed_paths)
-    new_units = {u.name: u for u in osc_units(desired)}
-    old_units = {u.name: u for u in osc_units(previous)} if previous is not None else {}
+    builder = _UnitPlanner(agent_unit, changed_paths, base.owed)
+    new_units = {u.name: AppliedUnit.of(u) for u in osc_units(desired)}
     for name in sorted(new_units):
-        builder.desired(old_units.get(name), new_units[name])
-    for name in sorted(old_units.keys() - new_units.keys()):
-        builder.removed(old_units[name])
+        builder.desired(base.units.get(name), new_units[name])
+    for name in sorted(base.units.keys() - new_units.keys()):
+        builder.removed(base.units[name])
     return builder.change_set(files_to_write=tuple(writes), files_to_delete=tuple(deletes))
 
 
-def _file_state(file: File, resolved: Mapping[str, bytes], *, required: bool) -> _FileState:
-    mode = DEFAULT_FILE_MODE if file.permissions is None else file.permissions
-    content = file.content
-    if content.inline is not None:
-        return _FileState(mode, decode_inline(content.inline, path=file.path), ("inline",))
-    if content.secret_ref is not None:
-        ref = content.secret_ref
-        data = resolved.get(file.path)
-        if data is None and required:
-            raise SecretRefError(
-                ref.name, ref.data_key, path=file.path, reason="content was not resolved"
-            )
-        return _FileState(mode, data, ("secretRef", ref.name, ref.data_key))
-    if content.image_ref is not None:
-        ref_ = content.image_ref
-        return _FileState(mode, None, ("imageRef", ref_.image, ref_.file_path_in_image), ref_)
-    return _FileState(mode, None, ("none",))
-
-
-def _file_change(old: _FileState | None, new: _FileState) -> str | None:
+def _file_change(old: AppliedFile | None, new: AppliedFile) -> str | None:
     if old is None:
         return "new file"
     reasons = []
@@ -273,21 +248,27 @@ def _file_change(old: _FileState | None, new: _FileState) -> str | None:
     if new.image_ref is not None or old.image_ref is not None:
         if old.source != new.source:
             reasons.append("image reference changed")
-    elif old.content is not None and new.content is not None:
-        if old.content != new.content:
+    elif old.sha256 is not None and new.sha256 is not None:
+        if old.sha256 != new.sha256:
             reasons.append("content changed")
     elif old.source != new.source:
         reasons.append("content source changed")
     return "; ".join(reasons) or None
 
 
-def _file_write(path: str, state: _FileState, reason: str) -> FileWrite:
-    digest = hashlib.sha256(state.content).hexdigest() if state.content is not None else None
+def _file_write(
+    file: File, state: AppliedFile, refs: Mapping[str, bytes], reason: str
+) -> FileWrite:
+    content: bytes | None = None
+    if file.content.inline is not None:
+        content = decode_inline(file.content.inline, path=file.path)
+    elif file.content.secret_ref is not None:
+        content = refs[file.path]
     return FileWrite(
-        path=path,
+        path=file.path,
         mode=state.mode,
-        content=state.content,
-        sha256=digest,
+        content=content,
+        sha256=state.sha256 if content is not None else None,
         image_ref=state.image_ref,
         reason=reason,
     )
@@ -296,9 +277,12 @@ def _file_write(path: str, state: _FileState, reason: str) -> FileWrite:
 class _UnitPlanner:
     """Accumulates the unit part of a change set, one unit at a time."""
 
-    def __init__(self, agent_unit: str, changed_paths: Mapping[str, str]) -> None:
+    def __init__(
+        self, agent_unit: str, changed_paths: Mapping[str, str], owed: Mapping[str, Owed]
+    ) -> None:
         self.agent_unit = agent_unit
         self.changed_paths = changed_paths
+        self.owed = owed
         self.writes: list[UnitWrite] = []
         self.deletes: list[UnitDelete] = []
         self.dropin_writes: list[DropInWrite] = []
@@ -307,7 +291,7 @@ class _UnitPlanner:
         self.disable: list[str] = []
         self.commands: list[UnitCommand] = []
 
-    def desired(self, old: Unit | None, new: Unit) -> None:
+    def desired(self, old: AppliedUnit | None, new: AppliedUnit) -> None:
         name = new.name
         reasons = ["it is new"] if old is None else []
         old_content = old.content if old is not None else None
@@ -324,6 +308,8 @@ class _UnitPlanner:
             reasons += _field_changes(old, new)
             for path in sorted({*old.file_paths, *new.file_paths} & self.changed_paths.keys()):
                 reasons.append(f"{path} {self.changed_paths[path]}")
+        if name in self.owed:
+            reasons += [r for r in self.owed[name].reasons if r not in reasons]
         if not reasons:
             return
         is_agent = name == self.agent_unit
@@ -341,29 +327,36 @@ class _UnitPlanner:
             )
         )
 
-    def removed(self, old: Unit) -> None:
+    def removed(self, old: AppliedUnit) -> None:
         if old.name == self.agent_unit:
             return  # never remove ourselves; an OSC without the agent unit is a Gardener bug
         why = "unit removed from the OSC"
-        for d in sorted(old.drop_ins, key=lambda d: d.name):
-            self.dropin_deletes.append(DropInDelete(unit=old.name, name=d.name, reason=why))
-        if old.content is not None:
+        for name in sorted(old.drop_ins):
+            self.dropin_deletes.append(DropInDelete(unit=old.name, name=name, reason=why))
+        owed = self.owed.get(old.name)
+        if old.content is None and owed is not None and owed.action == "stop":
+            # An earlier apply already deleted its unit file but did not get to stop it.
+            self.disable.append(old.name)
+            self.commands.append(
+                UnitCommand(unit=old.name, action="stop", reasons=owed.reasons, removed=True)
+            )
+        elif old.content is not None:
             self.deletes.append(UnitDelete(name=old.name, reason=why))
             self.disable.append(old.name)
             reasons: tuple[str, ...] = ("it was removed from the OSC",)
             self.commands.append(
                 UnitCommand(unit=old.name, action="stop", reasons=reasons, removed=True)
             )
-        elif old.drop_ins:
+        elif old.drop_ins or owed is not None:
             # Not our unit (e.g. containerd.service): restart so the removed drop-ins stop applying.
             reasons = ("it was removed from the OSC and its drop-ins deleted",)
             self.commands.append(
                 UnitCommand(unit=old.name, action="restart", reasons=reasons, removed=True)
             )
 
-    def _drop_in_changes(self, old: Unit | None, new: Unit) -> list[str]:
-        old_d = {d.name: d.content for d in old.drop_ins} if old is not None else {}
-        new_d = {d.name: d.content for d in new.drop_ins}
+    def _drop_in_changes(self, old: AppliedUnit | None, new: AppliedUnit) -> list[str]:
+        old_d = old.drop_ins if old is not None else {}
+        new_d = new.drop_ins
         reasons = []
         for name in sorted(new_d):
             if old_d.get(name) == new_d[name]:
@@ -398,7 +391,7 @@ class _UnitPlanner:
         )
 
 
-def _stop_reasons(unit: Unit) -> list[str]:
+def _stop_reasons(unit: AppliedUnit) -> list[str]:
     reasons = []
     if unit.command == "stop":
         reasons.append("command is stop")
@@ -407,7 +400,7 @@ def _stop_reasons(unit: Unit) -> list[str]:
     return reasons
 
 
-def _field_changes(old: Unit, new: Unit) -> list[str]:
+def _field_changes(old: AppliedUnit, new: AppliedUnit) -> list[str]:
     def show(value: object) -> str:
         return "unset" if value is None else json.dumps(value)
 

@@ -266,6 +266,7 @@ def execute(store: StateStore, fs: HostFS, log: list[str], crash_after: int | No
             f = writes[step]
             assert f.content is not None
             fs.write_atomic(f.path, f.content, f.mode)
+            store.record_written([Claim("file", f.path, f.sha256, f.mode)])
         elif step in deletes and store.owns(deletes[step].path):
             fs.remove(deletes[step].path)
             store.release([deletes[step].path])
@@ -282,6 +283,7 @@ def test_crash_at_any_step_resumes_and_converges(root: Path, crash_after: int) -
     first = StateStore(HostFS(root))
     first.begin(ChangeSet(files_to_write=(fw("/etc/old.conf", b"old"),)), "s0")
     HostFS(root).write_atomic("/etc/old.conf", b"old", 0o644)
+    first.record_written([Claim("file", "/etc/old.conf", None, 0o644)])
     first.finish()
 
     store = StateStore(HostFS(root))
@@ -312,9 +314,11 @@ def test_crash_at_any_step_resumes_and_converges(root: Path, crash_after: int) -
 # --- inventory -------------------------------------------------------------------------------
 
 
-def test_begin_claims_writes_before_anything_is_written(store: StateStore, root: Path) -> None:
+def test_claims_describe_what_was_written(store: StateStore, root: Path) -> None:
     cs = full_change_set()
     store.begin(cs, "s")
+    assert StateStore(HostFS(root)).inventory().entries == {}  # nothing written yet
+    store.record_written(claims_for(cs))  # the executor claims each path once it is written
     inv = StateStore(HostFS(root)).inventory()
     assert set(inv.entries) == {
         "/etc/a.conf",
@@ -343,9 +347,10 @@ def test_preexisting_paths_are_never_owned(store: StateStore, fs: HostFS, root: 
             DropInWrite(unit="containerd.service", name="10-x.conf", content="", reason="r"),
         ),
     )
-    store.begin(cs, "s")
-    for claim in claims_for(cs):  # the executor writes after begin
+    store.begin(cs, "s")  # records which paths existed before
+    for claim in claims_for(cs):  # the executor writes after begin, then claims
         fs.write_atomic(claim.path, b"written", 0o644)
+    store.record_written(claims_for(cs))
     fresh = StateStore(HostFS(root))
     assert not fresh.owns("/etc/hosts")
     assert not fresh.owns(unit_path("containerd.service"))  # a distro unit, overwritten
@@ -355,6 +360,7 @@ def test_preexisting_paths_are_never_owned(store: StateStore, fs: HostFS, root: 
 
     # re-applying (the files now exist) keeps each path's original flag
     fresh.begin(cs, "s2")
+    fresh.record_written(claims_for(cs))
     assert fresh.owns("/etc/new")
     assert not fresh.owns("/etc/hosts")
 

@@ -1,0 +1,128 @@
+"""What is applied on the host, item by item: the planner's starting point.
+
+Upstream diffs a new OSC against the last OSC that applied completely. That base is wrong as soon
+as an apply stops half-way (a unit that fails, a read-only file, kill -9): part of the newer OSC is
+already on disk, part is not, and planning the next OSC from the old one re-does or un-does the
+wrong things — e.g. disabling a unit file that is already gone, forever. node-agent plans from an
+``Applied`` instead: per file its mode and digest, per unit its definition, and the units that
+still owe a start/stop/restart because something of theirs changed and the command has not
+succeeded yet. ``Applied.of_osc`` gives the base of a fully applied OSC; ``osc.settle`` gives the
+base after a partial apply, from its journal.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from node_agent.errors import SecretRefError
+from node_agent.osc.decode import decode_inline
+from node_agent.osc.merge import osc_files, osc_units
+from node_agent.osc.models import File, ImageRefContent, OperatingSystemConfig, Unit
+
+DEFAULT_FILE_MODE = 0o600
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+
+class AppliedFile(_Frozen):
+    """A file as the OSC defines it: ``sha256`` None when its bytes are unknown (a secretRef whose
+    bytes were not recorded, an imageRef); then it compares by ``source``."""
+
+    mode: int
+    sha256: str | None = None
+    source: tuple[str, ...] = ()
+    image_ref: ImageRefContent | None = None
+
+
+class AppliedUnit(_Frozen):
+    """A unit's definition: its file, drop-ins, and the fields that decide its command."""
+
+    name: str
+    content: str | None = None
+    drop_ins: dict[str, str] = Field(default_factory=dict)
+    enable: bool | None = None
+    command: str | None = None
+    file_paths: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, unit: Unit) -> AppliedUnit:
+        return cls(
+            name=unit.name,
+            content=unit.content,
+            drop_ins={d.name: d.content for d in unit.drop_ins},
+            enable=unit.enable,
+            command=unit.command,
+            file_paths=unit.file_paths,
+        )
+
+    def is_empty(self) -> bool:
+        """Nothing of it is on the host: no unit file, no drop-ins."""
+        return self.content is None and not self.drop_ins
+
+
+class Owed(_Frozen):
+    """A command a unit still owes: an earlier apply changed it on disk and the command did not
+    succeed (it failed, was blocked, or the agent was killed before it)."""
+
+    action: Literal["restart", "stop"]
+    reasons: tuple[str, ...]
+
+
+class Applied(_Frozen):
+    files: dict[str, AppliedFile] = Field(default_factory=dict)
+    units: dict[str, AppliedUnit] = Field(default_factory=dict)
+    #: unit -> why a command is still owed (its definition changed on disk, the command did not
+    #: succeed yet); the next plan carries these into its commands.
+    owed: dict[str, Owed] = Field(default_factory=dict)
+
+    @classmethod
+    def of_osc(
+        cls,
+        osc: OperatingSystemConfig | None,
+        host_name: str,
+        resolved: Mapping[str, bytes] | None = None,
+        *,
+        required: bool = False,
+    ) -> Applied:
+        """The items of ``osc`` (None: nothing). ``resolved`` holds secretRef bytes by path; with
+        ``required`` a secretRef file whose bytes are missing is an error (a desired OSC),
+        otherwise its digest is unknown (an old OSC whose secret bytes were not recorded)."""
+        if osc is None:
+            return cls()
+        refs = resolved or {}
+        files = {f.path: file_state(f, refs, required=required) for f in osc_files(osc, host_name)}
+        units = {u.name: AppliedUnit.of(u) for u in osc_units(osc)}
+        return cls(files=files, units=units)
+
+
+def sha256_of(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def file_state(file: File, resolved: Mapping[str, bytes], *, required: bool) -> AppliedFile:
+    mode = DEFAULT_FILE_MODE if file.permissions is None else file.permissions
+    content = file.content
+    if content.inline is not None:
+        data = decode_inline(content.inline, path=file.path)
+        return AppliedFile(mode=mode, sha256=sha256_of(data), source=("inline",))
+    if content.secret_ref is not None:
+        ref = content.secret_ref
+        raw = resolved.get(file.path)
+        if raw is None and required:
+            raise SecretRefError(
+                ref.name, ref.data_key, path=file.path, reason="content was not resolved"
+            )
+        digest = sha256_of(raw) if raw is not None else None
+        return AppliedFile(mode=mode, sha256=digest, source=("secretRef", ref.name, ref.data_key))
+    if content.image_ref is not None:
+        img = content.image_ref
+        return AppliedFile(
+            mode=mode, source=("imageRef", img.image, img.file_path_in_image), image_ref=img
+        )
+    return AppliedFile(mode=mode, source=("none",))
