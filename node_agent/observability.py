@@ -5,6 +5,10 @@ format cost a few hundred lines, while an HTTP framework or ``prometheus_client`
 more runtime dependency (and more RSS) on every node. Both bind where Gardener's config says
 (``server.healthProbes`` / ``server.metrics``: ``bindAddress`` '' = every address, like upstream's
 ``net.JoinHostPort("", port)``; port 0 picks a free port, see :attr:`HttpEndpoint.port`).
+Listening on every address means anyone who reaches the node may connect, so each endpoint
+bounds what a client can hold: :data:`MAX_CONNECTIONS` connections, a request head within
+:data:`HEAD_TIMEOUT` and :data:`MAX_HEADER_BYTES`, the exchange within :data:`EXCHANGE_TIMEOUT`,
+one request per connection.
 
 Metrics are *pulled*: at scrape time the counters the controllers keep anyway are read, so the
 controllers need no metrics code. The one thing that must be observed as it happens is every
@@ -25,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from node_agent import __version__
 from node_agent.controllers.lifecycle import watchdog_ok
+from node_agent.errors import NodeAgentError
 from node_agent.host.state import ApplyRecord, StateStore
 from node_agent.log import get_logger
 
@@ -46,8 +51,17 @@ LEASE_STALE = 40.0
 MAX_LOOP_LAG = 5.0
 #: Progress marks that mean "a request to the API server succeeded just now".
 API_SUCCESS_MARKS = ("lease", "osc-watch", "node-watch")
-REQUEST_TIMEOUT = 5.0
-MAX_HEADER_BYTES = 16 * 1024
+#: Connections one endpoint holds at once (the kubelet's probes and a scrape need one or two).
+MAX_CONNECTIONS = 16
+#: Connections the kernel queues until the agent accepts them (they hold no agent descriptor).
+ACCEPT_BACKLOG = 64
+#: Deadlines for a request head and for a whole exchange (head, answer, sending it).
+HEAD_TIMEOUT = 3.0
+EXCHANGE_TIMEOUT = 10.0
+#: A request head larger than this is answered 431 (probes and scrapes send a few hundred bytes).
+MAX_HEADER_BYTES = 8 * 1024
+#: At most one warning about connections closed at the limit per this many seconds.
+REFUSED_WARNING_INTERVAL = 60.0
 
 
 # --- observations ------------------------------------------------------------------------------
@@ -81,6 +95,7 @@ class ApplyObservations:
     results: dict[str, int] = field(default_factory=dict)
     restarts: int = 0  # units restarted by applies (OSC changes and drift repairs)
     last: ApplyRecord | None = None
+    failed_items: int = 0  # items of the last apply that did not reach their state
     #: ``osc.failures`` when the last apply succeeded: the failure streak starts there.
     failures_at_success: int = 0
     #: Reads the OSC controller's failure counter (set once the controller exists).
@@ -91,6 +106,7 @@ class ApplyObservations:
         self.results[record.result] = self.results.get(record.result, 0) + 1
         self.restarts += len(record.restarted_units)
         self.last = record
+        self.failed_items = len(record.failures)
         if record.result == "succeeded":
             self.failures_at_success = self.failure_count()
 
@@ -167,12 +183,16 @@ class Probes:
         return bool(applied) and applied == desired and self.ctx.state.pending() is None
 
     def ready(self) -> Verdict:
-        """Node found, OSC watch synced once, lease fresh, no persistent OSC failure."""
+        """Node found (and not deleted since), OSC watch synced once, lease fresh, no persistent
+        OSC failure."""
         reasons: list[str] = []
         now = time.monotonic()
         marks = self.ctx.health.last_progress
+        missing = getattr(_controller(self.ctx, "node"), "missing", None)
         if not self.ctx.node_known.is_set():
             reasons.append(f"node {self.ctx.host_name.lower()} not found yet")
+        elif missing:
+            reasons.append(str(missing))
         elif now - marks.get("lease", self.started) > LEASE_STALE:
             reasons.append(f"lease not renewed for {now - marks.get('lease', self.started):.0f}s")
         if "osc-watch" not in marks:
@@ -268,7 +288,9 @@ def _labels(labels: Mapping[str, str]) -> str:
     return "{" + inner + "}"
 
 
-def render_metrics(ctx: AgentContext, probes: Probes) -> str:
+def render_metrics(
+    ctx: AgentContext, probes: Probes, endpoints: Iterable[HttpEndpoint] = ()
+) -> str:
     """Every metric of the agent, read from the controllers' own counters right now."""
     from node_agent.kube.watch import live_watches
 
@@ -322,6 +344,12 @@ def render_metrics(ctx: AgentContext, probes: Probes) -> str:
             "1 if the last apply succeeded, else 0.",
             1 if obs.last.result == "succeeded" else 0,
         )
+    out.one(
+        "node_agent_apply_failed_items",
+        "gauge",
+        "Items (files, units, unit commands, ...) of the last apply that failed.",
+        obs.failed_items,
+    )
     applied, desired = applied_and_desired(ctx)
     out.one(
         "node_agent_osc_up_to_date",
@@ -378,6 +406,19 @@ def render_metrics(ctx: AgentContext, probes: Probes) -> str:
         "Main API client requests that timed out or lost their connection.",
         int(getattr(stats, "timeouts", 0)) + int(getattr(stats, "transport_errors", 0)),
     )
+    served = list(endpoints)
+    out.metric(
+        "node_agent_http_connections_refused_total",
+        "counter",
+        "Connections to the probe and metrics ports closed unserved at the connection limit.",
+        [({"endpoint": e.name}, e.stats.refused) for e in served],
+    )
+    out.metric(
+        "node_agent_http_connections_timed_out_total",
+        "counter",
+        "Connections to the probe and metrics ports closed at the request deadline.",
+        [({"endpoint": e.name}, e.stats.timed_out) for e in served],
+    )
     out.one("node_agent_ready", "gauge", "1 if /readyz passes, else 0.", probes.ready().ok)
     return out.render()
 
@@ -386,21 +427,59 @@ def render_metrics(ctx: AgentContext, probes: Probes) -> str:
 
 Handler = Callable[[], Awaitable[tuple[int, str, str]]]
 _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed"}
+_REASONS[431] = "Request Header Fields Too Large"
 _REASONS[500] = "Internal Server Error"
 _REASONS[503] = "Service Unavailable"
 
 
-class HttpEndpoint:
-    """GET/HEAD only, one request per connection, bounded reads; enough for probes and scrapes."""
+@dataclass
+class EndpointStats:
+    """What an endpoint did with its connections (exported as metrics, never logged one by one)."""
 
-    def __init__(self, name: str, routes: Mapping[str, Handler]) -> None:
+    accepted: int = 0
+    #: closed unserved at the connection limit: the oldest idle one, or the new one
+    refused: int = 0
+    #: closed because the request head or the whole exchange missed its deadline
+    timed_out: int = 0
+
+
+class HttpEndpoint:
+    """GET/HEAD only, one request per connection, bounded in every way a client could abuse.
+
+    At most ``max_connections`` connections are held at once. When a new one arrives at the
+    limit, the oldest connection still sending its request head is closed to make room (an idle
+    client gives way to a probe); if every slot is serving a request, the new one is closed. A
+    request head must arrive within ``head_timeout`` and be at most :data:`MAX_HEADER_BYTES`; the
+    whole exchange ends within ``exchange_timeout``. So an idle or slow flood costs at most
+    ``max_connections`` descriptors and never starves the kubelet's probes.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        routes: Mapping[str, Handler],
+        *,
+        max_connections: int = MAX_CONNECTIONS,
+        head_timeout: float = HEAD_TIMEOUT,
+        exchange_timeout: float = EXCHANGE_TIMEOUT,
+    ) -> None:
         self.name = name
         self.routes = dict(routes)
+        self.max_connections = max_connections
+        self.head_timeout = head_timeout
+        self.exchange_timeout = exchange_timeout
+        self.stats = EndpointStats()
         self._server: asyncio.Server | None = None
+        #: Open connections, oldest first; True while the request head is still being read.
+        self._connections: dict[asyncio.StreamWriter, bool] = {}
+        self._warned_at: float | None = None
+        self._refused_at_warning = 0
 
     async def start(self, bind_address: str, port: int) -> None:
         host = bind_address or None  # '' = every address, as upstream
-        self._server = await asyncio.start_server(self._handle, host=host, port=port)
+        self._server = await asyncio.start_server(
+            self._handle, host=host, port=port, limit=MAX_HEADER_BYTES, backlog=ACCEPT_BACKLOG
+        )
 
     @property
     def port(self) -> int:
@@ -415,45 +494,101 @@ class HttpEndpoint:
         host = str(self._server.sockets[0].getsockname()[0])
         return f"[{host}]:{self.port}" if ":" in host else f"{host}:{self.port}"
 
+    @property
+    def open_connections(self) -> int:
+        return len(self._connections)
+
     async def close(self) -> None:
         if self._server is not None:
             self._server.close()
+            for writer in list(self._connections):
+                writer.transport.abort()
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(2.0):
                     await self._server.wait_closed()
             self._server = None
 
+    def _make_room(self) -> bool:
+        """At the limit: close the oldest connection still reading its head; False if none."""
+        for writer, reading in self._connections.items():
+            if reading:
+                del self._connections[writer]
+                writer.transport.abort()
+                self._refused()
+                return True
+        return False
+
+    def _refused(self) -> None:
+        """Count a connection closed at the limit; warn at most once per interval."""
+        self.stats.refused += 1
+        now = time.monotonic()
+        if self._warned_at is None or now - self._warned_at >= REFUSED_WARNING_INTERVAL:
+            log.warning(
+                "connections closed at the connection limit",
+                endpoint=self.name,
+                limit=self.max_connections,
+                closed=self.stats.refused - self._refused_at_warning,
+                next_warning_in_seconds=REFUSED_WARNING_INTERVAL,
+            )
+            self._warned_at = now
+            self._refused_at_warning = self.stats.refused
+
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            async with asyncio.timeout(REQUEST_TIMEOUT):
-                head = await reader.readuntil(b"\r\n\r\n")
-            status, ctype, body, method = await self._answer(head)
-        except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
-            status, ctype, body, method = 400, "text/plain", "bad request\n", "GET"
-        except ConnectionError:
-            writer.close()
+        self.stats.accepted += 1
+        if len(self._connections) >= self.max_connections and not self._make_room():
+            writer.transport.abort()
+            self._refused()
             return
-        except Exception as exc:  # a bug in a handler must not kill the server
-            log.warning("http handler failed", endpoint=self.name, error=str(exc))
-            status, ctype, body, method = 500, "text/plain", "internal error\n", "GET"
+        self._connections[writer] = True
+        try:
+            async with asyncio.timeout(self.exchange_timeout):
+                await self._exchange(reader, writer)
+                writer.close()
+                await writer.wait_closed()
+        except TimeoutError:
+            self.stats.timed_out += 1
+        except OSError:
+            pass  # the client went away
+        except Exception as exc:  # never let one connection hurt the agent
+            log.warning("http connection failed", endpoint=self.name, error=str(exc))
+        finally:
+            self._connections.pop(writer, None)
+            writer.transport.abort()  # frees the descriptor now (a no-op once closed)
+
+    async def _exchange(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        answer: tuple[int, str, str, str] | None = None
+        try:
+            async with asyncio.timeout(self.head_timeout):
+                head = await reader.readuntil(b"\r\n\r\n")
+        except asyncio.LimitOverrunError:
+            head = b""
+            answer = (431, "text/plain", "request head too large\n", "GET")
+        except asyncio.IncompleteReadError as exc:
+            if not exc.partial:
+                return  # closed without a word (or made room for another)
+            answer = (400, "text/plain", "bad request\n", "GET")
+        if writer not in self._connections:
+            return  # closed to make room for another connection
+        self._connections[writer] = False  # serving: no longer idle
+        if answer is None:
+            try:
+                answer = await self._answer(head)
+            except Exception as exc:  # a bug in a handler must not kill the server
+                log.warning("http handler failed", endpoint=self.name, error=str(exc))
+                answer = (500, "text/plain", "internal error\n", "GET")
+        status, ctype, body, method = answer
         data = body.encode()
         header = (
             f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\n"
             f"Content-Type: {ctype}\r\nContent-Length: {len(data)}\r\n"
             "Connection: close\r\n\r\n"
         ).encode()
-        try:
-            writer.write(header if method == "HEAD" else header + data)
-            async with asyncio.timeout(REQUEST_TIMEOUT):
-                await writer.drain()
-        except (ConnectionError, TimeoutError):
-            pass
-        finally:
-            writer.close()
+        writer.write(header if method == "HEAD" else header + data)
+        await writer.drain()
 
     async def _answer(self, head: bytes) -> tuple[int, str, str, str]:
         if len(head) > MAX_HEADER_BYTES:
-            return 400, "text/plain", "request too large\n", "GET"
+            return 431, "text/plain", "request head too large\n", "GET"
         parts = head.split(b"\r\n", 1)[0].decode("latin-1").split()
         if len(parts) != 3:
             return 400, "text/plain", "bad request\n", "GET"
@@ -515,7 +650,7 @@ class Observability:
         status = StatusServer(self.ctx, self.probes, endpoints=self.endpoints)
         try:
             await status.start()
-        except OSError as exc:
+        except (OSError, NodeAgentError) as exc:
             log.error("status socket not started", path=str(status.path), error=str(exc))
         else:
             self._status = status
@@ -546,7 +681,7 @@ class Observability:
         return _probe_answer(self.probes.ready())
 
     async def _metrics(self) -> tuple[int, str, str]:
-        text = render_metrics(self.ctx, self.probes)
+        text = render_metrics(self.ctx, self.probes, self._started)
         return 200, "text/plain; version=0.0.4; charset=utf-8", text
 
 

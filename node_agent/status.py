@@ -17,6 +17,7 @@ the kube client and systemd, so the command starts in tens of milliseconds.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import re
@@ -49,6 +50,8 @@ MAX_ANSWER = 8 * 1024 * 1024
 #: Exit code of ``node-agent status`` when the agent is not running (LSB: program not running).
 EXIT_NOT_RUNNING = 3
 REMAINING_SHOWN = 10
+#: Failed items of the last apply shown by the text output (``--json`` has them all).
+FAILURES_SHOWN = 10
 _UNIX_PATH_MAX = 107
 
 # Anything that looks like a credential in an error message (same idea as the log redaction).
@@ -93,6 +96,41 @@ def _iso(moment: float | datetime | None) -> str | None:
 # --- server ------------------------------------------------------------------------------------
 
 
+def open_socket_directory(directory: Path) -> int:
+    """The socket's directory, opened without following a symlink: created 0700 if missing,
+    refused if it is a symlink, not a directory or owned by another user, made 0700 through the
+    returned fd (O_DIRECTORY|O_NOFOLLOW). A symlink is refused rather than replaced: the agent
+    never removes what it did not create, and a planted link must be looked at.
+
+    Why: ``chmod`` and ``bind`` on the path would follow a symlink and act on its target."""
+    from node_agent.errors import UnsafePathError
+
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(directory, 0o700)  # never follows a symlink (an existing link: FileExistsError)
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+            raise
+        what = "is a symlink" if os.path.islink(directory) else "is not a directory"
+        raise UnsafePathError(
+            str(directory), f"{what}; the status socket is not started there"
+        ) from exc
+    try:
+        info = os.fstat(fd)
+        if info.st_uid != os.geteuid():
+            raise UnsafePathError(
+                str(directory), f"owned by uid {info.st_uid}, not by the agent (uid {os.geteuid()})"
+            )
+        if stat.S_IMODE(info.st_mode) != 0o700:
+            os.fchmod(fd, 0o700)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 class StatusServer:
     """Answers ``status`` requests on the agent's unix socket."""
 
@@ -110,29 +148,31 @@ class StatusServer:
         self.path = path or socket_path(ctx.settings.root, ctx.settings.status_socket)
         self._server: asyncio.Server | None = None
         self._inode: int | None = None
+        self._dir_fd: int | None = None  # the socket's directory, as checked at start
         self._units: tuple[str, tuple[str, ...]] | None = None  # checksum -> unit names
 
     async def start(self) -> None:
         import asyncio
 
-        directory = self.path.parent
-        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-        os.chmod(directory, 0o700)
-        with contextlib.suppress(FileNotFoundError):
-            if stat.S_ISSOCK(self.path.lstat().st_mode):
-                self.path.unlink()  # a stale socket of a previous run
+        fd = open_socket_directory(self.path.parent)
+        name = self.path.name
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            with _addressable(self.path) as address:
-                sock.bind(address)
-            os.chmod(self.path, 0o600)  # the directory is 0700: nobody could connect before this
-            self._inode = self.path.stat().st_ino
+            with contextlib.suppress(FileNotFoundError):
+                if stat.S_ISSOCK(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode):
+                    os.unlink(name, dir_fd=fd)  # a stale socket of a previous run
+            # Through the checked directory's fd: a path swapped meanwhile is never followed.
+            sock.bind(f"/proc/self/fd/{fd}/{name}")
+            os.chmod(name, 0o600, dir_fd=fd)  # the directory is 0700: nobody could connect yet
+            self._inode = os.stat(name, dir_fd=fd, follow_symlinks=False).st_ino
             sock.listen(16)
             sock.setblocking(False)
             self._server = await asyncio.start_unix_server(self._handle, sock=sock)
         except BaseException:
             sock.close()
+            os.close(fd)
             raise
+        self._dir_fd = fd
 
     async def close(self) -> None:
         import asyncio
@@ -144,10 +184,14 @@ class StatusServer:
             async with asyncio.timeout(2.0):
                 await self._server.wait_closed()
         self._server = None
+        fd, self._dir_fd = self._dir_fd, None
+        if fd is None:
+            return
         # Only our own socket: a newer agent may already have bound a fresh one at this path.
         with contextlib.suppress(OSError):
-            if self.path.stat().st_ino == self._inode:
-                self.path.unlink()
+            if os.stat(self.path.name, dir_fd=fd, follow_symlinks=False).st_ino == self._inode:
+                os.unlink(self.path.name, dir_fd=fd)
+        os.close(fd)
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         import asyncio
@@ -318,6 +362,15 @@ def _apply_entry(record: Mapping[str, Any]) -> dict[str, Any]:
         "restarted_units": list(record.get("restarted_units") or ()),
         "stopped_units": list(record.get("stopped_units") or ()),
         "error": scrub(str(error)) if error else None,
+        "failures": [
+            {
+                "kind": f.get("kind"),
+                "item": f.get("item"),
+                "error": scrub(str(f.get("error", ""))),
+            }
+            for f in record.get("failures") or ()
+            if isinstance(f, Mapping)
+        ],
     }
 
 
@@ -605,6 +658,15 @@ def render(doc: Mapping[str, Any], *, now: float | None = None) -> str:
             row("  stopped", ", ".join(last["stopped_units"]))
         if last.get("error"):
             row("  error", last["error"])
+        failures = last.get("failures") or []
+        if failures:
+            row("  failed", f"{len(failures)} item{'s' if len(failures) != 1 else ''}")
+            for failure in failures[:FAILURES_SHOWN]:
+                lines.append(
+                    f"    {failure.get('kind')} {failure.get('item')}: {failure.get('error')}"
+                )
+            if len(failures) > FAILURES_SHOWN:
+                lines.append(f"    and {len(failures) - FAILURES_SHOWN} more")
     change = doc.get("change_in_progress")
     if change is None:
         row("In progress", "nothing")

@@ -7,7 +7,9 @@ single hung connection stalled renewal for hours (gardener#15471). Here the Leas
 one period, and after a transport failure the client is thrown away so the next tick starts on a
 fresh connection. Ticks follow a fixed schedule (``next = previous + period``), so a slow call
 never makes the heartbeat drift; after a failure an extra attempt follows 2.5 s later, so a
-recovered API server sees a renewal within seconds.
+recovered API server sees a renewal within seconds. This is deliberately not the agent's backoff
+policy (``node_agent.retry``): a heartbeat must keep its pace whatever happened before, and the
+schedule already bounds the load to at most two requests per period.
 
 Normally one request per tick: a compare-and-swap PUT of the last Lease written. A 409 re-reads
 and retries; a missing Lease is created (409 on create → read, then update).

@@ -12,13 +12,17 @@
 The own Node is list+watched by name; events only wake the worker, which always acts on the
 latest Node, one request at a time. A restart list that was acted on but whose annotation could
 not be removed yet is remembered, so a retry only removes it and never restarts units twice.
+A failed request is retried after the agent's one backoff policy (``node_agent.retry.API``).
+
+A deleted Node (a ``DELETED`` event, a re-list without it, or a 404 on a request) is an error
+that shows: it is logged and recorded once, and :attr:`NodeController.missing` makes ``/readyz``
+fail (and ``node-agent status`` say why) until the Node exists again; a re-created Node's new uid
+is taken over, so Events and the Lease's owner reference name the new object.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import random
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,9 +30,10 @@ from typing import Any
 from node_agent import report
 from node_agent.config import parse_config
 from node_agent.context import AgentContext
-from node_agent.errors import ConfigError, HostError, NodeAgentError
+from node_agent.errors import ConfigError, HostError, KubeNotFound, NodeAgentError
 from node_agent.kube.watch import list_watch
 from node_agent.log import get_logger
+from node_agent.retry import API, Backoff
 
 log = get_logger("node-agent.node")
 
@@ -76,15 +81,18 @@ class NodeStats:
     self_restarts: int = 0
     config_rewrites: int = 0
     handled: int = 0
+    deletions: int = 0  # times the Node was seen gone
 
 
 class NodeController:
-    def __init__(self, ctx: AgentContext, *, retry_cap: float = 30.0) -> None:
+    def __init__(self, ctx: AgentContext, *, backoff: Backoff | None = None) -> None:
         self.ctx = ctx
         self.stats = NodeStats()
         self._latest: JSON | None = None
         self._wake = asyncio.Event()
-        self._retry_cap = retry_cap
+        self._backoff = backoff or Backoff.of(API)
+        #: Why the agent's Node is missing (one line naming it), or None while it exists.
+        self.missing: str | None = None
         #: Restart list already acted on, its annotation still to be removed.
         self._restarted_value: str | None = None
         #: Secret name the config was rewritten to (the agent restart is requested once).
@@ -104,12 +112,40 @@ class NodeController:
         async with events:
             async for event in events:
                 self.ctx.health.progress("node-watch")
-                if event.type in ("SYNC", "ADDED", "MODIFIED") and event.object is not None:
-                    self._latest = event.object
-                    self._wake.set()
+                self.observe(event.type, event.object)
+
+    def observe(self, kind: str, node: JSON | None) -> None:
+        """One watch event: ``SYNC`` without an object or ``DELETED`` means the Node is gone."""
+        if kind == "DELETED" or (kind == "SYNC" and node is None):
+            self._latest = None
+            self.node_gone("deleted from the API server")
+        elif kind in ("SYNC", "ADDED", "MODIFIED") and node is not None:
+            self.node_present(node)
+            self._latest = node
+            self._wake.set()
+
+    def node_gone(self, how: str) -> None:
+        """Record that the agent's Node does not exist; logged and recorded once per deletion."""
+        if self.missing is not None:
+            return
+        name = self.ctx.node_name
+        self.missing = f"node {name} not found ({how}); waiting for it to be registered again"
+        self.stats.deletions += 1
+        log.error("own node is gone", node=name, reason=how)
+        self.ctx.health.error("node", self.missing)
+
+    def node_present(self, node: JSON) -> None:
+        """The Node exists: clear a recorded deletion, adopt the uid of a re-created Node."""
+        uid = (node.get("metadata") or {}).get("uid")
+        if uid and uid != self.ctx.node_uid:
+            if self.ctx.node_uid is not None:
+                log.info("own node was re-created", node=self.ctx.node_name, uid=uid)
+            self.ctx.node_uid = str(uid)
+        if self.missing is not None:
+            self.missing = None
+            log.info("own node exists again", node=self.ctx.node_name)
 
     async def _worker(self) -> None:
-        backoff = 1.0
         while True:
             await self._wake.wait()
             self._wake.clear()
@@ -118,14 +154,15 @@ class NodeController:
                 continue
             try:
                 await self.reconcile(node)
-                backoff = 1.0
+                self._backoff.reset()
+            except KubeNotFound:
+                if self._latest is node:  # no newer event (a re-created Node) came meanwhile
+                    self._latest = None  # the watch tells when it is back
+                    self.node_gone("404 from the API server")
             except NodeAgentError as exc:
                 log.warning("node request not handled; retrying", error=str(exc))
                 self.ctx.health.error("node", str(exc))
-                delay = backoff * random.uniform(0.8, 1.2)
-                backoff = min(backoff * 2, self._retry_cap)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), timeout=delay)
+                await self._backoff.wait(self._wake)
                 self._wake.set()
 
     def _wants_action(self, node: Mapping[str, Any]) -> bool:

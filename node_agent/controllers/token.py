@@ -10,8 +10,10 @@ once from the last known token, without an API call. A periodic ``stat`` was cho
 into the applier because it also covers anyone else deleting the file and costs one syscall.
 
 Writes go through ``HostFS.write_atomic`` (temp file + rename, mode exactly 0640, parents 0755),
-which writes nothing when the bytes and mode already match. A Secret that is missing or has no
-``token`` key is logged; the file is left alone (a stale token beats none).
+which writes nothing when the bytes and mode already match. A failed write (a full or read-only
+disk) is retried from the last known token on the agent's one backoff policy
+(``node_agent.retry.API``), not only at the next resync an hour later. A Secret that is missing
+or has no ``token`` key is logged; the file is left alone (a stale token beats none).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from node_agent.host.fs import WriteResult
 from node_agent.kube.watch import list_watch
 from node_agent.log import get_logger
 from node_agent.report import NAMESPACE
+from node_agent.retry import API, Backoff
 
 log = get_logger("node-agent.token")
 
@@ -68,6 +71,7 @@ class TokenSync:
         *,
         sync_period: float,
         check_period: float = EXISTENCE_CHECK_PERIOD,
+        backoff: Backoff | None = None,
     ) -> None:
         self.ctx = ctx
         self.secret_name = config.secret_name
@@ -77,6 +81,8 @@ class TokenSync:
         self.token: bytes | None = None
         self.stats = SyncStats()
         self._lock = asyncio.Lock()
+        self._backoff = backoff or Backoff.of(API)
+        self._retry_at: float | None = None  # loop time of the next retry of a failed write
 
     async def run(self) -> None:
         async with asyncio.TaskGroup() as tasks:
@@ -116,9 +122,15 @@ class TokenSync:
         return await self.apply(secret, why="resync")
 
     async def _existence_loop(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(self.check_period)
             if self.token is None:
+                continue
+            if self._retry_at is not None:
+                if loop.time() >= self._retry_at:
+                    log.info("retrying the token file write", path=self.path)
+                    await self._write(self.token, why="retry")
                 continue
             try:
                 missing = not await asyncio.to_thread(self.ctx.fs.exists, self.path)
@@ -146,9 +158,18 @@ class TokenSync:
                 )
             except HostError as exc:
                 self.stats.last_error = str(exc)
-                log.error("token file not written", path=self.path, error=str(exc))
+                delay = self._backoff.next()
+                self._retry_at = asyncio.get_running_loop().time() + delay
+                log.error(
+                    "token file not written",
+                    path=self.path,
+                    error=str(exc),
+                    retry_in_seconds=round(delay, 1),
+                )
                 self.ctx.health.error("token", str(exc))
                 return False
+        self._backoff.reset()
+        self._retry_at = None
         if result != WriteResult.UNCHANGED:
             self.stats.writes += 1
             log.info(

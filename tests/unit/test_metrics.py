@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from structlog.testing import capture_logs
 
 from node_agent.host.fs import HostFS
-from node_agent.host.state import ApplyRecord
+from node_agent.host.state import ApplyRecord, ItemFailure
 from node_agent.kube.watch import list_watch, live_watches
 from node_agent.observability import (
     FAILURE_STREAK,
+    MAX_HEADER_BYTES,
     ApplyObservations,
     HttpEndpoint,
     MetricsText,
@@ -209,3 +212,76 @@ async def test_http_endpoint() -> None:
         assert (await _request(port, b"GET /healthz HTTP/1.0\r\n\r\n")).endswith(b"ok\n")
     finally:
         await endpoint.close()
+
+
+def test_failed_items_of_the_last_apply(tmp_path: Path) -> None:
+    ctx = make_ctx(tmp_path)
+    obs = ApplyObservations()
+    probes = Probes(ctx, obs)
+    assert _samples(render_metrics(ctx, probes))["node_agent_apply_failed_items"] == 0
+    failures = (
+        ItemFailure(kind="command", item="bad.service", error="start: exit code 1"),
+        ItemFailure(
+            kind="enable", item="gone.service", error="Unit file gone.service does not exist"
+        ),
+        ItemFailure(kind="file", item="/srv/ro/new", error="write: Read-only file system"),
+    )
+    obs.observe(_record("failed", restarted=1).model_copy(update={"failures": failures}))
+    assert _samples(render_metrics(ctx, probes))["node_agent_apply_failed_items"] == 3
+    obs.observe(_record())  # the next apply succeeded: nothing failed any more
+    assert _samples(render_metrics(ctx, probes))["node_agent_apply_failed_items"] == 0
+
+
+async def _idle(port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    return await asyncio.open_connection("127.0.0.1", port)
+
+
+async def test_http_endpoint_bounds_connections_and_deadlines(tmp_path: Path) -> None:
+    async def ok() -> tuple[int, str, str]:
+        return 200, "text/plain", "ok\n"
+
+    endpoint = HttpEndpoint("health", {"/healthz": ok}, max_connections=3, head_timeout=0.3)
+    await endpoint.start("127.0.0.1", 0)
+    idle = []
+    try:
+        with capture_logs() as logs:
+            idle = [await _idle(endpoint.port) for _ in range(8)]
+            await _until(lambda: endpoint.stats.accepted >= 8)
+        warnings = [e for e in logs if e["log_level"] == "warning"]
+        assert len(warnings) == 1  # one rate-limited warning, not one per connection
+        assert warnings[0]["endpoint"] == "health"
+        assert endpoint.open_connections == 3  # never more than the limit
+        assert endpoint.stats.refused == 5  # the oldest idle ones made room, one by one
+        # A probe still answers: it takes the slot of the oldest idle connection.
+        got = await _request(endpoint.port, b"GET /healthz HTTP/1.1\r\n\r\n")
+        assert got.startswith(b"HTTP/1.1 200 OK\r\n")
+        assert b"Connection: close\r\n" in got
+        assert endpoint.stats.refused == 6
+        # every idle connection is closed: at the limit or at the head deadline
+        for reader, _ in idle:
+            assert await asyncio.wait_for(reader.read(), 5) == b""
+        assert endpoint.stats.timed_out == 2
+        assert endpoint.open_connections == 0
+        # a head over the cap is answered 431, not buffered without end
+        big = b"GET /healthz HTTP/1.1\r\nX: " + b"a" * MAX_HEADER_BYTES + b"\r\n\r\n"
+        assert (await _request(endpoint.port, big)).startswith(b"HTTP/1.1 431")
+        samples = _samples(
+            render_metrics(
+                make_ctx(tmp_path), Probes(make_ctx(tmp_path), ApplyObservations()), [endpoint]
+            )
+        )
+        assert samples['node_agent_http_connections_refused_total{endpoint="health"}'] == 6
+        assert samples['node_agent_http_connections_timed_out_total{endpoint="health"}'] == 2
+    finally:
+        for _, writer in idle:
+            writer.close()
+        await endpoint.close()
+
+
+async def _until(done: Callable[[], object], timeout: float = 5.0) -> None:
+    """Poll ``done`` until it is true (the loop keeps turning meanwhile)."""
+    async with asyncio.timeout(timeout):
+        while True:
+            if done():
+                return
+            await asyncio.sleep(0.01)

@@ -1,18 +1,25 @@
-"""Node controller with fakes: restart order, the own unit last, no loops, config rewrite."""
+"""Node controller with fakes: restart order, the own unit last, no loops, config rewrite, a
+deleted Node shown in readiness and status, retries on the one backoff policy."""
 
 from __future__ import annotations
 
+import asyncio
+import random
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 
 from node_agent import report
 from node_agent.config import AgentSettings, NodeAgentConfiguration, parse_config
 from node_agent.context import AgentContext
 from node_agent.controllers.node import NodeController, restart_units
-from node_agent.errors import KubeTransportError
+from node_agent.errors import KubeNotFound, KubeTransportError
 from node_agent.host.fs import HostFS
+from node_agent.observability import ApplyObservations, Probes
+from node_agent.retry import API, Backoff
 from node_agent.systemd.types import JobResult
 
 OWN = "gardener-node-agent.service"
@@ -23,8 +30,11 @@ class FakeKube:
         self.node = node
         self.log: list[tuple[str, Any]] = []
         self.fail_patches = 0
+        self.gone = False
 
     async def get_node(self, name: str) -> dict[str, Any]:
+        if self.gone:
+            raise KubeNotFound(f'nodes "{name}" not found', status=404)
         return self.node
 
     async def patch_node(self, name: str, patch: dict[str, Any]) -> dict[str, Any]:
@@ -157,3 +167,117 @@ async def test_matching_secret_name_label_does_nothing(tmp_path: Path) -> None:
     ctx = _ctx(tmp_path, node)
     await NodeController(ctx).reconcile(node)
     assert ctx.kube.log == []  # type: ignore[attr-defined]
+
+
+def _ready_ctx(tmp_path: Path) -> tuple[AgentContext, NodeController, Probes]:
+    """A context whose readiness only depends on the Node (lease renewed, Secret listed)."""
+    ctx = _ctx(tmp_path, _node())
+    controller = NodeController(ctx)
+    ctx.health.info["node"] = controller
+    ctx.state = type("NoState", (), {"pending": lambda self: None})()  # type: ignore[assignment]
+    ctx.node_known.set()
+    ctx.health.progress("lease")
+    ctx.health.progress("osc-watch")
+    return ctx, controller, Probes(ctx, ApplyObservations())
+
+
+def _uid(uid: str, annotations: dict[str, str] | None = None) -> Any:
+    node = _node(annotations)
+    node["metadata"]["uid"] = uid
+    return node
+
+
+async def test_deleted_node_fails_readiness_once_and_clears_when_recreated(
+    tmp_path: Path,
+) -> None:
+    ctx, controller, probes = _ready_ctx(tmp_path)
+    controller.observe("SYNC", _uid("u1"))
+    assert probes.ready().ok
+    with capture_logs() as logs:
+        controller.observe("DELETED", _uid("u1"))
+        controller.observe("SYNC", None)  # a re-list after the deletion: the same news
+        controller.observe("DELETED", _uid("u1"))
+    verdict = probes.ready()
+    assert not verdict.ok
+    assert len(verdict.reasons) == 1
+    assert verdict.reasons[0].startswith("node n1 not found (deleted from the API server)")
+    gone = [e for e in logs if e["event"] == "own node is gone"]
+    assert len(gone) == 1  # said once, not per event
+    assert gone[0]["log_level"] == "error"
+    assert gone[0]["node"] == "n1"
+    errors = [e for e in ctx.health.errors if e["source"] == "node"]
+    assert len(errors) == 1
+    assert "node n1 not found" in errors[0]["error"]
+    assert controller.stats.deletions == 1
+
+    with capture_logs() as logs:
+        controller.observe("ADDED", _uid("u2"))  # re-created: a new object, a new uid
+    assert probes.ready().ok
+    assert controller.missing is None
+    assert ctx.node_uid == "u2"  # Events and the Lease owner name the new object
+    assert [e["event"] for e in logs] == ["own node was re-created", "own node exists again"]
+
+    controller.observe("DELETED", _uid("u2"))  # a second deletion is news again
+    assert not probes.ready().ok
+    assert controller.stats.deletions == 2
+
+
+async def test_a_404_on_a_request_marks_the_node_gone(tmp_path: Path) -> None:
+    ctx, controller, probes = _ready_ctx(tmp_path)
+    kube = ctx.kube
+    kube.gone = True  # type: ignore[attr-defined]
+    worker = asyncio.create_task(controller._worker())
+    try:
+        # A restart request arrives while the Node is being deleted: the re-read gets 404.
+        controller.observe("MODIFIED", _uid("u1", {report.ANNOTATION_RESTART_SERVICES: "x"}))
+        await _until(lambda: controller.missing is not None)
+        assert "404" in probes.ready().reasons[0]
+        assert kube.log == []  # type: ignore[attr-defined]  # nothing restarted, no retry loop
+        recreated = _uid("u2", {report.ANNOTATION_RESTART_SERVICES: "x"})
+        kube.node, kube.gone = recreated, False  # type: ignore[attr-defined]
+        controller.observe("ADDED", recreated)
+        await _until(lambda: ("restart", "x.service") in kube.log)  # type: ignore[attr-defined]
+        assert probes.ready().ok
+    finally:
+        worker.cancel()
+        await asyncio.gather(worker, return_exceptions=True)
+
+
+async def test_failed_requests_are_retried_on_the_backoff_policy(tmp_path: Path) -> None:
+    node = _uid("u1", {report.ANNOTATION_RESTART_SERVICES: "x"})
+    ctx = _ctx(tmp_path, node)
+    ctx.kube.fail_patches = 2  # type: ignore[attr-defined]
+    delays: list[float] = []
+
+    class Recorded(Backoff):
+        def next(self) -> float:
+            delays.append(super().next())
+            return 0.0  # no real waiting in a unit test
+
+    backoff = Recorded(base=API[0], cap=API[1], rng=random.Random(3))
+    controller = NodeController(ctx, backoff=backoff)
+    worker = asyncio.create_task(controller._worker())
+    try:
+        controller.observe("MODIFIED", node)
+        await _until(
+            lambda: report.ANNOTATION_RESTART_SERVICES not in node["metadata"]["annotations"]
+        )
+    finally:
+        worker.cancel()
+        await asyncio.gather(worker, return_exceptions=True)
+    assert len(delays) == 2  # one per failure, growing as the API policy says
+    assert API[0] / 2 <= delays[0] <= API[0]
+    assert API[0] <= delays[1] <= 2 * API[0]
+    assert backoff.attempt == 0  # reset by the success
+    restarts = [v for k, v in ctx.kube.log if k == "restart"]  # type: ignore[attr-defined]
+    assert restarts == ["x.service"]  # the retries only removed the annotation
+    assert [e["source"] for e in ctx.health.errors] == ["node", "node"]
+
+
+async def _until(done: Callable[[], object], timeout: float = 5.0) -> None:
+    """Poll ``done`` until it is true (the loop keeps turning meanwhile)."""
+    async with asyncio.timeout(timeout):
+        while True:
+            if done():
+                return
+            await asyncio.sleep(0.01)

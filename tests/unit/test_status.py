@@ -22,8 +22,9 @@ from node_agent.config import CONFIG_FILE, AgentSettings, NodeAgentConfiguration
 from node_agent.context import AgentContext
 from node_agent.controllers.lease import LeaseStats
 from node_agent.controllers.node import NodeStats
+from node_agent.errors import UnsafePathError
 from node_agent.host.fs import HostFS
-from node_agent.host.state import ApplyRecord, StateStore
+from node_agent.host.state import ApplyRecord, ItemFailure, StateStore, claims_for
 from node_agent.kube.client import ClientStats
 from node_agent.observability import ApplyObservations, Probes
 from node_agent.osc.decode import parse_osc
@@ -102,6 +103,7 @@ class FakeLease:
 @dataclass
 class FakeNode:
     stats: NodeStats = field(default_factory=NodeStats)
+    missing: str | None = None
 
 
 def make_ctx(root: Path, systemd: FakeSystemd | None = None, **settings: Any) -> AgentContext:
@@ -275,6 +277,7 @@ def test_offline_document_reads_only_the_persisted_state(tmp_path: Path) -> None
     checksum = _applied(ctx, ["a.service"])
     osc = parse_osc(osc_yaml(["a.service", "c.service"], text="y=2\n"))
     pending = ctx.state.begin(plan(None, osc, "node-a"), "f" * 64)
+    ctx.state.claim(claims_for(pending.change_set))  # its writes, as the executor claims them
     ctx.state.mark_done(pending.steps[0])
     config = tmp_path / CONFIG_FILE.lstrip("/")
     config.parent.mkdir(parents=True, exist_ok=True)
@@ -360,3 +363,137 @@ def test_cli_status_without_an_agent_exits_3(
     assert doc["agent"]["running"] is False
     assert main(["status", "--root", str(tmp_path)]) == status.EXIT_NOT_RUNNING
     assert "NOT RUNNING" in capsys.readouterr().out
+
+
+JWT = "eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJzeXN0ZW06c2EifQ.c2lnbmF0dXJl"
+
+
+def _failed_record(checksum: str, count: int) -> ApplyRecord:
+    failures = [ItemFailure(kind="command", item="bad.service", error=f"start: failed {JWT}")]
+    failures += [
+        ItemFailure(kind="file", item=f"/srv/ro/f{i}", error="write: Read-only file system")
+        for i in range(count - 1)
+    ]
+    return _record(checksum).model_copy(
+        update={"result": "failed", "error": "3 items failed", "failures": tuple(failures)}
+    )
+
+
+async def test_failed_items_in_text_json_and_offline_status(tmp_path: Path) -> None:
+    ctx = make_ctx(tmp_path)
+    checksum = _applied(ctx, ["a.service"])
+    ctx.state.save_status(_failed_record(checksum, 13))
+    server = await _server(ctx)
+    try:
+        live = await asyncio.to_thread(status.query, status.socket_path(tmp_path))
+    finally:
+        await server.close()
+    offline = status.offline_document(tmp_path, None, "no socket")
+    for doc in (live, offline):
+        failures = doc["last_apply"]["failures"]
+        assert len(failures) == 13  # --json has every one
+        assert failures[0] == {
+            "kind": "command",
+            "item": "bad.service",
+            "error": "start: failed [redacted]",
+        }
+        assert failures[1] == {
+            "kind": "file",
+            "item": "/srv/ro/f0",
+            "error": "write: Read-only file system",
+        }
+        text = status.render(doc)
+        assert JWT not in text + json.dumps(doc)
+        lines = text.splitlines()
+        start = lines.index("  failed:     13 items")
+        shown = lines[start + 1 : start + 12]
+        assert shown[0] == "    command bad.service: start: failed [redacted]"
+        assert shown[1] == "    file /srv/ro/f0: write: Read-only file system"
+        assert all(line.startswith("    file /srv/ro/f") for line in shown[1:10])
+        assert shown[10] == "    and 3 more"  # ten shown, the rest counted
+
+
+def test_a_successful_apply_shows_no_failed_items(tmp_path: Path) -> None:
+    ctx = make_ctx(tmp_path)
+    _applied(ctx, ["a.service"])
+    doc = status.offline_document(tmp_path, None, "no socket")
+    assert doc["last_apply"]["failures"] == []
+    assert "failed:" not in status.render(doc)
+
+
+async def test_a_deleted_node_is_shown(tmp_path: Path) -> None:
+    ctx = make_ctx(tmp_path)
+    ctx.node_name = "node-a"
+    ctx.node_known.set()
+    ctx.health.progress("lease")
+    ctx.health.progress("osc-watch")
+    why = "node node-a not found (deleted from the API server); waiting for it"
+    ctx.health.info["node"].missing = why
+    ctx.health.error("node", why)
+    server = await _server(ctx)
+    try:
+        doc = await asyncio.to_thread(status.query, status.socket_path(tmp_path))
+    finally:
+        await server.close()
+    assert doc["health"]["ready"] is False
+    assert doc["health"]["reasons"] == [why]
+    text = status.render(doc)
+    assert f"NOT READY ({why})" in text
+    assert f"node: {why}" in text  # also among the recent errors
+
+
+def _socket_dir(root: Path) -> Path:
+    return status.socket_path(root).parent
+
+
+async def test_a_symlinked_socket_directory_is_refused(tmp_path: Path) -> None:
+    root, elsewhere = tmp_path / "root", tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o755)
+    elsewhere.chmod(0o755)
+    link = _socket_dir(root)
+    link.parent.mkdir(parents=True)
+    link.symlink_to(elsewhere)
+    ctx = make_ctx(root)
+    server = status.StatusServer(ctx, Probes(ctx, ApplyObservations()))
+    with pytest.raises(UnsafePathError, match="is a symlink"):
+        await server.start()
+    assert stat.S_IMODE(elsewhere.stat().st_mode) == 0o755  # the target was not chmodded
+    assert list(elsewhere.iterdir()) == []  # and nothing was bound there
+    assert link.is_symlink()  # refused, not replaced: the agent removes only what it made
+
+
+async def test_a_socket_directory_that_is_a_file_is_refused(tmp_path: Path) -> None:
+    path = _socket_dir(tmp_path)
+    path.parent.mkdir(parents=True)
+    path.write_text("not a directory")
+    ctx = make_ctx(tmp_path)
+    with pytest.raises(UnsafePathError, match="is not a directory"):
+        await status.StatusServer(ctx, Probes(ctx, ApplyObservations())).start()
+    assert path.read_text() == "not a directory"
+
+
+async def test_an_existing_socket_directory_is_made_0700(tmp_path: Path) -> None:
+    path = _socket_dir(tmp_path)
+    path.mkdir(parents=True, mode=0o755)
+    path.chmod(0o755)
+    ctx = make_ctx(tmp_path)
+    server = await _server(ctx)
+    try:
+        assert stat.S_IMODE(path.stat().st_mode) == 0o700
+        assert stat.S_ISSOCK(status.socket_path(tmp_path).lstat().st_mode)
+    finally:
+        await server.close()
+    assert not status.socket_path(tmp_path).exists()
+
+
+async def test_a_socket_directory_of_another_owner_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = _socket_dir(tmp_path)
+    path.mkdir(parents=True, mode=0o700)
+    owner = path.stat().st_uid
+    monkeypatch.setattr(status.os, "geteuid", lambda: owner + 1)
+    ctx = make_ctx(tmp_path)
+    with pytest.raises(UnsafePathError, match=f"owned by uid {owner}"):
+        await status.StatusServer(ctx, Probes(ctx, ApplyObservations())).start()
+    assert list(path.iterdir()) == []

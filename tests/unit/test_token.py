@@ -1,4 +1,5 @@
-"""Token sync with a fake API: exact bytes, mode 0640, parents 0755, rewrite after deletion."""
+"""Token sync with a fake API: exact bytes, mode 0640, parents 0755, rewrite after deletion,
+a failed write retried on the backoff policy."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from node_agent.context import AgentContext
 from node_agent.controllers.token import TokenSync, token_bytes
 from node_agent.errors import KubeNotFound
 from node_agent.host.fs import HostFS
+from node_agent.retry import Backoff
 
 
 class FakeKube:
@@ -29,7 +31,9 @@ def _secret(token: bytes) -> dict[str, Any]:
     return {"data": {"token": base64.b64encode(token).decode()}}
 
 
-def _sync(tmp_path: Path, kube: FakeKube, check_period: float = 0.02) -> TokenSync:
+def _sync(
+    tmp_path: Path, kube: FakeKube, check_period: float = 0.02, backoff: Backoff | None = None
+) -> TokenSync:
     ctx = AgentContext(
         settings=AgentSettings(root=tmp_path),
         config=NodeAgentConfiguration(),
@@ -40,7 +44,7 @@ def _sync(tmp_path: Path, kube: FakeKube, check_period: float = 0.02) -> TokenSy
         host_name="n1",
     )
     entry = TokenSyncConfig(secretName="tok", path="/var/lib/x/credentials/token")
-    return TokenSync(ctx, entry, sync_period=3600, check_period=check_period)
+    return TokenSync(ctx, entry, sync_period=3600, check_period=check_period, backoff=backoff)
 
 
 def test_token_bytes() -> None:
@@ -94,5 +98,35 @@ async def test_deleted_file_is_rewritten_from_the_last_token(tmp_path: Path) -> 
             await asyncio.sleep(0.01)
         assert path.read_bytes() == b"abc"
         assert sync.stats.rewrites_after_delete == 1
+    finally:
+        task.cancel()
+
+
+async def test_failed_write_is_retried_with_backoff_from_the_last_token(tmp_path: Path) -> None:
+    kube = FakeKube()
+    kube.secrets["tok"] = _secret(b"fresh")
+    backoff = Backoff(base=0.05, cap=0.1)
+    sync = _sync(tmp_path, kube, backoff=backoff)
+    blocker = tmp_path / "var/lib/x"
+    blocker.parent.mkdir(parents=True)
+    blocker.write_text("a file where the token's directory belongs")
+    assert not await sync.sync()  # the write fails (ENOTDIR)
+    assert backoff.attempt == 1
+    assert sync.stats.last_error is not None
+    kube.secrets.clear()  # the retry needs no API call: the token is kept
+    path = tmp_path / "var/lib/x/credentials/token"
+    task = asyncio.create_task(sync._existence_loop())
+    try:
+        for _ in range(20):
+            await asyncio.sleep(0.02)
+        assert backoff.attempt > 1  # still failing: retried, each time a little later
+        blocker.unlink()
+        for _ in range(300):
+            if sync.stats.writes:
+                break
+            await asyncio.sleep(0.01)
+        assert path.read_bytes() == b"fresh"
+        assert backoff.attempt == 0  # reset by the success
+        assert sync.stats.writes == 1
     finally:
         task.cancel()
