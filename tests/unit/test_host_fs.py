@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
+import re
+import socket
 import stat
 from collections.abc import Iterator
 from pathlib import Path
@@ -432,3 +435,209 @@ def test_symlink_loops_are_refused(sysfs: HostFS, root: Path) -> None:
     (root / "lib").symlink_to("bin")
     with pytest.raises(UnsafePathError, match="too many"):
         sysfs.write_atomic("/bin/f", b"x", 0o600)
+
+
+# --- targets that are not regular files, and the preflight check ------------------------------
+
+
+def make_special(root: Path, kind: str, name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Create a directory, FIFO, unix socket or device node at ``root/name``."""
+    path = root / name
+    if kind == "directory":
+        path.mkdir()
+    elif kind == "FIFO":
+        os.mkfifo(path)
+    elif kind == "socket":
+        monkeypatch.chdir(path.parent)  # sun_path is short; bind by a relative name
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.bind(path.name)
+        monkeypatch.undo()
+    elif kind == "character device":
+        os.mknod(path, stat.S_IFCHR | 0o600, os.makedev(1, 3))  # like /dev/null
+    else:
+        os.mknod(path, stat.S_IFBLK | 0o600, os.makedev(7, 0))  # like /dev/loop0
+    assert kind == "directory" or not stat.S_ISREG(os.lstat(path).st_mode)
+
+
+SPECIAL = ["directory", "FIFO", "socket", "character device", "block device"]
+
+
+@pytest.mark.parametrize("kind", SPECIAL)
+def test_special_target_is_refused_and_left_alone(
+    fs: HostFS, root: Path, kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert os.geteuid() == 0, "device nodes need root"
+    (root / "etc").mkdir()
+    make_special(root, kind, "etc/t", monkeypatch)
+    before = os.lstat(root / "etc/t")
+    with pytest.raises(UnsafePathError, match=f"refusing host path '/etc/t': is a {kind}$"):
+        fs.check_target("/etc/t")
+    with pytest.raises(UnsafePathError, match=f"is a {kind}$") as err:
+        fs.write_atomic("/etc/t", b"x", 0o600)
+    assert (err.value.path, err.value.reason) == ("/etc/t", f"is a {kind}")
+    with pytest.raises(UnsafePathError, match=f"is a {kind}$"):
+        fs.symlink_atomic("/etc/t", "/dev/null")
+    after = os.lstat(root / "etc/t")
+    assert (after.st_ino, after.st_mode, after.st_rdev) == (
+        before.st_ino,
+        before.st_mode,
+        before.st_rdev,
+    )
+    assert temp_files(root) == []
+    if kind != "directory":
+        with pytest.raises(UnsafePathError, match="not a regular file"):
+            fs.chmod("/etc/t", 0o644)
+        assert fs.remove("/etc/t") is True  # deleting a special file is allowed (it is no write)
+        assert not os.path.lexists(root / "etc/t")
+
+
+def test_check_target_accepts_what_a_write_can_replace_and_creates_nothing(
+    fs: HostFS, root: Path, outside: Path
+) -> None:
+    fs.check_target("/etc/a/b/c.conf")  # nothing exists yet
+    assert list(root.iterdir()) == []
+    fs.write_atomic("/etc/f", b"x", 0o600)
+    fs.check_target("/etc/f")  # a regular file is replaced
+    (root / "etc/l").symlink_to(outside / "victim")
+    fs.check_target("/etc/l")  # a final symlink is replaced, its target untouched
+    (root / "etc/dl").symlink_to(outside)
+    fs.check_target("/etc/dl")  # even one pointing at a directory
+    fs.check_target("/etc/new/deeper/f")
+    assert sorted(os.listdir(root / "etc")) == ["dl", "f", "l"]
+
+
+def test_check_target_refuses_non_directory_parents(fs: HostFS, root: Path) -> None:
+    (root / "etc").write_bytes(b"")
+    os.mkfifo(root / "pipe")
+    for path, where in [
+        ("/etc/f", "/etc"),
+        ("/etc/a/b/f", "/etc"),
+        ("/pipe/f", "/pipe"),  # must not hang on the FIFO either
+    ]:
+        with pytest.raises(UnsafePathError, match=f"component '{where}' is not a directory"):
+            fs.check_target(path)
+    assert sorted(os.listdir(root)) == ["etc", "pipe"]
+
+
+@pytest.mark.parametrize(
+    ("path", "reason"),
+    [
+        ("etc/x", "not absolute"),
+        ("/", "root directory"),
+        ("/etc/../x", "'..'"),
+        (f"/etc/{TEMP_PREFIX}x", "reserved"),
+        ("/etc/" + "x" * 256, "is 256 bytes long"),
+        ("/" + "\u00e9" * 128 + "/f", "is 256 bytes long"),
+    ],
+)
+def test_check_target_refuses_paths_no_write_can_take(fs: HostFS, path: str, reason: str) -> None:
+    with pytest.raises(UnsafePathError, match=re.escape(reason)):
+        fs.check_target(path)
+
+
+def test_longest_names_fit_and_their_temp_names_too(fs: HostFS, root: Path) -> None:
+    """A 255-byte name of 4-byte characters: the temp file's name must fit as well."""
+    for name in ["x" * 255, "\U0001f600" * 63, "\u00e9" * 127]:
+        assert len(os.fsencode(name)) <= 255
+        fs.check_target(f"/d/{name}")
+        assert fs.write_atomic(f"/d/{name}", b"x", 0o600) is WriteResult.CREATED
+        assert fs.write_atomic(f"/d/{name}", b"y", 0o600) is WriteResult.REPLACED
+        assert (root / "d" / name).read_bytes() == b"y"
+    assert temp_files(root) == []
+
+
+def test_check_target_applies_the_symlink_rules(
+    fs: HostFS, sysfs: HostFS, root: Path, outside: Path
+) -> None:
+    (root / "etc").symlink_to(outside)
+    with pytest.raises(UnsafePathError, match="'etc' is a symlink"):
+        fs.check_target("/etc/victim")
+    (root / "usr/lib/x").mkdir(parents=True)
+    (root / "lib").symlink_to("usr/lib")
+    with pytest.raises(UnsafePathError, match="'lib' is a symlink"):
+        fs.check_target("/lib/f")
+    sysfs.check_target("/lib/f")
+    with pytest.raises(UnsafePathError, match="is a directory"):
+        sysfs.check_target("/lib/x")  # checked where the trusted link leads
+
+
+# --- removals that look before they write -----------------------------------------------------
+
+
+def test_removing_what_is_gone_makes_no_write_syscall(
+    fs: HostFS, root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fs.write_atomic("/etc/d/f", b"x", 0o600)
+    (root / "file").write_bytes(b"")
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+
+    from node_agent.host import fs as fs_module
+
+    for name in ("unlink", "rmdir", "mkdir", "rename", "fsync"):
+        monkeypatch.setattr(fs_module.os, name, refuse)
+    assert fs.remove("/etc/missing") is False
+    assert fs.remove("/no/such/dir/f") is False
+    assert fs.remove("/file/f") is False
+    assert fs.remove_dir_if_empty("/etc/missing") is False
+    assert fs.remove_dir_if_empty("/etc/d") is False  # not empty
+    assert fs.remove_dir_if_empty("/etc/d/f") is False  # not a directory
+    assert fs.remove_dir_if_empty("/file/d") is False
+    with pytest.raises(HostIOError) as err:
+        fs.remove("/etc/d/f")  # something to remove: the write is attempted
+    assert err.value.errno == errno.EROFS
+
+
+def test_remove_dir_if_empty_leaves_a_symlinked_directory(
+    fs: HostFS, root: Path, outside: Path
+) -> None:
+    (root / "empty").mkdir()
+    (root / "link").symlink_to(root / "empty")
+    assert fs.remove_dir_if_empty("/link") is False
+    assert (root / "link").is_symlink()
+    assert fs.remove_dir_if_empty("/empty") is True
+
+
+# --- mode-only repair ---------------------------------------------------------------------------
+
+
+def test_chmod_changes_the_mode_in_place(fs: HostFS, root: Path, umask: int) -> None:
+    fs.write_atomic("/etc/systemd/system/x.service", b"[Unit]\n", 0o644)
+    target = root / "etc/systemd/system/x.service"
+    os.utime(target, ns=(1_000_000_000, 1_000_000_000))
+    inode = os.stat(target).st_ino
+    assert fs.chmod("/etc/systemd/system/x.service", 0o600) is True
+    st = os.stat(target)
+    assert (stat.S_IMODE(st.st_mode), st.st_ino, st.st_mtime_ns) == (0o600, inode, 1_000_000_000)
+    assert target.read_bytes() == b"[Unit]\n"
+    assert fs.chmod("/etc/systemd/system/x.service", 0o600) is False
+    assert fs.stat_matches("/etc/systemd/system/x.service", mode=0o600)
+    for mode in (0o000, 0o4755, 0o1777, 0o640):
+        assert fs.chmod("/etc/systemd/system/x.service", mode) is True
+        assert mode_of(target) == mode
+
+
+def test_chmod_never_follows_a_symlink(fs: HostFS, root: Path, outside: Path) -> None:
+    os.chmod(outside / "victim", 0o644)
+    (root / "f").symlink_to(outside / "victim")
+    with pytest.raises(UnsafePathError, match="is a symlink"):
+        fs.chmod("/f", 0o600)
+    assert mode_of(outside / "victim") == 0o644
+    (root / "etc").symlink_to(outside)
+    with pytest.raises(UnsafePathError, match="'etc' is a symlink"):
+        fs.chmod("/etc/victim", 0o600)
+    assert mode_of(outside / "victim") == 0o644
+
+
+def test_chmod_of_what_is_missing_or_not_a_file(fs: HostFS, root: Path) -> None:
+    for path in ("/missing", "/no/such/f"):
+        with pytest.raises(HostIOError, match=f"^chmod {path}: No such file or directory$") as err:
+            fs.chmod(path, 0o600)
+        assert err.value.errno == errno.ENOENT
+    (root / "d").mkdir()
+    with pytest.raises(UnsafePathError, match="not a regular file"):
+        fs.chmod("/d", 0o700)
+    with pytest.raises(ValueError, match="permission mode"):
+        fs.chmod("/d", 0o10000)
+    assert mode_of(root / "d") == 0o755
