@@ -21,6 +21,7 @@ import base64
 import contextlib
 import dataclasses
 import hashlib
+import json
 import os
 import sys
 import time
@@ -539,6 +540,21 @@ class OSCAgent:
         assert self.ctx is not None
         return await self.ctx.systemd.unit_states(names)
 
+    async def warnings(self, *needles: str) -> list[str]:
+        """Messages of the Warning Events on the Node that contain every one of ``needles``."""
+        return await warning_messages(self.admin, self.node_name, *needles)
+
+    async def wait_warning(self, *needles: str, timeout: float = 30.0) -> str:
+        """Until a Warning Event on the Node names all of ``needles``; returns its message."""
+        found: list[str] = []
+
+        async def seen() -> bool:
+            found[:] = await self.warnings(*needles)
+            return bool(found)
+
+        await wait_for(seen, timeout, f"a Warning Event naming {needles!r}", poll=0.2)
+        return found[0]
+
 
 @dataclass
 class AgentProcess:
@@ -583,3 +599,84 @@ class AgentProcess:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
         except OSError:
             return "(no log)"
+
+
+# --- partial failures: exact start counts, status, warnings ------------------------------------
+
+STARTS_DIR = "/var/log/node-agent-test/starts"
+
+
+def counted_service(
+    name: str,
+    tag: str,
+    exec_start: str = "/bin/sleep infinity",
+    *,
+    extra: str = "",
+    install: bool = True,
+    **fields: Any,
+) -> dict[str, Any]:
+    """A service that appends ``tag`` to its own starts log each time systemd starts it.
+
+    InvocationID only says that a unit restarted; the log says how often, and with which
+    version of the unit (give each version its own tag). A failing unit logs its attempts."""
+    log = f"{STARTS_DIR}/{name}"
+    pre = f"ExecStartPre=/bin/sh -c 'mkdir -p {STARTS_DIR} && echo {tag} >> {log}'\n"
+    return service(name, exec_start, extra=pre + extra, install=install, **fields)
+
+
+def starts(node: IsolatedSystemd, name: str) -> list[str]:
+    """The tags logged by every start of ``name`` (a ``counted_service``), oldest first."""
+    try:
+        return node.path(f"{STARTS_DIR}/{name}").read_text().split()
+    except FileNotFoundError:
+        return []
+
+
+async def status_json(root: Path) -> dict[str, Any]:
+    """``node-agent status --json`` for the node under ``root``, run as an operator would
+    (the agent's socket if it runs, else what is on disk)."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "node_agent",
+        "status",
+        "--json",
+        "--root",
+        str(root),
+        cwd=REPO,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 30)
+    assert proc.returncode in (0, 3), f"status exited {proc.returncode}: {err.decode()}"
+    doc: dict[str, Any] = json.loads(out)
+    return doc
+
+
+def apply_failures(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The per-item failures of the last apply in a status document ([] if none)."""
+    last = doc.get("last_apply") or {}
+    return list(last.get("failures") or [])
+
+
+def failed_items(doc: Mapping[str, Any]) -> list[str]:
+    """``item`` and ``error`` of each failure of the last apply, one string each."""
+    return [f"{f.get('item', '')}: {f.get('error', '')}" for f in apply_failures(doc)]
+
+
+async def warning_messages(admin: ApiClient, node: str, *needles: str) -> list[str]:
+    """Messages of the Warning Events about ``node`` that contain every one of ``needles``."""
+    return [
+        event.message or ""
+        for event in await node_events(admin, node)
+        if event.type == "Warning" and all(n in (event.message or "") for n in needles)
+    ]
+
+
+async def eventually(predicate: object, timeout: float, poll: float = 0.2) -> bool:
+    """Like ``wait_for``, but says whether the predicate came true instead of failing."""
+    try:
+        await wait_for(predicate, timeout, "a condition", poll=poll)
+    except AssertionError:
+        return False
+    return True
