@@ -6,11 +6,13 @@ from __future__ import annotations
 import os
 import stat
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from node_agent.errors import UnsafePathError
 from node_agent.host.fs import TEMP_PREFIX, HostFS, WriteResult
 
 # Files are always named a/b, directories d..h, so no path is ever both.
@@ -95,3 +97,77 @@ def test_random_writes_and_removes_match_the_model(
             assert _actual(root) == (dirs, files)
     finally:
         os.umask(old_umask)
+
+
+# --- check_target predicts write_atomic ---------------------------------------------------------
+
+NAMES = ["a", "b", "c"]
+node_path = st.lists(st.sampled_from(NAMES), min_size=1, max_size=3).map(
+    lambda parts: "/" + "/".join(parts)
+)
+KINDS = ["file", "dir", "fifo", "link-out", "link-in"]
+tree = st.lists(st.tuples(node_path, st.sampled_from(KINDS)), max_size=8)
+
+
+def _plant(root: Path, outside: Path, path: str, kind: str) -> None:
+    """Create one node by hand where its parent already is a real directory; skip otherwise."""
+    full = root / path.lstrip("/")
+    parent = full.parent
+    if not parent.is_dir() or parent.is_symlink() or os.path.lexists(full):
+        return
+    if kind == "file":
+        full.write_bytes(b"old")
+    elif kind == "dir":
+        full.mkdir()
+    elif kind == "fifo":
+        os.mkfifo(full)
+    elif kind == "link-out":
+        full.symlink_to(outside)
+    else:
+        full.symlink_to(root / "a")
+
+
+def _snapshot(root: Path) -> dict[str, tuple[int, int]]:
+    return {
+        str(p.relative_to(root)): (os.lstat(p).st_ino, os.lstat(p).st_mode) for p in root.rglob("*")
+    }
+
+
+def _refusal(call: Callable[[], object]) -> str | None:
+    """The reason ``call`` was refused with, or None if it went through."""
+    try:
+        call()
+    except UnsafePathError as exc:
+        return exc.reason
+    return None
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(tree, st.lists(node_path, min_size=1, max_size=4))
+def test_check_target_predicts_write_atomic(
+    nodes: list[tuple[str, str]], targets: list[str]
+) -> None:
+    """Whatever is on disk, ``check_target`` refuses exactly the targets ``write_atomic`` would
+    refuse, for the same reason; a refused write changes nothing, an accepted one lands."""
+    with tempfile.TemporaryDirectory() as tmp:
+        root, outside = Path(tmp) / "root", Path(tmp) / "outside"
+        root.mkdir()
+        outside.mkdir()
+        for path, kind in nodes:
+            _plant(root, outside, path, kind)
+        fs = HostFS(root)
+        refused = 0
+        for target in targets:
+            expected = _refusal(lambda: fs.check_target(target))  # noqa: B023 (called at once)
+            before = _snapshot(root)
+            actual = _refusal(lambda: fs.write_atomic(target, b"new", 0o600))  # noqa: B023
+            assert actual == expected, target
+            if expected is None:
+                assert fs.read(target) == b"new"
+                assert fs.remove(target) is True
+                assert fs.remove(target) is False
+            else:
+                refused += 1
+                assert _snapshot(root) == before
+            assert list(outside.iterdir()) == []
+        event("refused" if refused else "all written")
