@@ -52,21 +52,21 @@ from pydantic import (
     ValidationError,
 )
 
-from node_agent.config import BASE_DIR
+from node_agent import layout
 from node_agent.host.fs import HostFS
 from node_agent.host.steps import step_ids
 from node_agent.osc.applied import Applied
 from node_agent.osc.plan import ChangeSet
 
-STATE_DIR = BASE_DIR
-UNIT_DIR = "/etc/systemd/system"
-LAST_APPLIED_OSC = "last-applied-osc.yaml"
-LAST_APPLIED_META = "last-applied-osc.meta.json"
-CHANGES = "last-computed-osc-changes.yaml"
-CHANGES_DONE = "last-computed-osc-changes.done.json"
-INVENTORY = "inventory.json"
-STATUS = "status.json"
-CORRUPT_SUFFIX = ".corrupt"
+STATE_DIR = layout.BASE_DIR
+UNIT_DIR = layout.UNIT_DIR
+LAST_APPLIED_OSC = layout.LAST_APPLIED_OSC
+LAST_APPLIED_META = layout.LAST_APPLIED_META
+CHANGES = layout.CHANGES
+CHANGES_DONE = layout.CHANGES_DONE
+INVENTORY = layout.INVENTORY
+STATUS = layout.STATUS
+CORRUPT_SUFFIX = layout.CORRUPT_SUFFIX
 
 SECRET_MODE = 0o600
 PUBLIC_MODE = 0o644
