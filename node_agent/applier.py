@@ -310,13 +310,18 @@ class Applier:
         return Outcome(last.checksum, repair, report)
 
     def preflight(self, cs: ChangeSet) -> None:
-        """Refuse the whole change set before any write if one of its paths is unsafe on this
-        host (e.g. a parent symlink planted under /etc): nothing is then half-applied."""
-        paths = [f.path for f in cs.files_to_write] + [f.path for f in cs.files_to_delete]
-        paths += [unit_path(u.name) for u in cs.units_to_write]
-        paths += [dropin_path(d.unit, d.name) for d in cs.dropins_to_write]
-        paths += [dropin_path(d.unit, d.name) for d in cs.dropins_to_delete]
-        for path in paths:
+        """Refuse the whole change set before any write if one of its paths cannot be written
+        safely on this host: a parent symlink planted under /etc, a directory, device node,
+        FIFO or socket where a file goes, a file where a directory is needed. Nothing is then
+        half-applied, and the error names the path."""
+        writes = [f.path for f in cs.files_to_write]
+        writes += [unit_path(u.name) for u in cs.units_to_write]
+        writes += [dropin_path(d.unit, d.name) for d in cs.dropins_to_write]
+        deletes = [f.path for f in cs.files_to_delete]
+        deletes += [dropin_path(d.unit, d.name) for d in cs.dropins_to_delete]
+        for path in writes:
+            self.fs.check_target(path)
+        for path in deletes:
             self.fs.resolve(path)
 
     async def _complete(
