@@ -156,7 +156,11 @@ class Applier:
             change_set = await asyncio.to_thread(
                 plan, base, osc, self.host_name, resolved, agent_unit=self.agent_unit
             )
-            self.preflight(change_set)
+            try:
+                self.preflight(change_set)
+            except HostError as exc:
+                self._record(checksum, started, error=str(exc))
+                raise
             pending = self.state.begin(change_set, checksum, base=base, target=target)
         report = await self.executor.execute(pending)
         if not report.complete:

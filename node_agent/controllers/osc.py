@@ -99,6 +99,7 @@ class OSCController:
         self.desired_checksum: str | None = None
         self._failures_for: str | None = None  # checksum whose item failures were reported
         self._failures_seen: set[tuple[str, str, str]] = set()
+        self._last_failure: str | None = None  # message of the last failure Event
 
     @property
     def latest_secret(self) -> JSON | None:
@@ -145,6 +146,7 @@ class OSCController:
             try:
                 await self.reconcile(secret, resync=resync)
                 backoff.reset()
+                self._last_failure = None
             except SecretRefError as exc:
                 await self._failed(exc, transient=True)
             except OSCError as exc:
@@ -162,11 +164,16 @@ class OSCController:
             self._wake.set()
 
     async def _failed(self, exc: NodeAgentError, *, transient: bool) -> None:
+        """Log and report a failed reconcile; the Warning Event only when the error is new, so a
+        retry loop with backoff does not flood the Node with the same Event."""
         self.failures += 1
         kind = type(exc).__name__
         message = f"{kind}: {exc}"
         log.error("OSC not applied", error=message, retry=transient)
         self.ctx.health.error("osc", message)
+        if message == self._last_failure:
+            return
+        self._last_failure = message
         reason = report.REASON_OSC_FAILED if transient else report.REASON_OSC_INVALID
         await self.ctx.event(reason, message, warning=True)
 
