@@ -763,16 +763,18 @@ def _make_dir_at(dfd: int, name: str, mode: int, path: HostPath, made: set[tuple
         with suppress(OSError):
             os.rmdir(name, dir_fd=dfd)
         raise
+    key = (-1, -1)
     try:
         st = os.fstat(fd)
-        made.add((st.st_dev, st.st_ino))
+        key = (st.st_dev, st.st_ino)
+        made.add(key)
         os.fchmod(fd, mode)
         os.fsync(dfd)
     except BaseException:
         os.close(fd)
         with suppress(OSError):
             os.rmdir(name, dir_fd=dfd)
-            made.discard((st.st_dev, st.st_ino))
+            made.discard(key)
         raise
     return fd
 

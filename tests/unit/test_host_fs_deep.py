@@ -91,6 +91,7 @@ def test_deep_path_under_a_low_descriptor_limit(root: Path) -> None:
     on a 3,000-component path works (the old walk needed 3,000 descriptors)."""
     fs = HostFS(root)
     target = deep("d") + "/f"
+    report = root.parent / "child-error"
     pid = os.fork()
     if pid == 0:  # child: never return into pytest
         code = 1
@@ -108,10 +109,12 @@ def test_deep_path_under_a_low_descriptor_limit(root: Path) -> None:
             assert fs.cleanup_temp_files([deep("d")]) == []
             assert fs.write_atomic(target, b"deeper", 0o600)
             code = 0
+        except BaseException as exc:
+            report.write_text(f"{type(exc).__name__}: {str(exc)[-200:]}")
         finally:
             os._exit(code)
     _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0
+    assert os.waitstatus_to_exitcode(status) == 0, report.read_text()
     assert chain_depth(root) == DEPTH
     assert HostFS(root).read(target) == b"deeper"
 
