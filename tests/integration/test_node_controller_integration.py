@@ -1,4 +1,5 @@
-"""Node requests acted on by the whole agent: real kube-apiserver, real (isolated) systemd.
+"""Node requests acted on by the whole agent: real kube-apiserver, real (isolated) systemd; and
+a deleted Node, which must show in ``/readyz`` and ``node-agent status`` until it is back.
 
 The agent's own unit is a dummy unit in the isolated systemd (its name set as
 ``settings.agent_unit``) while the agent runs in the test process; it counts its starts, so
@@ -9,17 +10,24 @@ InvocationID and MainPID (NRestarts counts only systemd's automatic restarts).
 from __future__ import annotations
 
 import asyncio
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
+import yaml
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client import ApiClient
+from structlog.testing import capture_logs
 
+from node_agent import status
 from node_agent.config import parse_config
 from tests.conftest import PreparedAgentFactory
 from tests.testbed.agent_harness import (
+    create_node,
     node_annotations,
     node_events,
+    read_lease,
     running_agent,
     start_unit,
     unique,
@@ -116,3 +124,84 @@ async def test_secret_name_label_rewrites_config_and_restarts_agent(
         assert config.log_format == "text"
         await asyncio.sleep(3)
         assert starts.read_text().count("started") == 2  # restarted once, no loop
+
+
+def _readyz(address: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://{address}/readyz", timeout=5) as resp:
+            return int(resp.status), resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return int(exc.code), exc.read().decode()
+
+
+async def test_deleted_node_fails_readiness_and_shows_until_recreated(
+    admin_api: ApiClient,
+    make_prepared_agent: PreparedAgentFactory,
+    systemd: IsolatedSystemd,
+    tmp_path: Path,
+) -> None:
+    prepared = await make_prepared_agent(tmp_path / "root")
+    node = prepared.name
+    doc = yaml.safe_load(prepared.setup.config_file.read_text())
+    doc["server"] = {
+        "healthProbes": {"bindAddress": "127.0.0.1", "port": 0},
+        "metrics": {"bindAddress": "127.0.0.1", "port": 0},
+    }
+    setup = prepared.setup.with_config(doc)
+    sock = status.socket_path(setup.root)
+    core = client.CoreV1Api(admin_api)
+
+    async with running_agent(setup, host_name=node, systemd=systemd):
+        endpoints: dict[str, str] = {}
+
+        async def ready() -> bool:
+            if not sock.exists():
+                return False
+            answer = await asyncio.to_thread(status.query, sock)
+            endpoints.update(answer["endpoints"])
+            return bool(answer["health"]["ready"])
+
+        await wait_for(ready, 60, "the agent ready", poll=0.2)
+        health = endpoints["health"]
+        assert await asyncio.to_thread(_readyz, health) == (200, "ok\n")
+
+        with capture_logs() as logs:
+            await core.delete_node(node)
+            answers: list[tuple[int, str]] = []
+
+            async def not_ready() -> bool:
+                answers.append(await asyncio.to_thread(_readyz, health))
+                return answers[-1][0] == 503
+
+            await wait_for(not_ready, 30, "/readyz failing after the Node was deleted")
+            assert f"node {node} not found" in answers[-1][1]
+            await asyncio.sleep(2)  # a retry loop would have said it again by now
+            shown = await asyncio.to_thread(status.query, sock)
+            assert shown["health"]["ready"] is False
+            assert any(f"node {node} not found" in r for r in shown["health"]["reasons"])
+            recorded = [e for e in shown["errors"] if f"node {node} not found" in e["error"]]
+            assert len(recorded) == 1  # recorded once, not per retry
+            text = status.render(shown)
+            assert f"NOT READY (node {node} not found" in text
+
+            new_uid = await create_node(admin_api, node)  # registered again (a new object)
+
+            async def ready_again() -> bool:
+                return (await asyncio.to_thread(_readyz, health))[0] == 200
+
+            await wait_for(ready_again, 30, "/readyz passing after the Node was re-created")
+            assert await asyncio.to_thread(_readyz, health) == (200, "ok\n")
+        gone = [e for e in logs if e["event"] == "own node is gone"]
+        assert len(gone) == 1, gone
+        assert gone[0]["node"] == node
+        assert any(e["event"] == "own node exists again" for e in logs)
+        shown = await asyncio.to_thread(status.query, sock)
+        assert shown["health"] == {"live": True, "ready": True, "reasons": []}
+
+        async def lease_owned_by_new_node() -> bool:
+            lease = await read_lease(admin_api, node)
+            owners = (lease.metadata.owner_references or []) if lease is not None else []
+            return any(o.uid == new_uid for o in owners)
+
+        # The Lease's next renewal names the new object as its owner.
+        await wait_for(lease_owned_by_new_node, 30, "the Lease owned by the re-created Node")

@@ -157,6 +157,7 @@ async def test_status_and_endpoints_of_a_running_agent_and_after_it_stopped(
         assert last["result"] == "succeeded"
         assert last["osc_checksum"] == checksum
         assert unit in last["restarted_units"]
+        assert last["failures"] == []
         assert doc["change_in_progress"] is None
         states = {u["name"]: u for u in doc["units"]}
         assert states[unit]["active_state"] == "active"
@@ -209,6 +210,8 @@ async def test_status_and_endpoints_of_a_running_agent_and_after_it_stopped(
         assert _metric(before, "node_agent_lease_renewals_total") >= 1
         assert _metric(before, "node_agent_api_requests_total") > 0
         assert _metric(before, "node_agent_osc_up_to_date") == 1
+        assert _metric(before, "node_agent_apply_failed_items") == 0
+        assert _metric(before, 'node_agent_http_connections_refused_total{endpoint="health"}') == 0
         assert MARKER not in before
 
         # An update restarts the unit (its file changed): the counters move.
