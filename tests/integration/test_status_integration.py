@@ -22,20 +22,24 @@ from typing import Any
 import pytest
 import yaml
 from kubernetes_asyncio.client import ApiClient
+from structlog.testing import capture_logs
 
 from tests.conftest import PreparedAgentFactory
 from tests.testbed.agent_harness import (
     REPO,
     AgentSetup,
     inline_file,
+    now,
     osc_document,
     publish_osc,
+    running_agent,
     service,
     spawn_agent,
     unique,
     unit_props,
     wait_applied,
     wait_for,
+    wait_lease_renewed_after,
 )
 from tests.testbed.controlplane import ControlPlane
 from tests.testbed.systemd_ns import IsolatedSystemd
@@ -256,3 +260,34 @@ async def test_status_and_endpoints_of_a_running_agent_and_after_it_stopped(
     assert doc["units"] is None
     assert doc["health"] is None
     assert doc["inventory"]["units"] >= 1
+
+
+async def test_a_planted_symlink_as_the_socket_directory_is_refused_and_the_agent_runs_on(
+    admin_api: ApiClient,
+    make_prepared_agent: PreparedAgentFactory,
+    systemd: IsolatedSystemd,
+    tmp_path: Path,
+) -> None:
+    prepared = await make_prepared_agent(tmp_path / "root")
+    _with_loopback_servers(prepared.setup)
+    setup = prepared.setup.with_config(yaml.safe_load(prepared.setup.config_file.read_text()))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    elsewhere.chmod(0o755)
+    planted = setup.root / SOCKET.lstrip("/")
+    planted.parent.parent.mkdir(parents=True, exist_ok=True)
+    planted.parent.symlink_to(elsewhere)
+    started = now()
+    with capture_logs() as logs:
+        async with running_agent(setup, host_name=prepared.name, systemd=systemd):
+            # The agent does its job without the socket: the Lease is renewed.
+            await wait_lease_renewed_after(admin_api, prepared.name, started, 30)
+    refused = [e for e in logs if e["event"] == "status socket not started"]
+    assert len(refused) == 1
+    assert "is a symlink" in refused[0]["error"]
+    assert stat.S_IMODE(elsewhere.stat().st_mode) == 0o755  # the link's target: not chmodded
+    assert list(elsewhere.iterdir()) == []  # nothing bound there
+    assert planted.parent.is_symlink()
+    code, text = await _status(setup.root)
+    assert code == 3  # the status command says the agent does not answer there
+    assert "NOT RUNNING" in text
