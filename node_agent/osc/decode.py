@@ -2,8 +2,26 @@
 
 Upstream trusts both the checksum annotation and the content, and finds bad input only halfway
 through applying it, leaving a half-written node. Here everything is checked before anything is
-planned: the checksum, the size, the type, and every path, unit name, drop-in name, encoding and
-mode. Each failure is a typed error (see ``node_agent.errors``) naming the offending item.
+planned: the checksum, the size, the shape of the YAML, the type, and every path, unit name,
+drop-in name, encoding and mode. Each failure is a typed error (see ``node_agent.errors``) naming
+the offending item, in one line.
+
+The YAML is read the way upstream's decoder reads it (``sigs.k8s.io/yaml`` on go-yaml v2, then a
+typed JSON decode): ``y``/``n`` are booleans, ``0o644`` is an octal integer, base-60 numbers and
+bare timestamps are plain strings, and a field of the wrong type is an error, never coerced.
+Stricter than upstream, on purpose: a mapping key given twice is refused (upstream keeps one of
+them silently), and so is an integral float such as ``420.0`` for ``permissions``.
+
+Limits that keep hostile or broken input from crashing or exhausting the agent, all far above
+any real OSC (Gardener's nest 8 levels deep, paths about 8 components):
+
+- ``MAX_NESTING_DEPTH`` levels of collections. libyaml parses iteratively, but the composer that
+  builds the document recurses in C without a limit: a 60 KB ``[[[[...]]]]`` overflows the stack
+  (SIGSEGV). The event stream is therefore checked first, iteratively, and the document is only
+  composed when it is shallow enough. Aliases count with the depth of what they point to.
+- ``MAX_NODES`` values after expanding aliases (no "billion laughs"); a cyclic alias is refused.
+- ``MAX_NAME_BYTES`` per path component, ``MAX_PATH_BYTES`` per path and
+  ``MAX_PATH_COMPONENTS`` components: what Linux can hold, and a walk the host layer can afford.
 """
 
 from __future__ import annotations
@@ -14,17 +32,40 @@ import hashlib
 import hmac
 import posixpath
 import re
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any, ClassVar
 
 import yaml
 from pydantic import ValidationError
+from yaml.events import (
+    AliasEvent,
+    MappingEndEvent,
+    MappingStartEvent,
+    ScalarEvent,
+    SequenceEndEvent,
+    SequenceStartEvent,
+    StreamEndEvent,
+)
+from yaml.nodes import MappingNode, Node
 
+from node_agent import layout
 from node_agent.errors import OSCChecksumError, OSCDecodeError, OSCValidationError
-from node_agent.osc.models import API_VERSION, KIND, File, InlineContent, OperatingSystemConfig
+from node_agent.osc.models import (
+    API_VERSION,
+    KIND,
+    File,
+    InlineContent,
+    OperatingSystemConfig,
+    Unit,
+)
 
 MAX_OSC_BYTES = 1024 * 1024
 MAX_PERMISSIONS = 0o7777
+MAX_NESTING_DEPTH = 64
+MAX_NODES = MAX_OSC_BYTES
+MAX_NAME_BYTES = 255  # NAME_MAX
+MAX_PATH_BYTES = 4095  # PATH_MAX less the terminating NUL
+MAX_PATH_COMPONENTS = 64
 UNIT_SUFFIXES = (
     "service",
     "socket",
@@ -44,7 +85,157 @@ _UNIT_NAME = re.compile(rf"{_UNIT_CHARS}+(@{_UNIT_CHARS}*)?\.({'|'.join(UNIT_SUF
 _UNIT_NAME_MAX = 255
 _ENCODINGS = ("", "b64")
 
-_Loader: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_TAG = "tag:yaml.org,2002:"
+_MERGE_TAG = f"{_TAG}merge"
+# go-yaml v2's plain-scalar resolution, in PyYAML's terms (see the module docstring).
+_BOOL = re.compile(
+    r"^(?:y|Y|yes|Yes|YES|n|N|no|No|NO|true|True|TRUE|false|False|FALSE|on|On|ON|off|Off|OFF)$"
+)
+_INT = re.compile(
+    r"^(?:[-+]?0b[0-1_]+|[-+]?0o[0-7_]+|[-+]?0[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)"
+    r"|[-+]?0x[0-9a-fA-F_]+)$"
+)
+_FLOAT = re.compile(
+    r"^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+][0-9]+)?|\.[0-9][0-9_]*(?:[eE][-+][0-9]+)?"
+    r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"
+)
+_REPLACED_TAGS = {f"{_TAG}{name}" for name in ("bool", "int", "float", "timestamp")}
+
+
+def _loader_class(base: type[Any]) -> type[Any]:
+    """``base`` (a safe loader) with upstream's scalar types and no duplicate mapping keys."""
+
+    class Loader(base):  # type: ignore[misc]
+        yaml_implicit_resolvers: ClassVar[dict[Any, list[tuple[str, re.Pattern[str]]]]] = {
+            first: [(tag, regexp) for tag, regexp in entries if tag not in _REPLACED_TAGS]
+            for first, entries in yaml.resolver.Resolver.yaml_implicit_resolvers.items()
+        }
+        bool_values: ClassVar[dict[str, bool]] = {
+            **yaml.constructor.SafeConstructor.bool_values,
+            "y": True,
+            "n": False,
+        }
+
+        def construct_mapping(self, node: Node, deep: bool = False) -> dict[Any, Any]:
+            if isinstance(node, MappingNode):
+                _refuse_duplicate_keys(self, node)
+            mapping: dict[Any, Any] = super().construct_mapping(node, deep=deep)
+            return mapping
+
+    Loader.add_implicit_resolver(f"{_TAG}bool", _BOOL, list("yYnNtTfFoO"))
+    Loader.add_implicit_resolver(f"{_TAG}int", _INT, list("-+0123456789"))
+    Loader.add_implicit_resolver(f"{_TAG}float", _FLOAT, list("-+0123456789."))
+    return Loader
+
+
+# libyaml's loader when PyYAML was built with it (about 10x faster), else the pure-Python one.
+PYTHON_LOADER = _loader_class(yaml.SafeLoader)
+LIBYAML_LOADER = _loader_class(yaml.CSafeLoader) if hasattr(yaml, "CSafeLoader") else None
+OSCLoader = LIBYAML_LOADER or PYTHON_LOADER
+
+
+def _refuse_duplicate_keys(loader: yaml.SafeLoader, node: MappingNode) -> None:
+    """Upstream's lenient decoder keeps one of two equal keys silently; here that is an error."""
+    seen: dict[tuple[type, Any], yaml.Mark] = {}
+    for key_node, _ in node.value:
+        if key_node.tag == _MERGE_TAG:
+            continue  # "<<" merges: explicit keys are meant to override merged ones
+        key = loader.construct_object(key_node, deep=True)
+        ident = (type(key), key)
+        try:
+            first = seen.get(ident)
+        except TypeError:
+            continue  # an unhashable key: the constructor itself reports it
+        again = key_node.start_mark
+        if first is None:
+            seen[ident] = again
+        else:
+            if first.line == again.line:
+                where = f"line {first.line + 1}, columns {first.column + 1} and {again.column + 1}"
+            else:
+                where = f"lines {first.line + 1} and {again.line + 1}"
+            raise OSCDecodeError(
+                f"osc.yaml has the mapping key {_short(repr(key))} twice ({where})"
+            )
+
+
+def check_structure(raw: bytes) -> None:
+    """Refuse YAML that would crash or exhaust the loader, before it builds anything.
+
+    Walks libyaml's event stream (iterative, constant stack) and counts open collections and
+    values; aliases count with the height and size of the node they repeat. Raises
+    ``OSCDecodeError`` naming the line; malformed YAML raises ``yaml.YAMLError``.
+    """
+    loader = OSCLoader(raw)
+    depth = nodes = 0
+    anchors: dict[str, tuple[int, int]] = {}  # name -> (height, values) of the anchored node
+    # Anchored collections still open: [name, depth, values before it, deepest level inside].
+    open_anchors: list[list[Any]] = []
+    try:
+        while True:
+            event = loader.get_event()
+            kind = type(event)
+            if kind is ScalarEvent:
+                nodes += 1
+                if event.anchor is not None:
+                    anchors[event.anchor] = (0, 1)
+            elif kind is MappingStartEvent or kind is SequenceStartEvent:
+                depth += 1
+                nodes += 1
+                if depth > MAX_NESTING_DEPTH:
+                    raise OSCDecodeError(
+                        f"osc.yaml nests collections deeper than {MAX_NESTING_DEPTH} levels "
+                        f"(line {_line(event)})"
+                    )
+                if event.anchor is not None:
+                    open_anchors.append([event.anchor, depth, nodes - 1, depth])
+                elif open_anchors and depth > open_anchors[-1][3]:
+                    open_anchors[-1][3] = depth
+            elif kind is MappingEndEvent or kind is SequenceEndEvent:
+                if open_anchors and open_anchors[-1][1] == depth:
+                    name, start, before, deepest = open_anchors.pop()
+                    anchors[name] = (deepest - start + 1, nodes - before)
+                    if open_anchors and deepest > open_anchors[-1][3]:
+                        open_anchors[-1][3] = deepest
+                depth -= 1
+            elif kind is AliasEvent:
+                nodes += _expand_alias(event, depth, anchors, open_anchors)
+            elif kind is StreamEndEvent:
+                return
+            if nodes > MAX_NODES:
+                raise OSCDecodeError(
+                    f"osc.yaml holds more than {MAX_NODES} values once its aliases are expanded "
+                    f"(line {_line(event)})"
+                )
+    finally:
+        loader.dispose()
+
+
+def _expand_alias(
+    event: AliasEvent,
+    depth: int,
+    anchors: Mapping[str, tuple[int, int]],
+    open_anchors: list[list[Any]],
+) -> int:
+    """Check an alias at ``depth`` like the node it repeats; return how many values it adds."""
+    name, line = event.anchor or "", _line(event)
+    if name not in anchors:
+        if any(frame[0] == name for frame in open_anchors):
+            raise OSCDecodeError(
+                f"osc.yaml alias *{name} (line {line}) repeats a node inside itself"
+            )
+        raise OSCDecodeError(
+            f"osc.yaml alias *{name} (line {line}) has no anchor &{name} before it"
+        )
+    height, size = anchors[name]
+    if depth + height > MAX_NESTING_DEPTH:
+        raise OSCDecodeError(
+            f"osc.yaml alias *{name} (line {line}) nests collections deeper than "
+            f"{MAX_NESTING_DEPTH} levels"
+        )
+    if open_anchors and depth + height > open_anchors[-1][3]:
+        open_anchors[-1][3] = depth + height
+    return size
 
 
 def sha256_hex(raw: bytes) -> str:
@@ -84,18 +275,26 @@ def decode_osc(
 
 
 def parse_osc(raw: bytes) -> OperatingSystemConfig:
-    """Parse YAML or JSON bytes into the model, checking size, apiVersion and kind only."""
+    """Parse YAML or JSON bytes into the model, checking size, shape, types, apiVersion and kind
+    only (``validate_osc`` checks the values)."""
     _check_size(raw)
     try:
-        obj = yaml.load(raw, Loader=_Loader)
+        check_structure(raw)
+        loader = OSCLoader(raw)
+        try:
+            obj = loader.get_single_data()
+        finally:
+            loader.dispose()
     except yaml.YAMLError as exc:
-        raise OSCDecodeError(f"osc.yaml is not valid YAML or JSON: {exc}") from exc
+        raise OSCDecodeError(f"osc.yaml is not valid YAML or JSON: {_one_line(str(exc))}") from exc
+    except (ValueError, OverflowError) as exc:  # e.g. an explicit !!int tag on a non-number
+        raise OSCDecodeError(f"osc.yaml has a value that cannot be read: {exc}") from exc
     if not isinstance(obj, dict):
         raise OSCDecodeError(f"osc.yaml must hold a mapping, not {type(obj).__name__}")
     api_version, kind = obj.get("apiVersion"), obj.get("kind")
     if api_version != API_VERSION or kind != KIND:
         raise OSCDecodeError(
-            f"osc.yaml has apiVersion {api_version!r} and kind {kind!r}; "
+            f"osc.yaml has apiVersion {_short(repr(api_version))} and kind {_short(repr(kind))}; "
             f"expected {API_VERSION!r} and {KIND!r}"
         )
     try:
@@ -103,27 +302,37 @@ def parse_osc(raw: bytes) -> OperatingSystemConfig:
     except ValidationError as exc:
         err = exc.errors()[0]
         where, item = _locate(obj, err["loc"])
-        raise OSCValidationError(f"{where}: {err['msg']}", field=where, item=item) from exc
+        raise OSCValidationError(f"{where}: {_explain(err)}", field=where, item=item) from exc
 
 
 def validate_osc(osc: OperatingSystemConfig, host_name: str | None = None) -> None:
-    """Reject values that cannot be applied safely; raise on the first one found."""
-    for field, files in (
-        ("spec.files", osc.spec.files),
-        ("status.extensionFiles", osc.status.extension_files),
-    ):
-        for i, file in enumerate(files):
-            _validate_file(f"{field}[{i}]", file)
-    _check_duplicate_paths([*osc.spec.files, *osc.status.extension_files], host_name)
-    for field, units in (
-        ("spec.units", osc.spec.units),
-        ("status.extensionUnits", osc.status.extension_units),
-    ):
-        for i, unit in enumerate(units):
-            where = f"{field}[{i}]"
-            validate_unit_name(unit.name, field=f"{where}.name")
-            for j, drop_in in enumerate(unit.drop_ins):
-                validate_drop_in_name(unit.name, drop_in.name, field=f"{where}.dropIns[{j}].name")
+    """Reject values that cannot be applied safely; raise on the first one found.
+
+    ``host_name`` limits the checks between files (same path, a file where another needs a
+    directory, a file over a unit's file) to the files that host gets; without it, files that
+    could land on the same host are checked against each other.
+    """
+    files = [
+        *_indexed("spec.files", osc.spec.files),
+        *_indexed("status.extensionFiles", osc.status.extension_files),
+    ]
+    for where, file in files:
+        _validate_file(where, file)
+    mine = [(where, file) for where, file in files if _for_host(file, host_name)]
+    _check_duplicate_paths([file for _, file in mine], host_name)
+    _check_file_parents(mine)
+    units = [
+        *_indexed("spec.units", osc.spec.units),
+        *_indexed("status.extensionUnits", osc.status.extension_units),
+    ]
+    with_drop_ins = {unit.name for _, unit in units if unit.drop_ins}
+    for where, unit in units:
+        validate_unit_name(unit.name, field=f"{where}.name")
+        if unit.name in with_drop_ins:
+            _check_drop_in_dir(unit.name, field=f"{where}.name")
+        for j, drop_in in enumerate(unit.drop_ins):
+            validate_drop_in_name(unit.name, drop_in.name, field=f"{where}.dropIns[{j}].name")
+    _check_unit_paths(mine, units)
 
 
 def decode_inline(inline: InlineContent, *, path: str, field: str | None = None) -> bytes:
@@ -147,10 +356,11 @@ def decode_inline(inline: InlineContent, *, path: str, field: str | None = None)
 
 
 def validate_path(path: str, *, field: str | None = None) -> None:
-    """A file path must be absolute, normalized, free of ``..`` and NUL bytes."""
+    """A file path must be absolute, normalized, free of ``..`` and NUL bytes, and fit Linux's
+    limits (``MAX_NAME_BYTES`` per component, ``MAX_PATH_BYTES``, ``MAX_PATH_COMPONENTS``)."""
 
     def fail(why: str) -> OSCValidationError:
-        return OSCValidationError(f"file path {path!r} {why}", field=field, item=path)
+        return OSCValidationError(f"file path {_short(repr(path))} {why}", field=field, item=path)
 
     if "\x00" in path:
         raise fail("contains a NUL byte")
@@ -161,12 +371,27 @@ def validate_path(path: str, *, field: str | None = None) -> None:
     if path == "/" or path.endswith("/"):
         raise fail("names a directory, not a file")
     if posixpath.normpath(path) != path or path.startswith("//"):
-        raise fail(f"is not normalized (expected {posixpath.normpath(path)!r})")
+        raise fail(f"is not normalized (expected {_short(repr(posixpath.normpath(path)))})")
+    size = _utf8_size(path)
+    if size is None:
+        raise fail("is not valid UTF-8 text")
+    if size > MAX_PATH_BYTES:
+        raise fail(f"is {size} bytes long, over the limit of {MAX_PATH_BYTES}")
+    parts = path[1:].split("/")
+    if len(parts) > MAX_PATH_COMPONENTS:
+        raise fail(f"has {len(parts)} components, over the limit of {MAX_PATH_COMPONENTS}")
+    for part in parts:
+        if len(part.encode()) > MAX_NAME_BYTES:
+            raise fail(
+                f"has a component of {len(part.encode())} bytes ({_short(repr(part), 40)}), "
+                f"over the file system's limit of {MAX_NAME_BYTES}"
+            )
+    _check_reserved(path, fail)
 
 
 def validate_unit_name(name: str, *, field: str | None = None) -> None:
     def fail(why: str) -> OSCValidationError:
-        return OSCValidationError(f"unit name {name!r} {why}", field=field, item=name)
+        return OSCValidationError(f"unit name {_short(repr(name))} {why}", field=field, item=name)
 
     if "/" in name:
         raise fail("contains '/'")
@@ -182,13 +407,44 @@ def validate_unit_name(name: str, *, field: str | None = None) -> None:
 def validate_drop_in_name(unit: str, name: str, *, field: str | None = None) -> None:
     def fail(why: str) -> OSCValidationError:
         return OSCValidationError(
-            f"drop-in {name!r} of unit {unit} {why}", field=field, item=f"{unit}/{name}"
+            f"drop-in {_short(repr(name))} of unit {unit} {why}",
+            field=field,
+            item=f"{unit}/{name}",
         )
 
     if "/" in name or "\x00" in name:
         raise fail("contains '/' or a NUL byte")
     if not name.endswith(".conf") or name == ".conf":
         raise fail("must be a file name ending in .conf")
+    size = _utf8_size(name)
+    if size is None:
+        raise fail("is not valid UTF-8 text")
+    if size > MAX_NAME_BYTES:
+        raise fail(f"is {size} bytes long, over the file system's limit of {MAX_NAME_BYTES}")
+
+
+def _check_drop_in_dir(unit: str, *, field: str) -> None:
+    directory = f"{unit}.d"
+    if len(directory.encode()) > MAX_NAME_BYTES:
+        raise OSCValidationError(
+            f"unit name {_short(repr(unit))} is too long for drop-ins: its directory "
+            f"{unit}.d would be {len(directory.encode())} bytes, over the file system's limit "
+            f"of {MAX_NAME_BYTES}",
+            field=field,
+            item=unit,
+        )
+
+
+def _check_reserved(path: str, fail: Any) -> None:
+    """The agent's own state and credentials are not the OSC's to write."""
+    if path in layout.RESERVED_DIRS:
+        raise fail("is the directory of the agent's own state and credentials")
+    for reserved in _self_and_parents(path):
+        if reserved in layout.RESERVED_FILES:
+            what = "credentials" if reserved in layout.CREDENTIAL_FILES else "state"
+            raise fail(
+                f"is reserved for the agent's own {what} ({reserved}); an OSC may not write it"
+            )
 
 
 def _check_size(raw: bytes) -> None:
@@ -200,7 +456,8 @@ def _validate_file(where: str, file: File) -> None:
     validate_path(file.path, field=f"{where}.path")
     if file.permissions is not None and not 0 <= file.permissions <= MAX_PERMISSIONS:
         raise OSCValidationError(
-            f"file {file.path}: permissions {file.permissions} are outside 0..0o7777",
+            f"file {file.path}: permissions {file.permissions} ({_octal(file.permissions)}) "
+            "are outside 0..0o7777",
             field=f"{where}.permissions",
             item=file.path,
         )
@@ -236,8 +493,6 @@ def _validate_file(where: str, file: File) -> None:
 def _check_duplicate_paths(files: Sequence[File], host_name: str | None) -> None:
     seen: dict[str, list[str | None]] = {}
     for file in files:
-        if host_name is not None and file.host_name not in (None, host_name):
-            continue
         hosts = seen.setdefault(file.path, [])
         if any(_same_host(file.host_name, other) for other in hosts):
             target = f" on host {host_name}" if host_name else ""
@@ -247,8 +502,127 @@ def _check_duplicate_paths(files: Sequence[File], host_name: str | None) -> None
         hosts.append(file.host_name)
 
 
+def _check_file_parents(files: Sequence[tuple[str, File]]) -> None:
+    """A file cannot be written where another file of the same OSC needs a directory."""
+    hosts_by_path: dict[str, list[str | None]] = {}
+    for _, file in files:
+        hosts_by_path.setdefault(file.path, []).append(file.host_name)
+    for where, file in files:
+        for parent in _parents(file.path):
+            others = hosts_by_path.get(parent, ())
+            if any(_same_host(file.host_name, other) for other in others):
+                raise OSCValidationError(
+                    f"file {file.path} needs {parent} to be a directory, but {parent} is also a "
+                    "file of this OSC",
+                    field=f"{where}.path",
+                    item=file.path,
+                )
+
+
+def _check_unit_paths(files: Sequence[tuple[str, File]], units: Sequence[tuple[str, Unit]]) -> None:
+    """A file entry must not take the place of a unit file or drop-in the OSC itself writes:
+    one of them would silently lose."""
+    owned: dict[str, str] = {}  # path -> what the OSC writes there
+    for _, unit in units:
+        if unit.content is not None:
+            owned[layout.unit_path(unit.name)] = f"the unit file of {unit.name}"
+        for drop_in in unit.drop_ins:
+            owned[layout.drop_in_path(unit.name, drop_in.name)] = (
+                f"drop-in {drop_in.name} of unit {unit.name}"
+            )
+    parents: dict[str, str] = {}  # directory -> a unit path inside it
+    for path in owned:
+        for parent in _parents(path):
+            parents.setdefault(parent, path)
+    for where, file in files:
+        path = file.path
+        if path in owned:
+            why = f"is also {owned[path]} in this OSC"
+        elif path in parents:
+            inner = parents[path]
+            why = f"must stay a directory for {owned[inner]} in this OSC ({inner})"
+        else:
+            clash = next((p for p in _parents(path) if p in owned), None)
+            if clash is None:
+                continue
+            why = f"needs {clash} to be a directory, but it is {owned[clash]} in this OSC"
+        raise OSCValidationError(f"file {path} {why}", field=f"{where}.path", item=path)
+
+
+def _line(event: yaml.Event) -> int:
+    return event.start_mark.line + 1 if event.start_mark is not None else 0
+
+
+def _indexed(field: str, items: Sequence[Any]) -> Iterator[tuple[str, Any]]:
+    return ((f"{field}[{i}]", item) for i, item in enumerate(items))
+
+
+def _for_host(file: File, host_name: str | None) -> bool:
+    return host_name is None or file.host_name in (None, host_name)
+
+
+def _parents(path: str) -> Iterator[str]:
+    """``/a/b/c`` -> ``/a/b``, ``/a``."""
+    end = path.rfind("/")
+    while end > 0:
+        yield path[:end]
+        end = path.rfind("/", 0, end)
+
+
+def _self_and_parents(path: str) -> Iterator[str]:
+    yield path
+    yield from _parents(path)
+
+
 def _same_host(a: str | None, b: str | None) -> bool:
     return a is None or b is None or a == b
+
+
+def _utf8_size(text: str) -> int | None:
+    try:
+        return len(text.encode())
+    except UnicodeEncodeError:
+        return None
+
+
+def _octal(mode: int) -> str:
+    return f"-0o{-mode:o}" if mode < 0 else f"0o{mode:o}"
+
+
+def _short(text: str, limit: int = 100) -> str:
+    """Keep an echoed value from swamping a one-line message."""
+    return text if len(text) <= limit else f"{text[: limit - 15]}...({len(text)} chars)"
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _describe(value: object) -> str:
+    """What a wrong value is, in YAML's words, for a type error."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return f"the boolean {str(value).lower()}"
+    if isinstance(value, int):
+        return f"the integer {value}"
+    if isinstance(value, float):
+        return f"the float {value!r}"
+    if isinstance(value, str):
+        return f"the string {_short(repr(value), 60)}"
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    return f"a value of type {type(value).__name__}"
+
+
+def _explain(err: Mapping[str, Any]) -> str:
+    """A pydantic error in one line, with what was found instead."""
+    msg = str(err["ctx"]["error"]) if err["type"] == "value_error" else str(err["msg"])
+    if err["type"] == "missing":
+        return msg
+    return f"{msg}, got {_describe(err.get('input'))}"
 
 
 def _locate(obj: Mapping[str, Any], loc: Iterable[int | str]) -> tuple[str, str | None]:

@@ -4,19 +4,34 @@ Field names follow the Go JSON tags (camelCase). Unknown fields are ignored, so 
 that adds fields does not break an older agent. The loosely modelled parts (``criConfig``,
 ``inPlaceUpdates``, metadata extras) keep whatever they are given so nothing is lost when the
 object is written back to disk as last-applied state. Models are immutable; lists are tuples.
+
+Typed fields are as strict as upstream's typed decoder: ``permissions`` must be an integer,
+``enable`` and ``transmitUnencoded`` booleans, ``command`` one of start, restart, stop. A string,
+float or boolean there is an error instead of being coerced (``"0644"`` would otherwise become
+mode 0o1204, ``true`` mode 0o1).
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool
 from pydantic.alias_generators import to_camel
 
 API_VERSION = "extensions.gardener.cloud/v1alpha1"
 KIND = "OperatingSystemConfig"
 
 UnitCommandName = Literal["start", "restart", "stop"]
+
+
+def _integer(value: object) -> object:
+    """Only a YAML/JSON integer is a mode; ``bool`` is an ``int`` in Python, so check the type."""
+    if value is not None and type(value) is not int:
+        raise ValueError("permissions must be an integer (octal in YAML such as 0644, or 420)")
+    return value
+
+
+Permissions = Annotated[int | None, BeforeValidator(_integer)]
 
 
 class _Model(BaseModel):
@@ -52,12 +67,12 @@ class FileContent(_Model):
     inline: InlineContent | None = None
     secret_ref: SecretRefContent | None = None
     image_ref: ImageRefContent | None = None
-    transmit_unencoded: bool | None = None
+    transmit_unencoded: StrictBool | None = None
 
 
 class File(_Model):
     path: str
-    permissions: int | None = None
+    permissions: Permissions = None
     content: FileContent
     host_name: str | None = None
 
@@ -70,7 +85,7 @@ class DropIn(_Model):
 class Unit(_Model):
     name: str
     command: UnitCommandName | None = None
-    enable: bool | None = None
+    enable: StrictBool | None = None
     content: str | None = None
     drop_ins: tuple[DropIn, ...] = ()
     file_paths: tuple[str, ...] = ()
