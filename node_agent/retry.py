@@ -9,6 +9,7 @@ their ``base`` and ``cap``, never in how the delay is computed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 
 #: Delays for the controllers: (base seconds, cap seconds).
@@ -53,8 +54,6 @@ class Backoff:
         if wake is None:
             await asyncio.sleep(delay)
             return delay
-        try:
+        with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(wake.wait(), timeout=delay)
-        except TimeoutError:
-            pass
         return delay
