@@ -19,7 +19,7 @@ from node_agent.errors import (
     OSCError,
     OSCValidationError,
 )
-from node_agent.osc import decode_osc, osc_files, osc_units, parse_osc, plan, secret_refs
+from node_agent.osc import decode, decode_osc, osc_files, osc_units, parse_osc, plan, secret_refs
 from node_agent.osc.decode import MAX_OSC_BYTES, decode_inline, validate_osc
 from node_agent.osc.models import InlineContent, OperatingSystemConfig
 
@@ -430,3 +430,279 @@ def test_validate_osc_checks_models_built_in_code() -> None:
     osc = OperatingSystemConfig.model_validate(with_file(path="relative"))
     with pytest.raises(OSCValidationError, match="is not absolute"):
         validate_osc(osc)
+
+
+# --- limits on the shape of the YAML (nesting, aliases), with both loaders -----------------------
+
+HEAD = "apiVersion: extensions.gardener.cloud/v1alpha1\nkind: OperatingSystemConfig\n"
+
+
+@pytest.fixture(params=["libyaml", "python"])
+def loader(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run the test with libyaml's loader and with the pure-Python fallback."""
+    cls = decode.LIBYAML_LOADER if request.param == "libyaml" else decode.PYTHON_LOADER
+    assert cls is not None, "PyYAML is built without libyaml"
+    monkeypatch.setattr(decode, "OSCLoader", cls)
+    return str(request.param)
+
+
+def nested(kind: str, levels: int) -> bytes:
+    """A valid OSC whose ``spec.x`` holds ``levels`` nested collections (the root and ``spec``
+    are two more levels)."""
+    if kind == "flow-seq":
+        text = HEAD + "spec:\n  x: " + "[" * levels + "]" * levels + "\n"
+    elif kind == "flow-map":
+        text = HEAD + "spec:\n  x: " + "{a: " * levels + "b" + "}" * levels + "\n"
+    elif kind == "json":
+        text = (
+            '{"apiVersion": "extensions.gardener.cloud/v1alpha1", "kind": "OperatingSystemConfig", '
+            '"spec": {"x": ' + '{"a": ' * levels + "1" + "}" * levels + "}}"
+        )
+    elif kind == "block-seq":
+        text = HEAD + "spec:\n  x:\n  " + "- " * levels + "a\n"
+    elif kind == "block-key":
+        text = HEAD + "spec:\n  x:\n    " + "? " * levels + "a\n"
+    elif kind == "block-indent":
+        text = HEAD + "spec:\n  x:\n" + "".join(" " * (i + 4) + "a:\n" for i in range(levels))
+    else:
+        raise AssertionError(kind)
+    return text.encode()
+
+
+SHAPES = ["flow-seq", "flow-map", "json", "block-seq", "block-key", "block-indent"]
+
+
+# Mappings as keys cannot be built into a dict: only the refusal is tested for "block-key".
+@pytest.mark.parametrize("kind", [kind for kind in SHAPES if kind != "block-key"])
+def test_nesting_up_to_the_limit_is_accepted(kind: str, loader: str) -> None:
+    raw = nested(kind, decode.MAX_NESTING_DEPTH - 2)
+    assert decode_osc(raw, sha(raw)).spec.files == ()
+
+
+@pytest.mark.parametrize("kind", SHAPES)
+@pytest.mark.parametrize("levels", [decode.MAX_NESTING_DEPTH - 1, 1000])
+def test_nesting_over_the_limit_is_refused_before_composing(
+    kind: str, levels: int, loader: str
+) -> None:
+    raw = nested(kind, levels)
+    with pytest.raises(
+        OSCDecodeError, match=r"nests collections deeper than 64 levels \(line \d+\)"
+    ):
+        decode_osc(raw, sha(raw))
+
+
+def test_nesting_limit_is_far_above_a_real_osc(realistic_raw: bytes) -> None:
+    assert decode.MAX_NESTING_DEPTH >= 64
+    decode.check_structure(realistic_raw)  # the realistic OSC nests 7 levels
+
+
+def test_aliases_count_with_the_depth_of_what_they_repeat(loader: str) -> None:
+    # The root mapping, 33 or 34 sequences, then *a0 standing for 30 more: 64 and 65 levels,
+    # although no line of the document itself nests deeper than 35.
+    anchor = HEAD + "a0: &a0 " + "[" * 30 + "]" * 30 + "\n"
+    ok = (anchor + "x: " + "[" * 33 + "*a0" + "]" * 33 + "\n").encode()
+    assert decode_osc(ok, sha(ok)).spec.files == ()
+    raw = (anchor + "x: " + "[" * 34 + "*a0" + "]" * 34 + "\n").encode()
+    with pytest.raises(OSCDecodeError, match=r"alias \*a0 \(line 4\) nests collections deeper"):
+        decode_osc(raw, sha(raw))
+
+
+def test_alias_expansion_is_bounded(loader: str) -> None:
+    text = HEAD + "l0: &l0 [x, x, x, x, x, x, x, x, x, x]\n"
+    for i in range(1, 9):  # 10**9 values once expanded, from 1 KB of YAML
+        text += f"l{i}: &l{i} [" + ", ".join([f"*l{i - 1}"] * 10) + "]\n"
+    raw = text.encode()
+    with pytest.raises(OSCDecodeError, match="more than 1048576 values once its aliases"):
+        decode_osc(raw, sha(raw))
+
+
+@pytest.mark.parametrize(
+    ("body", "why"),
+    [
+        ("metadata: &m {x: [*m]}\n", r"alias \*m \(line 3\) repeats a node inside itself"),
+        ("metadata: *m\n", r"alias \*m \(line 3\) has no anchor &m before it"),
+    ],
+)
+def test_cyclic_and_dangling_aliases_are_refused(body: str, why: str, loader: str) -> None:
+    raw = (HEAD + body).encode()
+    with pytest.raises(OSCDecodeError, match=why):
+        decode_osc(raw, sha(raw))
+
+
+def test_anchors_and_merge_keys_within_limits_are_accepted(loader: str) -> None:
+    raw = (
+        HEAD
+        + "spec:\n"
+        + "  files:\n"
+        + "  - &motd {path: /etc/motd, permissions: 0644, content: {inline: {data: hi}}}\n"
+        + "  - <<: *motd\n"
+        + "    path: /etc/issue\n"
+    ).encode()
+    files = decode_osc(raw, sha(raw)).spec.files
+    assert [(f.path, f.permissions) for f in files] == [("/etc/motd", 0o644), ("/etc/issue", 0o644)]
+
+
+# --- duplicate keys ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("raw", "why"),
+    [
+        (
+            (HEAD + "spec:\n  files: []\n  type: a\n  files: []\n").encode(),
+            "the mapping key 'files' twice (lines 4 and 6)",
+        ),
+        (
+            (
+                HEAD + "spec:\n  units:\n  - {name: a.service, enable: true, name: b.service}\n"
+            ).encode(),
+            "the mapping key 'name' twice (line 5, columns 6 and 37)",
+        ),
+        (
+            b'{"apiVersion": "extensions.gardener.cloud/v1alpha1", "kind": "OperatingSystemConfig",'
+            b'\n "spec": {"type": "a",\n  "type": "b"}}',
+            "the mapping key 'type' twice (lines 2 and 3)",
+        ),
+        (
+            (HEAD + "kind: OperatingSystemConfig\n").encode(),
+            "the mapping key 'kind' twice (lines 2 and 3)",
+        ),
+    ],
+)
+def test_duplicate_mapping_keys_are_refused_with_key_and_lines(
+    raw: bytes, why: str, loader: str
+) -> None:
+    with pytest.raises(OSCDecodeError, match=re.escape(why)):
+        decode_osc(raw, sha(raw))
+
+
+def test_duplicate_key_inside_a_file_entry_is_refused(loader: str) -> None:
+    raw = osc_with().replace(b"  - path: /etc/motd\n", b"  - path: /etc/motd\n    path: /etc/x\n")
+    assert raw.count(b"path:") == 2
+    with pytest.raises(
+        OSCDecodeError, match=re.escape("the mapping key 'path' twice (lines 5 and 6)")
+    ):
+        decode_osc(raw, sha(raw))
+
+
+def test_keys_of_different_types_are_not_duplicates(loader: str) -> None:
+    raw = (HEAD + "metadata:\n  labels: {1: a, '1': b}\n").encode()
+    assert decode_osc(raw, sha(raw)).metadata.name is None
+
+
+# --- scalar types as upstream reads them ---------------------------------------------------------
+
+
+def osc_with(file_line: str = "", unit_line: str = "") -> bytes:
+    return (
+        HEAD
+        + "spec:\n  files:\n  - path: /etc/motd\n"
+        + (f"    {file_line}\n" if file_line else "")
+        + "    content: {inline: {data: hi}}\n"
+        + "  units:\n  - name: motd.service\n"
+        + (f"    {unit_line}\n" if unit_line else "")
+    ).encode()
+
+
+@pytest.mark.parametrize(
+    ("value", "got"),
+    [
+        ('"0644"', "the string '0644'"),
+        ("'420'", "the string '420'"),
+        ("true", "the boolean true"),
+        ("false", "the boolean false"),
+        ("y", "the boolean true"),
+        ("420.0", "the float 420.0"),
+        ("420.5", "the float 420.5"),
+        ("0644.0", "the float 644.0"),
+        ("1:30", "the string '1:30'"),  # base 60 in YAML 1.1, a string to upstream
+        ("rw-r--r--", "the string 'rw-r--r--'"),
+        ("[420]", "a list"),
+        ("{mode: 420}", "a mapping"),
+    ],
+)
+def test_permissions_that_are_not_integers_are_refused(value: str, got: str) -> None:
+    raw = osc_with(f"permissions: {value}")
+    with pytest.raises(OSCValidationError) as info:
+        decode_osc(raw, sha(raw))
+    assert str(info.value) == (
+        "spec.files[0].permissions (/etc/motd): permissions must be an integer "
+        f"(octal in YAML such as 0644, or 420), got {got}"
+    )
+    assert info.value.field == "spec.files[0].permissions (/etc/motd)"
+    assert info.value.item == "/etc/motd"
+
+
+@pytest.mark.parametrize("value", ["0644", "0o644", "0x1a4", "420", "+420", "0b110100100", "4_20"])
+def test_integer_permissions_in_every_spelling_upstream_reads(value: str) -> None:
+    raw = osc_with(f"permissions: {value}")
+    assert decode_osc(raw, sha(raw)).spec.files[0].permissions == 0o644
+
+
+@pytest.mark.parametrize("permissions", [-0o644, 0o10000, 2**32])
+def test_permissions_out_of_range_name_the_file_in_octal(permissions: int) -> None:
+    raw = osc_with(f"permissions: {permissions}")
+    with pytest.raises(OSCValidationError) as info:
+        decode_osc(raw, sha(raw))
+    assert str(info.value) == (
+        f"file /etc/motd: permissions {permissions} ({decode._octal(permissions)}) "
+        "are outside 0..0o7777"
+    )
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [("true", True), ("y", True), ("Yes", True), ("on", True), ("false", False), ("n", False)],
+)
+def test_enable_takes_the_booleans_upstream_reads(value: str, expected: bool) -> None:
+    raw = osc_with(unit_line=f"enable: {value}")
+    assert decode_osc(raw, sha(raw)).spec.units[0].enable is expected
+
+
+@pytest.mark.parametrize(
+    ("value", "got"),
+    [
+        ('"true"', "the string 'true'"),
+        ("1", "the integer 1"),
+        ("0", "the integer 0"),
+        ("yess", "the string 'yess'"),
+    ],
+)
+def test_enable_that_is_not_a_boolean_is_refused(value: str, got: str) -> None:
+    raw = osc_with(unit_line=f"enable: {value}")
+    with pytest.raises(OSCValidationError) as info:
+        decode_osc(raw, sha(raw))
+    assert str(info.value) == (
+        f"spec.units[0].enable (motd.service): Input should be a valid boolean, got {got}"
+    )
+
+
+def test_transmit_unencoded_must_be_a_boolean() -> None:
+    raw = osc_with().replace(b"content: {inline", b"content: {transmitUnencoded: 'yes', inline")
+    with pytest.raises(OSCValidationError, match=r"transmitUnencoded \(/etc/motd\): .*boolean"):
+        decode_osc(raw, sha(raw))
+
+
+@pytest.mark.parametrize(
+    ("value", "got"), [("reload", "the string 'reload'"), ("1", "the integer 1")]
+)
+def test_command_outside_start_restart_stop_is_refused(value: str, got: str) -> None:
+    raw = osc_with(unit_line=f"command: {value}")
+    with pytest.raises(OSCValidationError) as info:
+        decode_osc(raw, sha(raw))
+    assert str(info.value) == (
+        "spec.units[0].command (motd.service): Input should be 'start', 'restart' or 'stop', "
+        f"got {got}"
+    )
+
+
+def test_plain_dates_and_base60_numbers_stay_strings_as_upstream_reads_them() -> None:
+    raw = (HEAD + "metadata:\n  creationTimestamp: 2026-13-45\n  clock: 1:30\n").encode()
+    meta = decode_osc(raw, sha(raw)).metadata.model_dump()
+    assert (meta["creationTimestamp"], meta["clock"]) == ("2026-13-45", "1:30")
+
+
+def test_an_unreadable_tagged_value_is_a_decode_error() -> None:
+    raw = (HEAD + "metadata: {x: !!int abc}\n").encode()
+    with pytest.raises(OSCDecodeError, match="has a value that cannot be read: invalid literal"):
+        decode_osc(raw, sha(raw))
