@@ -115,7 +115,7 @@ async def run_agent(
     )
     osc = OSCController(ctx, applier)
     lease = LeaseController(ctx)  # its own client and connection pool (see the module)
-    node = NodeController(ctx)
+    node = NodeController(ctx, on_recreated=osc.node_recreated)
     token = TokenController(ctx)
     ctx.health.info.update(osc=osc, lease=lease, node=node, token=token)
 

@@ -23,7 +23,7 @@ is taken over, so Events and the Lease's owner reference name the new object.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -85,8 +85,16 @@ class NodeStats:
 
 
 class NodeController:
-    def __init__(self, ctx: AgentContext, *, backoff: Backoff | None = None) -> None:
+    def __init__(
+        self,
+        ctx: AgentContext,
+        *,
+        backoff: Backoff | None = None,
+        on_recreated: Callable[[], None] | None = None,
+    ) -> None:
         self.ctx = ctx
+        #: called when the Node was deleted and created again (it lost its annotations/labels)
+        self.on_recreated = on_recreated
         self.stats = NodeStats()
         self._latest: JSON | None = None
         self._wake = asyncio.Event()
@@ -138,9 +146,12 @@ class NodeController:
         """The Node exists: clear a recorded deletion, adopt the uid of a re-created Node."""
         uid = (node.get("metadata") or {}).get("uid")
         if uid and uid != self.ctx.node_uid:
-            if self.ctx.node_uid is not None:
-                log.info("own node was re-created", node=self.ctx.node_name, uid=uid)
+            recreated = self.ctx.node_uid is not None
             self.ctx.node_uid = str(uid)
+            if recreated:
+                log.info("own node was re-created", node=self.ctx.node_name, uid=uid)
+                if self.on_recreated is not None:
+                    self.on_recreated()
         if self.missing is not None:
             self.missing = None
             log.info("own node exists again", node=self.ctx.node_name)

@@ -211,6 +211,11 @@ class OSCController:
         log.info("restarting the agent's own unit last", unit=self.ctx.settings.agent_unit)
         await self.ctx.systemd.restart_unit(self.ctx.settings.agent_unit)
 
+    def node_recreated(self) -> None:
+        """The Node was deleted and registered again: report the applied checksum anew."""
+        self._reported = None
+        self._wake.set()
+
     # -- one reconciliation -----------------------------------------------------------------
     def request_resync(self) -> None:
         """Run the periodic full check (drift on disk included) now."""

@@ -22,11 +22,14 @@ from structlog.testing import capture_logs
 
 from node_agent import status
 from node_agent.config import parse_config
+from node_agent.report import ANNOTATION_APPLIED_CHECKSUM
 from tests.conftest import PreparedAgentFactory
 from tests.testbed.agent_harness import (
     create_node,
     node_annotations,
     node_events,
+    osc_document,
+    publish_osc,
     read_lease,
     running_agent,
     start_unit,
@@ -150,6 +153,7 @@ async def test_deleted_node_fails_readiness_and_shows_until_recreated(
     setup = prepared.setup.with_config(doc)
     sock = status.socket_path(setup.root)
     core = client.CoreV1Api(admin_api)
+    checksum = await publish_osc(admin_api, prepared.osc_secret, osc_document([], []))
 
     async with running_agent(setup, host_name=node, systemd=systemd):
         endpoints: dict[str, str] = {}
@@ -205,3 +209,10 @@ async def test_deleted_node_fails_readiness_and_shows_until_recreated(
 
         # The Lease's next renewal names the new object as its owner.
         await wait_for(lease_owned_by_new_node, 30, "the Lease owned by the re-created Node")
+
+        async def checksum_reported() -> bool:
+            annotations = await node_annotations(admin_api, node)
+            return annotations.get(ANNOTATION_APPLIED_CHECKSUM) == checksum
+
+        # The re-created Node lost its annotations: the applied checksum is reported again.
+        await wait_for(checksum_reported, 30, "the applied checksum on the re-created Node")
