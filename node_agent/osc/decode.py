@@ -154,9 +154,7 @@ def _refuse_duplicate_keys(loader: yaml.SafeLoader, node: MappingNode) -> None:
                 where = f"line {first.line + 1}, columns {first.column + 1} and {again.column + 1}"
             else:
                 where = f"lines {first.line + 1} and {again.line + 1}"
-            raise OSCDecodeError(
-                f"osc.yaml has the mapping key {_short(repr(key))} twice ({where})"
-            )
+            raise OSCDecodeError(f"osc.yaml has the mapping key {_quote(key)} twice ({where})")
 
 
 def check_structure(raw: bytes) -> None:
@@ -294,7 +292,7 @@ def parse_osc(raw: bytes) -> OperatingSystemConfig:
     api_version, kind = obj.get("apiVersion"), obj.get("kind")
     if api_version != API_VERSION or kind != KIND:
         raise OSCDecodeError(
-            f"osc.yaml has apiVersion {_short(repr(api_version))} and kind {_short(repr(kind))}; "
+            f"osc.yaml has apiVersion {_quote(api_version)} and kind {_quote(kind)}; "
             f"expected {API_VERSION!r} and {KIND!r}"
         )
     try:
@@ -360,7 +358,7 @@ def validate_path(path: str, *, field: str | None = None) -> None:
     limits (``MAX_NAME_BYTES`` per component, ``MAX_PATH_BYTES``, ``MAX_PATH_COMPONENTS``)."""
 
     def fail(why: str) -> OSCValidationError:
-        return OSCValidationError(f"file path {_short(repr(path))} {why}", field=field, item=path)
+        return OSCValidationError(f"file path {_quote(path)} {why}", field=field, item=path)
 
     if "\x00" in path:
         raise fail("contains a NUL byte")
@@ -371,7 +369,7 @@ def validate_path(path: str, *, field: str | None = None) -> None:
     if path == "/" or path.endswith("/"):
         raise fail("names a directory, not a file")
     if posixpath.normpath(path) != path or path.startswith("//"):
-        raise fail(f"is not normalized (expected {_short(repr(posixpath.normpath(path)))})")
+        raise fail(f"is not normalized (expected {_quote(posixpath.normpath(path))})")
     size = _utf8_size(path)
     if size is None:
         raise fail("is not valid UTF-8 text")
@@ -383,7 +381,7 @@ def validate_path(path: str, *, field: str | None = None) -> None:
     for part in parts:
         if len(part.encode()) > MAX_NAME_BYTES:
             raise fail(
-                f"has a component of {len(part.encode())} bytes ({_short(repr(part), 40)}), "
+                f"has a component of {len(part.encode())} bytes ({_quote(part, 40)}), "
                 f"over the file system's limit of {MAX_NAME_BYTES}"
             )
     _check_reserved(path, fail)
@@ -391,7 +389,7 @@ def validate_path(path: str, *, field: str | None = None) -> None:
 
 def validate_unit_name(name: str, *, field: str | None = None) -> None:
     def fail(why: str) -> OSCValidationError:
-        return OSCValidationError(f"unit name {_short(repr(name))} {why}", field=field, item=name)
+        return OSCValidationError(f"unit name {_quote(name)} {why}", field=field, item=name)
 
     if "/" in name:
         raise fail("contains '/'")
@@ -407,7 +405,7 @@ def validate_unit_name(name: str, *, field: str | None = None) -> None:
 def validate_drop_in_name(unit: str, name: str, *, field: str | None = None) -> None:
     def fail(why: str) -> OSCValidationError:
         return OSCValidationError(
-            f"drop-in {_short(repr(name))} of unit {unit} {why}",
+            f"drop-in {_quote(name)} of unit {unit} {why}",
             field=field,
             item=f"{unit}/{name}",
         )
@@ -427,8 +425,8 @@ def _check_drop_in_dir(unit: str, *, field: str) -> None:
     directory = f"{unit}.d"
     if len(directory.encode()) > MAX_NAME_BYTES:
         raise OSCValidationError(
-            f"unit name {_short(repr(unit))} is too long for drop-ins: its directory "
-            f"{unit}.d would be {len(directory.encode())} bytes, over the file system's limit "
+            f"unit name {_quote(unit)} is too long for drop-ins: its directory (the name "
+            f"and '.d') would be {len(directory.encode())} bytes, over the file system's limit "
             f"of {MAX_NAME_BYTES}",
             field=field,
             item=unit,
@@ -589,9 +587,14 @@ def _octal(mode: int) -> str:
     return f"-0o{-mode:o}" if mode < 0 else f"0o{mode:o}"
 
 
-def _short(text: str, limit: int = 100) -> str:
-    """Keep an echoed value from swamping a one-line message."""
-    return text if len(text) <= limit else f"{text[: limit - 15]}...({len(text)} chars)"
+def _quote(value: object, limit: int = 100) -> str:
+    """``repr(value)``, shortened so an echoed value cannot swamp a one-line message."""
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    if isinstance(value, str):
+        return f"{value[: limit - 25]!r}... ({len(value)} characters)"
+    return f"{text[:limit]}..."
 
 
 def _one_line(text: str) -> str:
@@ -609,7 +612,7 @@ def _describe(value: object) -> str:
     if isinstance(value, float):
         return f"the float {value!r}"
     if isinstance(value, str):
-        return f"the string {_short(repr(value), 60)}"
+        return f"the string {_quote(value, 60)}"
     if isinstance(value, dict):
         return "a mapping"
     if isinstance(value, list):

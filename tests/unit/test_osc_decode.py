@@ -13,6 +13,8 @@ from typing import Any
 import pytest
 import yaml
 
+from node_agent import layout
+from node_agent.config import BOOTSTRAP_TOKEN_FILE, KUBECONFIG_FILE, TOKEN_FILE
 from node_agent.errors import (
     OSCChecksumError,
     OSCDecodeError,
@@ -706,3 +708,267 @@ def test_an_unreadable_tagged_value_is_a_decode_error() -> None:
     raw = (HEAD + "metadata: {x: !!int abc}\n").encode()
     with pytest.raises(OSCDecodeError, match="has a value that cannot be read: invalid literal"):
         decode_osc(raw, sha(raw))
+
+
+# --- what the file system can hold ---------------------------------------------------------------
+
+
+def path_error(path: str) -> OSCValidationError:
+    with pytest.raises(OSCValidationError) as info:
+        decode_doc(with_file(path=path))
+    assert info.value.field == "spec.files[0].path"
+    assert info.value.item == path
+    return info.value
+
+
+def test_path_component_over_255_bytes_is_refused() -> None:
+    err = path_error("/etc/" + "é" * 128)  # 128 characters, 256 bytes
+    assert "has a component of 256 bytes" in str(err)
+    assert "over the file system's limit of 255" in str(err)
+    assert decode_doc(with_file(path="/etc/" + "x" * 255)).spec.files[0].path.endswith("x")
+
+
+def test_path_over_4095_bytes_is_refused() -> None:
+    path = "/" + "/".join(["d" * 200] * 20) + "/" + "f" * 74
+    assert len(path) == 4095
+    assert decode_doc(with_file(path=path)).spec.files[0].path == path
+    err = path_error(path + "f")
+    assert "is 4096 bytes long, over the limit of 4095" in str(err)
+    assert len(str(err)) < 300  # the path is shortened in the message
+
+
+def test_path_with_too_many_components_is_refused() -> None:
+    assert decode_doc(with_file(path="/d" * 64)).spec.files[0].path == "/d" * 64
+    err = path_error("/d" * 65)
+    assert "has 65 components, over the limit of 64" in str(err)
+
+
+def test_ten_thousand_component_path_is_refused() -> None:
+    err = path_error("/d" * 10_000)
+    assert "over the limit of 4095" in str(err)
+
+
+def test_path_that_is_not_utf8_is_refused() -> None:
+    osc = OperatingSystemConfig.model_validate(with_file(path="/etc/\udc80"))
+    with pytest.raises(OSCValidationError, match="is not valid UTF-8 text"):
+        validate_osc(osc)
+
+
+def with_unit(**changes: Any) -> dict[str, Any]:
+    doc = minimal()
+    doc["spec"]["units"][0].update(changes)
+    return doc
+
+
+def test_unit_name_whose_drop_in_directory_is_over_255_bytes_is_refused() -> None:
+    fits, too_long = "a" * 245 + ".service", "a" * 246 + ".service"
+    drop_ins = [{"name": "10-a.conf", "content": "[Service]\n"}]
+    assert decode_doc(with_unit(name=fits, dropIns=drop_ins)).spec.units[0].name == fits
+    assert decode_doc(with_unit(name=too_long)).spec.units[0].name == too_long  # no drop-ins
+    with pytest.raises(OSCValidationError) as info:
+        decode_doc(with_unit(name=too_long, dropIns=drop_ins))
+    assert str(info.value) == (
+        f"unit name '{'a' * 75}'... (254 characters) is too long for drop-ins: its directory "
+        "(the name and '.d') would be 256 bytes, over the file system's limit of 255"
+    )
+    assert info.value.field == "spec.units[0].name"
+    assert info.value.item == too_long
+
+
+def test_drop_in_of_an_extension_unit_counts_for_the_spec_unit_of_that_name() -> None:
+    name = "a" * 246 + ".service"
+    doc = with_unit(name=name)
+    drop_in = {"name": "10-a.conf", "content": "[Service]\n"}
+    doc["status"] = {"extensionUnits": [{"name": name, "dropIns": [drop_in]}]}
+    with pytest.raises(OSCValidationError, match="is too long for drop-ins"):
+        decode_doc(doc)
+
+
+def test_drop_in_name_over_255_bytes_is_refused() -> None:
+    fits, too_long = "d" * 250 + ".conf", "d" * 251 + ".conf"
+    drop_in = {"content": "[Service]\n"}
+    assert decode_doc(with_unit(dropIns=[{**drop_in, "name": fits}])).spec.units[0].drop_ins
+    with pytest.raises(OSCValidationError) as info:
+        decode_doc(with_unit(dropIns=[{**drop_in, "name": too_long}]))
+    assert str(info.value).endswith(
+        "of unit motd.service is 256 bytes long, over the file system's limit of 255"
+    )
+    assert info.value.field == "spec.units[0].dropIns[0].name"
+
+
+# --- the agent's own files -----------------------------------------------------------------------
+
+STATE = "/var/lib/gardener-node-agent"
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        *(f"{STATE}/{name}" for name in layout.STATE_FILES),
+        *(f"{STATE}/{name}.corrupt" for name in layout.STATE_FILES),
+    ],
+)
+def test_file_over_the_agents_state_is_refused(path: str) -> None:
+    err = path_error(path)
+    assert str(err) == (
+        f"file path '{path}' is reserved for the agent's own state ({path}); "
+        "an OSC may not write it"
+    )
+
+
+@pytest.mark.parametrize("path", [KUBECONFIG_FILE, TOKEN_FILE, BOOTSTRAP_TOKEN_FILE])
+def test_file_over_the_agents_credentials_is_refused(path: str) -> None:
+    assert "is reserved for the agent's own credentials" in str(path_error(path))
+
+
+def test_state_and_credential_names_are_the_ones_the_agent_uses() -> None:
+    names = {p.rsplit("/", 1)[1] for p in layout.RESERVED_FILES if "/credentials/" not in p}
+    assert names >= {
+        "last-applied-osc.yaml",
+        "last-applied-osc.meta.json",
+        "last-computed-osc-changes.yaml",
+        "last-computed-osc-changes.done.json",
+        "inventory.json",
+        "status.json",
+        "inventory.json.corrupt",
+    }
+    assert {KUBECONFIG_FILE, TOKEN_FILE, BOOTSTRAP_TOKEN_FILE} <= layout.RESERVED_FILES
+
+
+@pytest.mark.parametrize("path", [STATE, f"{STATE}/credentials"])
+def test_file_over_the_agents_directories_is_refused(path: str) -> None:
+    assert "is the directory of the agent's own state and credentials" in str(path_error(path))
+
+
+def test_file_below_a_reserved_file_is_refused() -> None:
+    assert "reserved for the agent's own state" in str(path_error(f"{STATE}/inventory.json/x"))
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        f"{STATE}/config-v1.150.0.yaml",
+        f"{STATE}/cluster-ca.crt",
+        f"{STATE}/machine-name",
+        f"{STATE}/zone",
+        f"{STATE}/init.sh",
+        f"{STATE}/status.json.bak",
+    ],
+)
+def test_other_files_in_the_agents_directory_stay_allowed(path: str) -> None:
+    assert decode_doc(with_file(path=path)).spec.files[0].path == path
+
+
+def test_reserved_path_in_extension_files_is_refused() -> None:
+    doc = minimal()
+    doc["status"] = {"extensionFiles": [copy.deepcopy(doc["spec"]["files"][0])]}
+    doc["status"]["extensionFiles"][0]["path"] = TOKEN_FILE
+    with pytest.raises(OSCValidationError, match="reserved") as info:
+        decode_doc(doc)
+    assert info.value.field == "status.extensionFiles[0].path"
+
+
+# --- files in the way of the OSC's own units and files -----------------------------------------
+
+
+def test_file_at_the_unit_file_of_an_osc_unit_is_refused() -> None:
+    doc = with_file(path="/etc/systemd/system/motd.service")
+    with pytest.raises(OSCValidationError) as info:
+        decode_doc(doc)
+    assert str(info.value) == (
+        "file /etc/systemd/system/motd.service is also the unit file of motd.service in this OSC"
+    )
+    assert info.value.field == "spec.files[0].path"
+    assert info.value.item == "/etc/systemd/system/motd.service"
+
+
+def test_file_at_a_drop_in_of_an_osc_unit_is_refused() -> None:
+    doc = with_file(path="/etc/systemd/system/containerd.service.d/10-a.conf")
+    doc["status"] = {
+        "extensionUnits": [
+            {"name": "containerd.service", "dropIns": [{"name": "10-a.conf", "content": "x"}]}
+        ]
+    }
+    with pytest.raises(OSCValidationError) as info:
+        decode_doc(doc)
+    assert str(info.value) == (
+        "file /etc/systemd/system/containerd.service.d/10-a.conf is also drop-in 10-a.conf of "
+        "unit containerd.service in this OSC"
+    )
+
+
+@pytest.mark.parametrize(
+    ("path", "why"),
+    [
+        (
+            "/etc/systemd/system/motd.service.d",
+            "must stay a directory for drop-in 10-a.conf of unit motd.service in this OSC "
+            "(/etc/systemd/system/motd.service.d/10-a.conf)",
+        ),
+        (
+            "/etc/systemd/system",
+            "must stay a directory for the unit file of motd.service in this OSC "
+            "(/etc/systemd/system/motd.service)",
+        ),
+        (
+            "/etc/systemd/system/motd.service/x",
+            "needs /etc/systemd/system/motd.service to be a directory, but it is the unit file "
+            "of motd.service in this OSC",
+        ),
+    ],
+)
+def test_file_where_a_unit_needs_a_directory_is_refused(path: str, why: str) -> None:
+    doc = with_file(path=path)
+    doc["spec"]["units"][0]["dropIns"] = [{"name": "10-a.conf", "content": "x"}]
+    with pytest.raises(OSCValidationError) as info:
+        decode_doc(doc)
+    assert str(info.value) == f"file {path} {why}"
+
+
+def test_file_at_the_unit_path_of_a_unit_without_content_is_allowed() -> None:
+    doc = with_file(path="/etc/systemd/system/containerd.service")
+    doc["spec"]["units"].append({"name": "containerd.service", "filePaths": ["/etc/motd"]})
+    assert decode_doc(doc).spec.files[0].path == "/etc/systemd/system/containerd.service"
+
+
+def test_file_at_a_unit_path_for_another_host_is_checked_only_for_that_host() -> None:
+    doc = with_file(path="/etc/systemd/system/motd.service", hostName="node-b")
+    assert decode_doc(doc, "node-a").spec.files[0].host_name == "node-b"
+    with pytest.raises(OSCValidationError, match=r"is also the unit file of motd\.service"):
+        decode_doc(doc, "node-b")
+
+
+def test_file_where_another_file_needs_a_directory_is_refused() -> None:
+    doc = minimal()
+    doc["spec"]["files"].append(copy.deepcopy(doc["spec"]["files"][0]))
+    doc["spec"]["files"][1]["path"] = "/etc/motd/extra"
+    with pytest.raises(OSCValidationError) as info:
+        decode_doc(doc)
+    assert str(info.value) == (
+        "file /etc/motd/extra needs /etc/motd to be a directory, but /etc/motd is also a file "
+        "of this OSC"
+    )
+    assert info.value.field == "spec.files[1].path"
+    doc["spec"]["files"][0]["hostName"] = "node-a"
+    doc["spec"]["files"][1]["hostName"] = "node-b"
+    assert len(decode_doc(doc).spec.files) == 2  # never on the same host
+
+
+# --- every refusal is one line -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"apiVersion: [unclosed\nkind: OperatingSystemConfig\n",
+        b"{\n\n",
+        nested("block-seq", 30_000),
+        osc_with("permissions: '0644'"),
+        (HEAD + "spec:\n  a: 1\n  a: 2\n").encode(),
+        (HEAD + "metadata: *x\n").encode(),
+    ],
+)
+def test_every_refusal_is_one_line(raw: bytes) -> None:
+    with pytest.raises(OSCError) as info:
+        decode_osc(raw, sha(raw))
+    assert "\n" not in str(info.value)
