@@ -65,7 +65,9 @@ def mode(path: Path) -> int:
 
 
 def unit_gone(node: IsolatedSystemd, unit: str) -> bool:
-    return not node.path(f"{UNIT_DIR}/{unit}").exists() and active(node, unit) == "inactive"
+    """Its file removed and not running (a unit that failed may stay listed as failed)."""
+    gone = not node.path(f"{UNIT_DIR}/{unit}").exists()
+    return gone and active(node, unit) in ("inactive", "failed")
 
 
 def temp_leftovers(node: IsolatedSystemd, *dirs: str) -> str:
