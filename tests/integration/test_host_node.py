@@ -49,6 +49,7 @@ def test_units_written_through_hostfs_are_loaded_by_systemd(node: IsolatedSystem
     for claim in claims_for(cs):
         text = UNIT_TEXT if claim.kind == "unit" else DROPIN_TEXT
         assert fs.write_atomic(claim.path, text.encode(), UNIT_FILE_MODE)
+    store.record_written(claims_for(cs))  # claimed once written, as the executor does
     node.run(["systemctl", "daemon-reload"])
     node.run(["systemctl", "start", UNIT])
     env = node.run(["systemctl", "show", "-P", "Environment", UNIT]).stdout.strip()

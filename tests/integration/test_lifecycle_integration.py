@@ -139,6 +139,6 @@ async def test_sigterm_during_an_apply_exits_0_and_the_next_start_finishes_it(
         assert unit_props(node, slow)["ActiveState"] == "active"
         assert node.path(f"/etc/node-agent-test/{name}.conf").read_text() == "x=1\n"
         assert pending() is None
-        assert "resuming an interrupted apply" in log.read_text()
+        assert "continuing an unfinished apply of the same OSC" in log.read_text()
     finally:
         notify.close()
