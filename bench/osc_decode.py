@@ -7,9 +7,10 @@ Three documents just under the 1 MiB limit, each built around the realistic Gard
 - ``dense``: the worst case for the parser, a flow list of small numbers in ``criConfig``
   (one YAML event per two bytes).
 
-Prints the median and best wall time of ``decode_osc`` per document, plus the deepest nesting
-the limit refuses and how fast. Run from the repository root:
-``.venv/bin/python -m bench.osc_decode [--runs 15]``
+Prints the median and best wall time of ``decode_osc`` per document, and how fast a 60 KB
+document nested 30,000 levels deep is refused (it used to crash the YAML composer).
+
+Run from the repository root: ``.venv/bin/python -m bench.osc_decode [--runs 15]``
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import yaml
 from node_agent.errors import OSCError
 from node_agent.osc.decode import MAX_OSC_BYTES, decode_osc
 
-REALISTIC = Path(__file__).resolve().parent.parent / "tests" / "unit" / "data" / "osc-realistic.yaml"
+REALISTIC = Path(__file__).resolve().parents[1] / "tests/unit/data/osc-realistic.yaml"
 LIMIT = MAX_OSC_BYTES - 4096
 
 

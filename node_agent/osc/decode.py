@@ -13,7 +13,8 @@ Stricter than upstream, on purpose: a mapping key given twice is refused (upstre
 them silently), and so is an integral float such as ``420.0`` for ``permissions``.
 
 Limits that keep hostile or broken input from crashing or exhausting the agent, all far above
-any real OSC (Gardener's nest 8 levels deep, paths about 8 components):
+any real OSC (a Gardener OSC with registry mirrors nests 9 levels deep; its paths have at most
+5 components):
 
 - ``MAX_NESTING_DEPTH`` levels of collections. libyaml parses iteratively, but the composer that
   builds the document recurses in C without a limit: a 60 KB ``[[[[...]]]]`` overflows the stack
