@@ -33,7 +33,7 @@ import hashlib
 import hmac
 import posixpath
 import re
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
 import yaml
@@ -379,7 +379,7 @@ def validate_path(path: str, *, field: str | None = None) -> None:
     parts = path[1:].split("/")
     if len(parts) > MAX_PATH_COMPONENTS:
         raise fail(f"has {len(parts)} components, over the limit of {MAX_PATH_COMPONENTS}")
-    for part in parts:
+    for part in parts if size > MAX_NAME_BYTES else ():
         if len(part.encode()) > MAX_NAME_BYTES:
             raise fail(
                 f"has a component of {len(part.encode())} bytes ({_quote(part, 40)}), "
@@ -434,8 +434,10 @@ def _check_drop_in_dir(unit: str, *, field: str) -> None:
         )
 
 
-def _check_reserved(path: str, fail: Any) -> None:
+def _check_reserved(path: str, fail: Callable[[str], OSCValidationError]) -> None:
     """The agent's own state and credentials are not the OSC's to write."""
+    if not path.startswith(layout.BASE_DIR):
+        return  # every reserved path is in there
     if path in layout.RESERVED_DIRS:
         raise fail("is the directory of the agent's own state and credentials")
     for reserved in _self_and_parents(path):

@@ -833,6 +833,7 @@ def test_state_and_credential_names_are_the_ones_the_agent_uses() -> None:
         "inventory.json.corrupt",
     }
     assert {KUBECONFIG_FILE, TOKEN_FILE, BOOTSTRAP_TOKEN_FILE} <= layout.RESERVED_FILES
+    assert all(p.startswith(f"{STATE}/") for p in layout.RESERVED_FILES)  # decode relies on it
 
 
 @pytest.mark.parametrize("path", [STATE, f"{STATE}/credentials"])
