@@ -1,19 +1,27 @@
 """The real ``node-agent`` process refuses input that used to crash it or be coerced: a deeply
 nested osc.yaml (the YAML composer recursed until SIGSEGV), a mode given as a string, a path the
 file system cannot hold, a file over the agent's own state or over one of the OSC's own units.
-Each is one line on stderr and exit status 1, before anything is written under ``--root``."""
+``plan`` and ``apply`` print one line and exit 1 before anything is written under ``--root``;
+``run`` reports each such Secret as ``OSCInvalid``, keeps what it applied, and keeps running."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import subprocess
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+import pytest_asyncio
 import yaml
+from kubernetes_asyncio.client import ApiClient
 
-from tests.testbed.agent_harness import inline_file, osc_document, service
+from tests.testbed.agent_harness import AgentProcess, OSCAgent, inline_file, osc_document, service
+from tests.testbed.controlplane import ControlPlane
+from tests.testbed.systemd_ns import IsolatedSystemd
 
 pytestmark = pytest.mark.integration
 
@@ -152,3 +160,111 @@ def test_apply_refuses_a_unit_name_too_long_for_its_drop_ins(tmp_path: Path) -> 
     line, _ = apply_refused(tmp_path, dump([good_file()], [unit]))
     assert "is too long for drop-ins" in line
     assert "would be 256 bytes, over the file system's limit of 255" in line
+
+
+# --- the same input as the node's Secret, to the running agent --------------------------------
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def harness(
+    admin_api: ApiClient, control_plane: ControlPlane, node: IsolatedSystemd, tmp_path: Path
+) -> AsyncIterator[OSCAgent]:
+    agent = OSCAgent(admin_api, control_plane, node, tmp_path)
+    await agent.setup()
+    yield agent
+
+
+def limits_osc(*extra: dict[str, Any], data: str = "a\n") -> dict[str, Any]:
+    unit = service("limits.service", filePaths=["/etc/limits/a.conf"])
+    return osc_document([inline_file("/etc/limits/a.conf", data), *extra], [unit])
+
+
+def bad_secrets() -> list[tuple[str, bytes, str]]:
+    good = yaml.safe_dump(limits_osc())
+    long_unit = service("u" * 246 + ".service")
+    long_unit["dropIns"] = [{"name": "10-a.conf", "content": "[Service]\n"}]
+    with_long_unit = limits_osc()
+    with_long_unit["spec"]["units"].append(long_unit)
+    return [
+        ("deep flow YAML", DEEP["flow-seq"].encode(), "nests collections deeper than 64 levels"),
+        ("deep JSON", DEEP["json"].encode(), "deeper than 64 levels (line 1)"),
+        (
+            "string mode",
+            yaml.safe_dump(
+                limits_osc(inline_file("/etc/limits/b.conf", "b\n") | {"permissions": "0644"})
+            ).encode(),
+            "permissions must be an integer",
+        ),
+        (
+            "duplicate key",
+            good.replace(
+                "kind: OperatingSystemConfig\n", "kind: x\nkind: OperatingSystemConfig\n"
+            ).encode(),
+            "the mapping key 'kind' twice",
+        ),
+        (
+            "file over the inventory",
+            yaml.safe_dump(
+                limits_osc(inline_file("/var/lib/gardener-node-agent/inventory.json", "{}"))
+            ).encode(),
+            "reserved for the agent's own state",
+        ),
+        (
+            "file over its own unit",
+            yaml.safe_dump(
+                limits_osc(inline_file("/etc/systemd/system/limits.service", "[Unit]\n"))
+            ).encode(),
+            "is also the unit file of limits.service",
+        ),
+        (
+            "10,000-component path",
+            yaml.safe_dump(limits_osc(inline_file("/d" * 10_000, "x"))).encode(),
+            "is 20000 bytes long",
+        ),
+        ("unit too long for drop-ins", yaml.safe_dump(with_long_unit).encode(), "for drop-ins"),
+    ]
+
+
+async def reported_invalid(harness: OSCAgent, agent: AgentProcess, needle: str, label: str) -> str:
+    """The OSCInvalid Event naming ``needle``; fails at once if the agent exits instead."""
+    assert agent.proc is not None
+    event = asyncio.ensure_future(harness.wait_event("OSCInvalid", needle))
+    exited = asyncio.ensure_future(agent.proc.wait())
+    await asyncio.wait({event, exited}, return_when=asyncio.FIRST_COMPLETED)
+    if exited.done():
+        event.cancel()
+        raise AssertionError(f"{label}: the agent exited with {exited.result()}")
+    exited.cancel()
+    return event.result()
+
+
+async def test_running_agent_reports_bad_secrets_and_keeps_running(
+    harness: OSCAgent, tmp_path: Path
+) -> None:
+    node = harness.node
+    agent = AgentProcess(harness, tmp_path / "agent.log")
+    state = "/var/lib/gardener-node-agent"
+    try:
+        checksum = await harness.publish(limits_osc())
+        await agent.start()
+        await harness.wait_applied(checksum)
+        before = {
+            path: node.path(path).read_bytes()
+            for path in ("/etc/limits/a.conf", f"{state}/inventory.json", f"{state}/status.json")
+        }
+
+        for label, body, needle in bad_secrets():
+            await harness.publish(body)
+            message = await reported_invalid(harness, agent, needle, label)
+            assert "\n" not in message, label
+            assert (await harness.node_annotations())["checksum/cloud-config-data"] == checksum
+            assert {p: node.path(p).read_bytes() for p in before} == before, label
+        assert not node.path("/d").exists()
+
+        # The agent is still at work: a good update applies.
+        checksum = await harness.publish(limits_osc(data="a2\n"))
+        await harness.wait_applied(checksum)
+        assert node.path("/etc/limits/a.conf").read_text() == "a2\n"
+        assert await agent.terminate() == 0, agent.log_tail()
+    finally:
+        await agent.kill()
