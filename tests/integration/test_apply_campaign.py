@@ -40,6 +40,7 @@ from tests.testbed.agent_harness import (
     inline_file,
     osc_document,
     service,
+    status_json,
     warning_messages,
 )
 from tests.testbed.controlplane import ControlPlane
@@ -274,6 +275,7 @@ class Figures:
     oscs_with_failing_unit: int = 0
     hook_kills: int = 0
     external_kills: int = 0
+    external_kills_mid_change: int = 0  # the status showed a change in progress afterwards
     hooks_not_fired: int = 0
     published_while_down: int = 0
     converged: int = 0
@@ -292,7 +294,8 @@ class Figures:
         return (
             f"campaign seed {seed}: {self.scenarios} scenarios, {self.oscs} OSCs "
             f"({self.oscs_with_failing_unit} with a failing unit), kills injected {self.kills} "
-            f"({self.hook_kills} by the crash hook, {self.external_kills} external SIGKILLs; "
+            f"({self.hook_kills} by the crash hook, {self.external_kills} external SIGKILLs, "
+            f"{self.external_kills_mid_change} of them with a change in progress; "
             f"{self.hooks_not_fired} armed hooks found no such step), "
             f"{self.published_while_down} Secrets published while the agent was down, "
             f"converged {self.converged}/{self.scenarios}, unit changes started "
@@ -324,6 +327,10 @@ class Campaign:
             self.figures.kill_times.append(time.time())
             await self.agent.kill()
             self.running = False
+            # What the kill interrupted, as an operator would see it (the agent is down: the
+            # status command reads the node's files).
+            if (await status_json(self.node.root)).get("change_in_progress"):
+                self.figures.external_kills_mid_change += 1
 
     async def publish(self) -> str:
         self.figures.oscs += 1
@@ -426,10 +433,10 @@ class Campaign:
             if action == "apply":
                 await self.wait_settled(checksum, before)
             elif action == "external-kill":
-                delay = rng.uniform(0.0, 0.4)  # the apply takes about 0.1 s
+                delay = rng.uniform(0.0, 0.25)  # an apply takes about 0.1 s
                 if not self.running:
                     await self.start()
-                    delay += rng.uniform(0.4, 1.4)  # the agent's start takes about 1 s
+                    delay += rng.uniform(0.8, 1.5)  # the agent starts applying after about 1 s
                 await asyncio.sleep(delay)
                 await self.sigkill()
         if not self.running and rng.random() < 0.6:
