@@ -67,6 +67,7 @@ artifact: venv
 	PYTHON=$(BIN)/python sh packaging/build.sh
 
 test: deps venv controlplane artifact lint typecheck
+	rm -rf "$(TMPDIR)"/pytest-of-*
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 demo: deps venv controlplane
