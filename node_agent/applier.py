@@ -37,7 +37,7 @@ from node_agent.host.state import (
 from node_agent.log import get_logger
 from node_agent.osc.applied import Applied, Owed
 from node_agent.osc.decode import parse_osc, sha256_hex
-from node_agent.osc.merge import osc_files, osc_units
+from node_agent.osc.merge import osc_units
 from node_agent.osc.models import OperatingSystemConfig
 from node_agent.osc.plan import ChangeSet, UnitCommand, plan
 from node_agent.osc.settle import settle
@@ -72,13 +72,13 @@ def _write_path(step: str) -> str | None:
     return None
 
 
-def desired_paths(osc: OperatingSystemConfig, host_name: str) -> set[str]:
-    """Every host path the OSC wants to exist: files, unit files, drop-ins."""
-    paths = {f.path for f in osc_files(osc, host_name)}
-    for unit in osc_units(osc):
+def wanted_paths(applied: Applied) -> set[str]:
+    """Every host path an ``Applied`` has: files, unit files, drop-ins."""
+    paths = set(applied.files)
+    for unit in applied.units.values():
         if unit.content is not None:
             paths.add(unit_path(unit.name))
-        paths |= {dropin_path(unit.name, d.name) for d in unit.drop_ins}
+        paths |= {dropin_path(unit.name, name) for name in unit.drop_ins}
     return paths
 
 
@@ -93,7 +93,12 @@ class Applier:
         agent_unit: str,
         job_timeout: float = 60.0,
         on_command: Callable[[UnitCommand, JobResult], None] | None = None,
+        expand: Callable[[OperatingSystemConfig], OperatingSystemConfig] | None = None,
     ) -> None:
+        """``expand`` adds the items the agent derives from an OSC (e.g. containerd's
+        configuration from ``criConfig``) as files and units, so they are planned, journaled,
+        repaired and removed like the OSC's own."""
+        self.expand = expand or (lambda osc: osc)
         self.fs = fs
         self.state = state
         self.systemd = systemd
@@ -118,15 +123,18 @@ class Applier:
         return osc, last.resolved, last.checksum
 
     def plan(self, osc: OperatingSystemConfig, resolved: Mapping[str, bytes]) -> ChangeSet:
+        """What applying ``osc`` now would do (changes nothing, not even the inventory)."""
+        base = self.base(self.state.pending(), claim=False)
+        return plan(base, self.expand(osc), self.host_name, resolved, agent_unit=self.agent_unit)
+
+    def last_applied(self) -> Applied:
+        """The items of the last complete apply, as recorded then (derived items included), or
+        derived from its OSC when an older agent applied it; empty when nothing was applied."""
+        last = self.state.load_last_applied()
+        if last is not None and last.applied is not None:
+            return last.applied
         previous, previous_resolved, _ = self.previous()
-        return plan(
-            previous,
-            osc,
-            self.host_name,
-            resolved,
-            previous_resolved=previous_resolved,
-            agent_unit=self.agent_unit,
-        )
+        return Applied.of_osc(previous, self.host_name, previous_resolved)
 
     def applied_checksum(self) -> str:
         """sha256 of the last applied osc.yaml ('' if none); cheap: no parsing."""
@@ -152,9 +160,10 @@ class Applier:
             )
         else:
             base = await asyncio.to_thread(self.base, pending)
-            target = Applied.of_osc(osc, self.host_name, resolved, required=True)
+            desired = await asyncio.to_thread(self.expand, osc)
+            target = Applied.of_osc(desired, self.host_name, resolved, required=True)
             change_set = await asyncio.to_thread(
-                plan, base, osc, self.host_name, resolved, agent_unit=self.agent_unit
+                plan, base, desired, self.host_name, resolved, agent_unit=self.agent_unit
             )
             try:
                 self.preflight(change_set)
@@ -165,21 +174,24 @@ class Applier:
         report = await self.executor.execute(pending)
         if not report.complete:
             self._unfinished(checksum, started, report)
+        applied = pending.target
+        if applied is None:  # a journal from an older agent
+            applied = Applied.of_osc(self.expand(osc), self.host_name, resolved, required=True)
         return await self._complete(
-            raw, osc, checksum, resolved, pending.change_set, report, started, resumed=resumed
+            raw, osc, applied, checksum, resolved, pending.change_set, report, started, resumed
         )
 
-    def base(self, pending: Pending | None) -> Applied:
+    def base(self, pending: Pending | None, *, claim: bool = True) -> Applied:
         """What is applied now, item by item: the last applied OSC, overlaid with whatever an
         unfinished journal already did (its marks, and writes or deletions seen on disk that a
-        crash kept from being marked). Claims those writes in the inventory first."""
-        previous, previous_resolved, _ = self.previous()
-        last = Applied.of_osc(previous, self.host_name, previous_resolved)
+        crash kept from being marked). With ``claim``, those writes are claimed in the
+        inventory first."""
+        last = self.last_applied()
         if pending is None:
             return last
         cs = pending.change_set
         observed = self._observed(pending)
-        if observed:
+        if observed and claim:
             claims = {c.path: c for c in claims_for(cs)}
             paths = [_write_path(step) for step in observed]
             self.state.record_written(claims[p] for p in paths if p is not None and p in claims)
@@ -285,6 +297,7 @@ class Applier:
         if last is None or self.state.pending() is not None:
             return None
         refs = resolved if resolved is not None else (last.resolved or {})
+        osc = await asyncio.to_thread(self.expand, osc)
         try:
             full = await asyncio.to_thread(
                 plan, None, osc, self.host_name, refs, agent_unit=self.agent_unit
@@ -332,25 +345,25 @@ class Applier:
         self,
         raw: bytes,
         osc: OperatingSystemConfig,
+        target: Applied,
         checksum: str,
         resolved: Mapping[str, bytes],
         change_set: ChangeSet,
         report: ApplyReport,
         started: float,
-        *,
-        resumed: bool = False,
+        resumed: bool,
     ) -> Outcome:
-        orphans = await self.remove_orphans(osc)
-        self.state.save_last_applied(raw, resolved)
+        orphans = await self.remove_orphans(target)
+        self.state.save_last_applied(raw, resolved, applied=target)
         self._parsed = (checksum, osc)
         self.state.finish()
         report.duration = time.monotonic() - started
         self._record(checksum, started, report=report)
         return Outcome(checksum, change_set, report, resumed=resumed, orphans_removed=orphans)
 
-    async def remove_orphans(self, osc: OperatingSystemConfig) -> list[str]:
+    async def remove_orphans(self, applied: Applied) -> list[str]:
         """Delete what the agent created and no OSC wants any more (stop/disable units first)."""
-        wanted = desired_paths(osc, self.host_name)
+        wanted = wanted_paths(applied)
         owned = [
             p
             for p, entry in self.state.inventory().entries.items()

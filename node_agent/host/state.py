@@ -122,6 +122,9 @@ class LastAppliedMeta(_Doc):
     checksum: str  # sha256 hex of last-applied-osc.yaml
     applied_at: AwareDatetime
     resolved: dict[str, _B64] = Field(default_factory=dict)  # secretRef file path -> bytes
+    #: what this OSC put on the host, item by item, derived items (e.g. from criConfig) included;
+    #: the next plan starts from it (None: written by an older agent, derive it from the OSC)
+    applied: Applied | None = None
 
 
 class JournalDoc(_Doc):
@@ -192,6 +195,7 @@ class LastApplied:
     checksum: str  # sha256 hex of raw, = the Secret's checksum/data-script
     applied_at: datetime | None
     resolved: dict[str, bytes] | None  # None: unknown (no or mismatching meta)
+    applied: Applied | None = None  # None: unknown (no or mismatching meta, older agent)
 
 
 @dataclass(frozen=True)
@@ -267,7 +271,11 @@ class StateStore:
         if meta is None or meta.checksum != checksum:
             return LastApplied(raw=raw, checksum=checksum, applied_at=None, resolved=None)
         return LastApplied(
-            raw=raw, checksum=checksum, applied_at=meta.applied_at, resolved=dict(meta.resolved)
+            raw=raw,
+            checksum=checksum,
+            applied_at=meta.applied_at,
+            resolved=dict(meta.resolved),
+            applied=meta.applied,
         )
 
     def save_last_applied(
@@ -276,17 +284,25 @@ class StateStore:
         resolved: Mapping[str, bytes] | None = None,
         *,
         applied_at: datetime | None = None,
+        applied: Applied | None = None,
     ) -> LastApplied:
         """Persist the applied ``osc.yaml`` bytes and the secretRef contents resolved for them.
         Call before ``finish()``: a crash in between then resumes an all-done journal."""
         when = applied_at or _now()
         meta = LastAppliedMeta(
-            checksum=sha256_hex(raw), applied_at=when, resolved=dict(resolved or {})
+            checksum=sha256_hex(raw),
+            applied_at=when,
+            resolved=dict(resolved or {}),
+            applied=applied,
         )
         self._save(LAST_APPLIED_META, meta, SECRET_MODE)
         self.fs.write_atomic(self.path(LAST_APPLIED_OSC), raw, SECRET_MODE)
         return LastApplied(
-            raw=raw, checksum=meta.checksum, applied_at=when, resolved=dict(meta.resolved)
+            raw=raw,
+            checksum=meta.checksum,
+            applied_at=when,
+            resolved=dict(meta.resolved),
+            applied=applied,
         )
 
     def clear_last_applied(self) -> None:
