@@ -20,8 +20,12 @@ from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client import ApiClient
 
 from tests.testbed.agent_harness import PreparedAgent, create_node, prepare_agent, unique
+from tests.testbed.containerd import ContainerdNode
+from tests.testbed.containerd import containerd_node as start_containerd_node
 from tests.testbed.controlplane import ControlPlane
 from tests.testbed.credentials import NodeAgentCredentials, node_agent_credentials
+from tests.testbed.pki import CertificateAuthority
+from tests.testbed.registry import Registry
 from tests.testbed.systemd_ns import IsolatedSystemd
 
 
@@ -118,4 +122,34 @@ def systemd(workdir: Path) -> Iterator[IsolatedSystemd]:
 def node(workdir: Path) -> Iterator[IsolatedSystemd]:
     """A throwaway node: real systemd on an overlay of the host's root (tmpfs upper layer)."""
     with IsolatedSystemd(workdir / "nodes", overlay=True) as instance:
+        yield instance
+
+
+@pytest.fixture(scope="session")
+def registry_ca(workdir: Path) -> CertificateAuthority:
+    """The CA both test registries serve TLS with (and that nodes are told to trust)."""
+    return CertificateAuthority(workdir / "registry-pki", name="node-agent-test-registry-ca")
+
+
+@pytest.fixture(scope="session")
+def registry(workdir: Path, registry_ca: CertificateAuthority) -> Iterator[Registry]:
+    """A real OCI registry (docker-registry, TLS) on loopback for the whole session."""
+    with Registry(workdir / "registry", registry_ca) as instance:
+        yield instance
+
+
+@pytest.fixture(scope="session")
+def mirror(
+    workdir: Path, registry_ca: CertificateAuthority, registry: Registry
+) -> Iterator[Registry]:
+    """A second registry, a pull-through cache of ``registry``: the registry mirror."""
+    with Registry(workdir / "mirror", registry_ca, name="mirror", upstream=registry) as instance:
+        yield instance
+
+
+@pytest.fixture
+def containerd_node(workdir: Path, registry_ca: CertificateAuthority) -> Iterator[ContainerdNode]:
+    """A throwaway node running Debian's containerd as ``containerd.service``; the registries'
+    CA is inside at ``tests.testbed.containerd.NODE_CA_PATH``."""
+    with start_containerd_node(workdir / "containerd-nodes", registry_ca.cert_path) as instance:
         yield instance

@@ -3,12 +3,14 @@
 # `unshare --pid --fork --mount --mount-proc --uts --ipc --cgroup`). It prepares a
 # private view of the host for a real systemd, then execs systemd in place.
 #
-#   systemd-init.sh MODE SCRATCH
+#   systemd-init.sh MODE SCRATCH [UNMASK]
 #     MODE     "plain":   host root, with private /run, /tmp, /var/tmp, /etc/systemd/system,
 #                         /var/lib/systemd and /var/log/journal
 #              "overlay": a throwaway node: an overlay of the host's / with a tmpfs upper
 #                         layer becomes the root, so anything may be written anywhere
 #     SCRATCH  a host directory used as a mount point for this instance's tmpfs
+#     UNMASK   optional, space-separated: distribution units a test wants to run for real
+#              (e.g. containerd.service), left out of the masks below
 #
 # Nothing here may reach the host: the mount namespace is private (no propagation),
 # every place systemd or a unit writes to is a tmpfs, and every unit the distribution
@@ -17,11 +19,12 @@ set -eu
 
 mode=$1
 scratch=$2
+unmask=${3:-}
 target=node-agent-test.target
 
 # Units systemd must keep: the bus, journald and their sockets.
 keep=" dbus.socket dbus.service systemd-journald.service systemd-journald.socket \
-systemd-journald-dev-log.socket $target "
+systemd-journald-dev-log.socket $target $unmask "
 
 # Units that touch the host or make no sense here, beyond those the distribution wires
 # into *.target.wants (collected below).

@@ -68,12 +68,21 @@ class IsolatedSystemd:
     """One systemd instance in its own namespaces; several can run side by side.
 
     ``overlay=True`` makes it a throwaway node: the root is an overlay of the host's ``/``
-    with a tmpfs upper layer, so code under test may write anywhere.
+    with a tmpfs upper layer, so code under test may write anywhere. ``unmask`` names
+    distribution units (e.g. ``containerd.service``) that stay unmasked so a test can run them.
     """
 
-    def __init__(self, workdir: Path, *, overlay: bool = False, name: str | None = None) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        overlay: bool = False,
+        name: str | None = None,
+        unmask: Sequence[str] = (),
+    ) -> None:
         self.name = name or f"na-test-{uuid.uuid4().hex[:8]}"
         self.overlay = overlay
+        self.unmask = tuple(unmask)
         self.workdir = workdir / self.name
         self.log_path = self.workdir / "systemd.log"
         self._cgroup = _cgroup2_root() / self.name
@@ -110,6 +119,7 @@ class IsolatedSystemd:
                     str(INIT_SCRIPT),
                     "overlay" if self.overlay else "plain",
                     str(scratch),
+                    " ".join(self.unmask),
                 ],
                 stdin=subprocess.DEVNULL,
                 stdout=log,

@@ -1,0 +1,3 @@
+module node-agent.test/standin/kubelet
+
+go 1.21
