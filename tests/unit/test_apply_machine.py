@@ -573,7 +573,10 @@ class ApplyMachine(RuleBasedStateMachine):
             # the OSC, and a new unit is restarted once (as upstream does).
             left = self.target.units().keys() - pub.units().keys()
             for unit in left & self.systemd.active.keys():
-                self.systemd.active[unit] = replace(self.systemd.active[unit], enable="unmanaged")
+                running = self.systemd.active[unit]
+                self.systemd.active[unit] = replace(running, enable="unmanaged")
+                if (unit, running) in self.systemd.unrecorded:
+                    self.systemd.unrecorded.add((unit, self.systemd.active[unit]))
         self.target = pub
         before = {p: self.file_state(p) for p in FILES}
         self.countdown = crash
