@@ -103,7 +103,7 @@ def layer_tar(files: Files) -> bytes:
 
 def _gzip(data: bytes) -> bytes:
     buffer = io.BytesIO()
-    with gzip.GzipFile(filename="", fileobj=buffer, mode="wb", compresslevel=6, mtime=0) as gz:
+    with gzip.GzipFile(filename="", fileobj=buffer, mode="wb", compresslevel=1, mtime=0) as gz:
         gz.write(data)
     return buffer.getvalue()
 
