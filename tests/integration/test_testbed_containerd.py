@@ -129,10 +129,27 @@ def test_same_content_gives_same_digest(registry: Registry) -> None:
     assert registry.push(_repository("same"), "one", oci.build_image(files)) == pushed
 
 
-def test_host_keeps_its_own_containerd_files(containerd_node: ContainerdNode) -> None:
+def test_containerd_state_is_its_own_and_survives_restart(
+    registry: Registry, containerd_node: ContainerdNode
+) -> None:
     config = containerd_node.node.path("/etc/containerd/config.toml").read_text()
     assert 'config_path = "/etc/containerd/certs.d"' in config
     host_config = Path("/etc/containerd/config.toml")
     assert not host_config.exists() or host_config.read_text() != config
     mounts = containerd_node.node.run(["findmnt", "-n", "-o", "FSTYPE", "/var/lib/containerd"])
     assert mounts.stdout.strip() == "tmpfs"
+
+    repository = _repository("state")
+    digest = registry.push(repository, "v1", oci.build_image({"/a": (b"a\n", 0o644)}))
+    ref = registry.ref(repository, "v1")
+    containerd_node.trust(registry.host)
+    containerd_node.pull(ref)
+    # A writable snapshot needs an overlayfs upper directory: this is what the tmpfs is for.
+    containerd_node.node.run(["mkdir", "-p", "/run/rw"])
+    containerd_node.ctr("images", "mount", "--rw", ref, "/run/rw")
+    containerd_node.node.path("/run/rw/b").write_bytes(b"b\n")
+    containerd_node.unmount("/run/rw")
+
+    containerd_node.systemctl("restart", "containerd.service")
+    containerd_node.wait_ready()
+    assert containerd_node.images() == {ref: digest}
