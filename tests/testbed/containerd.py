@@ -94,6 +94,15 @@ class ContainerdNode:
             time.sleep(0.05)
 
     # -- inside the node ----------------------------------------------------------------
+    @property
+    def nsenter_argv(self) -> list[str]:
+        """The prefix that runs a command inside the node (as ``IsolatedSystemd.run`` does).
+
+        ``ctr`` must run there, not on the host against the node's socket: it reads
+        ``hosts.toml`` and the CA files it names, and mounts snapshots, in its own file system.
+        """
+        return ["nsenter", "-t", str(self.node.pid), "-m", "-p", "-u", "-i", "-C", "-r", "-w"]
+
     def systemctl(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         return self._run(["systemctl", *args], check=check)
 
