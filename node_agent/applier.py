@@ -35,7 +35,7 @@ from node_agent.host.state import (
     unit_path,
 )
 from node_agent.log import get_logger
-from node_agent.osc.applied import Applied, Owed
+from node_agent.osc.applied import Applied, Owed, adopt
 from node_agent.osc.decode import parse_osc, sha256_hex
 from node_agent.osc.merge import osc_units
 from node_agent.osc.models import OperatingSystemConfig
@@ -94,11 +94,13 @@ class Applier:
         job_timeout: float = 60.0,
         on_command: Callable[[UnitCommand, JobResult], None] | None = None,
         expand: Callable[[OperatingSystemConfig], OperatingSystemConfig] | None = None,
+        prepare: Callable[[OperatingSystemConfig], None] | None = None,
     ) -> None:
         """``expand`` adds the items the agent derives from an OSC (e.g. containerd's
         configuration from ``criConfig``) as files and units, so they are planned, journaled,
         repaired and removed like the OSC's own."""
         self.expand = expand or (lambda osc: osc)
+        self.prepare = prepare  # e.g. directories the derived items need; before execution
         self.fs = fs
         self.state = state
         self.systemd = systemd
@@ -162,6 +164,7 @@ class Applier:
             base = await asyncio.to_thread(self.base, pending)
             desired = await asyncio.to_thread(self.expand, osc)
             target = Applied.of_osc(desired, self.host_name, resolved, required=True)
+            base = await asyncio.to_thread(self._adopt, base, target, desired, resolved)
             change_set = await asyncio.to_thread(
                 plan, base, desired, self.host_name, resolved, agent_unit=self.agent_unit
             )
@@ -171,6 +174,8 @@ class Applier:
                 self._record(checksum, started, error=str(exc))
                 raise
             pending = self.state.begin(change_set, checksum, base=base, target=target)
+            if self.prepare is not None:
+                await asyncio.to_thread(self.prepare, desired)
         report = await self.executor.execute(pending)
         if not report.complete:
             self._unfinished(checksum, started, report)
@@ -204,6 +209,33 @@ class Applier:
             }
             return last.model_copy(update={"owed": owed})
         return settle(pending.base or last, pending.target, cs, done)
+
+    def _adopt(
+        self,
+        base: Applied,
+        target: Applied,
+        desired: OperatingSystemConfig,
+        resolved: Mapping[str, bytes],
+    ) -> Applied:
+        """Adopt items new to ``base`` that are already on disk exactly as ``desired`` wants."""
+        full = plan(None, desired, self.host_name, resolved, agent_unit=self.agent_unit)
+        matching = set()
+        for fw in full.files_to_write:
+            new = fw.path not in base.files and fw.content is not None
+            if new and self.fs.stat_matches(fw.path, sha256=fw.sha256, mode=fw.mode):
+                matching.add(fw.path)
+        for dw in full.dropins_to_write:
+            path = dropin_path(dw.unit, dw.name)
+            have = base.units.get(dw.unit)
+            if have is None or dw.name not in have.drop_ins:
+                digest = sha256_hex(dw.content.encode())
+                if self.fs.stat_matches(path, sha256=digest, mode=UNIT_FILE_MODE):
+                    matching.add(path)
+        if not matching and all(
+            u.content is not None or u.name in base.units for u in target.units.values()
+        ):
+            return base
+        return adopt(base, target, matching, UNIT_DIR)
 
     def _observed(self, pending: Pending) -> set[str]:
         """Not-yet-marked write and delete steps whose result is already on disk."""
@@ -255,9 +287,8 @@ class Applier:
                 agent = [s for s in pending.remaining() if self._is_agent_step(pending, s)]
                 self.state.mark_done(*agent)
         report.duration = time.monotonic() - started
-        message = (
-            f"{len(report.failures)} item(s) not applied, the rest is: {report.describe_failures()}"
-        )
+        failed = report.failed_items()
+        message = f"{failed} item(s) not applied, the rest is: {report.describe_failures()}"
         self._record(checksum, started, report=report, error=message)
         raise ApplyError(message, report=report)
 

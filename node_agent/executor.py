@@ -93,6 +93,10 @@ class ApplyReport:
     def failure_list(self) -> tuple[ItemFailure, ...]:
         return tuple(self.failures[k] for k in sorted(self.failures))
 
+    def failed_items(self) -> int:
+        """How many distinct items (paths, units) failed or were held back."""
+        return len({f.item for f in self.failures.values()})
+
     def describe_failures(self, limit: int = 5) -> str:
         items = self.failure_list()
         text = "; ".join(f"{f.item}: {f.error}" for f in items[:limit])
@@ -211,8 +215,9 @@ class Executor:
             for step in steps:
                 blockers = self._blockers(step, pending)
                 if blockers:
+                    unit = args[step]
                     errors[step] = "not attempted: " + ", ".join(
-                        _describe_step(b, pending) for b in blockers
+                        _describe_step(b, pending, unit) for b in blockers
                     )
                 else:
                     runnable.append(step)
@@ -314,8 +319,8 @@ class Executor:
             rep.results[command.unit] = result
             if self.on_command is not None:
                 self.on_command(command, result)
-            if result.ok:
-                ok.append(command.unit)
+            if result.ok or (command.removed and _unit_gone(result)):
+                ok.append(command.unit)  # a unit that left the OSC and systemd: nothing to do
             else:
                 bad[command.unit] = result.describe()
         return ok, bad
@@ -342,19 +347,30 @@ def _unit_file_missing(exc: SystemdCallError) -> bool:
     )
 
 
-def _describe_step(step: str, pending: Pending) -> str:
+def _unit_gone(result: JobResult) -> bool:
+    return result.result == "error" and (
+        "NoSuchUnit" in result.message or "not found" in result.message
+    )
+
+
+def _describe_step(step: str, pending: Pending, unit: str) -> str:
+    """Why a command of ``unit`` was held back by ``step``; the cause is repeated only when it
+    is another item's (the unit's own failure is reported on its own line)."""
     kind, _, arg = step.partition(":")
     why = pending.failed.get(step)
+    own = arg == unit or arg.startswith(f"{unit}/")
     what = {
         "file": f"{arg} was not written",
-        "unit": f"unit file {arg} was not written",
+        "unit": "its unit file was not written" if own else f"unit file {arg} was not written",
         "dropin": f"drop-in {arg} was not written",
         "delete-dropin": f"drop-in {arg} was not deleted",
-        "enable": f"enabling {arg} failed",
-        "disable": f"disabling {arg} failed",
+        "enable": "enabling it failed" if own else f"enabling {arg} failed",
+        "disable": "disabling it failed" if own else f"disabling {arg} failed",
         "reload": "daemon-reload failed",
     }.get(kind, step)
-    return f"{what} ({why})" if why and not why.startswith("not attempted") else what
+    if own or not why or why.startswith("not attempted"):
+        return what
+    return f"{what} ({why})"
 
 
 def _failure(step: str, why: str) -> ItemFailure:

@@ -347,7 +347,7 @@ class _UnitPlanner:
             self.commands.append(
                 UnitCommand(unit=old.name, action="stop", reasons=reasons, removed=True)
             )
-        elif old.drop_ins or owed is not None:
+        elif old.drop_ins:
             # Not our unit (e.g. containerd.service): restart so the removed drop-ins stop applying.
             reasons = ("it was removed from the OSC and its drop-ins deleted",)
             self.commands.append(

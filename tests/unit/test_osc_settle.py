@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from node_agent.host.steps import step_ids
-from node_agent.osc.applied import Applied, Owed
+from node_agent.osc.applied import Applied, Owed, adopt
 from node_agent.osc.models import OperatingSystemConfig
 from node_agent.osc.plan import plan
 from node_agent.osc.settle import settle
@@ -138,3 +138,56 @@ def test_everything_done_settles_to_the_target() -> None:
     settled = run(a, b, fail=set())
     assert settled == applied(b)
     assert plan(settled, b, HOST).is_empty()
+
+
+def test_items_already_on_disk_are_adopted_without_a_restart() -> None:
+    """A first apply where containerd's drop-in and config already match: nothing to do for
+    containerd; a unit with content or one that asks to be started is still started."""
+    cfg = "/etc/containerd/config.toml"
+    osc = make(
+        [text(cfg, "cfg")],
+        [
+            {
+                "name": "containerd.service",
+                "filePaths": [cfg],
+                "dropIns": [{"name": "30.conf", "content": "x"}],
+            },
+            {"name": "systemd-sysctl.service", "command": "restart"},
+            unit("kubelet.service"),
+        ],
+    )
+    target = applied(osc)
+    dropin = "/etc/systemd/system/containerd.service.d/30.conf"
+    base = adopt(Applied(), target, {cfg, dropin}, "/etc/systemd/system")
+    cs = plan(base, osc, HOST)
+    assert cs.files_to_write == ()
+    assert cs.dropins_to_write == ()
+    assert [c.unit for c in cs.unit_commands] == ["kubelet.service", "systemd-sysctl.service"]
+
+
+def test_a_changed_drop_in_of_an_adopted_unit_still_restarts_it() -> None:
+    osc = make(
+        units=[{"name": "containerd.service", "dropIns": [{"name": "30.conf", "content": "new"}]}]
+    )
+    base = adopt(Applied(), applied(osc), set(), "/etc/systemd/system")  # not on disk as wanted
+    cs = plan(base, osc, HOST)
+    assert [d.name for d in cs.dropins_to_write] == ["30.conf"]
+    assert [c.unit for c in cs.unit_commands] == ["containerd.service"]
+
+
+def test_a_distro_unit_that_left_the_osc_owing_a_restart_is_left_alone() -> None:
+    """B wrote a file of a unit systemd does not know (its restart failed); C drops both: the
+    unit is not restarted (it would fail forever), the file is deleted."""
+    a = make([text("/etc/a", "1")], [unit("h.service")])
+    b = make(
+        [text("/etc/a", "1"), text("/etc/c.conf", "c")],
+        [unit("h.service"), {"name": "absent.service", "filePaths": ["/etc/c.conf"]}],
+    )
+    base = adopt(applied(a), applied(b), set(), "/etc/systemd/system")
+    cs = plan(base, b, HOST)
+    done = [s for s in step_ids(cs) if "absent" not in s]
+    settled = settle(base, applied(b), cs, done)
+    assert "absent.service" in settled.owed
+    cs_c = plan(settled, a, HOST)
+    assert cs_c.unit_commands == ()
+    assert [f.path for f in cs_c.files_to_delete] == ["/etc/c.conf"]
