@@ -21,6 +21,7 @@ from typing import Any
 
 from node_agent.applier import Applier
 from node_agent.config import AgentSettings, NodeAgentConfiguration
+from node_agent.containerd.images import CtrImages
 from node_agent.context import AgentContext
 from node_agent.controllers.lease import LeaseController
 from node_agent.controllers.lifecycle import HostnameChanged, watch_hostname, watchdog_pings
@@ -112,6 +113,7 @@ async def run_agent(
         host_name=ctx.host_name,
         agent_unit=settings.agent_unit,
         job_timeout=settings.systemd_job_timeout,
+        images=CtrImages(root=settings.root),  # imageRef files, pulled by the node's containerd
     )
     osc = OSCController(ctx, applier)
     lease = LeaseController(ctx)  # its own client and connection pool (see the module)

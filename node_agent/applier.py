@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import NoReturn
 
+from node_agent.containerd.images import ImageStore
 from node_agent.errors import ApplyError, HostError, NodeAgentError, SystemdCallError
 from node_agent.executor import ApplyReport, Executor
 from node_agent.host import steps
@@ -95,6 +96,7 @@ class Applier:
         on_command: Callable[[UnitCommand, JobResult], None] | None = None,
         expand: Callable[[OperatingSystemConfig], OperatingSystemConfig] | None = None,
         prepare: Callable[[OperatingSystemConfig], None] | None = None,
+        images: ImageStore | None = None,
     ) -> None:
         """``expand`` adds the items the agent derives from an OSC (e.g. containerd's
         configuration from ``criConfig``) as files and units, so they are planned, journaled,
@@ -107,7 +109,9 @@ class Applier:
         self.host_name = host_name
         self.agent_unit = agent_unit
         self._parsed: tuple[str, OperatingSystemConfig] | None = None  # last applied, parsed
-        self.executor = Executor(fs, systemd, state, job_timeout=job_timeout, on_command=on_command)
+        self.executor = Executor(
+            fs, systemd, state, job_timeout=job_timeout, on_command=on_command, images=images
+        )
 
     def previous(self) -> tuple[OperatingSystemConfig | None, Mapping[str, bytes] | None, str]:
         last = self.state.load_last_applied()

@@ -198,6 +198,8 @@ async def _apply(args: argparse.Namespace) -> int:
         f"applied in {rep.duration:.3f}s: {len(rep.files_written)} files, "
         f"{len(rep.units_written)} units written, restarted: {', '.join(rep.restarted) or 'none'}"
     )
+    for pull in rep.pulls:
+        print(f"pulled: {pull.target} from {pull.image} ({pull.digest}, {pull.size} bytes)")
     for note in rep.skipped:
         print(f"skipped: {note}")
     return 0
@@ -214,6 +216,7 @@ async def _prepare(
     import socket
 
     from node_agent.applier import Applier
+    from node_agent.containerd.images import CtrImages
     from node_agent.host.fs import HostFS
     from node_agent.host.state import StateStore
     from node_agent.osc.decode import validate_osc
@@ -237,7 +240,12 @@ async def _prepare(
         systemd = Systemd(args.systemd_bus)
         await systemd.start()
     applier = Applier(
-        fs, StateStore(fs), systemd, host_name=host_name, agent_unit=settings.agent_unit
+        fs,
+        StateStore(fs),
+        systemd,
+        host_name=host_name,
+        agent_unit=settings.agent_unit,
+        images=None if offline else CtrImages(root=settings.root),  # offline: imageRef skipped
     )
     return applier, osc, raw, resolved
 

@@ -220,6 +220,17 @@ class KubeServerTimeout(KubeServerError):
     """504, or a Status with reason ``Timeout``: the server gave up on the request."""
 
 
+class ImageError(NodeAgentError):
+    """A file could not be taken from a container image: the pull failed (unknown image,
+    registry unreachable, auth), or the path is not a regular file in the image. Retried
+    with the next apply attempt; the message names the image."""
+
+    def __init__(self, image: str, reason: str) -> None:
+        super().__init__(f"image {image}: {reason}")
+        self.image = image
+        self.reason = reason
+
+
 class ApplyError(NodeAgentError):
     """Applying a change set did not fully succeed (e.g. a unit failed to restart).
 

@@ -7,7 +7,8 @@ and mode already match is not rewritten, deleting something already gone is succ
 command that succeeded for this change set is never run again for it.
 
 One failing item never stops the others: a file that cannot be written (read-only mount, full
-disk), a unit systemd does not know or that is masked, a unit that fails to start — each is
+disk), a file whose image cannot be pulled or lacks the file, a unit systemd does not know or
+that is masked, a unit that fails to start — each is
 recorded as an ``ItemFailure`` and the rest goes on. Only a unit command whose own inputs failed
 (its unit file, a drop-in, its enablement, a file in its ``filePaths``, the daemon-reload) is held
 back ("blocked"): restarting it would run the old definition and spend the restart. A retry runs
@@ -29,7 +30,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from node_agent.errors import HostError, SystemdCallError
+from node_agent.containerd.images import ImagePull, ImageStore
+from node_agent.errors import HostError, ImageError, SystemdCallError
 from node_agent.host import steps as S
 from node_agent.host.fs import HostFS
 from node_agent.host.state import (
@@ -42,10 +44,15 @@ from node_agent.host.state import (
     sha256_hex,
     unit_path,
 )
-from node_agent.osc.plan import ChangeSet, UnitCommand
+from node_agent.log import get_logger
+from node_agent.osc.models import ImageRefContent
+from node_agent.osc.plan import ChangeSet, FileWrite, UnitCommand
 from node_agent.systemd import JobResult, SystemdSeam
 
 CRASH_HOOK_ENV = "NODE_AGENT_TEST_CRASH_AFTER"
+NO_IMAGE_STORE = "imageRef content is not supported by this agent"
+
+log = get_logger("node-agent.executor")
 
 _KIND_OF_STEP = {
     "file": "file",
@@ -72,6 +79,8 @@ class ApplyReport:
     units_deleted: list[str] = field(default_factory=list)
     results: dict[str, JobResult] = field(default_factory=dict)
     skipped: list[str] = field(default_factory=list)
+    #: imageRef files written in this attempt: image, digest, bytes
+    pulls: list[ImagePull] = field(default_factory=list)
     #: step id -> what went wrong, for every step that failed or was blocked in this attempt
     failures: dict[str, ItemFailure] = field(default_factory=dict)
     #: the agent's own restart is due (its inputs are in place), for the caller to do last
@@ -122,9 +131,13 @@ class Executor:
         *,
         job_timeout: float = 60.0,
         on_command: Callable[[UnitCommand, JobResult], None] | None = None,
+        images: ImageStore | None = None,
     ) -> None:
-        """``systemd=None`` is offline mode (image build): files and units only, no jobs."""
+        """``systemd=None`` is offline mode (image build): files and units only, no jobs.
+        ``images`` pulls the imageRef files; without it they are skipped (reported)."""
         self.fs = fs
+        self.images = images
+        self._digests: dict[str, str] = {}  # image -> digest, pulled once per attempt
         self.systemd = systemd
         self.state = state
         self.job_timeout = job_timeout
@@ -136,6 +149,7 @@ class Executor:
         recorded)."""
         started = time.monotonic()
         report = ApplyReport()
+        self._digests = {}
         cs = pending.change_set
         agent_steps = {S.cmd_step(c.unit) for c in cs.unit_commands if c.is_agent}
         remaining = [s for s in pending.remaining() if s not in agent_steps]
@@ -182,7 +196,7 @@ class Executor:
             for step in steps:
                 try:
                     claim = await self._write(kind, args[step], cs, rep)
-                except HostError as exc:
+                except (HostError, ImageError) as exc:
                     errors[step] = str(exc)
                     continue
                 if claim is not None:
@@ -232,8 +246,10 @@ class Executor:
         if kind == "file":
             fw = next(f for f in cs.files_to_write if f.path == arg)
             if fw.content is None:
-                rep.skipped.append(f"{arg}: imageRef content is not supported by this agent")
-                return None
+                if fw.image_ref is None or self.images is None:
+                    rep.skipped.append(f"{arg}: {NO_IMAGE_STORE}")
+                    return None
+                return await self._write_from_image(fw, fw.image_ref, self.images, rep)
             await self.fs.write_atomic_async(arg, fw.content, fw.mode)
             rep.files_written.append(arg)
             return Claim("file", arg, fw.sha256, fw.mode)
@@ -249,6 +265,38 @@ class Executor:
         path = dropin_path(unit, name)
         await self.fs.write_atomic_async(path, data, UNIT_FILE_MODE)
         return Claim("dropin", path, sha256_hex(data), UNIT_FILE_MODE)
+
+    async def _write_from_image(
+        self, fw: FileWrite, ref: ImageRefContent, images: ImageStore, rep: ApplyReport
+    ) -> Claim:
+        """Pull the image (once per attempt), read the file, write it atomically: a running
+        binary is replaced, never overwritten in place. Claimed by the bytes written."""
+        started = time.monotonic()
+        digest = self._digests.get(ref.image)
+        if digest is None:
+            digest = self._digests[ref.image] = await images.pull(ref.image)
+        data = await images.read_file(ref.image, ref.file_path_in_image)
+        await self.fs.write_atomic_async(fw.path, data, fw.mode)
+        pull = ImagePull(
+            image=ref.image,
+            digest=digest,
+            path_in_image=ref.file_path_in_image,
+            target=fw.path,
+            size=len(data),
+            seconds=round(time.monotonic() - started, 3),
+        )
+        rep.files_written.append(fw.path)
+        rep.pulls.append(pull)
+        log.info(
+            "file written from image",
+            path=fw.path,
+            image=ref.image,
+            digest=digest,
+            file_path_in_image=ref.file_path_in_image,
+            bytes=len(data),
+            seconds=pull.seconds,
+        )
+        return Claim("file", fw.path, sha256_hex(data), fw.mode)
 
     def _remove(self, kind: str, arg: str, rep: ApplyReport) -> None:
         if kind == "delete-dropin":

@@ -158,7 +158,7 @@ class ChangeSet(_Entry):
 
     def rows(self) -> list[tuple[str, str, str]]:
         """(action, target, reason) rows in the order an executor applies them, for a table."""
-        rows = [("write", f"{f.path} ({f.mode:04o})", f.reason) for f in self.files_to_write]
+        rows = [_file_row(f) for f in self.files_to_write]
         rows += [("write unit", u.name, u.reason) for u in self.units_to_write]
         rows += [("write drop-in", f"{d.unit}/{d.name}", d.reason) for d in self.dropins_to_write]
         rows += [("delete drop-in", f"{d.unit}/{d.name}", d.reason) for d in self.dropins_to_delete]
@@ -192,6 +192,14 @@ class ChangeSet(_Entry):
     def from_yaml(cls, text: str | bytes) -> ChangeSet:
         # Round-trip through JSON so bytes fields are read back from base64.
         return cls.model_validate_json(json.dumps(yaml.safe_load(text)))
+
+
+def _file_row(f: FileWrite) -> tuple[str, str, str]:
+    """A file from an image is a pull: the row names the image and the file in it."""
+    if f.image_ref is None:
+        return ("write", f"{f.path} ({f.mode:04o})", f.reason)
+    source = f"from {f.image_ref.image}:{f.image_ref.file_path_in_image}"
+    return ("pull", f"{f.path} ({f.mode:04o})", f"{source}; {f.reason}")
 
 
 def plan(
