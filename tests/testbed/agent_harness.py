@@ -45,6 +45,7 @@ from node_agent.config import (
     NodeAgentConfiguration,
     parse_config,
 )
+from node_agent.containerd.images import ImageStore
 from node_agent.context import AgentContext
 from node_agent.controllers.osc import OSCController
 from node_agent.errors import KubeUnauthorized
@@ -429,6 +430,8 @@ class OSCAgent:
     creds: NodeAgentCredentials | None = None
     ctx: AgentContext | None = None
     controller: OSCController | None = None
+    #: where imageRef files come from (e.g. ``CtrImages`` running ctr inside the node)
+    images: ImageStore | None = None
     _task: asyncio.Task[None] | None = None
 
     def __post_init__(self) -> None:
@@ -485,7 +488,14 @@ class OSCAgent:
         )
         node = await kube.get_node(self.node_name)
         self.ctx.node_uid = node["metadata"]["uid"]
-        applier = Applier(fs, state, systemd, host_name=self.node_name, agent_unit=AGENT_UNIT)
+        applier = Applier(
+            fs,
+            state,
+            systemd,
+            host_name=self.node_name,
+            agent_unit=AGENT_UNIT,
+            images=self.images,
+        )
         self.controller = OSCController(self.ctx, applier)
         self._task = asyncio.create_task(self.controller.run())
 

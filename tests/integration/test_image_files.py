@@ -1,0 +1,208 @@
+"""imageRef files on a throwaway node with real containerd and real TLS registries.
+
+The agent runs in this process against the node (its root at ``/proc/<pid>/root``); ``ctr``
+runs inside the node (``CtrImages(argv_prefix=nsenter ...)``), so pulls read the node's
+``hosts.toml`` and go through the mirror, and image mounts happen in the node's namespace.
+"""
+
+from __future__ import annotations
+
+import stat
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from kubernetes_asyncio.client import ApiClient
+
+from node_agent.containerd.images import CtrImages
+from tests.testbed import oci, standin
+from tests.testbed.agent_harness import OSCAgent, inline_file, osc_document, service, wait_for
+from tests.testbed.containerd import ContainerdNode
+from tests.testbed.controlplane import ControlPlane, free_port
+from tests.testbed.registry import Registry
+
+pytestmark = pytest.mark.integration
+
+KUBELET = "/opt/bin/kubelet"
+
+
+class Bed:
+    """The agent on a containerd node, and a hyperkube repository of its own in the registry."""
+
+    def __init__(
+        self, agent: OSCAgent, node: ContainerdNode, registry: Registry, mirror: Registry
+    ) -> None:
+        self.agent = agent
+        self.node = node
+        self.registry = registry
+        self.mirror = mirror
+        self.repository = f"test/hyperkube-{uuid.uuid4().hex[:8]}"
+        self.port = free_port()
+        self.digests = {
+            tag: registry.push(
+                self.repository, tag, oci.build_image(standin.kubelet_image_files(tag))
+            )
+            for tag in ("v1.33.0", "v1.33.1")
+        }
+
+    def ref(self, tag: str) -> str:
+        return self.registry.ref(self.repository, tag)
+
+    def osc(
+        self, image: str, path_in_image: str = "/kubelet", *, other: str = "one\n"
+    ) -> dict[str, Any]:
+        kubelet = service(
+            "kubelet.service",
+            f"{KUBELET} --config=/var/lib/kubelet/config/kubelet --healthz-port={self.port}",
+            extra="Restart=always\nRestartSec=1\n",
+            enable=True,
+            command="start",
+            filePaths=[KUBELET],
+        )
+        other_unit = service(
+            "other.service", enable=True, command="start", filePaths=["/etc/other.conf"]
+        )
+        image_file = {
+            "path": KUBELET,
+            "permissions": 0o755,
+            "content": {"imageRef": {"image": image, "filePathInImage": path_in_image}},
+        }
+        return osc_document(
+            [image_file, inline_file("/etc/other.conf", other)], [kubelet, other_unit]
+        )
+
+    def fetches(self) -> tuple[int, int]:
+        """Manifest and blob requests containerd made for the repository: (mirror, registry)."""
+        return (
+            len(self.mirror.served(self.repository, user_agent="containerd/")),
+            len(self.registry.served(self.repository, user_agent="containerd/")),
+        )
+
+    async def invocations(self) -> dict[str, str]:
+        names = ["kubelet.service", "other.service", "containerd.service"]
+        states = await self.agent.unit_states(names)
+        return {name: state.invocation_id for name, state in states.items()}
+
+    def on_disk(self, path: str) -> tuple[bytes, int]:
+        host = self.node.node.path(path)
+        return host.read_bytes(), stat.S_IMODE(host.stat().st_mode)
+
+    async def healthz(self) -> tuple[int, bytes]:
+        """kubelet's /healthz (the node shares the host's network namespace)."""
+        answer: list[tuple[int, bytes]] = []
+
+        async def answered() -> bool:
+            try:
+                url = f"http://127.0.0.1:{self.port}/healthz"
+                with urllib.request.urlopen(url, timeout=2) as resp:
+                    answer.append((int(resp.status), bytes(resp.read())))
+            except urllib.error.HTTPError as err:
+                answer.append((int(err.code), bytes(err.read())))
+            except OSError:
+                return False
+            return True
+
+        await wait_for(answered, 20, "kubelet's /healthz")
+        return answer[-1]
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def bed(
+    admin_api: ApiClient,
+    control_plane: ControlPlane,
+    containerd_node: ContainerdNode,
+    registry: Registry,
+    mirror: Registry,
+    tmp_path: Path,
+) -> AsyncIterator[Bed]:
+    node = containerd_node.node
+    images = CtrImages(root=node.root, argv_prefix=containerd_node.nsenter_argv)
+    containerd_node.write_hosts_toml(registry.host, registry.url, [mirror.url])
+    agent = OSCAgent(admin_api, control_plane, node, tmp_path, images=images)
+    async with agent.running() as harness:
+        yield Bed(harness, containerd_node, registry, mirror)
+
+
+async def test_kubelet_from_image_runs_and_updates_restart_exactly_kubelet(bed: Bed) -> None:
+    agent = bed.agent
+    await agent.wait_applied(await agent.publish(bed.osc(bed.ref("v1.33.0"))))
+
+    binary = standin.kubelet_binary()
+    assert bed.on_disk(KUBELET) == (binary, 0o755)
+    assert await bed.healthz() == (200, b"ok")
+    states = await agent.unit_states(["kubelet.service"])
+    assert states["kubelet.service"].active_state == "active"
+    assert bed.node.images()[bed.ref("v1.33.0")] == bed.digests["v1.33.0"]
+    # Pulled through the mirror's hosts.toml: containerd never asked the registry itself.
+    mirror_fetches, registry_fetches = bed.fetches()
+    assert mirror_fetches > 0
+    assert registry_fetches == 0
+    assert not any(bed.node.node.path("/run/node-agent/image-mounts").iterdir())
+    assert agent.controller is not None
+    last = agent.controller.last_outcome
+    assert last is not None
+    [pull] = last.report.pulls
+    assert (pull.digest, pull.size) == (bed.digests["v1.33.0"], len(binary))
+
+    # A new tag: exactly kubelet restarts.
+    before = await bed.invocations()
+    await agent.wait_applied(await agent.publish(bed.osc(bed.ref("v1.33.1"))))
+    after = await bed.invocations()
+    assert {u for u in before if after[u] != before[u]} == {"kubelet.service"}
+    assert bed.node.images()[bed.ref("v1.33.1")] == bed.digests["v1.33.1"]
+    assert await bed.healthz() == (200, b"ok")
+
+    # The same image reference again, with another change: no pull, kubelet untouched.
+    fetched = bed.fetches()
+    before = after
+    await agent.wait_applied(await agent.publish(bed.osc(bed.ref("v1.33.1"), other="two\n")))
+    after = await bed.invocations()
+    assert {u for u in before if after[u] != before[u]} == {"other.service"}
+    assert bed.fetches() == fetched
+    last = agent.controller.last_outcome
+    assert last is not None
+    assert last.report.pulls == []
+    assert bed.on_disk("/etc/other.conf") == (b"two\n", 0o644)
+
+
+@pytest.mark.parametrize("case", ["missing image", "unreachable registry", "bad path"])
+async def test_failed_image_is_one_warning_naming_it_and_the_rest_applies(
+    bed: Bed, case: str
+) -> None:
+    agent = bed.agent
+    await agent.wait_applied(await agent.publish(bed.osc(bed.ref("v1.33.0"))))
+    binary = bed.on_disk(KUBELET)
+    before = await bed.invocations()
+
+    image, path = {
+        "missing image": (bed.ref("v9.9.9"), "/kubelet"),
+        "unreachable registry": (f"127.0.0.1:{free_port()}/test/hyperkube:v1.33.1", "/kubelet"),
+        "bad path": (bed.ref("v1.33.1"), "/usr/bin/no-kubelet"),
+    }[case]
+    await agent.publish(bed.osc(image, path, other="changed alongside\n"))
+
+    message = await agent.wait_warning(f"{KUBELET}: image {image}: ", timeout=60)
+    assert "\n" not in message
+    why = message.split(f"image {image}: ", 1)[1]
+    if case == "bad path":
+        assert why == f"{path} is not in the image"
+    else:
+        assert why.startswith("pull failed: ")
+
+    async def rest_applied() -> bool:
+        return bed.on_disk("/etc/other.conf")[0] == b"changed alongside\n"
+
+    await wait_for(rest_applied, 30, "the rest of the OSC applied")
+    blocked = await agent.wait_warning("kubelet.service: not attempted", KUBELET)
+    assert "was not written" in blocked
+    # The previous binary is intact and kubelet kept running it; other.service restarted.
+    assert bed.on_disk(KUBELET) == binary
+    after = await bed.invocations()
+    assert after["kubelet.service"] == before["kubelet.service"]
+    assert after["other.service"] != before["other.service"]
+    assert await bed.healthz() == (200, b"ok")
