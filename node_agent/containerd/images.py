@@ -81,6 +81,8 @@ def normalize_reference(image: str) -> str:
     first, _, rest = name.partition("/")
     if not rest or ("." not in first and ":" not in first and first != "localhost"):
         name = f"docker.io/{name}" if rest else f"docker.io/library/{name}"
+    elif first == "docker.io" and "/" not in rest:
+        name = f"docker.io/library/{rest}"
     if not digest and ":" not in name.rsplit("/", 1)[-1]:
         name += ":latest"
     return f"{name}@{digest}" if digest else name

@@ -142,7 +142,10 @@ async def test_kubelet_from_image_runs_and_updates_restart_exactly_kubelet(bed: 
     mirror_fetches, registry_fetches = bed.fetches()
     assert mirror_fetches > 0
     assert registry_fetches == 0
+    # The image's read-only mount and its view snapshot are gone again.
     assert not any(bed.node.node.path("/run/node-agent/image-mounts").iterdir())
+    assert "image-mounts" not in bed.node.node.run(["findmnt", "-rn", "-o", "TARGET"]).stdout
+    assert "image-mounts" not in bed.node.ctr("snapshots", "ls").stdout
     assert agent.controller is not None
     last = agent.controller.last_outcome
     assert last is not None

@@ -42,6 +42,8 @@ DIGEST = "sha256:" + "ab" * 32
         ("nginx", "docker.io/library/nginx:latest"),
         ("nginx:1.27", "docker.io/library/nginx:1.27"),
         ("gardener/hyperkube:v1.33.1", "docker.io/gardener/hyperkube:v1.33.1"),
+        ("docker.io/nginx", "docker.io/library/nginx:latest"),
+        ("docker.io/gardener/x:v1", "docker.io/gardener/x:v1"),
         ("localhost/x", "localhost/x:latest"),
         ("127.0.0.1:5000/test/kubelet:v1", "127.0.0.1:5000/test/kubelet:v1"),
         ("registry:5000/a/b", "registry:5000/a/b:latest"),
