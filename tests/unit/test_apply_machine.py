@@ -88,7 +88,7 @@ FAULT_PATHS = (
     dropin_path("containerd.service", "20-b.conf"),
 )
 FAULT_ERRNOS = (errno.EROFS, errno.ENOSPC)
-TEMP_DIRS = {p.rsplit("/", 1)[0] for p in FILES} | {UNIT_DIR}
+SINCE_BOOT = "since boot"  # Definition.enable of a distribution unit nobody restarted yet
 
 
 class Crash(BaseException):
@@ -287,13 +287,13 @@ class ModelSystemd:
         }
         # unit -> the definition it is running with (absent: inactive)
         self.active: dict[str, Definition] = {
-            name: Definition(data, (), "since boot", None) for name, data in VENDOR.items()
+            name: Definition(data, (), SINCE_BOOT, None) for name, data in VENDOR.items()
         }
         self.log: list[Command] = []
         self.violations: list[str] = []
-        #: (unit, definition) restarts that may repeat: kill -9 hit between the job and its
-        #: journal record, so the restarted agent cannot know the job ran
-        self.unrecorded: set[tuple[str, Definition]] = set()
+        #: (unit, definition) restarts that may repeat once: the agent's last start of the unit
+        #: was refused (it still owes it), or kill -9 hit before the journal recorded the job
+        self.may_repeat: set[tuple[str, Definition]] = set()
 
     # -- what is on disk ------------------------------------------------------------------------
     def unit_file(self, unit: str) -> bytes | None:
@@ -410,6 +410,8 @@ class ModelSystemd:
         if action == "stop":
             self.active.pop(unit, None)
             return done("done", None)
+        if unit in self.active:  # if this start is refused, the agent rightly tries again
+            self.may_repeat.add((unit, self.active[unit]))
         if unit in self.masked:
             self.log.append(Command(unit, action, "error", None, apply_no))
             return JobResult(
@@ -434,14 +436,15 @@ class ModelSystemd:
         if action == "start" and running is not None:
             return done("done", running)  # already active: a start changes nothing
         if running == definition:
-            if (unit, definition) in self.unrecorded:
-                self.unrecorded.discard((unit, definition))
+            if (unit, definition) in self.may_repeat:
+                self.may_repeat.discard((unit, definition))
             else:
                 self.violations.append(
                     f"apply #{apply_no}: {unit} restarted again with the definition it already "
                     f"runs: {definition}"
                 )
         self.active[unit] = definition
+        self.may_repeat = {(u, d) for u, d in self.may_repeat if u != unit}
         self.machine.restarted(unit)
         return done("done", definition)
 
@@ -559,7 +562,7 @@ class ApplyMachine(RuleBasedStateMachine):
         self.systemd.failing = faults.failing
         self.systemd.masked = faults.masked
         self.systemd.uninstalled = faults.uninstalled
-        for unit in faults.uninstalled - self.ever_uninstalled:
+        for unit in faults.uninstalled:
             # Removing the package stops the service; systemd forgets it at the next reload.
             self.systemd.active.pop(unit, None)
         self.ever_uninstalled |= faults.uninstalled
@@ -574,9 +577,11 @@ class ApplyMachine(RuleBasedStateMachine):
             left = self.target.units().keys() - pub.units().keys()
             for unit in left & self.systemd.active.keys():
                 running = self.systemd.active[unit]
+                if running.enable == SINCE_BOOT:
+                    continue  # not started by the agent: any restart by it is a first one
                 self.systemd.active[unit] = replace(running, enable="unmanaged")
-                if (unit, running) in self.systemd.unrecorded:
-                    self.systemd.unrecorded.add((unit, self.systemd.active[unit]))
+                if (unit, running) in self.systemd.may_repeat:
+                    self.systemd.may_repeat.add((unit, self.systemd.active[unit]))
         self.target = pub
         before = {p: self.file_state(p) for p in FILES}
         self.countdown = crash
@@ -615,7 +620,7 @@ class ApplyMachine(RuleBasedStateMachine):
             running = self.systemd.active.get(unit)
             step = cmd_step(unit)
             if running is not None and step in journal.steps and step not in journal.done:
-                self.systemd.unrecorded.add((unit, running))
+                self.systemd.may_repeat.add((unit, running))
 
     # -- rules ------------------------------------------------------------------------------------
     @rule(drawn=osc_docs())
