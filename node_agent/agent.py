@@ -21,6 +21,7 @@ from typing import Any
 
 from node_agent.applier import Applier
 from node_agent.config import AgentSettings, NodeAgentConfiguration
+from node_agent.containerd.expand import ContainerdExpander
 from node_agent.containerd.images import CtrImages
 from node_agent.context import AgentContext
 from node_agent.controllers.lease import LeaseController
@@ -106,6 +107,7 @@ async def run_agent(
         kube=kube,
         host_name=host_name or socket.gethostname(),
     )
+    containerd = ContainerdExpander(fs)
     applier = Applier(
         fs,
         state,
@@ -114,6 +116,8 @@ async def run_agent(
         agent_unit=settings.agent_unit,
         job_timeout=settings.systemd_job_timeout,
         images=CtrImages(root=settings.root),  # imageRef files, pulled by the node's containerd
+        expand=containerd,  # containerd's config.toml, certs.d and drop-in from criConfig
+        prepare=containerd.prepare,
     )
     osc = OSCController(ctx, applier)
     lease = LeaseController(ctx)  # its own client and connection pool (see the module)
