@@ -26,7 +26,7 @@ import os
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -432,6 +432,9 @@ class OSCAgent:
     controller: OSCController | None = None
     #: where imageRef files come from (e.g. ``CtrImages`` running ctr inside the node)
     images: ImageStore | None = None
+    #: builds the applier's ``expand`` (with its ``prepare``) on the agent's HostFS, e.g.
+    #: ``ContainerdExpander``; None: the OSC as published
+    expander: Callable[[HostFS], Any] | None = None
     _task: asyncio.Task[None] | None = None
 
     def __post_init__(self) -> None:
@@ -488,6 +491,7 @@ class OSCAgent:
         )
         node = await kube.get_node(self.node_name)
         self.ctx.node_uid = node["metadata"]["uid"]
+        expand = self.expander(fs) if self.expander is not None else None
         applier = Applier(
             fs,
             state,
@@ -495,6 +499,8 @@ class OSCAgent:
             host_name=self.node_name,
             agent_unit=AGENT_UNIT,
             images=self.images,
+            expand=expand,
+            prepare=expand.prepare if expand is not None else None,
         )
         self.controller = OSCController(self.ctx, applier)
         self._task = asyncio.create_task(self.controller.run())
