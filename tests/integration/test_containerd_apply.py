@@ -1,0 +1,190 @@
+"""containerd's configuration from criConfig, applied to a throwaway node running real containerd.
+
+The agent runs in this process (``OSCAgent`` with the ``ContainerdExpander`` on the node's root);
+``ctr`` runs inside the node, so a pull reads the hosts.toml the agent wrote and goes through the
+mirror. Restarts are told apart by containerd's InvocationID.
+"""
+
+from __future__ import annotations
+
+import base64
+import stat
+import tomllib
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from kubernetes_asyncio.client import ApiClient
+
+from node_agent.containerd.expand import ContainerdExpander, env_drop_in
+from node_agent.host.fs import HostFS
+from node_agent.host.state import UNIT_FILE_MODE
+from node_agent.osc.models import OperatingSystemConfig
+from tests.testbed import oci
+from tests.testbed.agent_harness import OSCAgent, inline_file, osc_document, service
+from tests.testbed.containerd import NODE_CA_PATH, ContainerdNode, default_config
+from tests.testbed.controlplane import ControlPlane
+from tests.testbed.registry import Registry
+
+pytestmark = pytest.mark.integration
+
+CONFIG = "/etc/containerd/config.toml"
+DROP_IN = "/etc/systemd/system/containerd.service.d/30-env_config.conf"
+CRI_V2 = "io.containerd.grpc.v1.cri"
+CONTAINERD = "containerd.service"
+OTHER = "other.service"
+
+
+class Bed:
+    def __init__(
+        self, agent: OSCAgent, node: ContainerdNode, registry: Registry, mirror: Registry
+    ) -> None:
+        self.agent = agent
+        self.node = node
+        self.registry = registry
+        self.mirror = mirror
+
+    def osc(self, *, sandbox: str, other: str = "one\n", mirrored: bool = True) -> dict[str, Any]:
+        """A criConfig as Gardener writes it (plus a registry mirror) and an unrelated unit."""
+        registries = [
+            {
+                "upstream": self.registry.host,
+                "server": self.registry.url,
+                "hosts": [{"url": self.mirror.url, "caCerts": [NODE_CA_PATH]}],
+                "readinessProbe": True,
+            }
+        ]
+        doc = osc_document(
+            [inline_file("/etc/other.conf", other)],
+            [service(OTHER, enable=True, command="start", filePaths=["/etc/other.conf"])],
+        )
+        doc["spec"]["criConfig"] = {
+            "name": "containerd",
+            "cgroupDriver": "systemd",
+            "containerd": {"sandboxImage": sandbox, "registries": registries if mirrored else []},
+        }
+        return doc
+
+    async def apply(self, doc: dict[str, Any]) -> None:
+        await self.agent.wait_applied(await self.agent.publish(doc))
+
+    async def invocations(self) -> dict[str, str]:
+        states = await self.agent.unit_states([CONTAINERD, OTHER])
+        return {name: state.invocation_id for name, state in states.items()}
+
+    def read(self, path: str) -> bytes:
+        return self.node.node.path(path).read_bytes()
+
+    def mode(self, path: str) -> int:
+        return stat.S_IMODE(self.node.node.path(path).stat().st_mode)
+
+    def config(self) -> dict[str, Any]:
+        return tomllib.loads(self.read(CONFIG).decode())
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def bed(
+    admin_api: ApiClient,
+    control_plane: ControlPlane,
+    containerd_node: ContainerdNode,
+    registry: Registry,
+    mirror: Registry,
+    tmp_path: Path,
+) -> AsyncIterator[Bed]:
+    agent = OSCAgent(
+        admin_api, control_plane, containerd_node.node, tmp_path, expander=ContainerdExpander
+    )
+    async with agent.running() as harness:
+        yield Bed(harness, containerd_node, registry, mirror)
+
+
+async def test_cri_config_mirror_and_restarts_only_on_real_changes(bed: Bed) -> None:
+    before = await bed.invocations()
+    await bed.apply(bed.osc(sandbox="registry.k8s.io/pause:3.10"))
+
+    config = bed.config()
+    cri = config["plugins"][CRI_V2]
+    assert cri["sandbox_image"] == "registry.k8s.io/pause:3.10"
+    assert cri["containerd"]["runtimes"]["runc"]["options"]["SystemdCgroup"] is True
+    assert cri["registry"]["config_path"] == "/etc/containerd/certs.d"
+    assert config["imports"] == ["/etc/containerd/conf.d/*.toml"]
+    # Patched in place, not rewritten: containerd's own lines all there, edited where needed.
+    assert len(bed.read(CONFIG).splitlines()) == len(default_config().splitlines())
+    assert cri["max_container_log_line_size"] == 16384
+    assert bed.mode(CONFIG) == 0o644
+    assert bed.read(DROP_IN) == env_drop_in().encode()
+    assert bed.mode(DROP_IN) == UNIT_FILE_MODE
+    for directory in ("/var/bin/containerruntimes", "/etc/containerd/conf.d"):
+        assert bed.mode(directory) == 0o755
+    environment = bed.node.systemctl("show", "-p", "Environment", CONTAINERD).stdout
+    assert "PATH=/var/bin/containerruntimes:" in environment
+    hosts_toml = f"/etc/containerd/certs.d/{bed.registry.host}/hosts.toml"
+    hosts = tomllib.loads(bed.read(hosts_toml).decode())
+    assert hosts["server"] == bed.registry.url
+    assert hosts["host"] == {
+        bed.mirror.url: {"capabilities": ["pull", "resolve"], "ca": [NODE_CA_PATH]}
+    }
+    first = await bed.invocations()
+    # The config on disk changed (sandbox image, cgroup driver): containerd restarted, and runs.
+    assert first[CONTAINERD] != before[CONTAINERD]
+    states = await bed.agent.unit_states([CONTAINERD])
+    assert states[CONTAINERD].active_state == "active"
+
+    # A pull reads the hosts.toml the agent wrote: through the mirror, never the registry itself.
+    repository = f"test/cri-{uuid.uuid4().hex[:8]}"
+    digest = bed.registry.push(repository, "v1", oci.build_image([{"/m": (b"m\n", 0o644)}]))
+    bed.node.pull(bed.registry.ref(repository, "v1"))
+    fetched = {e.path for e in bed.mirror.served(repository, user_agent="containerd/")}
+    assert f"/v2/{repository}/manifests/{digest}" in fetched
+    assert bed.registry.served(repository, user_agent="containerd/") == []
+
+    # Only an unrelated file changes: containerd keeps running as it is.
+    await bed.apply(bed.osc(sandbox="registry.k8s.io/pause:3.10", other="two\n"))
+    second = await bed.invocations()
+    assert second[CONTAINERD] == first[CONTAINERD]
+    assert second[OTHER] != first[OTHER]
+
+    # A new sandbox image: containerd restarts, nothing else does.
+    await bed.apply(bed.osc(sandbox="registry.k8s.io/pause:3.11", other="two\n"))
+    third = await bed.invocations()
+    assert third[CONTAINERD] != second[CONTAINERD]
+    assert third[OTHER] == second[OTHER]
+    assert bed.config()["plugins"][CRI_V2]["sandbox_image"] == "registry.k8s.io/pause:3.11"
+
+    # The registry leaves the OSC: its hosts.toml (written by the agent) goes, no restart.
+    await bed.apply(bed.osc(sandbox="registry.k8s.io/pause:3.11", other="two\n", mirrored=False))
+    assert not bed.node.node.path(hosts_toml).exists()
+    assert (await bed.invocations()) == third
+
+
+async def test_first_apply_on_a_node_already_configured_restarts_nothing(bed: Bed) -> None:
+    """A node where containerd already runs with exactly this configuration (e.g. written by
+    gardener-node-agent before): the agent adopts it, containerd is not restarted."""
+    doc = bed.osc(sandbox="registry.k8s.io/pause:3.10")
+    node_fs = HostFS(bed.node.node.root, follow_system_symlinks=True)
+    desired = ContainerdExpander(node_fs)(OperatingSystemConfig.model_validate(doc))
+    for file in desired.spec.files:
+        if file.path.startswith("/etc/containerd/"):
+            assert file.content.inline is not None  # the derived bytes, as an earlier agent wrote
+            data = base64.b64decode(file.content.inline.data)
+            path = bed.node.node.path(file.path)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+            path.chmod(0o644)
+    drop_in = bed.node.node.path(DROP_IN)
+    drop_in.parent.mkdir(parents=True, exist_ok=True)
+    drop_in.write_text(env_drop_in())
+    drop_in.chmod(UNIT_FILE_MODE)
+    bed.node.systemctl("daemon-reload")
+    bed.node.systemctl("restart", CONTAINERD)
+    bed.node.wait_ready()
+    before = await bed.invocations()
+
+    await bed.apply(doc)
+
+    after = await bed.invocations()
+    assert after[CONTAINERD] == before[CONTAINERD]
+    assert after[OTHER] != before[OTHER]  # the OSC's own new unit did start
