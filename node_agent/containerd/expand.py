@@ -122,7 +122,9 @@ class ContainerdExpander:
         for directory in DIRECTORIES:
             self.fs.ensure_dir(directory, DIR_MODE)
         for registry in cri.containerd.registries:
-            self.fs.ensure_dir(registry_dir(registry.upstream), DIR_MODE)
+            # only for a hosts.toml that is written (not one held back by its readiness probe)
+            if any(f.path == hosts_toml_path(registry.upstream) for f in osc.spec.files):
+                self.fs.ensure_dir(registry_dir(registry.upstream), DIR_MODE)
 
     def _config(self, cri: ContainerdCRI) -> bytes:
         current = self.fs.read(CONFIG_FILE)

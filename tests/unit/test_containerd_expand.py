@@ -242,11 +242,15 @@ def test_a_reachable_registry_gets_its_hosts_toml(fs: HostFS) -> None:
     assert probe.asked == ["registry.local:5000"]  # only registries that ask for it
 
 
-def test_an_unreachable_new_registry_gets_no_hosts_toml_yet(fs: HostFS) -> None:
+def test_an_unreachable_new_registry_gets_no_hosts_toml_yet(fs: HostFS, tmp_path: Path) -> None:
     probe = Probe("https://mirror.local:5001/v2/: connection refused")
     before = osc(gardener_cri(registries=[PROBED]))
-    out = ContainerdExpander(fs, default_config=Defaults(), probe=probe)(before)
+    expander = ContainerdExpander(fs, default_config=Defaults(), probe=probe)
+    out = expander(before)
     assert list(derived_files(out, before)) == [CONFIG_FILE]
+    expander.prepare(out)
+    assert (tmp_path / CERTS_DIR.lstrip("/")).is_dir()
+    assert list((tmp_path / CERTS_DIR.lstrip("/")).iterdir()) == []
 
 
 def test_an_unreachable_changed_registry_keeps_the_file_on_disk(fs: HostFS) -> None:
