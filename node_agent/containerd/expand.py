@@ -89,21 +89,27 @@ class ContainerdExpander:
         self._default: bytes | None = None
         self._probe = probe
         self._service_path = service_path
+        #: upstream -> why its new hosts.toml was held back by the last expansion (its readiness
+        #: probe failed); empty when every registry's file is as desired. A caller may check
+        #: again sooner than its usual period while this is not empty.
+        self.held_back: dict[str, str] = {}
 
     def __call__(self, osc: OperatingSystemConfig) -> OperatingSystemConfig:
         cri = containerd_cri(osc.spec.cri_config)
         if cri is None:
             return osc
         taken = {f.path for f in (*osc.spec.files, *osc.status.extension_files)}
+        held: dict[str, str] = {}
         derived: list[File] = []
         if CONFIG_FILE not in taken:  # the OSC's own config.toml, if it has one, wins
             derived.append(_file(CONFIG_FILE, self._config(cri)))
         for registry in cri.containerd.registries:
             path = hosts_toml_path(registry.upstream)
             if path not in taken:
-                data = self._hosts_toml(registry)
+                data = self._hosts_toml(registry, held)
                 if data is not None:
                     derived.append(_file(path, data))
+        self.held_back = held
         unit = Unit(
             name=UNIT,
             drop_ins=(DropIn(name=ENV_DROP_IN, content=env_drop_in(self._service_path)),),
@@ -148,7 +154,7 @@ class ContainerdExpander:
                 return FALLBACK_CONFIG
         return self._default
 
-    def _hosts_toml(self, registry: RegistryConfig) -> bytes | None:
+    def _hosts_toml(self, registry: RegistryConfig, held: dict[str, str]) -> bytes | None:
         """The registry's hosts.toml; with ``readinessProbe``, a new or changed one only once
         its hosts answer. Until then the file on disk stays as it is (a working mirror is never
         replaced by one that is not up yet, nor deleted); the next check tries again."""
@@ -165,6 +171,7 @@ class ContainerdExpander:
         reason = self._probe(registry, self.fs.read)
         if reason is None:
             return data
+        held[registry.upstream] = reason
         log.warning(
             "registry hosts not reachable; hosts.toml left as it is",
             upstream=registry.upstream,

@@ -237,8 +237,11 @@ PROBED = {**MIRROR, "readinessProbe": True}
 def test_a_reachable_registry_gets_its_hosts_toml(fs: HostFS) -> None:
     probe = Probe(None)
     before = osc(gardener_cri(registries=[PROBED, {**MIRROR, "upstream": "other"}]))
-    out = ContainerdExpander(fs, default_config=Defaults(), probe=probe)(before)
+    expander = ContainerdExpander(fs, default_config=Defaults(), probe=probe)
+    expander.held_back = {"registry.local:5000": "down before"}
+    out = expander(before)
     assert HOSTS in derived_files(out, before)
+    assert expander.held_back == {}
     assert probe.asked == ["registry.local:5000"]  # only registries that ask for it
 
 
@@ -248,6 +251,9 @@ def test_an_unreachable_new_registry_gets_no_hosts_toml_yet(fs: HostFS, tmp_path
     expander = ContainerdExpander(fs, default_config=Defaults(), probe=probe)
     out = expander(before)
     assert list(derived_files(out, before)) == [CONFIG_FILE]
+    assert expander.held_back == {
+        "registry.local:5000": "https://mirror.local:5001/v2/: connection refused"
+    }
     expander.prepare(out)
     assert (tmp_path / CERTS_DIR.lstrip("/")).is_dir()
     assert list((tmp_path / CERTS_DIR.lstrip("/")).iterdir()) == []
