@@ -130,11 +130,14 @@ def containerd_cri(cri: CRIConfig | None) -> ContainerdCRI | None:
 
 
 def _check_toml(value: object, where: str) -> None:
-    """JSON that TOML cannot hold (null, NaN) is refused instead of failing at write time."""
+    """JSON that TOML cannot hold (null, integers beyond 64 bits) is refused here, naming the
+    field, instead of producing a config.toml containerd cannot read."""
     if value is None:
         raise ValueError(f"{where}: null has no TOML form")
     if isinstance(value, float) and not math.isfinite(value):
         raise ValueError(f"{where}: {value} has no JSON form")
+    if type(value) is int and not -(2**63) <= value < 2**63:
+        raise ValueError(f"{where}: {value} does not fit TOML's 64-bit integers")
     if isinstance(value, dict):
         for key, item in value.items():
             if not isinstance(key, str) or not key:

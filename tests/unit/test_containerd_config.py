@@ -358,6 +358,7 @@ def test_a_config_that_cannot_be_patched_is_a_host_error_naming_the_file(
             {"plugins": [{"path": ["a"], "values": [1]}]},
             "spec.criConfig.containerd.plugins[0].values",
         ),
+        ({"plugins": [{"path": ["a"], "values": {"n": 2**64}}]}, "containerd.plugins[0].values"),
         (
             {"registries": [{"upstream": "../etc"}]},
             "spec.criConfig.containerd.registries[0].upstream",
