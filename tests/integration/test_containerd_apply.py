@@ -159,6 +159,16 @@ async def test_cri_config_mirror_and_restarts_only_on_real_changes(bed: Bed) -> 
     assert not bed.node.node.path(hosts_toml).exists()
     assert (await bed.invocations()) == third
 
+    # A malformed criConfig: one Warning naming the field, nothing touched.
+    config_before = bed.read(CONFIG)
+    bad = bed.osc(sandbox="registry.k8s.io/pause:3.12", other="three\n")
+    bad["spec"]["criConfig"]["containerd"]["registries"] = [{"upstream": "../escape"}]
+    await bed.agent.publish(bad)
+    await bed.agent.wait_warning("spec.criConfig.containerd.registries[0].upstream")
+    assert bed.read(CONFIG) == config_before
+    assert bed.read("/etc/other.conf") == b"two\n"
+    assert (await bed.invocations()) == third
+
 
 async def test_first_apply_on_a_node_already_configured_restarts_nothing(bed: Bed) -> None:
     """A node where containerd already runs with exactly this configuration (e.g. written by
