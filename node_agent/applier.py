@@ -131,7 +131,10 @@ class Applier:
     def plan(self, osc: OperatingSystemConfig, resolved: Mapping[str, bytes]) -> ChangeSet:
         """What applying ``osc`` now would do (changes nothing, not even the inventory)."""
         base = self.base(self.state.pending(), claim=False)
-        return plan(base, self.expand(osc), self.host_name, resolved, agent_unit=self.agent_unit)
+        desired = self.expand(osc)
+        target = Applied.of_osc(desired, self.host_name, resolved, required=True)
+        base = self._adopt(base, target, desired, resolved)
+        return plan(base, desired, self.host_name, resolved, agent_unit=self.agent_unit)
 
     def last_applied(self) -> Applied:
         """The items of the last complete apply, as recorded then (derived items included), or

@@ -44,6 +44,7 @@ from node_agent.host.state import (
     sha256_hex,
     unit_path,
 )
+from node_agent.layout import CONTAINERD_CERTS_DIR
 from node_agent.log import get_logger
 from node_agent.osc.models import ImageRefContent
 from node_agent.osc.plan import ChangeSet, FileWrite, UnitCommand
@@ -309,6 +310,11 @@ class Executor:
             self.fs.remove_dir_if_empty(f"{unit_path(arg)}.d")
         elif self._delete(arg, rep):
             rep.files_deleted.append(arg)
+            parent = arg.rsplit("/", 1)[0]
+            if parent.startswith(
+                CONTAINERD_CERTS_DIR + "/"
+            ):  # a registry that left: its directory too
+                self.fs.remove_dir_if_empty(parent)
 
     @staticmethod
     def _stop_failed(unit: str, pending: Pending) -> bool:

@@ -17,6 +17,9 @@ KUBECONFIG_FILE = f"{CREDENTIALS_DIR}/kubeconfig"
 TOKEN_FILE = f"{CREDENTIALS_DIR}/token"
 BOOTSTRAP_TOKEN_FILE = f"{CREDENTIALS_DIR}/bootstrap-token"
 
+# containerd's registry host configuration: one ``<upstream>/hosts.toml`` directory per registry.
+CONTAINERD_CERTS_DIR = "/etc/containerd/certs.d"
+
 # Directory of the unit files and ``<unit>.d`` drop-in directories the agent writes.
 UNIT_DIR = "/etc/systemd/system"
 

@@ -21,12 +21,13 @@ from tomlkit.container import Container
 from tomlkit.exceptions import TOMLKitError
 from tomlkit.items import InlineTable, Item, Table
 
+from node_agent import layout
 from node_agent.containerd.spec import ContainerdCRI
 from node_agent.errors import HostError
 
 CONFIG_FILE = "/etc/containerd/config.toml"
 BASE_DIR = "/etc/containerd"
-CERTS_DIR = "/etc/containerd/certs.d"
+CERTS_DIR = layout.CONTAINERD_CERTS_DIR
 CONF_DIR = "/etc/containerd/conf.d"
 IMPORTS_GLOB = CONF_DIR + "/*.toml"
 CNI_BIN_DIR = "/opt/cni/bin"

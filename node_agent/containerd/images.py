@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from node_agent import layout
 from node_agent.errors import ImageError
 from node_agent.log import get_logger
 
@@ -41,7 +42,7 @@ log = get_logger("node-agent.images")
 
 NAMESPACE_ENV = "CONTAINERD_NAMESPACE"
 DEFAULT_NAMESPACE = "default"
-HOSTS_DIR = "/etc/containerd/certs.d"
+HOSTS_DIR = layout.CONTAINERD_CERTS_DIR
 MOUNT_DIR = "/run/node-agent/image-mounts"
 PULL_TIMEOUT = 300.0
 CALL_TIMEOUT = 60.0

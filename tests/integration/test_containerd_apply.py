@@ -157,6 +157,7 @@ async def test_cri_config_mirror_and_restarts_only_on_real_changes(bed: Bed) -> 
     # The registry leaves the OSC: its hosts.toml (written by the agent) goes, no restart.
     await bed.apply(bed.osc(sandbox="registry.k8s.io/pause:3.11", other="two\n", mirrored=False))
     assert not bed.node.node.path(hosts_toml).exists()
+    assert not bed.node.node.path(hosts_toml).parent.exists()  # its directory too, as upstream
     assert (await bed.invocations()) == third
 
     # A malformed criConfig: one Warning naming the field, nothing touched.
