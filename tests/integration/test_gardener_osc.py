@@ -1,0 +1,248 @@
+"""A Gardener-shaped reconcile OSC on a throwaway node with real containerd and real registries.
+
+The agent runs in this process with both halves of containerd support: the ``ContainerdExpander``
+(config.toml, hosts.toml, containerd's drop-in from ``criConfig``) and ``CtrImages`` running
+``ctr`` inside the node, so imageRef pulls read the hosts.toml the agent wrote and go through the
+mirror. Restarts are told apart per unit by ``UnitMark`` (InvocationID and the time its start
+conditions were last tested), for every unit of the OSC.
+
+What "restarted" means per kind of unit: a long-running service, a oneshot with
+``RemainAfterExit=yes`` (the CA update), a timer and a path
+unit each get a new InvocationID when (re)started; ``systemd-sysctl.service`` is skipped by its own
+condition in the node (``/proc/sys`` is read-only there), so it has no InvocationID and its start
+shows only in ``ConditionTimestampMonotonic``; the services a timer or path unit triggers
+(logrotate, gardener-user) are started by the agent only when they change, and the timers fire
+an hour after they start, never during the test. The health check with ``enable: false`` and
+``command: start`` is disabled and stopped, as upstream does (``enable: false`` wins), so it must
+never start at all. Any start at all counts as a restart.
+"""
+
+from __future__ import annotations
+
+import stat
+import tomllib
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client import ApiClient
+
+from node_agent.containerd.expand import ContainerdExpander, env_drop_in
+from node_agent.containerd.images import CtrImages
+from tests.testbed import gardener_osc as g
+from tests.testbed import standin
+from tests.testbed.agent_harness import OSCAgent, wait_for
+from tests.testbed.containerd import ContainerdNode
+from tests.testbed.controlplane import ControlPlane, free_port
+from tests.testbed.registry import Registry
+
+pytestmark = pytest.mark.integration
+
+CONFIG = "/etc/containerd/config.toml"
+ENV_DROP_IN = "/etc/systemd/system/containerd.service.d/30-env_config.conf"
+OVERRIDE = "/etc/systemd/system/containerd.service.d/override.conf"
+CRI_V2 = "io.containerd.grpc.v1.cri"
+
+
+class Bed:
+    def __init__(self, agent: OSCAgent, node: ContainerdNode, pool: g.GardenerPool) -> None:
+        self.agent = agent
+        self.node = node
+        self.pool = pool
+
+    async def apply(self, doc: dict[str, Any]) -> str:
+        checksum = await self.agent.publish(doc)
+        await self.agent.wait_applied(checksum, timeout=90)
+        return checksum
+
+    def marks(self) -> dict[str, g.UnitMark]:
+        return g.unit_marks(self.node.node)
+
+    def read(self, path: str) -> bytes:
+        return self.node.node.path(path).read_bytes()
+
+    def mode(self, path: str) -> int:
+        return stat.S_IMODE(self.node.node.path(path).stat().st_mode)
+
+    def requests(self) -> dict[str, int]:
+        """Every manifest and blob request of the pool's repositories, per registry and client."""
+        counts: dict[str, int] = {}
+        for registry in (self.pool.registry, self.pool.mirror):
+            for repository in (self.pool.hyperkube, self.pool.shipper):
+                counts[f"{registry.name} {repository}"] = len(registry.served(repository))
+        return counts
+
+    async def touch_secret(self) -> None:
+        """A new resourceVersion of the OSC Secret with the same osc.yaml: a watch event."""
+        patch = {"metadata": {"annotations": {"node-agent-test/touched": uuid.uuid4().hex}}}
+        await client.CoreV1Api(self.agent.admin).patch_namespaced_secret(
+            self.agent.secret_name, "kube-system", patch
+        )
+
+    def pulls(self) -> list[Any]:
+        assert self.agent.controller is not None
+        outcome = self.agent.controller.last_outcome
+        assert outcome is not None
+        return list(outcome.report.pulls)
+
+    async def healthz(self) -> tuple[int, bytes]:
+        answer: list[tuple[int, bytes]] = []
+
+        async def answered() -> bool:
+            try:
+                url = f"http://127.0.0.1:{self.pool.healthz_port}/healthz"
+                with urllib.request.urlopen(url, timeout=2) as resp:
+                    answer.append((int(resp.status), bytes(resp.read())))
+            except urllib.error.HTTPError as err:
+                answer.append((int(err.code), bytes(err.read())))
+            except OSError:
+                return False
+            return True
+
+        await wait_for(answered, 20, "kubelet's /healthz")
+        return answer[-1]
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def bed(
+    admin_api: ApiClient,
+    control_plane: ControlPlane,
+    containerd_node: ContainerdNode,
+    registry: Registry,
+    mirror: Registry,
+    tmp_path: Path,
+) -> AsyncIterator[Bed]:
+    node = containerd_node.node
+    g.unmask(node, g.SYSCTL)
+    suffix = uuid.uuid4().hex[:8]
+    pool = g.GardenerPool(
+        registry,
+        mirror,
+        hyperkube=f"gardener/hyperkube-{suffix}",
+        shipper=f"gardener/log-shipper-{suffix}",
+        healthz_port=free_port(),
+    )
+    pool.push_images(("1.33.0", "1.33.1"))
+    images = CtrImages(root=node.root, argv_prefix=containerd_node.nsenter_argv)
+    agent = OSCAgent(
+        admin_api, control_plane, node, tmp_path, images=images, expander=ContainerdExpander
+    )
+    async with agent.running() as harness:
+        yield Bed(harness, containerd_node, pool)
+
+
+async def test_gardener_osc_applies_and_a_patch_update_restarts_exactly_kubelet(bed: Bed) -> None:
+    pool = bed.pool
+    checksum = await bed.apply(pool.osc("1.33.0"))
+    annotations = await bed.agent.node_annotations()
+    assert annotations["checksum/cloud-config-data"] == checksum
+
+    # kubelet from the hyperkube image, byte-exact, running and healthy.
+    assert bed.read(g.KUBELET_BINARY) == standin.kubelet_binary()
+    assert bed.mode(g.KUBELET_BINARY) == 0o755
+    assert bed.read(g.SHIPPER_BINARY) == pool.shipper_binary()
+    assert bed.mode(g.SHIPPER_BINARY) == 0o700
+    assert await bed.healthz() == (200, b"ok")
+    marks = bed.marks()
+    for unit in (g.KUBELET, g.CONTAINERD, g.SSH_ENSURER, g.SHIPPER, g.CA_UPDATE):
+        assert marks[unit].active == "active", unit
+    for unit in (g.LOGROTATE_TIMER, g.SHIPPER_HEALTH_TIMER, g.USER_PATH):
+        assert (marks[unit].active, marks[unit].sub) == ("active", "waiting"), unit
+    # enable: false wins over command: start (as upstream: such a unit is disabled and stopped);
+    # its timer starts it when due.
+    assert (marks[g.SHIPPER_HEALTH].active, marks[g.SHIPPER_HEALTH].invocation) == ("inactive", "")
+    assert marks[g.SHIPPER_HEALTH].enabled == "disabled"
+    assert marks[g.SYSCTL].tested not in ("", "0")  # started; its condition skips it here
+    # Inline files with their modes (plain and b64, 0400 to 0755).
+    assert bed.mode(g.USER_KEYS) == 0o400
+    assert bed.mode(g.AGENT_CONFIG) == 0o600
+    assert bed.mode(g.USER_SCRIPT) == 0o755
+    assert bed.read(g.AGENT_CONFIG).decode() == pool.agent_config("1.33.0")
+
+    # containerd's configuration from criConfig, and both drop-ins.
+    config = tomllib.loads(bed.read(CONFIG).decode())
+    cri = config["plugins"][CRI_V2]
+    assert cri["containerd"]["runtimes"]["runc"]["options"]["SystemdCgroup"] is True
+    assert cri["sandbox_image"] == g.SANDBOX_IMAGE
+    assert cri["registry"]["config_path"] == "/etc/containerd/certs.d"
+    assert config["imports"] == ["/etc/containerd/conf.d/*.toml"]
+    assert bed.read(ENV_DROP_IN) == env_drop_in().encode()
+    assert bed.read(OVERRIDE).decode() == pool.containerd_extension()["dropIns"][0]["content"]
+    shown = bed.node.systemctl("show", "-p", "DropInPaths,Environment", g.CONTAINERD).stdout
+    assert OVERRIDE in shown
+    assert ENV_DROP_IN in shown
+    assert "PATH=/var/bin/containerruntimes:" in shown
+
+    # Both images came through the mirror's hosts.toml; containerd never asked the registry.
+    for repository in (pool.hyperkube, pool.shipper):
+        assert pool.mirror.served(repository, user_agent="containerd/") != []
+        assert pool.registry.served(repository, user_agent="containerd/") == []
+    pulled = {(p.image, p.digest, p.target) for p in bed.pulls()}
+    assert pulled == {
+        (
+            pool.hyperkube_ref("1.33.0"),
+            pool.digests[pool.hyperkube_ref("1.33.0")],
+            g.KUBELET_BINARY,
+        ),
+        (pool.shipper_ref(), pool.digests[pool.shipper_ref()], g.SHIPPER_BINARY),
+    }
+
+    # The same OSC again: a Secret update with identical osc.yaml (only its metadata changed; the
+    # API server drops a byte-identical replace), then the periodic resync.
+    assert bed.agent.controller is not None
+    before, requests = bed.marks(), bed.requests()
+    reconciles = bed.agent.controller.reconciles
+    await bed.touch_secret()
+    await wait_for(lambda: bed.agent.controller.reconciles > reconciles, 30, "the Secret update")
+    assert bed.agent.ctx is not None
+    secret = await bed.agent.ctx.kube.get_secret("kube-system", bed.agent.secret_name)
+    assert await bed.agent.controller.reconcile(secret, resync=True) is None
+    assert bed.requests() == requests
+    assert g.started_again(before, bed.marks()) == set()
+
+    # The patch update: exactly kubelet restarts, on the new binary's image.
+    before, requests = bed.marks(), bed.requests()
+    await bed.apply(pool.osc("1.33.1"))
+    after = bed.marks()
+    assert g.started_again(before, after) == {g.KUBELET}
+    assert after[g.KUBELET].active == "active"
+    assert await bed.healthz() == (200, b"ok")
+    [pull] = bed.pulls()
+    assert (pull.image, pull.digest) == (
+        pool.hyperkube_ref("1.33.1"),
+        pool.digests[pool.hyperkube_ref("1.33.1")],
+    )
+    assert bed.node.images()[pool.hyperkube_ref("1.33.1")] == pull.digest
+    assert bed.read(g.KUBELET_CONFIG).decode() == pool.kubelet_config("1.33.1")
+    assert bed.read(g.AGENT_CONFIG).decode() == pool.agent_config("1.33.1")
+    assert bed.read("/etc/systemd/system/kubelet.service").decode() == pool.kubelet_unit_text(
+        "1.33.1"
+    )
+    # Only the new hyperkube image was fetched, again only through the mirror.
+    assert pool.registry.served(pool.hyperkube, user_agent="containerd/") == []
+    fetched = bed.requests()
+    assert fetched[f"mirror {pool.shipper}"] == requests[f"mirror {pool.shipper}"]
+    assert fetched[f"mirror {pool.hyperkube}"] > requests[f"mirror {pool.hyperkube}"]
+
+
+async def test_a_config_toml_change_restarts_containerd_and_nothing_else(bed: Bed) -> None:
+    await bed.apply(bed.pool.osc("1.33.0"))
+    before, requests = bed.marks(), bed.requests()
+
+    await bed.apply(bed.pool.osc("1.33.0", sandbox_image="registry.k8s.io/pause:3.11"))
+
+    after = bed.marks()
+    assert g.started_again(before, after) == {g.CONTAINERD}
+    assert after[g.CONTAINERD].active == "active"
+    config = tomllib.loads(bed.read(CONFIG).decode())
+    assert config["plugins"][CRI_V2]["sandbox_image"] == "registry.k8s.io/pause:3.11"
+    assert bed.pulls() == []
+    assert bed.requests() == requests
+    assert after[g.KUBELET].active == "active"
+    assert await bed.healthz() == (200, b"ok")
