@@ -7,8 +7,8 @@ mirror. Restarts are told apart per unit by ``UnitMark`` (InvocationID and the t
 conditions were last tested), for every unit of the OSC.
 
 What "restarted" means per kind of unit: a long-running service, a oneshot with
-``RemainAfterExit=yes`` (the CA update), a timer and a path
-unit each get a new InvocationID when (re)started; ``systemd-sysctl.service`` is skipped by its own
+``RemainAfterExit=yes`` (the CA update), a timer and a path unit each get a new InvocationID when
+(re)started; ``systemd-sysctl.service`` is skipped by its own
 condition in the node (``/proc/sys`` is read-only there), so it has no InvocationID and its start
 shows only in ``ConditionTimestampMonotonic``; the services a timer or path unit triggers
 (logrotate, gardener-user) are started by the agent only when they change, and the timers fire
@@ -245,4 +245,27 @@ async def test_a_config_toml_change_restarts_containerd_and_nothing_else(bed: Be
     assert bed.pulls() == []
     assert bed.requests() == requests
     assert after[g.KUBELET].active == "active"
+    assert await bed.healthz() == (200, b"ok")
+
+
+async def test_a_patch_update_to_a_missing_hyperkube_tag_keeps_the_old_kubelet(bed: Bed) -> None:
+    pool = bed.pool
+    await bed.apply(pool.osc("1.33.0"))
+    before = bed.marks()
+    missing = pool.registry.ref(pool.hyperkube, "v1.33.9")
+    doc = pool.osc("1.33.1")
+    [kubelet_file] = [f for f in doc["spec"]["files"] if f["path"] == g.KUBELET_BINARY]
+    kubelet_file["content"]["imageRef"]["image"] = missing
+
+    await bed.agent.publish(doc)
+
+    message = await bed.agent.wait_warning(f"{g.KUBELET_BINARY}: image {missing}: ", timeout=60)
+    assert "\n" not in message
+    blocked = await bed.agent.wait_warning(f"{g.KUBELET}: not attempted", g.KUBELET_BINARY)
+    assert missing in blocked
+    # The rest of the update is on disk; the old binary stays and kubelet keeps running it.
+    assert bed.read(g.KUBELET_CONFIG).decode() == pool.kubelet_config("1.33.1")
+    assert bed.read(g.AGENT_CONFIG).decode() == pool.agent_config("1.33.1")
+    assert bed.read(g.KUBELET_BINARY) == standin.kubelet_binary()
+    assert g.started_again(before, bed.marks()) == set()
     assert await bed.healthz() == (200, b"ok")
