@@ -128,12 +128,13 @@ class Applier:
         self._parsed = (last.checksum, osc)
         return osc, last.resolved, last.checksum
 
-    def plan(self, osc: OperatingSystemConfig, resolved: Mapping[str, bytes]) -> ChangeSet:
+    async def plan(self, osc: OperatingSystemConfig, resolved: Mapping[str, bytes]) -> ChangeSet:
         """What applying ``osc`` now would do (changes nothing, not even the inventory)."""
         base = self.base(self.state.pending(), claim=False)
         desired = self.expand(osc)
         target = Applied.of_osc(desired, self.host_name, resolved, required=True)
-        base = self._adopt(base, target, desired, resolved)
+        running = await self._running(base, target)
+        base = self._adopt(base, target, desired, resolved, running)
         return plan(base, desired, self.host_name, resolved, agent_unit=self.agent_unit)
 
     def last_applied(self) -> Applied:
@@ -171,7 +172,8 @@ class Applier:
             base = await asyncio.to_thread(self.base, pending)
             desired = await asyncio.to_thread(self.expand, osc)
             target = Applied.of_osc(desired, self.host_name, resolved, required=True)
-            base = await asyncio.to_thread(self._adopt, base, target, desired, resolved)
+            running = await self._running(base, target)
+            base = await asyncio.to_thread(self._adopt, base, target, desired, resolved, running)
             change_set = await asyncio.to_thread(
                 plan, base, desired, self.host_name, resolved, agent_unit=self.agent_unit
             )
@@ -223,8 +225,10 @@ class Applier:
         target: Applied,
         desired: OperatingSystemConfig,
         resolved: Mapping[str, bytes],
+        running: set[str],
     ) -> Applied:
-        """Adopt items new to ``base`` that are already on disk exactly as ``desired`` wants."""
+        """Adopt items new to ``base`` that are already on disk exactly as ``desired`` wants,
+        and units without content among ``running`` (active now) that have nothing to change."""
         full = plan(None, desired, self.host_name, resolved, agent_unit=self.agent_unit)
         matching = set()
         for fw in full.files_to_write:
@@ -238,11 +242,26 @@ class Applier:
                 digest = sha256_hex(dw.content.encode())
                 if self.fs.stat_matches(path, sha256=digest, mode=UNIT_FILE_MODE):
                     matching.add(path)
-        if not matching and all(
-            u.content is not None or u.name in base.units for u in target.units.values()
-        ):
+        if not matching and not running:
             return base
-        return adopt(base, target, matching, UNIT_DIR)
+        return adopt(base, target, matching, UNIT_DIR, running)
+
+    async def _running(self, base: Applied, target: Applied) -> set[str]:
+        """Which of the target's units that could be adopted (new, without content, asking for
+        nothing) systemd runs now: only those are adopted. One the agent itself stopped
+        earlier, or that never ran, is started like any new unit."""
+        names = [
+            u.name
+            for u in target.units.values()
+            if u.name not in base.units
+            and u.content is None
+            and u.enable is None
+            and u.command is None
+        ]
+        if not names or self.systemd is None:
+            return set()
+        states = await self.systemd.unit_states(names)
+        return {n for n, st in states.items() if st.active_state == "active"}
 
     def _observed(self, pending: Pending) -> set[str]:
         """Not-yet-marked write and delete steps whose result is already on disk."""

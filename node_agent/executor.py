@@ -154,6 +154,14 @@ class Executor:
         cs = pending.change_set
         agent_steps = {S.cmd_step(c.unit) for c in cs.unit_commands if c.is_agent}
         remaining = [s for s in pending.remaining() if s not in agent_steps]
+        steps = pending.steps
+        if S.RELOAD in pending.done:
+            # A retry that still writes or deletes unit files or drop-ins, or changes enablement,
+            # reloads again before its commands: systemd runs what it loaded, not what is on disk.
+            before = set(steps[: steps.index(S.RELOAD)])
+            if any(s in before and not s.startswith("file:") for s in remaining):
+                at = next((i for i, s in enumerate(remaining) if s not in before), len(remaining))
+                remaining.insert(at, S.RELOAD)
         failed: dict[str, str] = {}
         for kind, batch in _batches(remaining):
             ok, errors = await self._run(kind, batch, pending, report)
@@ -174,6 +182,8 @@ class Executor:
         unit = cmd.split(":", 1)[1]
         deps = {S.unit_step(unit), S.enable_step(unit), S.disable_step(unit), S.RELOAD}
         cs = pending.change_set
+        if not any(c.unit == unit and c.removed for c in cs.unit_commands):
+            deps.add(S.delete_unit_step(unit))  # our unit file goes before it restarts
         deps |= {S.dropin_step(d.unit, d.name) for d in cs.dropins_to_write if d.unit == unit}
         deps |= {
             S.delete_dropin_step(d.unit, d.name) for d in cs.dropins_to_delete if d.unit == unit
@@ -319,7 +329,8 @@ class Executor:
     @staticmethod
     def _stop_failed(unit: str, pending: Pending) -> bool:
         step = S.cmd_step(unit)
-        return step in pending.steps and step not in pending.done
+        removed = any(c.unit == unit and c.removed for c in pending.change_set.unit_commands)
+        return removed and step in pending.steps and step not in pending.done
 
     def _delete(self, path: str, rep: ApplyReport) -> bool:
         """Delete ``path`` if the agent created it; leave anything else in place. Already gone
@@ -370,11 +381,18 @@ class Executor:
         bad: dict[str, str] = {}
         for command in commands:
             result = results[command.unit]
+            if command.removed and command.action == "restart" and _unit_gone(result):
+                # It left the OSC and systemd no longer knows it: what can still be running is
+                # a leftover of a unit file deleted earlier, so stopping it is what is left.
+                stop = await self.systemd.run_jobs(
+                    [(command.unit, "stop")], job_timeout=self.job_timeout
+                )
+                result = stop[command.unit]
             rep.results[command.unit] = result
             if self.on_command is not None:
                 self.on_command(command, result)
-            if result.ok or (command.removed and _unit_gone(result)):
-                ok.append(command.unit)  # a unit that left the OSC and systemd: nothing to do
+            if result.ok:
+                ok.append(command.unit)
             else:
                 bad[command.unit] = result.describe()
         return ok, bad

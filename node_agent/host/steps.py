@@ -11,7 +11,9 @@ survives a change of the ChangeSet model:
     delete-file:<path>           delete a file          reload-after-delete   (when units deleted)
 
 ``reload`` is present only when a unit file or drop-in is written or deleted, or enablement
-changes.
+changes, or the change set carries a command an earlier, unfinished apply owed (that apply may
+have changed unit files without reloading). The unit file of a unit that stays in the OSC but
+loses its content is deleted before the reload; that of a unit leaving the OSC after its stop.
 
 Order follows DESIGN §2: files, units, drop-ins, drop-in deletions, enable/disable, reload, unit
 commands, unit and file deletions; the agent's own restart, if any, is the very last step.
@@ -69,12 +71,17 @@ def step_ids(cs: ChangeSet) -> tuple[str, ...]:
     unit_steps += [delete_dropin_step(d.unit, d.name) for d in cs.dropins_to_delete]
     unit_steps += [enable_step(u) for u in cs.units_to_enable]
     unit_steps += [disable_step(u) for u in cs.units_to_disable]
+    # A unit that stays in the OSC but loses its content (the distribution's file takes over)
+    # loses our file before the reload, so its command runs the definition it will have.
+    staying = {c.unit for c in cs.unit_commands if not c.removed}
+    unit_steps += [delete_unit_step(u.name) for u in cs.units_to_delete if u.name in staying]
     steps += unit_steps
-    if unit_steps:
+    if unit_steps or cs.reload:
         steps.append(RELOAD)
     steps += [cmd_step(c.unit) for c in cs.unit_commands if not c.is_agent]
-    steps += [delete_unit_step(u.name) for u in cs.units_to_delete]
-    if cs.units_to_delete:
+    gone = [u for u in cs.units_to_delete if u.name not in staying]
+    steps += [delete_unit_step(u.name) for u in gone]
+    if gone:
         steps.append(RELOAD_AFTER_DELETE)
     steps += [delete_file_step(f.path) for f in cs.files_to_delete]
     steps += [cmd_step(c.unit) for c in cs.unit_commands if c.is_agent]

@@ -128,14 +128,17 @@ def file_state(file: File, resolved: Mapping[str, bytes], *, required: bool) -> 
     return AppliedFile(mode=mode, source=("none",))
 
 
-def adopt(base: Applied, target: Applied, matching: set[str], unit_dir: str) -> Applied:
+def adopt(
+    base: Applied, target: Applied, matching: set[str], unit_dir: str, running: set[str]
+) -> Applied:
     """``base`` plus the target's files and drop-ins that are new to it but already on disk as
     the target wants them (``matching``: host paths whose bytes and mode match), so they are
     neither rewritten nor a reason to restart anything; and the target's units without content
-    that ask for nothing themselves (no ``enable``, no ``command``) and have nothing left to
-    change — e.g. the distribution's containerd service whose drop-in is already in place: they
-    are not restarted merely for being new. Units with content, or that ask to be enabled,
-    started or restarted, are never adopted: the first apply does what they ask."""
+    that ask for nothing themselves (no ``enable``, no ``command``), are ``running`` (active
+    now) and have nothing left to change — e.g. the distribution's containerd service whose
+    drop-in is already in place: they are not restarted merely for being new. Units with
+    content, or that ask to be enabled, started or restarted, are never adopted: the first apply
+    does what they ask."""
     files = dict(base.files)
     for path, state in target.files.items():
         if path not in files and path in matching:
@@ -143,7 +146,7 @@ def adopt(base: Applied, target: Applied, matching: set[str], unit_dir: str) -> 
     units = dict(base.units)
     for name, unit in target.units.items():
         asks = unit.enable is not None or unit.command is not None
-        if name in units or unit.content is not None or asks:
+        if name in units or unit.content is not None or asks or name not in running:
             continue
         dropins = {n: c for n, c in unit.drop_ins.items() if f"{unit_dir}/{name}.d/{n}" in matching}
         if dropins != unit.drop_ins:

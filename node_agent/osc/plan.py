@@ -132,6 +132,9 @@ class ChangeSet(_Entry):
     units_to_disable: tuple[str, ...] = ()
     unit_commands: tuple[UnitCommand, ...] = ()
     agent_unit: str = AGENT_UNIT
+    #: reload systemd before the commands even if no unit file changes: a command is carried
+    #: over from an unfinished apply, which may have changed unit files without reloading
+    reload: bool = False
 
     def is_empty(self) -> bool:
         return not any(
@@ -298,6 +301,7 @@ class _UnitPlanner:
         self.enable: list[str] = []
         self.disable: list[str] = []
         self.commands: list[UnitCommand] = []
+        self.reload = False
 
     def desired(self, old: AppliedUnit | None, new: AppliedUnit) -> None:
         name = new.name
@@ -318,6 +322,7 @@ class _UnitPlanner:
                 reasons.append(f"{path} {self.changed_paths[path]}")
         if name in self.owed:
             reasons += [r for r in self.owed[name].reasons if r not in reasons]
+            self.reload = True
         if not reasons:
             return
         is_agent = name == self.agent_unit
@@ -342,6 +347,8 @@ class _UnitPlanner:
         for name in sorted(old.drop_ins):
             self.dropin_deletes.append(DropInDelete(unit=old.name, name=name, reason=why))
         owed = self.owed.get(old.name)
+        if owed is not None:
+            self.reload = True
         if old.content is None and owed is not None and owed.action == "stop":
             # An earlier apply already deleted its unit file but did not get to stop it.
             self.disable.append(old.name)
@@ -355,7 +362,7 @@ class _UnitPlanner:
             self.commands.append(
                 UnitCommand(unit=old.name, action="stop", reasons=reasons, removed=True)
             )
-        elif old.drop_ins:
+        elif old.drop_ins or owed is not None:
             # Not our unit (e.g. containerd.service): restart so the removed drop-ins stop applying.
             reasons = ("it was removed from the OSC and its drop-ins deleted",)
             self.commands.append(
@@ -396,6 +403,7 @@ class _UnitPlanner:
             units_to_disable=tuple(sorted(self.disable)),
             unit_commands=tuple(sorted(self.commands, key=lambda c: (c.is_agent, c.unit))),
             agent_unit=self.agent_unit,
+            reload=self.reload and bool(self.commands),
         )
 
 

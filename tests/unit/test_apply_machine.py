@@ -820,9 +820,15 @@ def machine_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.timeout(900)  # a counter-example takes minutes to shrink; a pass takes seconds
 def test_apply_state_machine_converges_from_any_state(machine_env: None) -> None:
+    # NODE_AGENT_MACHINE_EXAMPLES / NODE_AGENT_MACHINE_STEPS widen a run by hand.
+    examples = int(os.environ.get("NODE_AGENT_MACHINE_EXAMPLES", "60"))
+    steps = int(os.environ.get("NODE_AGENT_MACHINE_STEPS", "25"))
     run_state_machine_as_test(
         ApplyMachine,
         settings=settings(
-            max_examples=60, stateful_step_count=25, deadline=None, report_multiple_bugs=False
+            max_examples=examples,
+            stateful_step_count=steps,
+            deadline=None,
+            report_multiple_bugs=False,
         ),
     )

@@ -158,7 +158,7 @@ def test_items_already_on_disk_are_adopted_without_a_restart() -> None:
     )
     target = applied(osc)
     dropin = "/etc/systemd/system/containerd.service.d/30.conf"
-    base = adopt(Applied(), target, {cfg, dropin}, "/etc/systemd/system")
+    base = adopt(Applied(), target, {cfg, dropin}, "/etc/systemd/system", {"containerd.service"})
     cs = plan(base, osc, HOST)
     assert cs.files_to_write == ()
     assert cs.dropins_to_write == ()
@@ -169,25 +169,32 @@ def test_a_changed_drop_in_of_an_adopted_unit_still_restarts_it() -> None:
     osc = make(
         units=[{"name": "containerd.service", "dropIns": [{"name": "30.conf", "content": "new"}]}]
     )
-    base = adopt(Applied(), applied(osc), set(), "/etc/systemd/system")  # not on disk as wanted
+    base = adopt(
+        Applied(), applied(osc), set(), "/etc/systemd/system", {"containerd.service"}
+    )  # not on disk as wanted
     cs = plan(base, osc, HOST)
     assert [d.name for d in cs.dropins_to_write] == ["30.conf"]
     assert [c.unit for c in cs.unit_commands] == ["containerd.service"]
 
 
-def test_a_distro_unit_that_left_the_osc_owing_a_restart_is_left_alone() -> None:
-    """B wrote a file of a unit systemd does not know (its restart failed); C drops both: the
-    unit is not restarted (it would fail forever), the file is deleted."""
+def test_a_distro_unit_that_left_the_osc_keeps_its_owed_restart() -> None:
+    """B wrote a file of a unit without content and its restart did not happen; C drops both:
+    the debt is paid (the executor turns it into a stop when systemd no longer knows the unit),
+    after a reload, and the file is deleted."""
     a = make([text("/etc/a", "1")], [unit("h.service")])
     b = make(
         [text("/etc/a", "1"), text("/etc/c.conf", "c")],
         [unit("h.service"), {"name": "absent.service", "filePaths": ["/etc/c.conf"]}],
     )
-    base = adopt(applied(a), applied(b), set(), "/etc/systemd/system")
+    base = adopt(applied(a), applied(b), set(), "/etc/systemd/system", {"absent.service"})
     cs = plan(base, b, HOST)
     done = [s for s in step_ids(cs) if "absent" not in s]
     settled = settle(base, applied(b), cs, done)
     assert "absent.service" in settled.owed
     cs_c = plan(settled, a, HOST)
-    assert cs_c.unit_commands == ()
+    assert [(c.unit, c.action, c.removed) for c in cs_c.unit_commands] == [
+        ("absent.service", "restart", True)
+    ]
+    assert cs_c.reload
+    assert "reload" in step_ids(cs_c)
     assert [f.path for f in cs_c.files_to_delete] == ["/etc/c.conf"]
