@@ -330,6 +330,12 @@ class Applier:
         wanted: dict[str, tuple[str | None, int]] = {
             f.path: (f.sha256, f.mode) for f in full.files_to_write if f.content is not None
         }
+        entries = self.state.inventory().entries
+        for f in full.files_to_write:
+            # A file from an image: its bytes are known from when it was written (the claim).
+            entry = entries.get(f.path)
+            if f.image_ref is not None and entry is not None and entry.sha256 is not None:
+                wanted[f.path] = (entry.sha256, f.mode)
         for u in full.units_to_write:
             wanted[unit_path(u.name)] = (sha256_hex(u.content.encode()), UNIT_FILE_MODE)
         for d in full.dropins_to_write:

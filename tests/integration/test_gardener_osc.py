@@ -269,3 +269,39 @@ async def test_a_patch_update_to_a_missing_hyperkube_tag_keeps_the_old_kubelet(b
     assert bed.read(g.KUBELET_BINARY) == standin.kubelet_binary()
     assert g.started_again(before, bed.marks()) == set()
     assert await bed.healthz() == (200, b"ok")
+
+
+async def test_a_replaced_binary_from_an_image_is_repaired_by_the_periodic_check(bed: Bed) -> None:
+    """Drift repair covers imageRef files too: the bytes written are known from the inventory,
+    so a binary swapped on the host is written again from the image and kubelet restarts."""
+    await bed.apply(bed.pool.osc("1.33.0"))
+    good = bed.read(g.KUBELET_BINARY)
+    before = bed.marks()
+    blobs_before = blob_requests(bed)
+    target = bed.node.node.path(g.KUBELET_BINARY)
+    swap = target.with_name(".swapped-by-test")
+    swap.write_bytes(b"#!/bin/sh\nexit 1\n")
+    swap.chmod(0o755)
+    swap.replace(target)  # in place would fail: the running binary is busy
+
+    controller = bed.agent.controller
+    assert controller is not None
+    secret = controller.latest_secret
+    assert secret is not None
+    await controller.reconcile(secret, resync=True)  # the periodic full check, now
+
+    assert bed.read(g.KUBELET_BINARY) == good
+    assert bed.mode(g.KUBELET_BINARY) == 0o755
+    assert g.started_again(before, bed.marks()) == {g.KUBELET}
+    # containerd still had the image: the tag is resolved again, no layer is fetched
+    assert blob_requests(bed) == blobs_before
+    assert await bed.healthz() == (200, b"ok")
+
+
+def blob_requests(bed: Bed) -> int:
+    pool = bed.pool
+    return sum(
+        "/blobs/" in entry.path
+        for registry in (pool.registry, pool.mirror)
+        for entry in registry.served(pool.hyperkube)
+    )
