@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import stat
 import tomllib
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -92,21 +90,7 @@ class Bed:
         return list(outcome.report.pulls)
 
     async def healthz(self) -> tuple[int, bytes]:
-        answer: list[tuple[int, bytes]] = []
-
-        async def answered() -> bool:
-            try:
-                url = f"http://127.0.0.1:{self.pool.healthz_port}/healthz"
-                with urllib.request.urlopen(url, timeout=2) as resp:
-                    answer.append((int(resp.status), bytes(resp.read())))
-            except urllib.error.HTTPError as err:
-                answer.append((int(err.code), bytes(err.read())))
-            except OSError:
-                return False
-            return True
-
-        await wait_for(answered, 20, "kubelet's /healthz")
-        return answer[-1]
+        return await standin.kubelet_healthz(self.pool.healthz_port)
 
 
 @pytest_asyncio.fixture(loop_scope="session")

@@ -8,8 +8,6 @@ runs inside the node (``CtrImages(argv_prefix=nsenter ...)``), so pulls read the
 from __future__ import annotations
 
 import stat
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -93,22 +91,7 @@ class Bed:
         return host.read_bytes(), stat.S_IMODE(host.stat().st_mode)
 
     async def healthz(self) -> tuple[int, bytes]:
-        """kubelet's /healthz (the node shares the host's network namespace)."""
-        answer: list[tuple[int, bytes]] = []
-
-        async def answered() -> bool:
-            try:
-                url = f"http://127.0.0.1:{self.port}/healthz"
-                with urllib.request.urlopen(url, timeout=2) as resp:
-                    answer.append((int(resp.status), bytes(resp.read())))
-            except urllib.error.HTTPError as err:
-                answer.append((int(err.code), bytes(err.read())))
-            except OSError:
-                return False
-            return True
-
-        await wait_for(answered, 20, "kubelet's /healthz")
-        return answer[-1]
+        return await standin.kubelet_healthz(self.port)
 
 
 @pytest_asyncio.fixture(loop_scope="session")

@@ -12,8 +12,11 @@ import hashlib
 import os
 import shutil
 import subprocess
+import urllib.error
+import urllib.request
 from pathlib import Path
 
+from tests.testbed.agent_harness import wait_for
 from tests.testbed.systemd_ns import HarnessError
 
 HERE = Path(__file__).parent
@@ -80,3 +83,23 @@ def kubelet_image_files(version: str = "v1.33.0") -> dict[str, tuple[bytes, int]
     """Files of a stand-in hyperkube image: ``/kubelet`` (0755) and a ``/version`` marker,
     so that images of different versions have different digests."""
     return {"/kubelet": (kubelet_binary(), 0o755), "/version": (version.encode() + b"\n", 0o644)}
+
+
+async def kubelet_healthz(port: int, timeout: float = 20.0) -> tuple[int, bytes]:
+    """The stand-in kubelet's ``/healthz`` on 127.0.0.1 (a throwaway node shares the host's
+    network namespace): (status, body) of the first answer within ``timeout`` seconds."""
+    answer: list[tuple[int, bytes]] = []
+
+    async def answered() -> bool:
+        try:
+            url = f"http://127.0.0.1:{port}/healthz"
+            with urllib.request.urlopen(url, timeout=2) as resp:
+                answer.append((int(resp.status), bytes(resp.read())))
+        except urllib.error.HTTPError as err:
+            answer.append((int(err.code), bytes(err.read())))
+        except OSError:
+            return False
+        return True
+
+    await wait_for(answered, timeout, "kubelet's /healthz")
+    return answer[-1]
