@@ -233,6 +233,49 @@ def load_config(path: Path) -> NodeAgentConfiguration:
     return parse_config(raw, source=str(path))
 
 
+_VERSIONED_CONFIG = re.compile(
+    r"config-v?(\d+)\.(\d+)\.(\d+)(?:-([0-9A-Za-z.-]+))?(?:\+[0-9A-Za-z.-]+)?\.yaml"
+)
+
+
+def _prerelease_key(text: str | None) -> tuple[int, tuple[tuple[int, int, str], ...]]:
+    """Semver precedence of a prerelease: a release sorts after all of its prereleases; numeric
+    identifiers compare as numbers and sort before alphanumeric ones."""
+    if text is None:
+        return (1, ())
+    parts = tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in text.split("."))
+    return (0, parts)
+
+
+def config_version_key(name: str) -> tuple[Any, ...] | None:
+    """Sort key of ``config-<version>.yaml`` by semantic version; None for any other name."""
+    match = _VERSIONED_CONFIG.fullmatch(name)
+    if match is None:
+        return None
+    major, minor, patch, pre = match.groups()
+    return (int(major), int(minor), int(patch), _prerelease_key(pre))
+
+
+def find_config(config_dir: Path) -> Path:
+    """The agent's config in ``config_dir`` (upstream's ``--config-dir``).
+
+    Gardener writes ``config-<gardener version>.yaml``; upstream's binary reads the one named
+    after its own version. We carry no Gardener version, so during an upgrade (the new file
+    written, the old one not yet deleted) the highest semantic version wins, never a lexical
+    sort. Only regular files count. Without any versioned file, the standalone ``config.yaml``.
+    """
+    try:
+        names = [e.name for e in config_dir.iterdir() if e.is_file()]
+    except OSError as exc:
+        raise ConfigError(f"cannot read config dir {config_dir}: {exc.strerror}") from exc
+    keyed = [(key, name) for name in names if (key := config_version_key(name)) is not None]
+    if keyed:
+        return config_dir / max(keyed)[1]
+    if "config.yaml" in names:
+        return config_dir / "config.yaml"
+    raise ConfigError(f"no config-<version>.yaml or config.yaml in {config_dir}")
+
+
 class AgentSettings(_Config):
     """Knobs of this agent that Gardener's config has no field for. Defaults suit a real node."""
 

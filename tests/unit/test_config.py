@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from node_agent.config import format_duration, parse_config, parse_duration
+from node_agent.config import (
+    config_version_key,
+    find_config,
+    format_duration,
+    parse_config,
+    parse_duration,
+)
 from node_agent.errors import ConfigError
 
 GARDENER_CONFIG = """\
@@ -115,3 +122,55 @@ def test_reject_non_durations(text: str) -> None:
 def test_duration_format_round_trips(seconds: int) -> None:
     value = timedelta(seconds=seconds)
     assert parse_duration(format_duration(value)) == value
+
+
+# --- config discovery in upstream's --config-dir ------------------------------------------------
+
+
+def _dir_with(tmp_path: Path, *names: str) -> Path:
+    for name in names:
+        (tmp_path / name).write_text("kind: NodeAgentConfiguration\n")
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    ("names", "chosen"),
+    [
+        (["config-v1.150.0.yaml"], "config-v1.150.0.yaml"),
+        (["config-v1.99.0.yaml", "config-v1.150.0.yaml"], "config-v1.150.0.yaml"),
+        (["config-v1.150.0.yaml", "config-v1.151.0.yaml"], "config-v1.151.0.yaml"),
+        (["config-v1.151.0-dev.yaml", "config-v1.151.0.yaml"], "config-v1.151.0.yaml"),
+        (["config-v1.151.0-rc.2.yaml", "config-v1.151.0-rc.10.yaml"], "config-v1.151.0-rc.10.yaml"),
+        (["config-v1.151.0-rc.1.yaml", "config-v1.150.9.yaml"], "config-v1.151.0-rc.1.yaml"),
+        (["config.yaml", "config-v1.150.0.yaml"], "config-v1.150.0.yaml"),
+        (["config.yaml"], "config.yaml"),
+        (["config-v1.150.0.yaml", "config-v1.160.0.yaml.corrupt"], "config-v1.150.0.yaml"),
+        (["config-v1.150.0.yaml", "config-latest.yaml"], "config-v1.150.0.yaml"),
+    ],
+)
+def test_find_config_picks_the_highest_semantic_version(
+    tmp_path: Path, names: list[str], chosen: str
+) -> None:
+    assert find_config(_dir_with(tmp_path, *names)) == tmp_path / chosen
+
+
+def test_find_config_ignores_a_directory_named_like_a_config(tmp_path: Path) -> None:
+    (tmp_path / "config-v1.200.0.yaml").mkdir()
+    _dir_with(tmp_path, "config-v1.150.0.yaml")
+    assert find_config(tmp_path) == tmp_path / "config-v1.150.0.yaml"
+
+
+def test_find_config_without_a_config_is_one_clear_error(tmp_path: Path) -> None:
+    _dir_with(tmp_path, "config-v1.150.0.yaml.corrupt", "kubelet.conf")
+    with pytest.raises(ConfigError, match=r"^no config-<version>.yaml or config.yaml in "):
+        find_config(tmp_path)
+    with pytest.raises(ConfigError, match="cannot read config dir"):
+        find_config(tmp_path / "missing")
+
+
+def test_config_version_key_is_not_lexical() -> None:
+    old, new = config_version_key("config-v1.99.0.yaml"), config_version_key("config-v1.150.0.yaml")
+    assert old is not None
+    assert new is not None
+    assert old < new
+    assert config_version_key("config.yaml") is None
