@@ -168,6 +168,8 @@ class Applier:
                 remaining=len(pending.remaining()),
                 failed_before=sorted(pending.failed),
             )
+            if self.prepare is not None:  # a crash may have come before it ran
+                await asyncio.to_thread(self.prepare, await asyncio.to_thread(self.expand, osc))
         else:
             base = await asyncio.to_thread(self.base, pending)
             desired = await asyncio.to_thread(self.expand, osc)
