@@ -1,0 +1,145 @@
+"""``node-agent reset``: take back from a node exactly what the agent put there.
+
+Why its own module: reset runs from a shell as root, often while the agent's service is running,
+and must never delete what the agent did not create. It therefore works from the inventory
+alone (``host.state``): only entries the agent *created* are removed; a distro unit that got
+drop-ins, or a pre-existing file an OSC overwrote, stays. The order matters:
+
+1. stop the agent's own unit first (so it cannot re-apply while we delete), then
+   ``kubelet.service``, then the units the agent created; disable those that are enabled;
+2. remove the created files, unit files and drop-ins, then the ``<unit>.d`` directories left
+   empty, and reload systemd;
+3. empty the agent's state: the state documents (and their ``.corrupt`` siblings) and the
+   credentials. Upstream's reset empties the whole ``/var/lib/gardener-node-agent``; we remove
+   the credentials too, since a reset node must not keep a token for the cluster, but leave the
+   rest of that directory unless the inventory says the agent created it.
+
+Every step is idempotent: a second reset finds nothing and says so. A crash part-way leaves the
+inventory in place, so the next reset finishes the job.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Protocol
+
+from node_agent import layout
+from node_agent.errors import SystemdError
+from node_agent.host.fs import HostFS
+from node_agent.host.state import StateStore
+from node_agent.osc.plan import AGENT_UNIT
+from node_agent.systemd.types import JobResult, UnitFileChange, UnitState
+
+KUBELET_UNIT = "kubelet.service"
+NOTHING_TO_DO = "nothing to do: no units, files or state of the agent on this node"
+_INACTIVE = frozenset({"inactive", "failed"})
+
+
+class ResetSystemd(Protocol):
+    """The part of the systemd seam reset needs (``node_agent.systemd.Systemd`` has it)."""
+
+    async def unit_states(self, names: Sequence[str]) -> dict[str, UnitState]: ...
+
+    async def stop_unit(self, unit: str, *, job_timeout: float = 10.0) -> JobResult: ...
+
+    async def disable(self, units: Sequence[str]) -> list[UnitFileChange]: ...
+
+    async def daemon_reload(self) -> None: ...
+
+
+def _cgroup_units(cgroup_file: Path = Path("/proc/self/cgroup")) -> set[str]:
+    """The systemd units this process runs in (from its cgroup path)."""
+    try:
+        text = cgroup_file.read_text()
+    except OSError:
+        return set()
+    units: set[str] = set()
+    for line in text.splitlines():
+        for part in line.rpartition(":")[2].split("/"):
+            if "." in part:
+                units.add(part)
+    return units
+
+
+async def reset_node(
+    root: Path,
+    systemd: ResetSystemd | None,
+    *,
+    agent_unit: str = AGENT_UNIT,
+    out: Callable[[str], None] = print,
+    job_timeout: float = 60.0,
+    caller_units: set[str] | None = None,
+) -> list[str]:
+    """Reset the node below ``root``; prints and returns one line per action taken.
+
+    ``systemd`` None skips every unit operation (an image being built). ``caller_units`` are
+    the units this process runs in (default: read from its cgroup); the agent's unit is not
+    stopped when reset runs inside it, as that would kill reset itself.
+    """
+    actions: list[str] = []
+
+    def act(line: str) -> None:
+        actions.append(line)
+        out(line)
+
+    fs = HostFS(root, follow_system_symlinks=True)
+    store = StateStore(fs)
+    entries = store.inventory().entries
+    created = {path: entry for path, entry in sorted(entries.items()) if entry.created}
+    units = [posixpath.basename(p) for p, e in created.items() if e.kind == "unit"]
+
+    if systemd is not None:
+        inside = _cgroup_units() if caller_units is None else caller_units
+        await _stop_and_disable(systemd, agent_unit, units, inside, act, job_timeout)
+
+    reload = False
+    for path, entry in created.items():
+        if fs.remove(path):
+            act(f"removed {entry.kind} {path}")
+            reload = reload or entry.kind != "file"
+    for path, entry in created.items():
+        if entry.kind == "dropin" and fs.remove_dir_if_empty(posixpath.dirname(path)):
+            act(f"removed empty directory {posixpath.dirname(path)}")
+    if reload and systemd is not None:
+        await systemd.daemon_reload()
+        act("reloaded systemd")
+
+    state = [f"{layout.BASE_DIR}/{name}" for name in layout.STATE_FILES]
+    state += [f"{path}{layout.CORRUPT_SUFFIX}" for path in state]
+    for path in (*state, *layout.CREDENTIAL_FILES):
+        if fs.remove(path):
+            act(f"removed {path}")
+    if not actions:
+        out(NOTHING_TO_DO)
+    return actions
+
+
+async def _stop_and_disable(
+    systemd: ResetSystemd,
+    agent_unit: str,
+    created_units: list[str],
+    inside: set[str],
+    act: Callable[[str], None],
+    job_timeout: float,
+) -> None:
+    order = [agent_unit, KUBELET_UNIT, *(u for u in created_units if u not in (agent_unit,))]
+    order = list(dict.fromkeys(order))
+    states = await systemd.unit_states(order)
+    for unit in order:
+        state = states[unit]
+        if state.load_state == "not-found" or state.active_state in _INACTIVE:
+            continue
+        if unit == agent_unit and unit in inside:
+            act(f"not stopping {unit}: reset runs inside it")
+            continue
+        result = await systemd.stop_unit(unit, job_timeout=job_timeout)
+        if not result.ok:
+            raise SystemdError(f"cannot stop {unit}: {result.describe()}")
+        act(f"stopped {unit}")
+    enabled = [u for u in created_units if states[u].unit_file_state == "enabled"]
+    if enabled:
+        await systemd.disable(enabled)
+        for unit in enabled:
+            act(f"disabled {unit}")

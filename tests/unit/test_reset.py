@@ -1,0 +1,134 @@
+"""``reset`` removes exactly what the agent created, stops first, and is idempotent."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from node_agent import layout
+from node_agent.errors import SystemdError
+from node_agent.host.fs import HostFS
+from node_agent.host.state import Claim, StateStore
+from node_agent.reset import NOTHING_TO_DO, reset_node
+from node_agent.systemd.types import JobResult, UnitFileChange, UnitState
+
+
+class FakeSystemd:
+    """Just the calls reset makes; records them in order."""
+
+    def __init__(self, active: set[str], enabled: set[str], *, fail_stop: str = "") -> None:
+        self.active, self.enabled, self.fail_stop = set(active), set(enabled), fail_stop
+        self.calls: list[str] = []
+
+    async def unit_states(self, names: Sequence[str]) -> dict[str, UnitState]:
+        return {
+            n: UnitState(
+                name=n,
+                id=n,
+                load_state="loaded",
+                active_state="active" if n in self.active else "inactive",
+                sub_state="",
+                unit_file_state="enabled" if n in self.enabled else "disabled",
+                invocation_id="",
+                fragment_path="",
+                drop_in_paths=(),
+            )
+            for n in names
+        }
+
+    async def stop_unit(self, unit: str, *, job_timeout: float = 10.0) -> JobResult:
+        self.calls.append(f"stop {unit}")
+        if unit == self.fail_stop:
+            return JobResult(unit=unit, action="stop", result="failed")
+        self.active.discard(unit)
+        return JobResult(unit=unit, action="stop", result="done")
+
+    async def disable(self, units: Sequence[str]) -> list[UnitFileChange]:
+        self.calls.append(f"disable {' '.join(units)}")
+        self.enabled.difference_update(units)
+        return []
+
+    async def daemon_reload(self) -> None:
+        self.calls.append("daemon-reload")
+
+
+def _node(root: Path) -> None:
+    """A node after an apply: two created files, a created unit, a drop-in on a distro unit,
+    and a pre-existing file the OSC overwrote."""
+    fs = HostFS(root)
+    for path in ("/etc/demo/a.conf", "/etc/pre-existing.conf", "/usr/lib/systemd/system/x"):
+        fs.write_atomic(path, b"x\n", 0o644)
+    fs.write_atomic("/etc/systemd/system/demo.service", b"[Service]\n", 0o600)
+    fs.write_atomic("/etc/systemd/system/containerd.service.d/10.conf", b"[Service]\n", 0o600)
+    fs.write_atomic(f"{layout.BASE_DIR}/config-v1.150.0.yaml", b"kind: x\n", 0o600)
+    fs.write_atomic(layout.TOKEN_FILE, b"secret", 0o600)
+    store = StateStore(fs)
+    store.claim([Claim("file", "/etc/pre-existing.conf", None, None)], created=False)
+    store.claim(
+        [
+            Claim("file", "/etc/demo/a.conf", None, None),
+            Claim("unit", "/etc/systemd/system/demo.service", None, None),
+            Claim("dropin", "/etc/systemd/system/containerd.service.d/10.conf", None, None),
+        ],
+        created=True,
+    )
+
+
+async def test_reset_removes_what_the_agent_created_and_nothing_else(tmp_path: Path) -> None:
+    _node(tmp_path)
+    systemd = FakeSystemd(
+        active={"gardener-node-agent.service", "kubelet.service", "demo.service"},
+        enabled={"demo.service"},
+    )
+    lines: list[str] = []
+    actions = await reset_node(tmp_path, systemd, out=lines.append, caller_units=set())
+    assert systemd.calls == [
+        "stop gardener-node-agent.service",
+        "stop kubelet.service",
+        "stop demo.service",
+        "disable demo.service",
+        "daemon-reload",
+    ]
+    assert actions == lines
+    assert "removed empty directory /etc/systemd/system/containerd.service.d" in lines
+    assert not (tmp_path / "etc/demo/a.conf").exists()
+    assert not (tmp_path / "etc/systemd/system/demo.service").exists()
+    assert not (tmp_path / "etc/systemd/system/containerd.service.d").exists()
+    assert not (tmp_path / layout.TOKEN_FILE.lstrip("/")).exists()
+    assert not (tmp_path / layout.BASE_DIR.lstrip("/") / layout.INVENTORY).exists()
+    assert (tmp_path / "etc/pre-existing.conf").read_text() == "x\n"  # not the agent's
+    assert (tmp_path / "usr/lib/systemd/system/x").exists()
+    assert (tmp_path / layout.BASE_DIR.lstrip("/") / "config-v1.150.0.yaml").exists()
+
+    again: list[str] = []
+    assert await reset_node(tmp_path, systemd, out=again.append, caller_units=set()) == []
+    assert again == [NOTHING_TO_DO]
+
+
+async def test_reset_inside_the_agent_unit_does_not_stop_it(tmp_path: Path) -> None:
+    _node(tmp_path)
+    systemd = FakeSystemd(active={"gardener-node-agent.service"}, enabled=set())
+    lines: list[str] = []
+    await reset_node(
+        tmp_path, systemd, out=lines.append, caller_units={"gardener-node-agent.service"}
+    )
+    assert "stop gardener-node-agent.service" not in systemd.calls
+    assert lines[0] == "not stopping gardener-node-agent.service: reset runs inside it"
+
+
+async def test_reset_stops_before_deleting_and_a_failed_stop_deletes_nothing(
+    tmp_path: Path,
+) -> None:
+    _node(tmp_path)
+    systemd = FakeSystemd(active={"kubelet.service"}, enabled=set(), fail_stop="kubelet.service")
+    with pytest.raises(SystemdError, match=r"^cannot stop kubelet.service: stop kubelet"):
+        await reset_node(tmp_path, systemd, out=lambda _: None, caller_units=set())
+    assert (tmp_path / "etc/demo/a.conf").exists()
+
+
+async def test_reset_without_systemd_on_an_untouched_node(tmp_path: Path) -> None:
+    lines: list[str] = []
+    assert await reset_node(tmp_path, None, out=lines.append) == []
+    assert lines == [NOTHING_TO_DO]
