@@ -1,8 +1,14 @@
 """Command-line entry point: one sub-command per job the agent does on a node.
 
 ``run`` is the daemon; ``plan`` shows what an OSC would change, changing nothing; ``apply``
-applies a local OSC without any API server (image builds, recovery). Errors print one clear
-line to stderr and exit non-zero; tracebacks are for bugs only.
+applies a local OSC without any API server (image builds, recovery); ``reset`` takes back what
+the agent put on the node. Errors print one clear line to stderr and exit non-zero; tracebacks
+are for bugs only.
+
+Upstream's command line works unchanged, whatever the executable is called (Gardener installs
+it as ``/opt/bin/gardener-node-agent``): ``--config-dir DIR`` on its own runs the agent,
+``bootstrap --config-dir DIR`` and ``reset`` do what upstream's do. The config in that directory
+is ``config-<version>.yaml`` (see ``config.find_config``).
 """
 
 from __future__ import annotations
@@ -23,11 +29,29 @@ if TYPE_CHECKING:
 
 EXIT_ERROR = 1
 EXIT_USAGE = 2
+COMMANDS = frozenset({"version", "run", "plan", "apply", "bootstrap", "status", "reset"})
+NAMES = ("node-agent", "gardener-node-agent")
+
+
+def _prog() -> str:
+    """Our name as invoked (``gardener-node-agent`` when installed as upstream's binary)."""
+    name = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else ""
+    return name if name in NAMES else NAMES[0]
+
+
+def _upstream_argv(argv: Sequence[str]) -> list[str]:
+    """Upstream's root command runs the agent: ``--config-dir DIR`` alone means ``run``."""
+    tokens = list(argv)
+    if not any(t in COMMANDS for t in tokens) and any(
+        t == "--config-dir" or t.startswith("--config-dir=") for t in tokens
+    ):
+        return ["run", *tokens]
+    return tokens
 
 
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="node-agent",
+        prog=_prog(),
         description="On-node configuration agent for Kubernetes worker machines.",
     )
     parser.add_argument("--version", action="version", version=f"node-agent {__version__}")
@@ -35,11 +59,18 @@ def _build_parser() -> argparse.ArgumentParser:
     common.add_argument(
         "--root", type=Path, default=Path("/"), help="prefix for every host path (default /)"
     )
-    common.add_argument(
+    source = common.add_mutually_exclusive_group()
+    source.add_argument(
         "--config",
         default=None,
         help="NodeAgentConfiguration file (default /var/lib/gardener-node-agent/config.yaml "
         "under --root)",
+    )
+    source.add_argument(
+        "--config-dir",
+        default=None,
+        help="upstream's flag: directory holding config-<version>.yaml (the highest version "
+        "wins); an absolute path is a host path under --root",
     )
     common.add_argument("--log-level", default=None, choices=["debug", "info", "warning", "error"])
     common.add_argument("--log-format", default=None, choices=["json", "text"])
@@ -79,6 +110,11 @@ def _build_parser() -> argparse.ArgumentParser:
         help="what the running agent is doing (or, if it is not running, its saved state)",
     )
     status.add_argument("--json", action="store_true", help="machine-readable output")
+    sub.add_parser(
+        "reset",
+        parents=[common],
+        help="stop the agent and kubelet, remove the units, files and state the agent created",
+    )
     status.add_argument(
         "--socket",
         type=Path,
@@ -89,13 +125,13 @@ def _build_parser() -> argparse.ArgumentParser:
 
 
 def _fail(message: str) -> int:
-    print(f"node-agent: {message}", file=sys.stderr)
+    print(f"{_prog()}: {message}", file=sys.stderr)
     return EXIT_ERROR
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(_upstream_argv(sys.argv[1:] if argv is None else argv))
     if args.command == "version":
         print(f"node-agent {__version__}")
         return 0
@@ -104,6 +140,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     if args.command == "status":
         return _status(args)  # before the imports below: status must start fast
+    if args.command == "reset":
+        return _reset(args)
 
     from node_agent import log
     from node_agent.errors import NodeAgentError
@@ -123,8 +161,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             log.configure(args.log_level or "warning", args.log_format or "text", stream=sys.stderr)
             from node_agent.bootstrap import run_bootstrap
 
+            config_file = _config_path(args)
             report = asyncio.run(
-                run_bootstrap(args.root, args.config, systemd_address=args.systemd_bus)
+                run_bootstrap(
+                    args.root,
+                    str(config_file) if config_file else None,
+                    systemd_address=args.systemd_bus,
+                )
             )
             print(report.summary())
             return 0
@@ -148,13 +191,61 @@ def _load_settings(
 
     settings = AgentSettings(root=args.root)
     default = settings.root / settings.config_file.lstrip("/")
-    path = Path(args.config).absolute() if args.config else default
-    if args.config and path.is_relative_to(settings.root):
+    chosen = _config_path(args)
+    path = chosen.absolute() if chosen else default
+    if chosen and path.is_relative_to(settings.root):
         # The agent rewrites its config (secret-name label): keep it pointing at this file.
         inner = "/" + str(path.relative_to(settings.root))
         settings = settings.model_copy(update={"config_file": inner})
     config = load_config(path) if path.exists() or require_config else NodeAgentConfiguration()
     return settings, config
+
+
+def _config_path(args: argparse.Namespace) -> Path | None:
+    """The config file named by ``--config`` or found in ``--config-dir``; None for the default."""
+    if args.config:
+        return Path(args.config)
+    if not args.config_dir:
+        return None
+    from node_agent.config import find_config
+
+    directory = Path(args.config_dir)
+    if directory.is_absolute():
+        directory = args.root / str(directory).lstrip("/")
+    return find_config(directory)
+
+
+def _reset(args: argparse.Namespace) -> int:
+    """``reset``: one line per action on stdout; the config is not needed (nor read)."""
+    from node_agent import log
+    from node_agent.config import AgentSettings
+    from node_agent.errors import NodeAgentError
+    from node_agent.reset import reset_node
+    from node_agent.systemd import Systemd
+
+    log.configure(args.log_level or "warning", args.log_format or "text", stream=sys.stderr)
+    settings = AgentSettings(root=args.root)
+
+    async def go() -> None:
+        systemd = Systemd(args.systemd_bus)
+        await systemd.start()
+        try:
+            await reset_node(
+                settings.root,
+                systemd,
+                agent_unit=settings.agent_unit,
+                job_timeout=settings.systemd_job_timeout,
+            )
+        finally:
+            await systemd.close()
+
+    try:
+        asyncio.run(go())
+    except NodeAgentError as exc:
+        return _fail(f"{type(exc).__name__}: {exc}")
+    except KeyboardInterrupt:
+        return 130
+    return 0
 
 
 def _read_osc(path: Path) -> tuple[bytes, OperatingSystemConfig]:
@@ -285,9 +376,14 @@ async def _from_api(
 
 def _status(args: argparse.Namespace) -> int:
     """``node-agent status``: asks the agent over its socket; reads files if it is not running."""
+    from node_agent.errors import ConfigError
     from node_agent.status import DEFAULT_CONFIG, run_status
 
-    config = Path(args.config) if args.config else args.root / DEFAULT_CONFIG.lstrip("/")
+    try:
+        chosen = _config_path(args)
+    except ConfigError:
+        chosen = None  # status still reports from the socket and the saved state
+    config = chosen or args.root / DEFAULT_CONFIG.lstrip("/")
     try:
         return run_status(args.root, config_file=config, socket_file=args.socket, as_json=args.json)
     except KeyboardInterrupt:

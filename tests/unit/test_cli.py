@@ -1,14 +1,16 @@
-"""The console script answers with its version; unknown input is a usage error."""
+"""The console script answers with its version; unknown input is a usage error; upstream's
+command line (``gardener-node-agent --config-dir DIR``, ``bootstrap``, ``reset``) parses."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from node_agent import __version__
-from node_agent.cli import main
+from node_agent.cli import _build_parser, _config_path, _upstream_argv, main
 
 
 def test_version_command(capsys: pytest.CaptureFixture[str]) -> None:
@@ -31,3 +33,82 @@ def test_console_script_runs_as_module() -> None:
 def test_no_command_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert main([]) == 2
     assert "usage: node-agent" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["--config-dir", "/d"], ["run", "--config-dir", "/d"]),
+        (["--config-dir=/d"], ["run", "--config-dir=/d"]),
+        (["--root", "/r", "--config-dir", "/d"], ["run", "--root", "/r", "--config-dir", "/d"]),
+        (["bootstrap", "--config-dir", "/d"], ["bootstrap", "--config-dir", "/d"]),
+        (["reset"], ["reset"]),
+        ([], []),
+        (["--version"], ["--version"]),
+    ],
+)
+def test_upstream_root_command_with_config_dir_runs_the_agent(
+    argv: list[str], expected: list[str]
+) -> None:
+    assert _upstream_argv(argv) == expected
+
+
+def test_upstream_subcommands_parse() -> None:
+    parser = _build_parser()
+    for argv in (["bootstrap", "--config-dir", "/d"], ["reset", "--config-dir=/d"], ["reset"]):
+        args = parser.parse_args(argv)
+        assert args.command == argv[0]
+    assert parser.parse_args(["reset", "--config-dir=/d"]).config_dir == "/d"
+
+
+def _config_dir(root: Path, *names: str) -> None:
+    base = root / "var/lib/gardener-node-agent"
+    base.mkdir(parents=True)
+    for name in names:
+        (base / name).write_text("apiVersion: nodeagent.config.gardener.cloud/v1alpha1\n")
+
+
+def test_config_dir_is_a_host_path_under_the_root(tmp_path: Path) -> None:
+    _config_dir(tmp_path, "config-v1.150.0.yaml", "config-v1.151.0.yaml")
+    args = _build_parser().parse_args(
+        ["bootstrap", "--root", str(tmp_path), "--config-dir", "/var/lib/gardener-node-agent"]
+    )
+    assert _config_path(args) == tmp_path / "var/lib/gardener-node-agent/config-v1.151.0.yaml"
+
+
+def test_config_dir_alone_runs_and_names_a_missing_config(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _config_dir(tmp_path)
+    assert main(["--root", str(tmp_path), "--config-dir=/var/lib/gardener-node-agent"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("node-agent: ConfigError: no config-<version>.yaml or config.yaml in ")
+    assert len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--kubeconfig", "/k"],
+        ["run", "--config", "/c", "--config-dir", "/d"],
+        ["bootstrap", "--config-dir"],
+        ["reset", "--force"],
+    ],
+)
+def test_unknown_or_conflicting_flags_fail_clearly(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 2
+    assert "error:" in capsys.readouterr().err
+
+
+def test_invoked_as_gardener_node_agent(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(sys, "argv", ["/opt/bin/gardener-node-agent"])
+    assert main() == 2
+    assert "usage: gardener-node-agent" in capsys.readouterr().err
+    assert main(["version"]) == 0
+    assert capsys.readouterr().out.strip() == f"node-agent {__version__}"
