@@ -1,0 +1,102 @@
+"""``node-agent reset`` on a throwaway node with a real systemd: what the agent created is gone,
+what it found stays, and a second reset has nothing to do."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from node_agent import layout
+from tests.testbed.agent_harness import inline_file, osc_document, service
+from tests.testbed.systemd_ns import IsolatedSystemd
+
+pytestmark = pytest.mark.integration
+
+AGENT = "gardener-node-agent.service"
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "node_agent", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_reset_removes_exactly_what_the_agent_created(
+    node: IsolatedSystemd, tmp_path: Path
+) -> None:
+    # Found on the node before the agent: a file the OSC overwrites, and the agent's own unit
+    # (installed by the image, running).
+    node.path("/etc/reset-demo").mkdir(parents=True)
+    node.path("/etc/reset-demo/pre.conf").write_text("from the image\n")
+    node.path(f"/etc/systemd/system/{AGENT}").write_text(
+        "[Service]\nExecStart=/bin/sleep infinity\n"
+    )
+    node.run(["systemctl", "daemon-reload"])
+    node.run(["systemctl", "start", AGENT])
+    osc = osc_document(
+        [
+            inline_file("/etc/reset-demo/a.conf", "a\n"),
+            inline_file("/etc/reset-demo/pre.conf", "from the OSC\n"),
+        ],
+        [
+            service(
+                "reset-demo.service",
+                filePaths=["/etc/reset-demo/a.conf"],
+                dropIns=[{"name": "10-env.conf", "content": "[Service]\nEnvironment=X=1\n"}],
+            )
+        ],
+    )
+    osc_file = tmp_path / "osc.yaml"
+    osc_file.write_text(yaml.safe_dump(osc))
+    bus = node.bus_address.decode()
+    common = ["--root", str(node.root), "--systemd-bus", bus]
+    applied = cli("apply", *common, "--osc", str(osc_file), "--hostname", "h")
+    assert applied.returncode == 0, applied.stderr
+    assert node.run(["systemctl", "is-active", "reset-demo.service"]).stdout.strip() == "active"
+    assert node.run(["systemctl", "is-enabled", "reset-demo.service"]).stdout.strip() == "enabled"
+    assert node.path(f"{layout.BASE_DIR}/{layout.INVENTORY}").exists()
+
+    reset = cli("reset", *common)
+    assert reset.returncode == 0, reset.stderr
+    lines = reset.stdout.splitlines()
+    assert lines[:2] == [f"stopped {AGENT}", "stopped reset-demo.service"]
+    assert "disabled reset-demo.service" in lines
+    assert "removed file /etc/reset-demo/a.conf" in lines
+    assert "removed unit /etc/systemd/system/reset-demo.service" in lines
+    assert "removed dropin /etc/systemd/system/reset-demo.service.d/10-env.conf" in lines
+    assert "reloaded systemd" in lines
+    assert f"removed {layout.BASE_DIR}/{layout.INVENTORY}" in lines
+
+    assert not node.path("/etc/reset-demo/a.conf").exists()
+    assert not node.path("/etc/systemd/system/reset-demo.service").exists()
+    assert not node.path("/etc/systemd/system/reset-demo.service.d").exists()
+    assert not node.path(f"{layout.BASE_DIR}/{layout.INVENTORY}").exists()
+    assert not node.path(f"{layout.BASE_DIR}/{layout.LAST_APPLIED_OSC}").exists()
+    state = node.run(["systemctl", "show", "-P", "LoadState", "reset-demo.service"])
+    assert state.stdout.strip() == "not-found"
+    # Not the agent's: stays (the overwritten file keeps the OSC's content, as upstream).
+    assert node.path("/etc/reset-demo/pre.conf").read_text() == "from the OSC\n"
+    assert node.path(f"/etc/systemd/system/{AGENT}").exists()
+    assert node.run(["systemctl", "is-active", AGENT], check=False).stdout.strip() == "inactive"
+    assert node.path("/usr/lib/systemd/system/systemd-journald.service").exists()
+
+    again = cli("reset", *common)
+    assert again.returncode == 0, again.stderr
+    assert (
+        again.stdout.strip() == "nothing to do: no units, files or state of the agent on this node"
+    )
+
+
+def test_reset_errors_are_one_line(tmp_path: Path) -> None:
+    result = cli("reset", "--root", str(tmp_path), "--systemd-bus", "unix:path=/nonexistent/bus")
+    assert result.returncode == 1
+    assert result.stderr.startswith("node-agent: Systemd")
+    assert len(result.stderr.strip().splitlines()) == 1
