@@ -118,6 +118,7 @@ async def run_agent(
         images=CtrImages(root=settings.root),  # imageRef files, pulled by the node's containerd
         expand=containerd,  # containerd's config.toml, certs.d and drop-in from criConfig
         prepare=containerd.prepare,
+        held_back=lambda: containerd.held_back,  # mirrors not up yet: checked again sooner
     )
     osc = OSCController(ctx, applier)
     lease = LeaseController(ctx)  # its own client and connection pool (see the module)

@@ -97,12 +97,16 @@ class Applier:
         expand: Callable[[OperatingSystemConfig], OperatingSystemConfig] | None = None,
         prepare: Callable[[OperatingSystemConfig], None] | None = None,
         images: ImageStore | None = None,
+        held_back: Callable[[], Mapping[str, str]] | None = None,
     ) -> None:
         """``expand`` adds the items the agent derives from an OSC (e.g. containerd's
         configuration from ``criConfig``) as files and units, so they are planned, journaled,
         repaired and removed like the OSC's own."""
         self.expand = expand or (lambda osc: osc)
         self.prepare = prepare  # e.g. directories the derived items need; before execution
+        #: derived items the last expansion held back (name -> why), e.g. a registry mirror whose
+        #: readiness probe failed; the OSC controller checks again sooner while there are any
+        self.held_back = held_back or dict
         self.fs = fs
         self.state = state
         self.systemd = systemd

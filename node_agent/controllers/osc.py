@@ -129,11 +129,14 @@ class OSCController:
     async def _reconcile_loop(self) -> None:
         period = self.ctx.config.controllers.operating_system_config.sync_period.total_seconds()
         backoff = Backoff.of(retry.APPLY)
+        recheck = Backoff.of(retry.HELD_BACK)
+        timeout = period
         while True:
             try:
-                await asyncio.wait_for(self._wake.wait(), timeout=period)
+                await asyncio.wait_for(self._wake.wait(), timeout=timeout)
             except TimeoutError:
                 self._resync = True  # the periodic full check: also looks for drift on disk
+            timeout = period
             self._wake.clear()
             if not self._seen:
                 continue
@@ -158,6 +161,14 @@ class OSCController:
             except NodeAgentError as exc:
                 await self._failed(exc, transient=True)
             else:
+                held = dict(self.applier.held_back())
+                if held:
+                    # e.g. a registry mirror that is not up yet: check again well before the
+                    # periodic check, backing off, instead of pulling past it for hours
+                    timeout = min(period, recheck.next())
+                    log.info("items held back; checking again", items=held, seconds=timeout)
+                else:
+                    recheck.reset()
                 continue
             delay = await backoff.wait(self._wake)
             log.info("retried the OSC apply", after_seconds=round(delay, 1))

@@ -8,7 +8,9 @@ mirror. Restarts are told apart by containerd's InvocationID.
 from __future__ import annotations
 
 import base64
+import http.server
 import stat
+import threading
 import tomllib
 import uuid
 from collections.abc import AsyncIterator
@@ -24,9 +26,9 @@ from node_agent.host.fs import HostFS
 from node_agent.host.state import UNIT_FILE_MODE
 from node_agent.osc.models import OperatingSystemConfig
 from tests.testbed import oci
-from tests.testbed.agent_harness import OSCAgent, inline_file, osc_document, service
+from tests.testbed.agent_harness import OSCAgent, inline_file, osc_document, service, wait_for
 from tests.testbed.containerd import NODE_CA_PATH, ContainerdNode, default_config
-from tests.testbed.controlplane import ControlPlane
+from tests.testbed.controlplane import ControlPlane, free_port
 from tests.testbed.registry import Registry
 
 pytestmark = pytest.mark.integration
@@ -199,3 +201,44 @@ async def test_first_apply_on_a_node_already_configured_restarts_nothing(bed: Be
     after = await bed.invocations()
     assert after[CONTAINERD] == before[CONTAINERD]
     assert after[OTHER] != before[OTHER]  # the OSC's own new unit did start
+
+
+async def test_a_mirror_that_comes_up_later_is_configured_well_before_the_periodic_check(
+    bed: Bed,
+) -> None:
+    """A registry mirror with a readiness probe that is not up at the first apply: no
+    hosts.toml yet; once it answers, the agent writes it within the held-back re-check (10 s,
+    backing off), not at the next periodic check (10 min here; 12 h on Gardener's nodes)."""
+    port = free_port()
+    upstream = f"late-{uuid.uuid4().hex[:6]}.example:5000"
+    doc = bed.osc(sandbox="registry.k8s.io/pause:3.10")
+    doc["spec"]["criConfig"]["containerd"]["registries"] = [
+        {
+            "upstream": upstream,
+            "server": f"https://{upstream}",
+            "hosts": [{"url": f"http://127.0.0.1:{port}"}],
+            "readinessProbe": True,
+        }
+    ]
+    hosts_toml = bed.node.node.path(f"/etc/containerd/certs.d/{upstream}/hosts.toml")
+    await bed.apply(doc)
+    assert not hosts_toml.exists()  # held back: its host does not answer
+
+    class Answer(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Answer)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        await wait_for(lambda: hosts_toml.exists(), 30, "hosts.toml once the mirror answers")
+    finally:
+        server.shutdown()
+        server.server_close()
+    hosts = tomllib.loads(hosts_toml.read_text())
+    assert list(hosts["host"]) == [f"http://127.0.0.1:{port}"]

@@ -501,6 +501,7 @@ class OSCAgent:
             images=self.images,
             expand=expand,
             prepare=expand.prepare if expand is not None else None,
+            held_back=(lambda: expand.held_back) if expand is not None else None,
         )
         self.controller = OSCController(self.ctx, applier)
         self._task = asyncio.create_task(self.controller.run())
