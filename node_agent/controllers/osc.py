@@ -203,7 +203,12 @@ class OSCController:
         checksum = self.desired_checksum or ""
         if self._failures_for != checksum:
             self._failures_for, self._failures_seen = checksum, set()
+        # One Warning per item: a command held back by the item's own failure (its enable, its
+        # unit file) adds nothing to that failure's Event.
+        failed_items = {f.item for f in failures if f.kind != "blocked"}
         for failure in failures:
+            if failure.kind == "blocked" and failure.item in failed_items:
+                continue
             key = (failure.kind, failure.item, failure.error)
             if key in self._failures_seen:
                 continue
