@@ -34,6 +34,7 @@ from node_agent.host.state import (
     claims_for,
     dropin_path,
     unit_path,
+    write_claims,
 )
 from node_agent.log import get_logger
 from node_agent.osc.applied import Applied, Owed, adopt
@@ -58,19 +59,6 @@ class Outcome:
     @property
     def restarts_agent(self) -> bool:
         return self.report.agent_restart_due
-
-
-def _write_path(step: str) -> str | None:
-    """The host path a write step writes, None for other steps."""
-    kind, _, arg = step.partition(":")
-    if kind == "file":
-        return arg
-    if kind == "unit":
-        return unit_path(arg)
-    if kind == "dropin":
-        unit, name = arg.split("/", 1)
-        return dropin_path(unit, name)
-    return None
 
 
 def wanted_paths(applied: Applied) -> set[str]:
@@ -138,7 +126,7 @@ class Applier:
         desired = self.expand(osc)
         target = Applied.of_osc(desired, self.host_name, resolved, required=True)
         running = await self._running(base, target)
-        base = self._adopt(base, target, desired, resolved, running)
+        base = self._adopt(base, target, running)
         return plan(base, desired, self.host_name, resolved, agent_unit=self.agent_unit)
 
     def last_applied(self) -> Applied:
@@ -179,7 +167,7 @@ class Applier:
             desired = await asyncio.to_thread(self.expand, osc)
             target = Applied.of_osc(desired, self.host_name, resolved, required=True)
             running = await self._running(base, target)
-            base = await asyncio.to_thread(self._adopt, base, target, desired, resolved, running)
+            base = await asyncio.to_thread(self._adopt, base, target, running)
             change_set = await asyncio.to_thread(
                 plan, base, desired, self.host_name, resolved, agent_unit=self.agent_unit
             )
@@ -212,9 +200,8 @@ class Applier:
         cs = pending.change_set
         observed = self._observed(pending)
         if observed and claim:
-            claims = {c.path: c for c in claims_for(cs)}
-            paths = [_write_path(step) for step in observed]
-            self.state.record_written(claims[p] for p in paths if p is not None and p in claims)
+            writes = write_claims(cs)
+            self.state.record_written(writes[s] for s in observed if s in writes)
         done = set(pending.done) | observed
         if pending.target is None:  # a journal from an older agent: commands owed, conservatively
             owed = {
@@ -225,27 +212,23 @@ class Applier:
             return last.model_copy(update={"owed": owed})
         return settle(pending.base or last, pending.target, cs, done)
 
-    def _adopt(
-        self,
-        base: Applied,
-        target: Applied,
-        desired: OperatingSystemConfig,
-        resolved: Mapping[str, bytes],
-        running: set[str],
-    ) -> Applied:
-        """Adopt items new to ``base`` that are already on disk exactly as ``desired`` wants,
+    def _adopt(self, base: Applied, target: Applied, running: set[str]) -> Applied:
+        """Adopt items new to ``base`` that are already on disk exactly as ``target`` wants,
         and units without content among ``running`` (active now) that have nothing to change."""
-        full = plan(None, desired, self.host_name, resolved, agent_unit=self.agent_unit)
-        matching = set()
-        for fw in full.files_to_write:
-            new = fw.path not in base.files and fw.content is not None
-            if new and self.fs.stat_matches(fw.path, sha256=fw.sha256, mode=fw.mode):
-                matching.add(fw.path)
-        for dw in full.dropins_to_write:
-            path = dropin_path(dw.unit, dw.name)
-            have = base.units.get(dw.unit)
-            if have is None or dw.name not in have.drop_ins:
-                digest = sha256_hex(dw.content.encode())
+        matching = {
+            path
+            for path, f in target.files.items()
+            if path not in base.files
+            and f.sha256 is not None
+            and self.fs.stat_matches(path, sha256=f.sha256, mode=f.mode)
+        }
+        for unit in target.units.values():
+            have = base.units.get(unit.name)
+            for name, content in unit.drop_ins.items():
+                if have is not None and name in have.drop_ins:
+                    continue
+                path = dropin_path(unit.name, name)
+                digest = sha256_hex(content.encode())
                 if self.fs.stat_matches(path, sha256=digest, mode=UNIT_FILE_MODE):
                     matching.add(path)
         if not matching and not running:
@@ -272,42 +255,21 @@ class Applier:
     def _observed(self, pending: Pending) -> set[str]:
         """Not-yet-marked write and delete steps whose result is already on disk."""
         cs = pending.change_set
-        found: set[str] = set()
         todo = set(pending.remaining())
-        for fw in cs.files_to_write:
-            step = steps.file_step(fw.path)
-            if (
-                step in todo
-                and fw.content is not None
-                and self.fs.stat_matches(fw.path, sha256=fw.sha256, mode=fw.mode)
-            ):
-                found.add(step)
-        for uw in cs.units_to_write:
-            step = steps.unit_step(uw.name)
-            digest = sha256_hex(uw.content.encode())
-            if step in todo and self.fs.stat_matches(
-                unit_path(uw.name), sha256=digest, mode=UNIT_FILE_MODE
-            ):
-                found.add(step)
-        for dw in cs.dropins_to_write:
-            step = steps.dropin_step(dw.unit, dw.name)
-            digest = sha256_hex(dw.content.encode())
-            if step in todo and self.fs.stat_matches(
-                dropin_path(dw.unit, dw.name), sha256=digest, mode=UNIT_FILE_MODE
-            ):
-                found.add(step)
-        for fd in cs.files_to_delete:
-            step = steps.delete_file_step(fd.path)
-            if step in todo and not self.fs.exists(fd.path):
-                found.add(step)
-        for ud in cs.units_to_delete:
-            step = steps.delete_unit_step(ud.name)
-            if step in todo and not self.fs.exists(unit_path(ud.name)):
-                found.add(step)
-        for dd in cs.dropins_to_delete:
-            step = steps.delete_dropin_step(dd.unit, dd.name)
-            if step in todo and not self.fs.exists(dropin_path(dd.unit, dd.name)):
-                found.add(step)
+        found = {
+            step
+            for step, claim in write_claims(cs).items()
+            if step in todo
+            and claim.sha256 is not None  # a file from an image: its bytes are not known yet
+            and self.fs.stat_matches(claim.path, sha256=claim.sha256, mode=claim.mode)
+        }
+        deletes = {steps.delete_file_step(f.path): f.path for f in cs.files_to_delete}
+        deletes |= {steps.delete_unit_step(u.name): unit_path(u.name) for u in cs.units_to_delete}
+        deletes |= {
+            steps.delete_dropin_step(d.unit, d.name): dropin_path(d.unit, d.name)
+            for d in cs.dropins_to_delete
+        }
+        found |= {s for s, path in deletes.items() if s in todo and not self.fs.exists(path)}
         return found
 
     def _unfinished(self, checksum: str, started: float, report: ApplyReport) -> NoReturn:
@@ -333,19 +295,13 @@ class Applier:
     def drifted(self, full: ChangeSet) -> tuple[set[str], set[str]]:
         """Host paths that no longer match what the OSC says: (bytes differ or missing, only the
         mode differs)."""
-        wanted: dict[str, tuple[str | None, int]] = {
-            f.path: (f.sha256, f.mode) for f in full.files_to_write if f.content is not None
-        }
+        wanted = {c.path: (c.sha256, c.mode) for c in claims_for(full) if c.sha256 is not None}
         entries = self.state.inventory().entries
         for f in full.files_to_write:
             # A file from an image: its bytes are known from when it was written (the claim).
             entry = entries.get(f.path)
             if f.image_ref is not None and entry is not None and entry.sha256 is not None:
                 wanted[f.path] = (entry.sha256, f.mode)
-        for u in full.units_to_write:
-            wanted[unit_path(u.name)] = (sha256_hex(u.content.encode()), UNIT_FILE_MODE)
-        for d in full.dropins_to_write:
-            wanted[dropin_path(d.unit, d.name)] = (sha256_hex(d.content.encode()), UNIT_FILE_MODE)
         content: set[str] = set()
         mode_only: set[str] = set()
         for path, (digest, mode) in wanted.items():

@@ -47,7 +47,7 @@ from node_agent.host.state import (
 from node_agent.layout import CONTAINERD_CERTS_DIR
 from node_agent.log import get_logger
 from node_agent.osc.models import ImageRefContent
-from node_agent.osc.plan import ChangeSet, FileWrite, UnitCommand
+from node_agent.osc.plan import ChangeSet, DropInWrite, FileWrite, UnitCommand, UnitWrite
 from node_agent.systemd import JobResult, SystemdSeam
 
 CRASH_HOOK_ENV = "NODE_AGENT_TEST_CRASH_AFTER"
@@ -203,10 +203,11 @@ class Executor:
         ok: list[str] = []
         errors: dict[str, str] = {}
         if kind in ("file", "unit", "dropin"):
+            items = _writes(cs)
             claims: list[Claim] = []
             for step in steps:
                 try:
-                    claim = await self._write(kind, args[step], cs, rep)
+                    claim = await self._write(items[step], rep)
                 except (HostError, ImageError) as exc:
                     errors[step] = str(exc)
                     continue
@@ -253,27 +254,25 @@ class Executor:
             raise AssertionError(f"unknown step kind {kind!r}")
         return ok, errors
 
-    async def _write(self, kind: str, arg: str, cs: ChangeSet, rep: ApplyReport) -> Claim | None:
-        if kind == "file":
-            fw = next(f for f in cs.files_to_write if f.path == arg)
-            if fw.content is None:
-                if fw.image_ref is None or self.images is None:
-                    rep.skipped.append(f"{arg}: {NO_IMAGE_STORE}")
+    async def _write(
+        self, item: FileWrite | UnitWrite | DropInWrite, rep: ApplyReport
+    ) -> Claim | None:
+        if isinstance(item, FileWrite):
+            if item.content is None:
+                if item.image_ref is None or self.images is None:
+                    rep.skipped.append(f"{item.path}: {NO_IMAGE_STORE}")
                     return None
-                return await self._write_from_image(fw, fw.image_ref, self.images, rep)
-            await self.fs.write_atomic_async(arg, fw.content, fw.mode)
-            rep.files_written.append(arg)
-            return Claim("file", arg, fw.sha256, fw.mode)
-        if kind == "unit":
-            uw = next(u for u in cs.units_to_write if u.name == arg)
-            data = uw.content.encode()
-            await self.fs.write_atomic_async(unit_path(arg), data, UNIT_FILE_MODE)
-            rep.units_written.append(arg)
-            return Claim("unit", unit_path(arg), sha256_hex(data), UNIT_FILE_MODE)
-        unit, name = arg.split("/", 1)
-        dw = next(d for d in cs.dropins_to_write if d.unit == unit and d.name == name)
-        data = dw.content.encode()
-        path = dropin_path(unit, name)
+                return await self._write_from_image(item, item.image_ref, self.images, rep)
+            await self.fs.write_atomic_async(item.path, item.content, item.mode)
+            rep.files_written.append(item.path)
+            return Claim("file", item.path, item.sha256, item.mode)
+        data = item.content.encode()
+        if isinstance(item, UnitWrite):
+            path = unit_path(item.name)
+            await self.fs.write_atomic_async(path, data, UNIT_FILE_MODE)
+            rep.units_written.append(item.name)
+            return Claim("unit", path, sha256_hex(data), UNIT_FILE_MODE)
+        path = dropin_path(item.unit, item.name)
         await self.fs.write_atomic_async(path, data, UNIT_FILE_MODE)
         return Claim("dropin", path, sha256_hex(data), UNIT_FILE_MODE)
 
@@ -396,6 +395,16 @@ class Executor:
             else:
                 bad[command.unit] = result.describe()
         return ok, bad
+
+
+def _writes(cs: ChangeSet) -> dict[str, FileWrite | UnitWrite | DropInWrite]:
+    """Every write of ``cs`` by its step id (one lookup per step, not a scan)."""
+    items: dict[str, FileWrite | UnitWrite | DropInWrite] = {
+        S.file_step(f.path): f for f in cs.files_to_write
+    }
+    items |= {S.unit_step(u.name): u for u in cs.units_to_write}
+    items |= {S.dropin_step(d.unit, d.name): d for d in cs.dropins_to_write}
+    return items
 
 
 def _batches(steps: Sequence[str]) -> list[tuple[str, list[str]]]:

@@ -54,7 +54,7 @@ from pydantic import (
 
 from node_agent import layout
 from node_agent.host.fs import HostFS
-from node_agent.host.steps import step_ids
+from node_agent.host.steps import dropin_step, file_step, step_ids, unit_step
 from node_agent.osc.applied import Applied
 from node_agent.osc.plan import ChangeSet
 
@@ -230,18 +230,22 @@ class Claim:
     mode: int | None
 
 
+def write_claims(cs: ChangeSet) -> dict[str, Claim]:
+    """The inventory claim of every write of ``cs``, by its step id (``steps.py``)."""
+    claims = {file_step(f.path): Claim("file", f.path, f.sha256, f.mode) for f in cs.files_to_write}
+    for u in cs.units_to_write:
+        digest = sha256_hex(u.content.encode())
+        claims[unit_step(u.name)] = Claim("unit", unit_path(u.name), digest, UNIT_FILE_MODE)
+    for d in cs.dropins_to_write:
+        digest = sha256_hex(d.content.encode())
+        path = dropin_path(d.unit, d.name)
+        claims[dropin_step(d.unit, d.name)] = Claim("dropin", path, digest, UNIT_FILE_MODE)
+    return claims
+
+
 def claims_for(cs: ChangeSet) -> list[Claim]:
     """The inventory claims for every write of ``cs``."""
-    claims = [Claim("file", f.path, f.sha256, f.mode) for f in cs.files_to_write]
-    claims += [
-        Claim("unit", unit_path(u.name), sha256_hex(u.content.encode()), UNIT_FILE_MODE)
-        for u in cs.units_to_write
-    ]
-    claims += [
-        Claim("dropin", dropin_path(d.unit, d.name), sha256_hex(d.content.encode()), UNIT_FILE_MODE)
-        for d in cs.dropins_to_write
-    ]
-    return claims
+    return list(write_claims(cs).values())
 
 
 _D = TypeVar("_D", bound=BaseModel)
