@@ -237,7 +237,7 @@ class Applier:
 
     async def _running(self, base: Applied, target: Applied) -> set[str]:
         """Which of the target's units that could be adopted (new, without content, asking for
-        nothing) systemd runs now: only those are adopted. One the agent itself stopped
+        nothing) systemd runs now, enabled: only those are adopted. One the agent itself stopped
         earlier, or that never ran, is started like any new unit."""
         names = [
             u.name
@@ -250,7 +250,11 @@ class Applier:
         if not names or self.systemd is None:
             return set()
         states = await self.systemd.unit_states(names)
-        return {n for n, st in states.items() if st.active_state == "active"}
+        return {
+            n
+            for n, st in states.items()
+            if st.active_state == "active" and st.unit_file_state in ("enabled", "static")
+        }
 
     def _observed(self, pending: Pending) -> set[str]:
         """Not-yet-marked write and delete steps whose result is already on disk."""

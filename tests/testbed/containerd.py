@@ -80,7 +80,7 @@ class ContainerdNode:
             target.write_bytes(self.ca_cert.read_bytes())
 
     def start(self, timeout: float = START_TIMEOUT) -> None:
-        self.systemctl("start", "containerd.service")
+        self.systemctl("enable", "--now", "containerd.service")  # as on a real node
         self.wait_ready(timeout)
 
     def wait_ready(self, timeout: float = START_TIMEOUT) -> None:
