@@ -1,9 +1,10 @@
 #!/bin/sh
-# Builds kube-apiserver and etcd for the test bed, or reuses them from the cache.
-# Output: the directory holding both binaries (printed on stdout, last line).
+# Builds kube-apiserver, kube-controller-manager and etcd for the test bed, or reuses them
+# from the cache. Output: the directory holding the binaries (printed on stdout, last line).
 # The cache lives outside the repository and is keyed by the Kubernetes version;
 # Go's own module and build caches are kept beside it so that removing the cache
-# directory really starts from nothing.
+# directory really starts from nothing. A cache directory from before
+# kube-controller-manager was part of the bed is extended in place rather than rebuilt.
 set -eu
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -11,22 +12,61 @@ version=$(sed -n 's/^[[:space:]]*k8s.io\/kubernetes v\([0-9.]*\)$/\1/p' "$here/c
 [ -n "$version" ] || { echo "build-controlplane: cannot read the Kubernetes version from go.mod" >&2; exit 1; }
 cache=${NODE_AGENT_TEST_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/node-agent-test}
 out="$cache/controlplane-v$version"
+binaries="kube-apiserver kube-controller-manager etcd"
 
-if [ -x "$out/kube-apiserver" ] && [ -x "$out/etcd" ] && \
-   cmp -s "$here/controlplane/go.mod" "$out/go.mod"; then
+complete() {
+    for b in $binaries; do [ -x "$out/$b" ] || return 1; done
+    cmp -s "$here/controlplane/go.mod" "$out/go.mod"
+}
+
+if complete; then
     echo "$out"
     exit 0
 fi
 
 command -v go >/dev/null 2>&1 || { echo "build-controlplane: Go is required to build the test control plane" >&2; exit 1; }
-echo "build-controlplane: building kube-apiserver and etcd v$version into $out (first time takes minutes)" >&2
-rm -rf "$out.tmp"
-mkdir -p "$cache/go-mod" "$cache/go-build" "$cache/go-tmp" "$out.tmp"
+mkdir -p "$cache"
+# One build at a time: test runs started side by side wait for the first one's build.
+exec 9>"$cache/.controlplane-v$version.lock"
+if command -v flock >/dev/null 2>&1; then flock 9; fi
+if complete; then
+    echo "$out"
+    exit 0
+fi
+
+mkdir -p "$cache/go-mod" "$cache/go-build" "$cache/go-tmp"
 export GOMODCACHE="$cache/go-mod" GOCACHE="$cache/go-build" GOTMPDIR="$cache/go-tmp" GOFLAGS=-mod=mod CGO_ENABLED=0
 cd "$here/controlplane"
 if [ ! -f go.sum ]; then go mod tidy >&2; fi
-go build -trimpath -ldflags='-s -w' -o "$out.tmp/kube-apiserver" k8s.io/kubernetes/cmd/kube-apiserver >&2
-go build -trimpath -ldflags='-s -w' -o "$out.tmp/etcd" go.etcd.io/etcd/server/v3 >&2
+
+build() { # build <binary> <package> <dir>
+    go build -trimpath -ldflags='-s -w' -o "$3/$1.tmp" "$2" >&2
+    mv "$3/$1.tmp" "$3/$1"
+}
+package() {
+    case $1 in
+        etcd) echo go.etcd.io/etcd/server/v3 ;;
+        *) echo "k8s.io/kubernetes/cmd/$1" ;;
+    esac
+}
+
+if cmp -s go.mod "$out/go.mod" 2>/dev/null; then
+    # Same module, some binaries missing: add only those.
+    for b in $binaries; do
+        [ -x "$out/$b" ] && continue
+        echo "build-controlplane: adding $b v$version to $out" >&2
+        build "$b" "$(package "$b")" "$out"
+    done
+    echo "$out"
+    exit 0
+fi
+
+echo "build-controlplane: building $binaries v$version into $out (first time takes minutes)" >&2
+rm -rf "$out.tmp"
+mkdir -p "$out.tmp"
+for b in $binaries; do
+    build "$b" "$(package "$b")" "$out.tmp"
+done
 cp go.mod "$out.tmp/go.mod"
 rm -rf "$out"
 mv "$out.tmp" "$out"
