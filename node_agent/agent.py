@@ -24,6 +24,7 @@ from node_agent.config import AgentSettings, NodeAgentConfiguration
 from node_agent.containerd.expand import ContainerdExpander
 from node_agent.containerd.images import CtrImages
 from node_agent.context import AgentContext
+from node_agent.controllers.certificate import CertificateController
 from node_agent.controllers.lease import LeaseController
 from node_agent.controllers.lifecycle import HostnameChanged, watch_hostname, watchdog_pings
 from node_agent.controllers.node import NodeController
@@ -40,6 +41,9 @@ from node_agent.systemd import Systemd
 log = get_logger("node-agent")
 #: From SIGTERM to exit: controllers unwind, clients close; past this the process exits anyway.
 SHUTDOWN_TIMEOUT = 9.0
+#: While waiting for its first certificate, each sign of life extends systemd's start timeout by
+#: this much (microseconds): the wait may take minutes, and it is progress, not a hang.
+CERTIFICATE_WAIT_EXTENSION_US = 60_000_000
 
 # Extra controllers register here (name, factory); each factory returns the coroutine to run.
 ControllerFactory = Callable[[AgentContext], Coroutine[Any, Any, None]]
@@ -97,7 +101,10 @@ async def run_agent(
     systemd = Systemd(systemd_address, call_timeout=settings.systemd_job_timeout + 10)
     await systemd.start()
     kubeconfig = host_path(settings.root, config.client_connection.kubeconfig)
-    kube = KubeClient.from_kubeconfig(kubeconfig)
+    certs = CertificateController(settings, config, fs)
+    # Without a kubeconfig, the agent runs on its bootstrap token until it has a certificate.
+    bootstrapping = certs.needs_bootstrap()
+    kube = certs.token_client() if bootstrapping else KubeClient.from_kubeconfig(kubeconfig)
     ctx = AgentContext(
         settings=settings,
         config=config,
@@ -107,24 +114,7 @@ async def run_agent(
         kube=kube,
         host_name=host_name or socket.gethostname(),
     )
-    containerd = ContainerdExpander(fs)
-    applier = Applier(
-        fs,
-        state,
-        systemd,
-        host_name=ctx.host_name,
-        agent_unit=settings.agent_unit,
-        job_timeout=settings.systemd_job_timeout,
-        images=CtrImages(root=settings.root),  # imageRef files, pulled by the node's containerd
-        expand=containerd,  # containerd's config.toml, certs.d and drop-in from criConfig
-        prepare=containerd.prepare,
-        held_back=lambda: containerd.held_back,  # mirrors not up yet: checked again sooner
-    )
-    osc = OSCController(ctx, applier)
-    lease = LeaseController(ctx)  # its own client and connection pool (see the module)
-    node = NodeController(ctx, on_recreated=osc.node_recreated)
-    token = TokenController(ctx)
-    ctx.health.info.update(osc=osc, lease=lease, node=node, token=token)
+    ctx.health.info["certificate"] = certs
 
     stop = asyncio.Event()
     guards: list[threading.Timer] = []
@@ -139,6 +129,51 @@ async def run_agent(
         guards.append(_hard_stop_guard(SHUTDOWN_TIMEOUT))
         raise _Shutdown
 
+    def waiting_for_certificate(line: str) -> None:
+        # Not READY yet, but alive: keep systemd's start timeout and watchdog from firing.
+        notifier.notify(f"STATUS={line}", f"EXTEND_TIMEOUT_USEC={CERTIFICATE_WAIT_EXTENSION_US}")
+        notifier.watchdog()
+
+    certs.on_wait = waiting_for_certificate
+
+    async def controllers() -> None:
+        if bootstrapping:
+            await certs.bootstrap(ctx.kube)
+            token_client, ctx.kube = ctx.kube, KubeClient.from_kubeconfig(kubeconfig)
+            await token_client.close()
+        else:
+            certs.settle()
+        containerd = ContainerdExpander(fs)
+        applier = Applier(
+            fs,
+            state,
+            systemd,
+            host_name=ctx.host_name,
+            agent_unit=settings.agent_unit,
+            job_timeout=settings.systemd_job_timeout,
+            images=CtrImages(root=settings.root),  # imageRef files, pulled by the node's containerd
+            expand=containerd,  # containerd's config.toml, certs.d and drop-in from criConfig
+            prepare=containerd.prepare,
+            held_back=lambda: containerd.held_back,  # mirrors not up yet: checked again sooner
+        )
+        osc = OSCController(ctx, applier)
+        lease = LeaseController(ctx)  # its own client and connection pool (see the module)
+        node = NodeController(ctx, on_recreated=osc.node_recreated)
+        token = TokenController(ctx)
+        ctx.health.info.update(osc=osc, lease=lease, node=node, token=token)
+        async with asyncio.TaskGroup() as tasks:
+            tasks.create_task(find_node(ctx), name="find-node")
+            tasks.create_task(osc.run(), name="osc")
+            tasks.create_task(watchdog(), name="watchdog")
+            tasks.create_task(lease.run(), name="lease")
+            tasks.create_task(node.run(), name="node")
+            tasks.create_task(token.run(), name="token")
+            tasks.create_task(certs.run(ctx.kube), name="certificate")
+            for name, factory in EXTRA_CONTROLLERS:
+                tasks.create_task(factory(ctx), name=name)
+            notifier.ready(f"watching secret {ctx.secret_name}")
+            log.info("node-agent ready", seconds=round(time.monotonic() - started, 3))
+
     async def watchdog() -> None:
         # Ping only while the event loop turns and the lease loop ticks (see lifecycle).
         if notifier.watchdog_interval:
@@ -149,24 +184,19 @@ async def run_agent(
     started = time.monotonic()
     exit_code = 0
     log.info(
-        "node-agent starting", host=ctx.host_name, secret=ctx.secret_name, root=str(settings.root)
+        "node-agent starting",
+        host=ctx.host_name,
+        secret=ctx.secret_name,
+        root=str(settings.root),
+        credentials="bootstrap token" if bootstrapping else "kubeconfig",
     )
     observability = Observability(ctx, observations)  # /healthz, /readyz, /metrics, status socket
     await observability.start()
     try:
         async with asyncio.TaskGroup() as tasks:
             tasks.create_task(until_stopped(), name="signals")
-            tasks.create_task(find_node(ctx), name="find-node")
-            tasks.create_task(osc.run(), name="osc")
-            tasks.create_task(watchdog(), name="watchdog")
-            tasks.create_task(lease.run(), name="lease")
-            tasks.create_task(node.run(), name="node")
-            tasks.create_task(token.run(), name="token")
             tasks.create_task(watch_hostname(), name="hostname")
-            for name, factory in EXTRA_CONTROLLERS:
-                tasks.create_task(factory(ctx), name=name)
-            notifier.ready(f"watching secret {ctx.secret_name}")
-            log.info("node-agent ready", seconds=round(time.monotonic() - started, 3))
+            tasks.create_task(controllers(), name="controllers")
     except* _Shutdown:
         pass
     except* HostnameChanged as group:
@@ -180,7 +210,7 @@ async def run_agent(
         with contextlib.suppress(Exception):
             await asyncio.wait_for(observability.close(), timeout=2.0)
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(_close(kube, systemd), timeout=SHUTDOWN_TIMEOUT / 2)
+            await asyncio.wait_for(_close(ctx.kube, systemd), timeout=SHUTDOWN_TIMEOUT / 2)
         for guard in guards:
             guard.cancel()
     log.info("node-agent stopped", code=exit_code)

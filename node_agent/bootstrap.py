@@ -43,6 +43,7 @@ from node_agent.config import (
 from node_agent.errors import ConfigError, HostError, NodeAgentError
 from node_agent.host.fs import HostFS, WriteResult
 from node_agent.host.state import UNIT_DIR
+from node_agent.layout import KUBELET_BOOTSTRAP_KUBECONFIG
 from node_agent.log import get_logger
 from node_agent.systemd import JobAction, SystemdSeam
 
@@ -54,7 +55,6 @@ TEMP_DIR = f"{BASE_DIR}/tmp"
 INSTALL_DIR = "/opt/node-agent"
 CURRENT_BINARY = f"{INSTALL_DIR}/current/bin/node-agent"
 KUBELET_DIR = "/var/lib/kubelet"
-KUBELET_BOOTSTRAP_KUBECONFIG = f"{KUBELET_DIR}/kubeconfig-bootstrap"
 KUBELET_KUBECONFIG = f"{KUBELET_DIR}/kubeconfig-real"
 KUBELET_CLIENT_CERT = f"{KUBELET_DIR}/pki/kubelet-client-current.pem"
 UNIT_FILE_NAME = "node-agent.service"

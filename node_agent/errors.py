@@ -220,6 +220,12 @@ class KubeServerTimeout(KubeServerError):
     """504, or a Status with reason ``Timeout``: the server gave up on the request."""
 
 
+class CertificateError(KubeError):
+    """The agent's client certificate could not be obtained or used: the request was denied or
+    not issued in time, the certificate or key is unreadable, no credentials are left to ask
+    with. The message names the CertificateSigningRequest or the file."""
+
+
 class ImageError(NodeAgentError):
     """A file could not be taken from a container image: the pull failed (unknown image,
     registry unreachable, auth), or the path is not a regular file in the image. Retried

@@ -17,6 +17,10 @@ KUBECONFIG_FILE = f"{CREDENTIALS_DIR}/kubeconfig"
 TOKEN_FILE = f"{CREDENTIALS_DIR}/token"
 BOOTSTRAP_TOKEN_FILE = f"{CREDENTIALS_DIR}/bootstrap-token"
 
+# The kubelet's bootstrap kubeconfig (written by ``bootstrap`` from the bootstrap token; removed
+# with the token once the first OSC is applied and the Node registered).
+KUBELET_BOOTSTRAP_KUBECONFIG = "/var/lib/kubelet/kubeconfig-bootstrap"
+
 # containerd's registry host configuration: one ``<upstream>/hosts.toml`` directory per registry.
 CONTAINERD_CERTS_DIR = "/etc/containerd/certs.d"
 

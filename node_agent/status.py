@@ -17,6 +17,7 @@ the kube client and systemd, so the command starts in tens of milliseconds.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import json
 import os
@@ -249,6 +250,9 @@ class StatusServer:
             "renewals": int(getattr(lease_stats, "renewals", 0)),
             "failures": int(getattr(lease_stats, "failures", 0)),
         }
+        certs = info.get("certificate")
+        view = certs.view() if certs is not None else None
+        doc["certificate"] = dataclasses.asdict(view) if view is not None else None
         doc["osc"] = {
             "secret_name": ctx.secret_name,
             "applied_checksum": applied or None,
@@ -415,6 +419,7 @@ def _skeleton() -> dict[str, Any]:
         },
         "api_server": None,
         "lease": None,
+        "certificate": None,
         "osc": {
             "secret_name": None,
             "applied_checksum": None,
@@ -623,6 +628,17 @@ def render(doc: Mapping[str, Any], *, now: float | None = None) -> str:
             f"{lease.get('name') or 'not yet'}: renewed {_ago(lease.get('last_renew_time'), now)}"
             f"; {lease.get('renewals')} renewals, {lease.get('failures')} failures",
         )
+    cert = doc.get("certificate")
+    if cert is not None and cert.get("subject"):
+        row(
+            "Certificate",
+            f"{cert.get('subject')}, valid until {cert.get('not_after')}, renewal at "
+            f"{cert.get('renew_at')} ({cert.get('rotations')} rotations)",
+        )
+    elif cert is not None:
+        row("Certificate", str(cert.get("phase")))
+    if cert is not None and cert.get("last_error"):
+        row("  last error", str(cert.get("last_error")))
     osc = doc.get("osc") or {}
     secret = osc.get("secret_name")
     row("Secret", f"kube-system/{secret}" if secret else "unknown (no readable config)")

@@ -30,6 +30,7 @@ from node_agent.errors import (
 )
 from node_agent.executor import ApplyReport
 from node_agent.kube.watch import list_watch
+from node_agent.layout import BOOTSTRAP_TOKEN_FILE, KUBELET_BOOTSTRAP_KUBECONFIG
 from node_agent.log import get_logger
 from node_agent.osc.decode import decode_osc, sha256_hex
 from node_agent.osc.merge import osc_files, secret_refs
@@ -342,6 +343,7 @@ class OSCController:
         annotations = node_meta.get("annotations") or {}
         if only_if_missing and annotations.get(report.ANNOTATION_APPLIED_CHECKSUM) == checksum:
             self._reported = checksum
+            await self._drop_bootstrap_credentials()
             return
         zone_raw = self.ctx.fs.read(ZONE_FILE)
         zone = zone_raw.decode(errors="replace").strip() if zone_raw else None
@@ -357,3 +359,16 @@ class OSCController:
         )
         await self.ctx.kube.patch_node(self.ctx.node_name, patch)
         self._reported = checksum
+        await self._drop_bootstrap_credentials()
+
+    async def _drop_bootstrap_credentials(self) -> None:
+        """An OSC is applied and the Node registered: the bootstrap token (the agent's and the
+        kubelet's copy of it) is not needed any more, and a leaked token must not outlive its
+        use. Only once the agent has a kubeconfig of its own (upstream's rule, plus that guard).
+        """
+        fs = self.ctx.fs
+        if await fs.read_async(self.ctx.config.client_connection.kubeconfig) is None:
+            return
+        for path in (KUBELET_BOOTSTRAP_KUBECONFIG, BOOTSTRAP_TOKEN_FILE):
+            if await fs.remove_async(path):
+                log.info("bootstrap credentials removed", path=path)

@@ -26,6 +26,7 @@ import json
 import logging
 import os
 import tempfile
+import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,6 +50,7 @@ log = logging.getLogger(__name__)
 JSON = dict[str, Any]
 MERGE_PATCH = "application/merge-patch+json"
 CORE_V1 = "/api/v1"
+CERTIFICATES_V1 = "/apis/certificates.k8s.io/v1"
 COORDINATION_V1 = "/apis/coordination.k8s.io/v1"
 #: A watch line larger than this is treated as a broken stream (etcd caps objects at 1.5 MiB).
 MAX_WATCH_LINE = 16 * 1024 * 1024
@@ -73,6 +75,17 @@ class ClientStats:
     rebuilds: int = 0
     timeouts: int = 0
     transport_errors: int = 0
+    #: ``time.monotonic()`` of the last 2xx answer and of the last final 401 (0: never).
+    last_ok: float = 0.0
+    last_unauthorized: float = 0.0
+
+    def rejected(self) -> bool:
+        """The server refuses the credentials: the latest answer that judged them was a 401."""
+        return self.last_unauthorized > self.last_ok
+
+    def credentials_replaced(self) -> None:
+        """New credentials were written: an earlier 401 says nothing about them."""
+        self.last_unauthorized = 0.0
 
 
 # --- connection settings -------------------------------------------------------------------------
@@ -391,6 +404,10 @@ class KubeClient:
     def events(self, namespace: str) -> Resource:
         return Resource(self, CORE_V1, "events", "Event", namespace)
 
+    def certificate_signing_requests(self) -> Resource:
+        kind = "CertificateSigningRequest"
+        return Resource(self, CERTIFICATES_V1, "certificatesigningrequests", kind)
+
     async def get_node(self, name: str) -> JSON:
         return await self.nodes().get(name)
 
@@ -480,6 +497,7 @@ class KubeClient:
             try:
                 status = int(resp.status)
                 if 200 <= status <= 299:
+                    self.stats.last_ok = time.monotonic()
                     yield cast(aiohttp.ClientResponse, resp)
                     return
                 data = await resp.read()
@@ -488,6 +506,8 @@ class KubeClient:
                     log.info("%s: 401 Unauthorized; re-reading the token and retrying once", ref)
                     gen.token.invalidate()
                     continue
+                if status == 401:
+                    self.stats.last_unauthorized = time.monotonic()
                 raise status_from_body(status, data, ref)
             finally:
                 resp.release()

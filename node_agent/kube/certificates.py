@@ -1,0 +1,280 @@
+"""The agent's client certificate: Gardener's certificate flow, in pieces that can be tested alone.
+
+A node that Gardener provisions has no kubeconfig for the agent, only a short-lived bootstrap
+token. The agent makes an ECDSA P-256 key and a CertificateSigningRequest for the identity
+Gardener's approver accepts (CN ``gardener.cloud:node-agent:machine:<machine>``, O
+``gardener.cloud:node-agents``, signer ``kubernetes.io/kube-apiserver-client``), waits for the
+approval and the certificate, and writes a kubeconfig that holds both. The same request, sent with
+the current certificate instead of the token, renews it before it expires.
+
+``cryptography`` is imported only here and only when a key, a request or a certificate is
+handled: it costs memory the idle agent should not pay.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+import yaml
+
+from node_agent.errors import CertificateError, KubeAlreadyExists
+
+if TYPE_CHECKING:
+    from node_agent.kube.client import KubeClient
+
+USER_PREFIX = "gardener.cloud:node-agent:machine:"
+GROUP = "gardener.cloud:node-agents"
+SIGNER = "kubernetes.io/kube-apiserver-client"
+# In the order upstream sends them (they are part of the request's name digest).
+USAGES = ("digital signature", "key encipherment", "client auth")
+CSR_PREFIX = "node-agent-csr-"
+REQUESTED_LIFETIME = timedelta(hours=720)
+#: How long one request may wait for approval and issuance before it is given up (upstream: 15 m).
+APPROVAL_TIMEOUT = 15 * 60.0
+#: Renewal at this share of the lifetime, plus up to ``RENEWAL_JITTER`` of that (upstream's rule).
+RENEWAL_SHARE = 0.8
+RENEWAL_JITTER = 0.1
+#: The kubeconfig's names for cluster, user and context (upstream's).
+KUBECONFIG_NAME = "node-agent"
+
+
+@dataclass(frozen=True)
+class CertificateRequest:
+    """A new private key and the PEM request for it, with the object name to create it under."""
+
+    name: str
+    common_name: str
+    key_pem: bytes
+    csr_pem: bytes
+
+
+def common_name(machine_name: str) -> str:
+    return USER_PREFIX + machine_name
+
+
+def _b64url(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def request_name(public_key_der: bytes, cn: str, organizations: tuple[str, ...]) -> str:
+    """Upstream's deterministic name: a digest over the public key, subject and usages, so that
+    the same key asks under the same name again (a retry finds its own request)."""
+    digest = hashlib.new("sha512_256")
+    for part in (public_key_der, cn.encode(), *(o.encode() for o in organizations)):
+        digest.update(_b64url(part).encode() + b"|")
+    for usage in USAGES:
+        digest.update(_b64url(usage.encode()).encode() + b"|")
+    return CSR_PREFIX + _b64url(digest.digest())
+
+
+def make_request(machine_name: str) -> CertificateRequest:
+    """A fresh ECDSA P-256 key and a CSR for the agent's identity on ``machine_name``."""
+    if not machine_name or any(c.isspace() for c in machine_name) or "/" in machine_name:
+        raise CertificateError(f"machine name {machine_name!r} cannot name a certificate")
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    cn = common_name(machine_name)
+    subject = x509.Name(
+        [
+            x509.NameAttribute(NameOID.ORGANIZATION_NAME, GROUP),
+            x509.NameAttribute(NameOID.COMMON_NAME, cn),
+        ]
+    )
+    csr = x509.CertificateSigningRequestBuilder().subject_name(subject).sign(key, hashes.SHA256())
+    public_der = key.public_key().public_bytes(
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    key_pem = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.TraditionalOpenSSL,  # "EC PRIVATE KEY", as upstream writes
+        serialization.NoEncryption(),
+    )
+    return CertificateRequest(
+        name=request_name(public_der, cn, (GROUP,)),
+        common_name=cn,
+        key_pem=key_pem,
+        csr_pem=csr.public_bytes(serialization.Encoding.PEM),
+    )
+
+
+@dataclass(frozen=True)
+class CertificateInfo:
+    """What the agent needs to know of its certificate: who it is and when it is valid."""
+
+    subject: str
+    not_before: datetime
+    not_after: datetime
+
+    @property
+    def lifetime(self) -> timedelta:
+        return self.not_after - self.not_before
+
+    def expired(self, now: datetime | None = None) -> bool:
+        return (now or datetime.now(UTC)) >= self.not_after
+
+    def renew_at(self, jitter: float) -> datetime:
+        """``not_before`` + 80 % of the lifetime, plus ``jitter`` (0..1) times 10 % of that."""
+        base = self.lifetime * RENEWAL_SHARE
+        return self.not_before + base + base * (RENEWAL_JITTER * min(max(jitter, 0.0), 1.0))
+
+
+def certificate_info(cert_pem: bytes) -> CertificateInfo:
+    """The subject and validity of the first certificate in ``cert_pem``."""
+    from cryptography import x509
+
+    try:
+        cert = x509.load_pem_x509_certificates(cert_pem)[0]
+    except (ValueError, IndexError) as exc:
+        raise CertificateError(f"not a PEM certificate: {exc}") from exc
+    return CertificateInfo(
+        subject=cert.subject.rfc4514_string(),
+        not_before=cert.not_valid_before_utc,
+        not_after=cert.not_valid_after_utc,
+    )
+
+
+def kubeconfig(server: str, ca_file: str, cert_pem: bytes, key_pem: bytes) -> bytes:
+    """The agent's kubeconfig: the cluster CA by path (so a CA rotation through the OSC is
+    followed), the client certificate and key inline (one file, swapped atomically)."""
+    doc = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {
+                "name": KUBECONFIG_NAME,
+                "cluster": {"server": server, "certificate-authority": ca_file},
+            }
+        ],
+        "users": [
+            {
+                "name": KUBECONFIG_NAME,
+                "user": {
+                    "client-certificate-data": base64.b64encode(cert_pem).decode(),
+                    "client-key-data": base64.b64encode(key_pem).decode(),
+                },
+            }
+        ],
+        "contexts": [
+            {
+                "name": KUBECONFIG_NAME,
+                "context": {"cluster": KUBECONFIG_NAME, "user": KUBECONFIG_NAME},
+            }
+        ],
+        "current-context": KUBECONFIG_NAME,
+    }
+    return yaml.safe_dump(doc, sort_keys=False).encode()
+
+
+def kubeconfig_certificate(raw: bytes) -> bytes | None:
+    """The inline client certificate of a kubeconfig written by :func:`kubeconfig` (None when
+    it has none, e.g. a token kubeconfig of a standalone install)."""
+    try:
+        doc = yaml.safe_load(raw)
+        users = doc.get("users") or []
+        current = {c.get("name"): c.get("context") or {} for c in doc.get("contexts") or []}.get(
+            doc.get("current-context")
+        )
+        wanted = (current or {}).get("user")
+        for entry in users:
+            if wanted is None or entry.get("name") == wanted:
+                data = (entry.get("user") or {}).get("client-certificate-data")
+                return base64.b64decode(data, validate=True) if data else None
+    except (yaml.YAMLError, AttributeError, TypeError, ValueError):
+        return None
+    return None
+
+
+def csr_object(request: CertificateRequest) -> dict[str, Any]:
+    return {
+        "apiVersion": "certificates.k8s.io/v1",
+        "kind": "CertificateSigningRequest",
+        "metadata": {"name": request.name},
+        "spec": {
+            "request": base64.b64encode(request.csr_pem).decode(),
+            "signerName": SIGNER,
+            "usages": list(USAGES),
+            "expirationSeconds": int(REQUESTED_LIFETIME.total_seconds()),
+        },
+    }
+
+
+@dataclass(frozen=True)
+class Issued:
+    """A certificate handed out for a request."""
+
+    name: str
+    cert_pem: bytes
+    waited: float
+
+
+def _verdict(obj: dict[str, Any]) -> tuple[str | None, str]:
+    """('Denied' | 'Failed' | 'Approved' | None, message) from a CSR's status conditions."""
+    state: str | None = None
+    message = ""
+    for cond in (obj.get("status") or {}).get("conditions") or []:
+        kind = cond.get("type")
+        if kind in ("Denied", "Failed"):
+            reason = cond.get("reason") or ""
+            return kind, f"{reason}: {cond.get('message') or ''}".strip(": ")
+        if kind == "Approved":
+            state = "Approved"
+    return state, message
+
+
+async def request_certificate(
+    kube: KubeClient,
+    request: CertificateRequest,
+    *,
+    give_up_after: float = APPROVAL_TIMEOUT,
+    poll: float = 2.0,
+    on_wait: Callable[[str], None] | None = None,
+) -> Issued:
+    """Create the CSR (or find our own under its name) and wait until it carries a certificate.
+
+    Raises :class:`CertificateError` when it is denied, fails, is replaced by another object
+    of the same name, or is not issued within ``give_up_after`` seconds; API errors propagate
+    (the caller retries with backoff). ``on_wait`` gets a line of progress on every poll.
+    """
+    csrs = kube.certificate_signing_requests()
+    started = time.monotonic()
+    try:
+        created = await csrs.create(csr_object(request))
+    except KubeAlreadyExists:
+        created = await csrs.get(request.name)
+    uid = (created.get("metadata") or {}).get("uid")
+    while True:
+        obj = await csrs.get(request.name)
+        if (obj.get("metadata") or {}).get("uid") != uid:
+            raise CertificateError(f"CertificateSigningRequest {request.name} was replaced")
+        verdict, message = _verdict(obj)
+        if verdict in ("Denied", "Failed"):
+            raise CertificateError(
+                f"CertificateSigningRequest {request.name} {verdict.lower()}: {message}"
+            )
+        cert = (obj.get("status") or {}).get("certificate")
+        if verdict == "Approved" and cert:
+            return Issued(request.name, base64.b64decode(cert), time.monotonic() - started)
+        line = (
+            f"CertificateSigningRequest {request.name} approved, waiting to be issued"
+            if verdict == "Approved"
+            else f"waiting for approval of CertificateSigningRequest {request.name}"
+        )
+        if on_wait is not None:
+            on_wait(line)  # on every poll: the daemon keeps systemd's timeouts at bay with it
+        if time.monotonic() - started > give_up_after:
+            raise CertificateError(
+                f"CertificateSigningRequest {request.name} not issued within {give_up_after:.0f}s"
+                f" ({line})"
+            )
+        await asyncio.sleep(poll)

@@ -1,0 +1,137 @@
+"""The pure pieces of the certificate flow: key and request, name, validity, kubeconfig."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from node_agent.errors import CertificateError
+from node_agent.kube import certificates
+from node_agent.kube.client import parse_kubeconfig
+
+
+def _issue(csr_pem: bytes, *, not_before: datetime, lifetime: timedelta) -> bytes:
+    """Sign a request with a throwaway CA, as kube-controller-manager would."""
+    csr = x509.load_pem_x509_csr(csr_pem)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "test-ca")])
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(csr.subject)
+        .issuer_name(ca_name)
+        .public_key(csr.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(not_before)
+        .not_valid_after(not_before + lifetime)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    return cert.public_bytes(serialization.Encoding.PEM)
+
+
+def test_request_names_the_machine_and_group_with_a_p256_key() -> None:
+    req = certificates.make_request("shoot--dev--pool-a-7f9c4-xk2lp")
+    csr = x509.load_pem_x509_csr(req.csr_pem)
+    assert csr.is_signature_valid
+    cn = csr.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value
+    org = [a.value for a in csr.subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME)]
+    assert cn == "gardener.cloud:node-agent:machine:shoot--dev--pool-a-7f9c4-xk2lp"
+    assert org == ["gardener.cloud:node-agents"]
+    key = serialization.load_pem_private_key(req.key_pem, password=None)
+    assert isinstance(key, ec.EllipticCurvePrivateKey)
+    assert key.curve.name == "secp256r1"
+    assert req.key_pem.startswith(b"-----BEGIN EC PRIVATE KEY-----")
+    assert csr.public_key() == key.public_key()
+    assert req.name.startswith("node-agent-csr-")
+
+
+def test_request_name_is_upstreams_digest() -> None:
+    """sha512/256 over base64url(part) + '|' for the key, CN, O and usages; base64url, no pad."""
+    public = b"\x30\x59 not really a key"
+    cn = "gardener.cloud:node-agent:machine:m1"
+
+    def enc(data: bytes) -> bytes:
+        return base64.urlsafe_b64encode(data).rstrip(b"=")
+
+    parts = [public, cn.encode(), b"gardener.cloud:node-agents"]
+    parts += [b"digital signature", b"key encipherment", b"client auth"]
+    digest = hashlib.new("sha512_256", b"".join(enc(p) + b"|" for p in parts)).digest()
+    expected = "node-agent-csr-" + enc(digest).decode()
+    # The same inputs through Go's crypto/sha512 + base64.RawURLEncoding, as upstream does it:
+    assert expected == "node-agent-csr-tMdgizwUn6-dBByEkXBKKmTsh2DIcpl1DKy--B0NrjU"
+    assert certificates.request_name(public, cn, ("gardener.cloud:node-agents",)) == expected
+    # a different key gives a different name; the same inputs the same one
+    assert certificates.request_name(public + b"x", cn, ("gardener.cloud:node-agents",)) != expected
+
+
+def test_two_requests_use_two_keys() -> None:
+    a, b = certificates.make_request("m1"), certificates.make_request("m1")
+    assert a.key_pem != b.key_pem
+    assert a.name != b.name
+
+
+@pytest.mark.parametrize("bad", ["", "a b", "a/b", "x\n"])
+def test_request_refuses_a_machine_name_that_cannot_be_a_name(bad: str) -> None:
+    with pytest.raises(CertificateError, match="machine name"):
+        certificates.make_request(bad)
+
+
+def test_csr_object_asks_for_720h_client_auth_from_the_apiserver_client_signer() -> None:
+    req = certificates.make_request("m1")
+    obj = certificates.csr_object(req)
+    assert obj["metadata"] == {"name": req.name}
+    assert obj["spec"]["signerName"] == "kubernetes.io/kube-apiserver-client"
+    assert obj["spec"]["usages"] == ["digital signature", "key encipherment", "client auth"]
+    assert obj["spec"]["expirationSeconds"] == 720 * 3600
+    assert base64.b64decode(obj["spec"]["request"]) == req.csr_pem
+
+
+def test_renewal_falls_between_80_and_88_percent_of_the_lifetime() -> None:
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    info = certificates.CertificateInfo("CN=x", start, start + timedelta(hours=100))
+    assert info.renew_at(0.0) == start + timedelta(hours=80)
+    assert info.renew_at(1.0) == start + timedelta(hours=88)
+    assert info.renew_at(0.5) == start + timedelta(hours=84)
+    assert info.renew_at(7.0) == start + timedelta(hours=88)  # clamped
+    assert not info.expired(start + timedelta(hours=99))
+    assert info.expired(start + timedelta(hours=100))
+
+
+def test_kubeconfig_round_trip(tmp_path: Path) -> None:
+    req = certificates.make_request("m1")
+    now = datetime.now(UTC).replace(microsecond=0)
+    cert = _issue(req.csr_pem, not_before=now, lifetime=timedelta(hours=720))
+    raw = certificates.kubeconfig("https://api.example:443", "/etc/ca.crt", cert, req.key_pem)
+    path = tmp_path / "kubeconfig"
+    path.write_bytes(raw)
+    settings = parse_kubeconfig(path)
+    assert settings.server == "https://api.example:443"
+    assert settings.ca_file == Path("/etc/ca.crt")
+    assert settings.client_cert_data == cert
+    assert settings.client_key_data == req.key_pem
+    assert certificates.kubeconfig_certificate(raw) == cert
+    info = certificates.certificate_info(cert)
+    assert info.subject == "CN=gardener.cloud:node-agent:machine:m1,O=gardener.cloud:node-agents"
+    assert info.not_before == now
+    assert info.lifetime == timedelta(hours=720)
+
+
+def test_a_token_kubeconfig_has_no_certificate() -> None:
+    raw = (
+        b"apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        b"contexts: [{name: c, context: {cluster: c, user: u}}]\n"
+        b"clusters: [{name: c, cluster: {server: 'https://x'}}]\n"
+        b"users: [{name: u, user: {tokenFile: /var/lib/token}}]\n"
+    )
+    assert certificates.kubeconfig_certificate(raw) is None
+    assert certificates.kubeconfig_certificate(b"{not yaml") is None
+    with pytest.raises(CertificateError, match="not a PEM certificate"):
+        certificates.certificate_info(b"garbage")
