@@ -1,0 +1,281 @@
+"""Build the node-agent OCI image: one single-file executable, no container daemon.
+
+    .venv/bin/python packaging/image.py [OUT_DIR]        (default: dist/ in the source tree)
+
+Runs packaging/build.sh (cached) for the onedir artifact, compiles packaging/launcher.c and
+appends the bundle (``lib/node-agent/`` of the artifact) to it as a payload with a trailer (see
+launcher.c). Writes to OUT_DIR:
+
+    node-agent-<version>-linux-amd64.bin     the single file (what the image carries)
+    node-agent-<version>-image.oci.tar       an OCI image layout: one gzip layer with
+                                             /gardener-node-agent (0755) and
+                                             /ko-app/gardener-node-agent (hard link to it),
+                                             Entrypoint ["/gardener-node-agent"], linux/amd64
+
+and prints the layout's path. Same inputs, same bytes (fixed order, owners and times, gzip
+without a timestamp), so the same manifest digest. Finished images are kept under
+``$NODE_AGENT_BUILD_CACHE/images`` keyed by the artifact's sha256, the launcher, this script and
+the compiler's version.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path, PurePosixPath
+
+SRC = Path(__file__).resolve().parent.parent
+LAUNCHER_C = SRC / "packaging" / "launcher.c"
+BUNDLE_PREFIX = "lib/node-agent/"
+IMAGE_FILE = "gardener-node-agent"
+KO_FILE = "ko-app/gardener-node-agent"
+
+MAGIC = b"NAGENTX1"
+FORMAT = 1
+ENTRY = struct.Struct("<BBHHHQ")  # type, 0, mode, path length, 0, size
+TRAILER = struct.Struct("<8sIIQQ32s")  # magic, format, 0, payload offset, length, sha256
+
+INDEX_TYPE = "application/vnd.oci.image.index.v1+json"
+MANIFEST_TYPE = "application/vnd.oci.image.manifest.v1+json"
+CONFIG_TYPE = "application/vnd.oci.image.config.v1+json"
+LAYER_TYPE = "application/vnd.oci.image.layer.v1.tar+gzip"
+
+
+def _die(message: str) -> None:
+    print(f"packaging/image.py: {message}", file=sys.stderr)
+    raise SystemExit(1)
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _json(value: object) -> bytes:
+    return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
+
+
+# -- the single file --------------------------------------------------------------------------
+def compile_launcher(out: Path) -> None:
+    """gcc, optimised and stripped; no paths of the build machine end up in the binary."""
+    subprocess.run(
+        ["gcc", "-std=gnu11", "-O2", "-s", "-Wall", "-Wextra", "-Werror",
+         f"-ffile-prefix-map={LAUNCHER_C.parent}=.", "-o", str(out), str(LAUNCHER_C)],
+        check=True,
+    )  # fmt: skip
+
+
+def payload_entry(kind: bytes, path: str, mode: int, data: bytes) -> bytes:
+    """One payload entry: ``kind`` b"d" (directory), b"f" (file) or b"l" (symlink; data is the
+    target)."""
+    name = path.encode()
+    if not name or name.startswith(b"/") or ".." in PurePosixPath(path).parts:
+        raise ValueError(f"bad path for the payload: {path!r}")
+    return ENTRY.pack(kind[0], 0, mode & 0o7777, len(name), 0, len(data)) + name + data
+
+
+def payload_from_entries(entries: list[bytes]) -> bytes:
+    return b"".join(entries) + ENTRY.pack(0, 0, 0, 0, 0, 0)
+
+
+def payload_from_artifact(artifact: Path) -> bytes:
+    """The bundle of the artifact tarball (``lib/node-agent/``), sorted, parents first."""
+    found: dict[str, bytes] = {}
+    with tarfile.open(artifact, "r:gz") as tar:
+        for member in tar.getmembers():
+            name = member.name.removeprefix("./")
+            if not name.startswith(BUNDLE_PREFIX):
+                continue
+            path = name[len(BUNDLE_PREFIX) :].rstrip("/")
+            if member.isdir():
+                found[path] = payload_entry(b"d", path, member.mode, b"")
+            elif member.isfile():
+                handle = tar.extractfile(member)
+                assert handle is not None
+                found[path] = payload_entry(b"f", path, member.mode, handle.read())
+            elif member.issym():
+                found[path] = payload_entry(b"l", path, 0o777, member.linkname.encode())
+            else:
+                raise ValueError(f"{artifact}: unsupported entry {member.name}")
+    if "node-agent" not in found:
+        raise ValueError(f"{artifact}: no {BUNDLE_PREFIX}node-agent bootloader")
+    return payload_from_entries([found[path] for path in sorted(found)])
+
+
+def single_file(launcher: bytes, payload: bytes) -> bytes:
+    """Launcher, payload, trailer: the whole executable."""
+    digest = hashlib.sha256(payload).digest()
+    return launcher + payload + TRAILER.pack(MAGIC, FORMAT, 0, len(launcher), len(payload), digest)
+
+
+# -- the OCI image layout ---------------------------------------------------------------------
+def _tar_info(name: str, kind: bytes, mode: int, size: int = 0, link: str = "") -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type, info.mode, info.size, info.linkname = kind, mode, size, link
+    info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""
+    return info
+
+
+def _gzip(data: bytes) -> bytes:
+    buffer = io.BytesIO()
+    with gzip.GzipFile(filename="", fileobj=buffer, mode="wb", compresslevel=9, mtime=0) as gz:
+        gz.write(data)
+    return buffer.getvalue()
+
+
+def layer_tar(executable: bytes) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        tar.addfile(
+            _tar_info(IMAGE_FILE, tarfile.REGTYPE, 0o755, len(executable)), io.BytesIO(executable)
+        )
+        tar.addfile(_tar_info("ko-app", tarfile.DIRTYPE, 0o755))
+        tar.addfile(_tar_info(KO_FILE, tarfile.LNKTYPE, 0o755, link=IMAGE_FILE))
+    return buffer.getvalue()
+
+
+def image_layout(executable: bytes, version: str) -> tuple[bytes, str]:
+    """The OCI image layout tarball and its manifest digest."""
+    layer = layer_tar(executable)
+    layer_gz = _gzip(layer)
+    config = _json(
+        {
+            "architecture": "amd64",
+            "os": "linux",
+            "config": {
+                "Entrypoint": [f"/{IMAGE_FILE}"],
+                "Labels": {"org.opencontainers.image.version": version},
+            },
+            "rootfs": {"type": "layers", "diff_ids": [f"sha256:{_sha256(layer)}"]},
+        }
+    )
+
+    def descriptor(media_type: str, data: bytes) -> dict[str, object]:
+        return {"mediaType": media_type, "digest": f"sha256:{_sha256(data)}", "size": len(data)}
+
+    manifest = _json(
+        {
+            "schemaVersion": 2,
+            "mediaType": MANIFEST_TYPE,
+            "config": descriptor(CONFIG_TYPE, config),
+            "layers": [descriptor(LAYER_TYPE, layer_gz)],
+        }
+    )
+    index = _json(
+        {
+            "schemaVersion": 2,
+            "mediaType": INDEX_TYPE,
+            "manifests": [
+                {
+                    **descriptor(MANIFEST_TYPE, manifest),
+                    "platform": {"architecture": "amd64", "os": "linux"},
+                    "annotations": {"org.opencontainers.image.ref.name": version},
+                }
+            ],
+        }
+    )
+    files = {
+        "oci-layout": _json({"imageLayoutVersion": "1.0.0"}),
+        "index.json": index,
+        **{f"blobs/sha256/{_sha256(b)}": b for b in (layer_gz, config, manifest)},
+    }
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for directory in ("blobs", "blobs/sha256"):
+            tar.addfile(_tar_info(directory, tarfile.DIRTYPE, 0o755))
+        for name in sorted(files):
+            data = files[name]
+            tar.addfile(_tar_info(name, tarfile.REGTYPE, 0o644, len(data)), io.BytesIO(data))
+    return buffer.getvalue(), f"sha256:{_sha256(manifest)}"
+
+
+# -- the build --------------------------------------------------------------------------------
+def _artifact(out: Path) -> Path:
+    env = {**os.environ, "PYTHON": os.environ.get("PYTHON", sys.executable)}
+    built = subprocess.run(
+        ["sh", str(SRC / "packaging" / "build.sh"), str(out)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+        check=False,
+    )
+    if built.returncode != 0:
+        _die("packaging/build.sh failed")
+    return Path(built.stdout.strip().splitlines()[-1])
+
+
+def _gcc_version() -> str:
+    return subprocess.run(
+        ["gcc", "--version"], capture_output=True, text=True, check=True
+    ).stdout.splitlines()[0]
+
+
+def build(out: Path) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    artifact = _artifact(out)
+    version = artifact.name.removeprefix("node-agent-").removesuffix("-linux-amd64.tar.gz")
+    single_name = f"node-agent-{version}-linux-amd64.bin"
+    layout_name = f"node-agent-{version}-image.oci.tar"
+    cache = Path(
+        os.environ.get("NODE_AGENT_BUILD_CACHE")
+        or Path(os.environ.get("NODE_AGENT_TEST_CACHE") or Path.home() / ".cache/node-agent-test")
+        / "artifact"
+    )
+    key_input = b"\n".join(
+        [
+            hashlib.sha256(artifact.read_bytes()).hexdigest().encode(),
+            hashlib.sha256(LAUNCHER_C.read_bytes()).hexdigest().encode(),
+            hashlib.sha256(Path(__file__).read_bytes()).hexdigest().encode(),
+            _gcc_version().encode(),
+        ]
+    )
+    done = cache / "images" / f"{version}-{_sha256(key_input)[:16]}"
+    if not (done / layout_name).is_file() or not (done / single_name).is_file():
+        (cache / "images").mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=cache / "images", prefix="work.") as work:
+            tmp = Path(work)
+            print(f"packaging/image.py: building {layout_name}", file=sys.stderr)
+            compile_launcher(tmp / "launcher")
+            executable = single_file(
+                (tmp / "launcher").read_bytes(), payload_from_artifact(artifact)
+            )
+            (tmp / "done").mkdir()
+            (tmp / "done" / single_name).write_bytes(executable)
+            (tmp / "done" / single_name).chmod(0o755)
+            check = subprocess.run(
+                [str(tmp / "done" / single_name), "version"],
+                capture_output=True,
+                text=True,
+                env={**os.environ, "NODE_AGENT_UNPACK_DIR": str(tmp / "unpack")},
+                check=False,
+            )
+            if check.stdout.strip() != f"node-agent {version}":
+                _die(f"the single file does not run: {check.stdout!r} {check.stderr!r}")
+            layout, _ = image_layout(executable, version)
+            (tmp / "done" / layout_name).write_bytes(layout)
+            shutil.rmtree(done, ignore_errors=True)
+            (tmp / "done").rename(done)  # complete or absent
+        olds = sorted((cache / "images").glob(f"*-{'?' * 16}"), key=lambda p: p.stat().st_mtime)
+        for old in olds[:-3]:
+            shutil.rmtree(old, ignore_errors=True)
+    for name in (single_name, layout_name):
+        shutil.copyfile(done / name, out / name)
+    (out / single_name).chmod(0o755)
+    return out / layout_name
+
+
+def main() -> None:
+    out = Path(sys.argv[1]) if len(sys.argv) > 1 else SRC / "dist"
+    print(build(out.resolve()))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,471 @@
+/*
+ * node-agent single-file launcher.
+ *
+ * The image ships the agent as ONE executable: this small program with the PyInstaller onedir
+ * bundle appended as a payload and a fixed 64-byte trailer at the very end of the file:
+ *
+ *   magic "NAGENTX1" | u32 format (1) | u32 0 | u64 payload offset | u64 payload length |
+ *   sha256 of the payload (32 bytes)                                   (little-endian)
+ *
+ * Payload: entries of a 16-byte header (u8 type 'd'/'f'/'l', u8 0, u16 mode, u16 path length,
+ * u16 0, u64 size), the relative path, then `size` bytes (file content or link target); a
+ * header of type 0 ends it. Directories come before what they contain.
+ *
+ * On start the bundle is used from <root>/<sha256>/ (root: $NODE_AGENT_UNPACK_DIR, else
+ * /var/cache/node-agent for root, else $XDG_CACHE_HOME/node-agent or ~/.cache/node-agent):
+ *   - warm: <sha256>/.complete exists -> take a shared flock on <sha256>/.lock (the fd stays open
+ *     through exec, so the running agent keeps holding it) and exec the bundle's bootloader with
+ *     the same argv (argv[0] unchanged). No hashing, no writes.
+ *   - cold: under an exclusive flock on <root>/.lock, verify the payload's sha256, unpack it into
+ *     <root>/.tmp-*, syncfs, write .complete, rename to <root>/<sha256> (complete or absent),
+ *     then collect garbage: stale .tmp-* (only the lock holder unpacks, so any is left over from
+ *     a killed start) and old copies, keeping the current one and one other. A copy whose .lock
+ *     cannot be locked exclusively is in use and is never removed.
+ * The unpack root must be a directory owned by the effective user and not group/world-writable.
+ *
+ * Exported to the agent: NODE_AGENT_EXECUTABLE (this file's path) and NODE_AGENT_BUNDLE (the
+ * unpacked directory). Errors: one line on stderr, exit 2.
+ */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#define MAGIC "NAGENTX1"
+#define FORMAT 1
+#define TRAILER_SIZE 64
+#define ENTRY_HEADER 16
+#define BOOTLOADER "node-agent"
+#define EXIT_LAUNCH 2
+
+static const char *prog = "node-agent";
+
+static void die(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
+static void die(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "%s: ", prog);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    exit(EXIT_LAUNCH);
+}
+
+/* ---- SHA-256 (FIPS 180-4), only for checking the payload before it is unpacked ---------- */
+
+static const uint32_t K[64] = {
+    0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
+    0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174,
+    0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da,
+    0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967,
+    0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85,
+    0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070,
+    0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
+    0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2,
+};
+
+#define ROR(x, n) (((x) >> (n)) | ((x) << (32 - (n))))
+
+static void sha256_block(uint32_t h[8], const uint8_t *p) {
+    uint32_t w[64], a, b, c, d, e, f, g, k, t1, t2;
+    for (int i = 0; i < 16; i++)
+        w[i] = (uint32_t)p[4 * i] << 24 | (uint32_t)p[4 * i + 1] << 16 | (uint32_t)p[4 * i + 2] << 8 |
+               p[4 * i + 3];
+    for (int i = 16; i < 64; i++) {
+        uint32_t s0 = ROR(w[i - 15], 7) ^ ROR(w[i - 15], 18) ^ (w[i - 15] >> 3);
+        uint32_t s1 = ROR(w[i - 2], 17) ^ ROR(w[i - 2], 19) ^ (w[i - 2] >> 10);
+        w[i] = w[i - 16] + s0 + w[i - 7] + s1;
+    }
+    a = h[0], b = h[1], c = h[2], d = h[3], e = h[4], f = h[5], g = h[6], k = h[7];
+    for (int i = 0; i < 64; i++) {
+        t1 = k + (ROR(e, 6) ^ ROR(e, 11) ^ ROR(e, 25)) + ((e & f) ^ (~e & g)) + K[i] + w[i];
+        t2 = (ROR(a, 2) ^ ROR(a, 13) ^ ROR(a, 22)) + ((a & b) ^ (a & c) ^ (b & c));
+        k = g, g = f, f = e, e = d + t1, d = c, c = b, b = a, a = t1 + t2;
+    }
+    h[0] += a, h[1] += b, h[2] += c, h[3] += d, h[4] += e, h[5] += f, h[6] += g, h[7] += k;
+}
+
+static void sha256(const uint8_t *data, uint64_t len, uint8_t out[32]) {
+    uint32_t h[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
+                     0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
+    uint64_t i = 0;
+    for (; i + 64 <= len; i += 64)
+        sha256_block(h, data + i);
+    uint8_t tail[128] = {0};
+    uint64_t rest = len - i;
+    memcpy(tail, data + i, rest);
+    tail[rest] = 0x80;
+    uint64_t n = rest + 9 <= 64 ? 64 : 128;
+    uint64_t bits = len * 8;
+    for (int j = 0; j < 8; j++)
+        tail[n - 1 - j] = (uint8_t)(bits >> (8 * j));
+    sha256_block(h, tail);
+    if (n == 128)
+        sha256_block(h, tail + 64);
+    for (int j = 0; j < 8; j++)
+        out[4 * j] = h[j] >> 24, out[4 * j + 1] = h[j] >> 16, out[4 * j + 2] = h[j] >> 8,
+                out[4 * j + 3] = h[j];
+}
+
+/* ---- helpers ------------------------------------------------------------------------------ */
+
+static uint16_t le16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
+static uint32_t le32(const uint8_t *p) { return (uint32_t)le16(p) | (uint32_t)le16(p + 2) << 16; }
+static uint64_t le64(const uint8_t *p) { return (uint64_t)le32(p) | (uint64_t)le32(p + 4) << 32; }
+
+static char root_path[PATH_MAX];
+
+static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
+    (void)st, (void)ftw;
+    if ((flag == FTW_DP ? rmdir(path) : unlink(path)) != 0 && errno != ENOENT)
+        return -1;
+    return 0;
+}
+
+/* Remove <root>/<name> and everything below it (never following symlinks or mounts). */
+static int rm_tree(const char *name) {
+    char path[PATH_MAX];
+    if (snprintf(path, sizeof path, "%s/%s", root_path, name) >= (int)sizeof path)
+        return -1;
+    return nftw(path, rm_entry, 16, FTW_DEPTH | FTW_PHYS | FTW_MOUNT);
+}
+
+static void mkdir_parents(const char *path, mode_t mode) {
+    char buf[PATH_MAX];
+    if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf)
+        die("unpack directory path too long");
+    for (char *p = buf + 1; *p; p++) {
+        if (*p != '/')
+            continue;
+        *p = '\0';
+        if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+            die("cannot create %s: %s", buf, strerror(errno));
+        *p = '/';
+    }
+    if (mkdir(buf, mode) != 0 && errno != EEXIST)
+        die("cannot create %s: %s", buf, strerror(errno));
+}
+
+/* The unpack root, created if missing; refused unless owned by us and not writable by others. */
+static int open_root(void) {
+    const char *env = getenv("NODE_AGENT_UNPACK_DIR");
+    int n;
+    mode_t mode = 0700;
+    if (env && *env) {
+        if (env[0] != '/')
+            die("NODE_AGENT_UNPACK_DIR must be an absolute path: %s", env);
+        n = snprintf(root_path, sizeof root_path, "%s", env);
+    } else if (geteuid() == 0) {
+        mode = 0755;
+        n = snprintf(root_path, sizeof root_path, "/var/cache/node-agent");
+    } else if (getenv("XDG_CACHE_HOME") && getenv("XDG_CACHE_HOME")[0] == '/') {
+        n = snprintf(root_path, sizeof root_path, "%s/node-agent", getenv("XDG_CACHE_HOME"));
+    } else if (getenv("HOME") && getenv("HOME")[0] == '/') {
+        n = snprintf(root_path, sizeof root_path, "%s/.cache/node-agent", getenv("HOME"));
+    } else {
+        die("no place to unpack: set NODE_AGENT_UNPACK_DIR or HOME");
+    }
+    if (n < 0 || n >= (int)sizeof root_path - 80)
+        die("unpack directory path too long");
+    while (n > 1 && root_path[n - 1] == '/')
+        root_path[--n] = '\0';
+    mkdir_parents(root_path, mode);
+    int fd = open(root_path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0)
+        die("cannot open unpack directory %s: %s", root_path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0)
+        die("cannot stat %s: %s", root_path, strerror(errno));
+    if (st.st_uid != geteuid())
+        die("unpack directory %s is owned by uid %u, not by uid %u: refusing to run from it",
+            root_path, (unsigned)st.st_uid, (unsigned)geteuid());
+    if (st.st_mode & 022)
+        die("unpack directory %s is group- or world-writable (mode %04o): refusing to run from it",
+            root_path, (unsigned)(st.st_mode & 07777));
+    return fd;
+}
+
+/* A complete copy of <key>, with a shared lock held on its .lock (fd left open through exec);
+ * -1 if there is none (or the garbage collector holds it right now). */
+static int use_copy(int rootfd, const char *key) {
+    char lock[128], done[128];
+    snprintf(lock, sizeof lock, "%s/.lock", key);
+    snprintf(done, sizeof done, "%s/.complete", key);
+    int fd = openat(rootfd, lock, O_RDONLY | O_NOFOLLOW); /* no O_CLOEXEC: held by the agent */
+    if (fd < 0)
+        return -1;
+    struct stat held, now, marker;
+    if (flock(fd, LOCK_SH | LOCK_NB) != 0 || fstat(fd, &held) != 0 ||
+        fstatat(rootfd, lock, &now, AT_SYMLINK_NOFOLLOW) != 0 || held.st_ino != now.st_ino ||
+        held.st_dev != now.st_dev || fstatat(rootfd, done, &marker, AT_SYMLINK_NOFOLLOW) != 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+static int valid_path(const char *p, size_t len) {
+    if (len == 0 || p[0] == '/' || memchr(p, '\0', len))
+        return 0;
+    const char *c = p, *end = p + len;
+    while (c < end) {
+        const char *slash = memchr(c, '/', (size_t)(end - c));
+        size_t n = slash ? (size_t)(slash - c) : (size_t)(end - c);
+        if (n == 0 || (n == 1 && c[0] == '.') || (n == 2 && c[0] == '.' && c[1] == '.'))
+            return 0;
+        if (c == p && c[0] == '.' && !slash) /* .lock and .complete are ours */
+            return 0;
+        c += n + 1;
+    }
+    return 1;
+}
+
+static void write_all(int fd, const uint8_t *p, uint64_t n, const char *what) {
+    while (n > 0) {
+        ssize_t w = write(fd, p, n > (1u << 30) ? (1u << 30) : n);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            die("cannot write %s: %s", what, strerror(errno));
+        p += w, n -= (uint64_t)w;
+    }
+}
+
+/* Unpack the verified payload into <root>/<key>, atomically. Caller holds <root>/.lock. */
+static void unpack(int rootfd, const char *key, const uint8_t *payload, uint64_t len,
+                   const char *exe) {
+    uint8_t digest[32];
+    char hex[65];
+    sha256(payload, len, digest);
+    for (int i = 0; i < 32; i++)
+        snprintf(hex + 2 * i, 3, "%02x", digest[i]);
+    if (strcmp(hex, key) != 0)
+        die("%s is corrupted: its payload does not match its checksum (sha256 %s, expected %s)",
+            exe, hex, key);
+
+    char tmp[128];
+    snprintf(tmp, sizeof tmp, ".tmp-%.16s-%ld", key, (long)getpid());
+    if (mkdirat(rootfd, tmp, 0755) != 0)
+        die("cannot create %s/%s: %s", root_path, tmp, strerror(errno));
+    int dfd = openat(rootfd, tmp, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (dfd < 0)
+        die("cannot open %s/%s: %s", root_path, tmp, strerror(errno));
+    int lfd = openat(dfd, ".lock", O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (lfd < 0)
+        die("cannot create %s/%s/.lock: %s", root_path, tmp, strerror(errno));
+    close(lfd);
+
+    uint64_t pos = 0;
+    char path[PATH_MAX], target[PATH_MAX];
+    for (;;) {
+        if (len - pos < ENTRY_HEADER)
+            die("%s is corrupted: payload ends inside an entry", exe);
+        const uint8_t *h = payload + pos;
+        uint8_t type = h[0];
+        mode_t mode = le16(h + 2) & 07777;
+        uint16_t plen = le16(h + 4);
+        uint64_t size = le64(h + 8);
+        pos += ENTRY_HEADER;
+        if (type == 0)
+            break;
+        if (plen >= sizeof path || len - pos < plen || len - pos - plen < size)
+            die("%s is corrupted: bad payload entry at offset %llu", exe,
+                (unsigned long long)(pos - ENTRY_HEADER));
+        memcpy(path, payload + pos, plen);
+        path[plen] = '\0';
+        if (!valid_path(path, plen))
+            die("%s is corrupted: bad path in payload: %s", exe, path);
+        const uint8_t *data = payload + pos + plen;
+        pos += plen + size;
+        if (type == 'd') {
+            if (mkdirat(dfd, path, mode) != 0 && errno != EEXIST)
+                die("cannot create %s/%s/%s: %s", root_path, tmp, path, strerror(errno));
+            fchmodat(dfd, path, mode, 0);
+        } else if (type == 'f') {
+            int fd = openat(dfd, path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+            if (fd < 0)
+                die("cannot create %s/%s/%s: %s", root_path, tmp, path, strerror(errno));
+            write_all(fd, data, size, path);
+            if (fchmod(fd, mode) != 0 || close(fd) != 0)
+                die("cannot finish %s/%s/%s: %s", root_path, tmp, path, strerror(errno));
+        } else if (type == 'l') {
+            if (size >= sizeof target)
+                die("%s is corrupted: link target too long", exe);
+            memcpy(target, data, size);
+            target[size] = '\0';
+            if (symlinkat(target, dfd, path) != 0)
+                die("cannot create %s/%s/%s: %s", root_path, tmp, path, strerror(errno));
+        } else {
+            die("%s is corrupted: unknown payload entry type %u", exe, type);
+        }
+    }
+    if (pos != len)
+        die("%s is corrupted: data after the payload's end", exe);
+    if (syncfs(dfd) != 0)
+        die("cannot sync %s: %s", root_path, strerror(errno));
+    int mfd = openat(dfd, ".complete", O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (mfd < 0)
+        die("cannot create %s/%s/.complete: %s", root_path, tmp, strerror(errno));
+    write_all(mfd, (const uint8_t *)key, 64, ".complete");
+    write_all(mfd, (const uint8_t *)"\n", 1, ".complete");
+    if (fsync(mfd) != 0 || close(mfd) != 0 || fsync(dfd) != 0)
+        die("cannot sync %s/%s: %s", root_path, tmp, strerror(errno));
+    close(dfd);
+    /* A <key> without .complete is a broken leftover (we hold the lock): replace it. */
+    if (renameat(rootfd, tmp, rootfd, key) != 0) {
+        char old[128];
+        snprintf(old, sizeof old, ".tmp-old-%.16s-%ld", key, (long)getpid());
+        if (renameat(rootfd, key, rootfd, old) != 0 || renameat(rootfd, tmp, rootfd, key) != 0)
+            die("cannot move %s/%s into place: %s", root_path, tmp, strerror(errno));
+        rm_tree(old);
+    }
+    if (fsync(rootfd) != 0)
+        die("cannot sync %s: %s", root_path, strerror(errno));
+}
+
+static int is_key(const char *name) {
+    if (strlen(name) != 64)
+        return 0;
+    for (const char *c = name; *c; c++)
+        if (!((*c >= '0' && *c <= '9') || (*c >= 'a' && *c <= 'f')))
+            return 0;
+    return 1;
+}
+
+/* Caller holds <root>/.lock: nobody else unpacks or collects right now. */
+static void collect(int rootfd, const char *key) {
+    struct old {
+        char name[65];
+        int lockfd; /* exclusively locked, -1 when in use */
+        struct timespec mtime;
+    } olds[64];
+    int n = 0, busy = 0;
+    int fd = dup(rootfd);
+    DIR *dir = fd >= 0 ? fdopendir(fd) : NULL;
+    if (!dir)
+        return;
+    lseek(fd, 0, SEEK_SET);
+    struct dirent *e;
+    while ((e = readdir(dir)) != NULL) {
+        if (strncmp(e->d_name, ".tmp-", 5) == 0) {
+            rm_tree(e->d_name); /* left by a start that was killed while unpacking */
+            continue;
+        }
+        if (!is_key(e->d_name) || strcmp(e->d_name, key) == 0 || n == 64)
+            continue;
+        struct old *o = &olds[n++];
+        snprintf(o->name, sizeof o->name, "%s", e->d_name);
+        char lock[128], done[128];
+        snprintf(lock, sizeof lock, "%s/.lock", o->name);
+        snprintf(done, sizeof done, "%s/.complete", o->name);
+        o->lockfd = openat(rootfd, lock, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+        if (o->lockfd >= 0 && flock(o->lockfd, LOCK_EX | LOCK_NB) != 0) {
+            close(o->lockfd);
+            o->lockfd = -1;
+            busy++;
+            continue;
+        }
+        if (o->lockfd < 0)
+            o->lockfd = -2; /* no lock file: not a copy anyone can be using */
+        struct stat st;
+        o->mtime = fstatat(rootfd, done, &st, AT_SYMLINK_NOFOLLOW) == 0
+                       ? st.st_mtim
+                       : (struct timespec){0, 0};
+    }
+    closedir(dir);
+    /* Keep one other copy besides the current one: one in use if any, else the newest. */
+    int keep = -1;
+    if (busy == 0)
+        for (int i = 0; i < n; i++)
+            if (keep < 0 || olds[i].mtime.tv_sec > olds[keep].mtime.tv_sec ||
+                (olds[i].mtime.tv_sec == olds[keep].mtime.tv_sec &&
+                 olds[i].mtime.tv_nsec > olds[keep].mtime.tv_nsec))
+                keep = i;
+    for (int i = 0; i < n; i++) {
+        if (olds[i].lockfd == -1 || i == keep) {
+            if (olds[i].lockfd >= 0)
+                close(olds[i].lockfd);
+            continue;
+        }
+        char gone[128];
+        snprintf(gone, sizeof gone, ".tmp-gc-%.16s-%ld", olds[i].name, (long)getpid());
+        /* Renamed first, so a copy is complete or absent under its name, never half removed. */
+        if (renameat(rootfd, olds[i].name, rootfd, gone) == 0)
+            rm_tree(gone);
+        if (olds[i].lockfd >= 0)
+            close(olds[i].lockfd);
+    }
+}
+
+int main(int argc, char **argv) {
+    (void)argc;
+    if (argv[0] && *argv[0]) {
+        const char *slash = strrchr(argv[0], '/');
+        prog = slash ? slash + 1 : argv[0];
+    }
+    char exe[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n < 0)
+        die("cannot read /proc/self/exe: %s", strerror(errno));
+    exe[n] = '\0';
+    int fd = open("/proc/self/exe", O_RDONLY | O_CLOEXEC);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) != 0)
+        die("cannot open %s: %s", exe, strerror(errno));
+    uint8_t t[TRAILER_SIZE];
+    if (st.st_size < TRAILER_SIZE ||
+        pread(fd, t, TRAILER_SIZE, st.st_size - TRAILER_SIZE) != TRAILER_SIZE ||
+        memcmp(t, MAGIC, 8) != 0)
+        die("%s has no node-agent payload trailer: the file is truncated or corrupted", exe);
+    uint64_t off = le64(t + 16), len = le64(t + 24);
+    if (le32(t + 8) != FORMAT)
+        die("%s: unknown payload format %u", exe, le32(t + 8));
+    if (off == 0 || off > (uint64_t)st.st_size || len != (uint64_t)st.st_size - TRAILER_SIZE - off)
+        die("%s is truncated or corrupted: the payload does not fit the file", exe);
+    char key[65];
+    for (int i = 0; i < 32; i++)
+        snprintf(key + 2 * i, 3, "%02x", t[32 + i]);
+
+    int rootfd = open_root();
+    int lockfd = use_copy(rootfd, key);
+    if (lockfd < 0) {
+        int gfd = openat(rootfd, ".lock", O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+        if (gfd < 0 || flock(gfd, LOCK_EX) != 0)
+            die("cannot lock %s/.lock: %s", root_path, strerror(errno));
+        lockfd = use_copy(rootfd, key); /* another start may have unpacked it meanwhile */
+        if (lockfd < 0) {
+            void *map = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+            if (map == MAP_FAILED)
+                die("cannot map %s: %s", exe, strerror(errno));
+            unpack(rootfd, key, (const uint8_t *)map + off, len, exe);
+            munmap(map, (size_t)st.st_size);
+            lockfd = use_copy(rootfd, key);
+            if (lockfd < 0)
+                die("unpacked %s/%s but cannot use it", root_path, key);
+        }
+        collect(rootfd, key);
+        close(gfd);
+    }
+    close(fd);
+    close(rootfd);
+
+    char bundle[PATH_MAX + 80], boot[PATH_MAX + 96]; /* root_path leaves room anyway */
+    snprintf(bundle, sizeof bundle, "%s/%s", root_path, key);
+    snprintf(boot, sizeof boot, "%s/%s", bundle, BOOTLOADER);
+    if (setenv("NODE_AGENT_EXECUTABLE", exe, 1) != 0 || setenv("NODE_AGENT_BUNDLE", bundle, 1) != 0)
+        die("cannot set the environment: %s", strerror(errno));
+    execv(boot, argv);
+    die("cannot run %s: %s", boot, strerror(errno));
+}
