@@ -18,12 +18,13 @@ export NODE_AGENT_TEST_CACHE ?= $(HOME)/.cache/node-agent-test
 export TMPDIR := $(NODE_AGENT_TEST_CACHE)/tmp
 $(shell mkdir -p $(TMPDIR))
 
-.PHONY: help deps venv controlplane artifact lint typecheck unit test demo clean
+.PHONY: help deps venv controlplane artifact image lint typecheck unit test demo clean
 
 help:
 	@echo "make test   - set up and run ruff, mypy (strict) and the whole pytest suite"
 	@echo "make demo   - run the agent's real job end to end on a throwaway node"
 	@echo "make artifact - build dist/node-agent-<version>-linux-amd64.tar.gz (+ .sha256; cached)"
+	@echo "make image  - build dist/node-agent-<version>-image.oci.tar (single-file agent; cached)"
 	@echo "make lint | typecheck | unit | clean"
 
 deps:
@@ -66,7 +67,12 @@ unit: venv
 artifact: venv
 	PYTHON=$(BIN)/python sh packaging/build.sh
 
-test: deps venv controlplane artifact lint typecheck
+# The OCI image layout with the agent as one executable (packaging/image.py; no container daemon;
+# reused from the cache while the artifact and the launcher are unchanged).
+image: artifact
+	$(BIN)/python packaging/image.py
+
+test: deps venv controlplane artifact image lint typecheck
 	rm -rf "$(TMPDIR)"/pytest-of-*
 	$(BIN)/pytest $(PYTEST_ARGS)
 
