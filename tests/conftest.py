@@ -7,6 +7,7 @@ nothing is written to the host's ``/tmp``.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import uuid
@@ -20,10 +21,12 @@ from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client import ApiClient
 
 from tests.testbed.agent_harness import PreparedAgent, create_node, prepare_agent, unique
+from tests.testbed.bootstrap import allow_bootstrappers
 from tests.testbed.containerd import ContainerdNode
 from tests.testbed.containerd import containerd_node as start_containerd_node
 from tests.testbed.controlplane import ControlPlane
 from tests.testbed.credentials import NodeAgentCredentials, node_agent_credentials
+from tests.testbed.csr_approver import CSRApprover
 from tests.testbed.pki import CertificateAuthority
 from tests.testbed.registry import Registry
 from tests.testbed.systemd_ns import IsolatedSystemd
@@ -153,3 +156,53 @@ def containerd_node(workdir: Path, registry_ca: CertificateAuthority) -> Iterato
     CA is inside at ``tests.testbed.containerd.NODE_CA_PATH``."""
     with start_containerd_node(workdir / "containerd-nodes", registry_ca.cert_path) as instance:
         yield instance
+
+
+# --- Gardener's certificate flow: kube-controller-manager, bootstrap tokens, CSR approver ----
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def gardener_controlplane(
+    control_plane: ControlPlane, admin_api: ApiClient
+) -> AsyncIterator[ControlPlane]:
+    """The session's control plane with kube-controller-manager running (it signs
+    kube-apiserver-client CSRs with the test CA for up to 720h and removes expired bootstrap
+    tokens) and Gardener's binding that lets bootstrap tokens create CSRs."""
+    manager = control_plane.controller_manager
+    if manager is None or not manager.running():
+        await asyncio.to_thread(control_plane.start_controller_manager)
+    await allow_bootstrappers(admin_api)
+    yield control_plane
+
+
+SigningDurationSetter = Callable[[str], Awaitable[None]]
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def kcm_signing_duration(
+    gardener_controlplane: ControlPlane,
+) -> AsyncIterator[SigningDurationSetter]:
+    """``await set_duration("90s")`` restarts kube-controller-manager so that it signs
+    certificates for at most that long; 720h again after the test."""
+    changed = False
+
+    async def set_duration(duration: str) -> None:
+        nonlocal changed
+        changed = True
+        await asyncio.to_thread(
+            gardener_controlplane.restart_controller_manager, signing_duration=duration
+        )
+
+    yield set_duration
+    if changed:
+        await asyncio.to_thread(gardener_controlplane.restart_controller_manager)
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def csr_approver(
+    gardener_controlplane: ControlPlane, admin_api: ApiClient
+) -> AsyncIterator[CSRApprover]:
+    """Gardener's node-agent CSR approver, running until the end of the test (mode
+    ``"approve"``; ``await csr_approver.set_mode("hold" | "deny")``, ``release()``)."""
+    async with CSRApprover(admin_api) as approver:
+        yield approver

@@ -3,7 +3,10 @@
 The binaries are built from their Go modules by ``build-controlplane.sh`` (cached by
 version). Each instance gets random free ports, fresh certificates, its own etcd data
 directory, and runs with ``--authorization-mode=Node,RBAC`` so that a node agent's
-least-privilege credentials are checked for real.
+least-privilege credentials are checked for real. Bootstrap tokens authenticate, and on
+request a kube-controller-manager runs beside it with only the controllers the certificate
+flow needs: it signs ``kubernetes.io/kube-apiserver-client`` CSRs with the test CA and
+removes expired bootstrap tokens.
 """
 
 from __future__ import annotations
@@ -28,6 +31,9 @@ from tests.testbed.systemd_ns import HarnessError
 
 BUILD_SCRIPT = Path(__file__).with_name("build-controlplane.sh")
 START_TIMEOUT = 90.0
+# What the certificate flow needs of kube-controller-manager: the CSR signer, the bootstrap
+# token cleaner, and the cleaner of old CSRs (harmless: it only removes CSRs hours old).
+KCM_CONTROLLERS = ("csrsigning", "tokencleaner", "csrcleaner")
 
 
 def free_port() -> int:
@@ -115,6 +121,8 @@ class ControlPlane:
 
     def __init__(self, workdir: Path, bin_dir: Path | None = None) -> None:
         self.workdir = workdir
+        self.controller_manager: _Proc | None = None
+        self.controller_manager_port = 0
         self.bin_dir = bin_dir or binaries_dir()
         workdir.mkdir(parents=True, exist_ok=True)
         pki_dir = workdir / "pki"
@@ -168,6 +176,7 @@ class ControlPlane:
                 f"--tls-cert-file={serving.cert}",
                 f"--tls-private-key-file={serving.key}",
                 f"--client-ca-file={self.ca_file}",
+                "--enable-bootstrap-token-auth",
                 "--authorization-mode=Node,RBAC",
                 "--service-account-issuer=https://kubernetes.default.svc",
                 f"--service-account-key-file={sa.cert}",
@@ -211,7 +220,70 @@ class ControlPlane:
         assert self.apiserver.popen is not None
         os.kill(self.apiserver.popen.pid, signal.SIGCONT)
 
+    def start_controller_manager(
+        self,
+        *,
+        signing_duration: str = "720h",
+        controllers: tuple[str, ...] = KCM_CONTROLLERS,
+        timeout: float = START_TIMEOUT,
+    ) -> None:
+        """Start kube-controller-manager against this API server (admin credentials).
+
+        It signs ``kubernetes.io/kube-apiserver-client`` CSRs with the test CA. A signed
+        certificate lasts min(spec.expirationSeconds, ``signing_duration``); the API refuses
+        expirationSeconds below 600, so a shorter certificate for rotation tests must come
+        from ``signing_duration`` (a Go duration such as ``"90s"``). Note that the signer
+        backdates notBefore by 5 minutes. Stopped with the control plane.
+        """
+        if self.controller_manager is not None and self.controller_manager.running():
+            raise HarnessError("kube-controller-manager is already running")
+        port = free_port()
+        self.controller_manager_port = port
+        kubeconfig = str(self.admin_kubeconfig)
+        self.controller_manager = _Proc(
+            "kube-controller-manager",
+            [
+                str(self.bin_dir / "kube-controller-manager"),
+                f"--kubeconfig={kubeconfig}",
+                f"--authentication-kubeconfig={kubeconfig}",
+                f"--authorization-kubeconfig={kubeconfig}",
+                f"--controllers={','.join(controllers)}",
+                f"--cluster-signing-kube-apiserver-client-cert-file={self.ca_file}",
+                f"--cluster-signing-kube-apiserver-client-key-file={self.ca.key_path}",
+                f"--cluster-signing-duration={signing_duration}",
+                "--use-service-account-credentials=false",
+                "--leader-elect=false",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={port}",
+                f"--cert-dir={self.workdir / 'controller-manager-certs'}",
+                "--profiling=false",
+                "--v=1",
+            ],
+            self.workdir / "kube-controller-manager.log",
+        )
+        self.controller_manager.start()
+        try:
+            self._wait(
+                self._controller_manager_healthy,
+                "kube-controller-manager",
+                self.controller_manager,
+                timeout,
+            )
+        except BaseException:
+            self.stop_controller_manager()
+            raise
+
+    def stop_controller_manager(self) -> None:
+        if self.controller_manager is not None:
+            self.controller_manager.stop()
+
+    def restart_controller_manager(self, *, signing_duration: str = "720h") -> None:
+        """Run kube-controller-manager again, e.g. with a shorter certificate duration."""
+        self.stop_controller_manager()
+        self.start_controller_manager(signing_duration=signing_duration)
+
     def stop(self) -> None:
+        self.stop_controller_manager()
         self.apiserver.stop()
         self.etcd.stop()
 
@@ -258,6 +330,18 @@ class ControlPlane:
                 return int(resp.status), bytes(resp.read())
         except urllib.error.HTTPError as err:
             return int(err.code), bytes(err.read())
+
+    def _controller_manager_healthy(self) -> bool:
+        # Its serving certificate is self-signed (no verification); /healthz needs no login.
+        ctx = ssl.create_default_context()
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+        url = f"https://127.0.0.1:{self.controller_manager_port}/healthz"
+        try:
+            with urllib.request.urlopen(url, context=ctx, timeout=2) as resp:
+                return bool(resp.status == 200)
+        except (OSError, urllib.error.HTTPError):
+            return False
 
     def _apiserver_ready(self) -> bool:
         try:

@@ -1,7 +1,8 @@
 """Least-privilege credentials for one node agent, made the way a real cluster hands them out.
 
 A ServiceAccount per node, RBAC that names exactly the objects that node's agent may touch
-(its Node, its Lease, the named Secrets in kube-system, Events), and a bound token issued
+(its Node, its Lease, the named Secrets in kube-system, Events: ``node_agent_rules``, which
+the certificate identity of ``tests.testbed.bootstrap`` gets too), and a bound token issued
 through the TokenRequest API. The token can be bound to a Secret so that deleting that
 Secret invalidates it on the server, which is how tests rotate credentials for real.
 """
@@ -79,46 +80,46 @@ async def issue_token_bound_to_new_secret(admin: ApiClient, service_account: str
     return await issue_token(admin, service_account, binding_secret=binding)
 
 
-async def node_agent_credentials(
+def node_agent_rules(
+    node_name: str, secret_names: list[str]
+) -> tuple[list[client.V1PolicyRule], list[client.V1PolicyRule]]:
+    """The one rule set of a node agent, whatever its identity: (rules in kube-system,
+    cluster-wide rules). Its own Node and Lease, the named Secrets, Events."""
+    lease = f"gardener-node-agent-{node_name}"
+    namespaced = [
+        _rule([""], ["secrets"], ["get", "list", "watch"], sorted(set(secret_names))),
+        _rule(["coordination.k8s.io"], ["leases"], ["get", "update", "patch"], [lease]),
+        _rule(["coordination.k8s.io"], ["leases"], ["create"]),
+        _rule(["", "events.k8s.io"], ["events"], ["create", "patch"]),
+    ]
+    cluster = [
+        _rule([""], ["nodes"], ["get", "list", "watch", "patch", "update"], [node_name]),
+        _rule(["", "events.k8s.io"], ["events"], ["create", "patch"]),
+    ]
+    return namespaced, cluster
+
+
+async def grant_node_agent_rules(
     admin: ApiClient,
-    directory: Path,
+    name: str,
+    subject: client.RbacV1Subject,
     *,
-    server: str,
-    ca_file: Path,
     node_name: str,
     secret_names: list[str],
-    bind_token_to_secret: bool = True,
-) -> NodeAgentCredentials:
-    """Create RBAC + token for ``node_name`` and write a kubeconfig using a token file."""
-    core = client.CoreV1Api(admin)
+) -> None:
+    """A Role, a ClusterRole (both called ``name``) holding ``node_agent_rules`` and their
+    bindings to ``subject`` (a ServiceAccount, or the user of a client certificate)."""
     rbac = client.RbacAuthorizationV1Api(admin)
-    name = f"node-agent-{node_name}"
-    lease = f"gardener-node-agent-{node_name}"
-
+    namespaced, cluster = node_agent_rules(node_name, secret_names)
     await _apply(
-        core.create_namespaced_service_account,
+        rbac.create_namespaced_role,
         NAMESPACE,
-        client.V1ServiceAccount(metadata=client.V1ObjectMeta(name=name)),
+        client.V1Role(metadata=client.V1ObjectMeta(name=name), rules=namespaced),
     )
-    role = client.V1Role(
-        metadata=client.V1ObjectMeta(name=name),
-        rules=[
-            _rule([""], ["secrets"], ["get", "list", "watch"], sorted(set(secret_names))),
-            _rule(["coordination.k8s.io"], ["leases"], ["get", "update", "patch"], [lease]),
-            _rule(["coordination.k8s.io"], ["leases"], ["create"]),
-            _rule(["", "events.k8s.io"], ["events"], ["create", "patch"]),
-        ],
+    await _apply(
+        rbac.create_cluster_role,
+        client.V1ClusterRole(metadata=client.V1ObjectMeta(name=name), rules=cluster),
     )
-    await _apply(rbac.create_namespaced_role, NAMESPACE, role)
-    node_role = client.V1ClusterRole(
-        metadata=client.V1ObjectMeta(name=name),
-        rules=[
-            _rule([""], ["nodes"], ["get", "list", "watch", "patch", "update"], [node_name]),
-            _rule(["", "events.k8s.io"], ["events"], ["create", "patch"]),
-        ],
-    )
-    await _apply(rbac.create_cluster_role, node_role)
-    subject = client.RbacV1Subject(kind="ServiceAccount", name=name, namespace=NAMESPACE)
     await _apply(
         rbac.create_namespaced_role_binding,
         NAMESPACE,
@@ -139,6 +140,31 @@ async def node_agent_credentials(
             ),
             subjects=[subject],
         ),
+    )
+
+
+async def node_agent_credentials(
+    admin: ApiClient,
+    directory: Path,
+    *,
+    server: str,
+    ca_file: Path,
+    node_name: str,
+    secret_names: list[str],
+    bind_token_to_secret: bool = True,
+) -> NodeAgentCredentials:
+    """Create RBAC + token for ``node_name`` and write a kubeconfig using a token file."""
+    core = client.CoreV1Api(admin)
+    name = f"node-agent-{node_name}"
+
+    await _apply(
+        core.create_namespaced_service_account,
+        NAMESPACE,
+        client.V1ServiceAccount(metadata=client.V1ObjectMeta(name=name)),
+    )
+    subject = client.RbacV1Subject(kind="ServiceAccount", name=name, namespace=NAMESPACE)
+    await grant_node_agent_rules(
+        admin, name, subject, node_name=node_name, secret_names=secret_names
     )
     binding_secret = None
     if bind_token_to_secret:

@@ -71,6 +71,9 @@ class CertificateAuthority:
         )
         self.cert_path = directory / f"{name}.crt"
         self.cert_path.write_bytes(self._cert.public_bytes(serialization.Encoding.PEM))
+        # The key on disk too (0600): kube-controller-manager signs client certificates with it.
+        self.key_path = directory / f"{name}.key"
+        _write_key(self.key_path, self._key)
 
     def issue(
         self,
