@@ -19,6 +19,7 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
+from node_agent import __version__
 from node_agent.applier import Applier
 from node_agent.config import AgentSettings, NodeAgentConfiguration
 from node_agent.containerd.expand import ContainerdExpander
@@ -36,6 +37,7 @@ from node_agent.host.state import StateStore
 from node_agent.log import get_logger
 from node_agent.observability import ApplyObservations, Observability, ObservedStateStore
 from node_agent.sdnotify import Notifier
+from node_agent.selfexe import own_executable
 from node_agent.systemd import Systemd
 
 log = get_logger("node-agent")
@@ -52,6 +54,12 @@ EXTRA_CONTROLLERS: list[tuple[str, ControllerFactory]] = []
 
 class _Shutdown(Exception):
     """Raised by the signal task to cancel every controller in the TaskGroup."""
+
+
+def own_binaries(root: Path) -> tuple[str, ...]:
+    """The single file this agent runs from, as a host path (only when the host is ``/``)."""
+    own = own_executable()
+    return (own,) if own and Path(root) == Path("/") else ()
 
 
 def host_path(root: Path, path: str) -> Path:
@@ -155,6 +163,7 @@ async def run_agent(
             expand=containerd,  # containerd's config.toml, certs.d and drop-in from criConfig
             prepare=containerd.prepare,
             held_back=lambda: containerd.held_back,  # mirrors not up yet: checked again sooner
+            keep_previous=own_binaries(settings.root),  # kept as <path>.previous on self-update
         )
         osc = OSCController(ctx, applier)
         lease = LeaseController(ctx)  # its own client and connection pool (see the module)
@@ -185,6 +194,8 @@ async def run_agent(
     exit_code = 0
     log.info(
         "node-agent starting",
+        version=__version__,
+        executable=own_executable(),
         host=ctx.host_name,
         secret=ctx.secret_name,
         root=str(settings.root),

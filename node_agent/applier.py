@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import NoReturn
@@ -86,8 +86,12 @@ class Applier:
         prepare: Callable[[OperatingSystemConfig], None] | None = None,
         images: ImageStore | None = None,
         held_back: Callable[[], Mapping[str, str]] | None = None,
+        keep_previous: Iterable[str] = (),
     ) -> None:
-        """``expand`` adds the items the agent derives from an OSC (e.g. containerd's
+        """``keep_previous``: host paths (the agent's own binary) whose old content is kept as
+        ``<path>.previous`` when an OSC replaces it, for a rollback by hand.
+
+        ``expand`` adds the items the agent derives from an OSC (e.g. containerd's
         configuration from ``criConfig``) as files and units, so they are planned, journaled,
         repaired and removed like the OSC's own."""
         self.expand = expand or (lambda osc: osc)
@@ -102,7 +106,13 @@ class Applier:
         self.agent_unit = agent_unit
         self._parsed: tuple[str, OperatingSystemConfig] | None = None  # last applied, parsed
         self.executor = Executor(
-            fs, systemd, state, job_timeout=job_timeout, on_command=on_command, images=images
+            fs,
+            systemd,
+            state,
+            job_timeout=job_timeout,
+            on_command=on_command,
+            images=images,
+            keep_previous=keep_previous,
         )
 
     def previous(self) -> tuple[OperatingSystemConfig | None, Mapping[str, bytes] | None, str]:

@@ -23,11 +23,12 @@ run here: the caller persists everything first and restarts the agent last.
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import os
 import signal
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from node_agent.containerd.images import ImagePull, ImageStore
@@ -133,10 +134,13 @@ class Executor:
         job_timeout: float = 60.0,
         on_command: Callable[[UnitCommand, JobResult], None] | None = None,
         images: ImageStore | None = None,
+        keep_previous: Iterable[str] = (),
     ) -> None:
         """``systemd=None`` is offline mode (image build): files and units only, no jobs.
-        ``images`` pulls the imageRef files; without it they are skipped (reported)."""
+        ``images`` pulls the imageRef files; without it they are skipped (reported).
+        ``keep_previous``: files whose replaced content is kept as ``<path>.previous``."""
         self.fs = fs
+        self.keep_previous = frozenset(keep_previous)
         self.images = images
         self._digests: dict[str, str] = {}  # image -> digest, pulled once per attempt
         self.systemd = systemd
@@ -263,7 +267,7 @@ class Executor:
                     rep.skipped.append(f"{item.path}: {NO_IMAGE_STORE}")
                     return None
                 return await self._write_from_image(item, item.image_ref, self.images, rep)
-            await self.fs.write_atomic_async(item.path, item.content, item.mode)
+            await self._replace(item.path, item.content, item.mode)
             rep.files_written.append(item.path)
             return Claim("file", item.path, item.sha256, item.mode)
         data = item.content.encode()
@@ -276,6 +280,17 @@ class Executor:
         await self.fs.write_atomic_async(path, data, UNIT_FILE_MODE)
         return Claim("dropin", path, sha256_hex(data), UNIT_FILE_MODE)
 
+    async def _replace(self, path: str, data: bytes, mode: int) -> None:
+        """Write a file atomically; the agent's own binary keeps its previous content beside
+        it (only when the content really changes, so a retried write never loses it)."""
+        if path in self.keep_previous:
+            current = await self.fs.read_async(path)
+            if current is not None and current != data:
+                kept = await asyncio.to_thread(self.fs.keep_previous, path)
+                if kept:
+                    log.info("previous agent binary kept", path=path, previous=f"{path}.previous")
+        await self.fs.write_atomic_async(path, data, mode)
+
     async def _write_from_image(
         self, fw: FileWrite, ref: ImageRefContent, images: ImageStore, rep: ApplyReport
     ) -> Claim:
@@ -286,7 +301,7 @@ class Executor:
         if digest is None:
             digest = self._digests[ref.image] = await images.pull(ref.image)
         data = await images.read_file(ref.image, ref.file_path_in_image)
-        await self.fs.write_atomic_async(fw.path, data, fw.mode)
+        await self._replace(fw.path, data, fw.mode)
         pull = ImagePull(
             image=ref.image,
             digest=digest,

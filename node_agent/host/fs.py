@@ -374,6 +374,32 @@ class HostFS:
 
     # --- removing --------------------------------------------------------------------------------
 
+    def keep_previous(self, path: HostPath, suffix: str = ".previous") -> bool:
+        """Keep the regular file at ``path`` as ``<path><suffix>`` before it is replaced: a hard
+        link (no copy), swapped in atomically over an older one. Returns whether a copy was
+        kept (False when ``path`` is missing or not a regular file)."""
+        parts = self._target_parts(path)
+        name = parts[-1]
+        with (
+            _os_errors("keep previous of", path),
+            self._parent(path, parts, create=False) as dfd,
+        ):
+            if dfd is None:
+                return False
+            current = _lstat_at(dfd, name)
+            if current is None or not stat.S_ISREG(current.st_mode):
+                return False
+            temp = _temp_name(name)
+            os.link(name, temp, src_dir_fd=dfd, dst_dir_fd=dfd, follow_symlinks=False)
+            try:
+                os.rename(temp, name + suffix, src_dir_fd=dfd, dst_dir_fd=dfd)
+            except OSError:
+                with suppress(OSError):
+                    os.unlink(temp, dir_fd=dfd)
+                raise
+            os.fsync(dfd)
+            return True
+
     def remove(self, path: HostPath) -> bool:
         """Remove the file or symlink at ``path`` (never what a symlink points to); returns
         whether something was removed. A directory there is an error.
