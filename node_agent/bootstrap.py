@@ -86,14 +86,24 @@ class BootstrapReport:
         )
 
 
-def unit_template() -> bytes:
-    """The agent's unit as shipped: next to the package in the artifact, else in the source tree."""
+def unit_template(exec_start: str | None = None) -> bytes:
+    """The agent's unit as shipped: next to the package in the artifact, else in the source tree.
+
+    ``exec_start`` replaces its ``ExecStart=`` line: installed the Gardener way (one file run
+    with ``--config-dir``), the unit runs that file with that directory, as upstream's does."""
     package = Path(node_agent.__file__).resolve().parent
     for candidate in (package / UNIT_FILE_NAME, package.parent / "systemd" / UNIT_FILE_NAME):
         try:
-            return candidate.read_bytes()
+            shipped = candidate.read_bytes()
         except FileNotFoundError:
             continue
+        if exec_start is None:
+            return shipped
+        lines = [
+            f"ExecStart={exec_start}" if line.startswith("ExecStart=") else line
+            for line in shipped.decode().splitlines()
+        ]
+        return ("\n".join(lines) + "\n").encode()
     raise BootstrapError(f"the agent's unit file {UNIT_FILE_NAME} is missing from this build")
 
 
@@ -175,7 +185,11 @@ def _running_other_version(root: Path, main_pid: int | None) -> bool:
 
 
 async def bootstrap(
-    settings: AgentSettings, config_path: Path, systemd: SystemdSeam
+    settings: AgentSettings,
+    config_path: Path,
+    systemd: SystemdSeam,
+    *,
+    exec_start: str | None = None,
 ) -> BootstrapReport:
     """Install, enable and start the agent's unit; see the module docstring for the rules."""
     fs = HostFS(settings.root, follow_system_symlinks=True)
@@ -186,7 +200,7 @@ async def bootstrap(
         report.config = seed_config(fs, settings, config_path, raw)
         fs.ensure_dir(TEMP_DIR, 0o700)
         report.kubelet_kubeconfig = write_kubelet_bootstrap_kubeconfig(fs, config)
-        written = fs.write_atomic(f"{UNIT_DIR}/{unit}", unit_template(), 0o644)
+        written = fs.write_atomic(f"{UNIT_DIR}/{unit}", unit_template(exec_start), 0o644)
     except HostError as exc:
         raise BootstrapError(f"writing files: {exc}") from exc
     report.changed += [
@@ -238,9 +252,14 @@ async def bootstrap(
 
 
 async def run_bootstrap(
-    root: Path, config: str | None, *, systemd_address: str | None = None
+    root: Path,
+    config: str | None,
+    *,
+    systemd_address: str | None = None,
+    exec_start: str | None = None,
 ) -> BootstrapReport:
-    """The ``bootstrap`` command; ``config`` defaults to the agent's config path under ``root``."""
+    """The ``bootstrap`` command; ``config`` defaults to the agent's config path under ``root``;
+    ``exec_start`` is the unit's command when it is not the shipped one."""
     from node_agent.systemd import Systemd
 
     settings = AgentSettings(root=root)
@@ -248,7 +267,7 @@ async def run_bootstrap(
     systemd = Systemd(systemd_address)
     await systemd.start()
     try:
-        report = await bootstrap(settings, config_path, systemd)
+        report = await bootstrap(settings, config_path, systemd, exec_start=exec_start)
     finally:
         await systemd.close()
     log.info("bootstrap done", changed=report.changed or "nothing", unit=report.unit)

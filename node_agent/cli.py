@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -167,6 +168,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     args.root,
                     str(config_file) if config_file else None,
                     systemd_address=args.systemd_bus,
+                    exec_start=_gardener_exec_start(args),
                 )
             )
             print(report.summary())
@@ -199,6 +201,17 @@ def _load_settings(
         settings = settings.model_copy(update={"config_file": inner})
     config = load_config(path) if path.exists() or require_config else NodeAgentConfiguration()
     return settings, config
+
+
+def _gardener_exec_start(args: argparse.Namespace) -> str | None:
+    """Installed the Gardener way (``bootstrap --config-dir``), the unit runs this very file with
+    that directory, as upstream's unit does; otherwise the shipped unit is used as it is."""
+    if not args.config_dir:
+        return None
+    from node_agent.selfexe import own_executable
+
+    binary = own_executable() or os.path.abspath(sys.argv[0])
+    return f"{binary} --config-dir={args.config_dir}"
 
 
 def _config_path(args: argparse.Namespace) -> Path | None:

@@ -215,7 +215,7 @@ class CertificateController:
                 continue
             await self._write(issued.cert_pem, request.key_pem)
             self.last_error = None
-            info = self._settled()
+            info = self._settled(received=datetime.now(UTC))
             log.info(
                 "client certificate obtained",
                 csr=issued.name,
@@ -246,14 +246,15 @@ class CertificateController:
 
         return parse_kubeconfig(self._host(self.kubeconfig)).server
 
-    def _settled(self) -> CertificateInfo | None:
-        """Read the certificate in use and schedule its renewal."""
+    def _settled(self, received: datetime | None = None) -> CertificateInfo | None:
+        """Read the certificate in use and schedule its renewal (``received``: when it was
+        issued to us, if just now)."""
         self.info = self.current()
         if self.info is None:
             self.phase = "not managed (the kubeconfig has no client certificate of its own)"
             self.renew_at = None
             return None
-        self.renew_at = self.info.renew_at(self._rng.random())
+        self.renew_at = self.info.renew_at(self._rng.random(), received=received)
         self.phase = "valid"
         return self.info
 

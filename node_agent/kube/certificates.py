@@ -123,10 +123,16 @@ class CertificateInfo:
     def expired(self, now: datetime | None = None) -> bool:
         return (now or datetime.now(UTC)) >= self.not_after
 
-    def renew_at(self, jitter: float) -> datetime:
-        """``not_before`` + 80 % of the lifetime, plus ``jitter`` (0..1) times 10 % of that."""
-        base = self.lifetime * RENEWAL_SHARE
-        return self.not_before + base + base * (RENEWAL_JITTER * min(max(jitter, 0.0), 1.0))
+    def renew_at(self, jitter: float, *, received: datetime | None = None) -> datetime:
+        """80 % into the validity, plus ``jitter`` (0..1) times 10 % of that (upstream's rule).
+
+        Counted from ``not_before``, or from ``received`` when the certificate was just issued:
+        kube-controller-manager backdates every certificate by 5 minutes, so for a short-lived
+        one 80 % from ``not_before`` can lie in the past at once, and upstream's rule would
+        renew it again and again. For the usual 720 h the two differ by seconds."""
+        start = max(self.not_before, received) if received is not None else self.not_before
+        base = (self.not_after - start) * RENEWAL_SHARE
+        return start + base + base * (RENEWAL_JITTER * min(max(jitter, 0.0), 1.0))
 
 
 def certificate_info(cert_pem: bytes) -> CertificateInfo:

@@ -101,6 +101,12 @@ def test_renewal_falls_between_80_and_88_percent_of_the_lifetime() -> None:
     assert info.renew_at(1.0) == start + timedelta(hours=88)
     assert info.renew_at(0.5) == start + timedelta(hours=84)
     assert info.renew_at(7.0) == start + timedelta(hours=88)  # clamped
+    # just issued by kube-controller-manager (backdated 5 min): counted from receipt
+    short = certificates.CertificateInfo("CN=x", start, start + timedelta(minutes=7))
+    received = start + timedelta(minutes=5)
+    assert short.renew_at(0.0) == start + timedelta(seconds=336)  # in the past at receipt
+    assert short.renew_at(0.0, received=received) == received + timedelta(seconds=96)
+    assert short.renew_at(1.0, received=received) < short.not_after
     assert not info.expired(start + timedelta(hours=99))
     assert info.expired(start + timedelta(hours=100))
 
