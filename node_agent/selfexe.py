@@ -24,3 +24,7 @@ def own_executable() -> str | None:
     if os.path.dirname(os.path.realpath(sys.executable)) != os.path.realpath(bundle):
         return None
     return executable
+
+
+if __name__ == "__main__":  # `gardener-node-agent -m node_agent.selfexe`: what the agent sees
+    print(own_executable() or "")

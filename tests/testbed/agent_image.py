@@ -1,0 +1,97 @@
+"""The agent's OCI image (``make image`` / ``packaging/image.py``) in tests: build or reuse it,
+read its OCI image layout tarball, push it to a test registry.
+
+``packaging/image.py`` is also imported as a module (``image_tool``) so tests can build
+single files from their own small payloads with the real launcher and the real format.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import io
+import json
+import os
+import subprocess
+import sys
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+from tests.testbed import oci
+
+REPO = Path(__file__).resolve().parents[2]
+IMAGE_SCRIPT = REPO / "packaging" / "image.py"
+
+
+@dataclass(frozen=True)
+class AgentImage:
+    layout: Path
+    """``node-agent-<version>-image.oci.tar``"""
+    executable: Path
+    """``node-agent-<version>-linux-amd64.bin``, the single file the image carries"""
+    version: str
+
+
+def agent_image_layout(out: Path) -> AgentImage:
+    """Build the image into ``out`` with the script ``make image`` runs (cached by its key)."""
+    out.mkdir(parents=True, exist_ok=True)
+    built = subprocess.run(
+        [sys.executable, str(IMAGE_SCRIPT), str(out)],
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        check=False,
+        env={**os.environ, "PYTHON": sys.executable},
+    )
+    if built.returncode != 0:
+        raise RuntimeError(f"image build failed:\n{built.stderr[-3000:]}")
+    layout = Path(built.stdout.strip().splitlines()[-1])
+    version = layout.name.removeprefix("node-agent-").removesuffix("-image.oci.tar")
+    return AgentImage(layout, out / f"node-agent-{version}-linux-amd64.bin", version)
+
+
+def read_layout(layout: Path) -> oci.Image:
+    """The single image of an OCI image layout tarball, as the test registry pushes it."""
+    with tarfile.open(layout) as tar:
+
+        def read(name: str) -> bytes:
+            handle = tar.extractfile(name)
+            if handle is None:
+                raise ValueError(f"{layout}: {name} is not a file")
+            return handle.read()
+
+        def blob(media_type: str, descriptor: dict[str, object]) -> oci.Blob:
+            algorithm, _, digest = str(descriptor["digest"]).partition(":")
+            found = oci.Blob(media_type, read(f"blobs/{algorithm}/{digest}"))
+            if found.digest != descriptor["digest"] or found.size != descriptor["size"]:
+                raise ValueError(f"{layout}: blob {descriptor['digest']} does not match")
+            return found
+
+        if json.loads(read("oci-layout")) != {"imageLayoutVersion": "1.0.0"}:
+            raise ValueError(f"{layout}: not an OCI image layout")
+        (entry,) = json.loads(read("index.json"))["manifests"]
+        manifest = blob(oci.MANIFEST_TYPE, entry)
+        body = json.loads(manifest.data)
+        config = blob(oci.CONFIG_TYPE, body["config"])
+        layers = tuple(blob(layer["mediaType"], layer) for layer in body["layers"])
+    return oci.Image(layers, config, manifest)
+
+
+def layer_members(image: oci.Image) -> dict[str, tarfile.TarInfo]:
+    """The entries of the image's (single) layer by path."""
+    (layer,) = image.layers
+    with tarfile.open(fileobj=io.BytesIO(layer.data), mode="r:gz") as tar:
+        return {member.name: member for member in tar.getmembers()}
+
+
+@functools.cache
+def image_tool() -> ModuleType:
+    """``packaging/image.py`` as a module."""
+    spec = importlib.util.spec_from_file_location("node_agent_image_tool", IMAGE_SCRIPT)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
