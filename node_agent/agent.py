@@ -171,7 +171,7 @@ async def run_agent(
         token = TokenController(ctx)
         ctx.health.info.update(osc=osc, lease=lease, node=node, token=token)
         async with asyncio.TaskGroup() as tasks:
-            tasks.create_task(find_node(ctx), name="find-node")
+            tasks.create_task(find_node_then(osc.node_recreated), name="find-node")
             tasks.create_task(osc.run(), name="osc")
             tasks.create_task(watchdog(), name="watchdog")
             tasks.create_task(lease.run(), name="lease")
@@ -182,6 +182,12 @@ async def run_agent(
                 tasks.create_task(factory(ctx), name=name)
             notifier.ready(f"watching secret {ctx.secret_name}")
             log.info("node-agent ready", seconds=round(time.monotonic() - started, 3))
+
+    async def find_node_then(report: Callable[[], None]) -> None:
+        await find_node(ctx)
+        # An OSC applied before the kubelet registered the Node (the first apply installs the
+        # kubelet) is reported on the Node now, not at the next periodic check.
+        report()
 
     async def watchdog() -> None:
         # Ping only while the event loop turns and the lease loop ticks (see lifecycle).

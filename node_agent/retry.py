@@ -16,6 +16,7 @@ import random
 WATCH = (0.8, 30.0)
 APPLY = (1.0, 60.0)
 API = (1.0, 30.0)
+CERTIFICATE = (2.0, 300.0)  # a denied request may stay denied: ask again, but not every 30 s
 HELD_BACK = (10.0, 300.0)  # re-checking derived items held back (a registry mirror not up yet)
 
 

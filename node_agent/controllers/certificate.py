@@ -183,7 +183,7 @@ class CertificateController:
 
     async def _obtain(self, kube: KubeClient, how: str) -> None:
         """Ask with ``kube`` until a certificate is issued and written (retrying with backoff)."""
-        backoff = retry.Backoff.of(retry.API, self._rng)
+        backoff = retry.Backoff.of(retry.CERTIFICATE, self._rng)
         machine = self._machine_name()
         while True:
             request = await asyncio.to_thread(certificates.make_request, machine)

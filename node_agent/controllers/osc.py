@@ -229,7 +229,8 @@ class OSCController:
         await self.ctx.systemd.restart_unit(self.ctx.settings.agent_unit)
 
     def node_recreated(self) -> None:
-        """The Node was deleted and registered again: report the applied checksum anew."""
+        """The Node appeared (registered for the first time, or deleted and registered again):
+        report the applied checksum on it anew."""
         self._reported = None
         self._wake.set()
 
