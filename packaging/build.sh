@@ -12,6 +12,7 @@
 # The host must provide glibc and libsystemd.so.0 (every systemd host does); nothing else.
 #
 # Environment:
+#   NODE_AGENT_VERSION      build the same sources as this version instead of __version__
 #   PYTHON                  CPython 3.11 built with --enable-shared (default: python3)
 #   NODE_AGENT_BUILD_CACHE  where build venvs and finished artifacts are kept
 #                           (default: $NODE_AGENT_TEST_CACHE/artifact, else ~/.cache/node-agent-test/artifact)
@@ -36,6 +37,18 @@ die() {
 [ "$(uname -m)" = x86_64 ] || die "only linux-amd64 is built (this machine is $(uname -m))"
 version=$(sed -n 's/^__version__ = "\(.*\)"$/\1/p' "$src/node_agent/__init__.py")
 [ -n "$version" ] || die "no __version__ in node_agent/__init__.py"
+if [ -n "${NODE_AGENT_VERSION:-}" ] && [ "$NODE_AGENT_VERSION" != "$version" ]; then
+    # The same sources under another version (the tests' second image for self-update): a copy
+    # of the tree with __version__ replaced, built by its own copy of this script.
+    case $NODE_AGENT_VERSION in *[!0-9A-Za-z.+-]*) die "bad NODE_AGENT_VERSION" ;; esac
+    copy=$(mktemp -d "${TMPDIR:-/tmp}/node-agent-src.XXXXXX")
+    trap 'rm -rf "$copy"' EXIT INT TERM
+    (cd "$src" && tar -cf - node_agent pyproject.toml packaging systemd) | tar -C "$copy" -xf -
+    sed -i "s/^__version__ = \".*\"$/__version__ = \"$NODE_AGENT_VERSION\"/" \
+        "$copy/node_agent/__init__.py"
+    NODE_AGENT_VERSION='' sh "$copy/packaging/build.sh" "$out"
+    exit $?
+fi
 pyinfo=$("$python" -c 'import sys, sysconfig
 assert sys.version_info[:2] == (3, 11), "CPython 3.11 needed (the lock is for cp311)"
 assert sysconfig.get_config_var("Py_ENABLE_SHARED"), "CPython without a shared libpython"
