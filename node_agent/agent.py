@@ -202,6 +202,7 @@ async def run_agent(
         "node-agent starting",
         version=__version__,
         executable=own_executable(),
+        config=settings.config_file,
         host=ctx.host_name,
         secret=ctx.secret_name,
         root=str(settings.root),

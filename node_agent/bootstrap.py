@@ -42,9 +42,10 @@ from node_agent.config import (
 )
 from node_agent.errors import ConfigError, HostError, NodeAgentError
 from node_agent.host.fs import HostFS, WriteResult
-from node_agent.host.state import UNIT_DIR
+from node_agent.host.state import UNIT_DIR, Claim, StateStore
 from node_agent.layout import KUBELET_BOOTSTRAP_KUBECONFIG
 from node_agent.log import get_logger
+from node_agent.osc.decode import sha256_hex
 from node_agent.systemd import JobAction, SystemdSeam
 
 log = get_logger("node-agent.bootstrap")
@@ -200,7 +201,11 @@ async def bootstrap(
         report.config = seed_config(fs, settings, config_path, raw)
         fs.ensure_dir(TEMP_DIR, 0o700)
         report.kubelet_kubeconfig = write_kubelet_bootstrap_kubeconfig(fs, config)
-        written = fs.write_atomic(f"{UNIT_DIR}/{unit}", unit_template(exec_start), 0o644)
+        unit_file = f"{UNIT_DIR}/{unit}"
+        unit_text = unit_template(exec_start)
+        # The agent installs itself: a unit file it creates is its own, for `reset` to remove.
+        StateStore(fs).claim([Claim("unit", unit_file, sha256_hex(unit_text), 0o644)])
+        written = fs.write_atomic(unit_file, unit_text, 0o644)
     except HostError as exc:
         raise BootstrapError(f"writing files: {exc}") from exc
     report.changed += [

@@ -21,6 +21,7 @@ inventory in place, so the next reset finishes the job.
 from __future__ import annotations
 
 import posixpath
+import shutil
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Protocol
@@ -71,12 +72,16 @@ async def reset_node(
     out: Callable[[str], None] = print,
     job_timeout: float = 60.0,
     caller_units: set[str] | None = None,
+    own_files: Sequence[str] | None = None,
+    own_bundle: Path | None = None,
 ) -> list[str]:
     """Reset the node below ``root``; prints and returns one line per action taken.
 
     ``systemd`` None skips every unit operation (an image being built). ``caller_units`` are
     the units this process runs in (default: read from its cgroup); the agent's unit is not
-    stopped when reset runs inside it, as that would kill reset itself.
+    stopped when reset runs inside it, as that would kill reset itself. ``own_files`` are the
+    agent's own program files (default: the single file this process runs from and its
+    ``.previous``, see :func:`_own_files`); ``own_bundle`` the directory of its unpacked copies.
     """
     actions: list[str] = []
 
@@ -106,6 +111,12 @@ async def reset_node(
         await systemd.daemon_reload()
         act("reloaded systemd")
 
+    for path in own_files if own_files is not None else _own_files(root):
+        if fs.remove(path):
+            act(f"removed {path}")
+    if own_bundle is not None and _remove_tree(own_bundle):
+        act(f"removed unpacked copies {own_bundle}")
+
     state = [f"{layout.BASE_DIR}/{name}" for name in layout.STATE_FILES]
     state += [f"{path}{layout.CORRUPT_SUFFIX}" for path in state]
     for path in (*state, *layout.CREDENTIAL_FILES):
@@ -114,6 +125,25 @@ async def reset_node(
     if not actions:
         out(NOTHING_TO_DO)
     return actions
+
+
+def _remove_tree(path: Path) -> bool:
+    if not path.is_dir():
+        return False
+    shutil.rmtree(path, ignore_errors=True)
+    return True
+
+
+def _own_files(root: Path) -> tuple[str, ...]:
+    """The agent itself, when it runs as the single file of its image: that file and the copy a
+    self-update kept beside it. No inventory names them (the user-data installed the first),
+    but they are the agent's own, so a reset takes them too. Only on the real root."""
+    from node_agent.selfexe import own_executable
+
+    own = own_executable()
+    if own is None or Path(root) != Path("/"):
+        return ()
+    return (own, f"{own}.previous")
 
 
 async def _stop_and_disable(
