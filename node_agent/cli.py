@@ -203,16 +203,6 @@ def _load_settings(
     return settings, config
 
 
-def _unpack_root(root: Path) -> Path | None:
-    """Where the launcher of the single file keeps its unpacked copies (when run from it)."""
-    from node_agent.selfexe import own_executable
-
-    bundle = os.environ.get("NODE_AGENT_BUNDLE")
-    if own_executable() is None or not bundle or root != Path("/"):
-        return None
-    return Path(bundle).parent
-
-
 def _gardener_exec_start(args: argparse.Namespace) -> str | None:
     """Installed the Gardener way (``bootstrap --config-dir``), the unit runs this very file with
     that directory, as upstream's unit does; otherwise the shipped unit is used as it is."""
@@ -258,7 +248,6 @@ def _reset(args: argparse.Namespace) -> int:
                 systemd,
                 agent_unit=settings.agent_unit,
                 job_timeout=settings.systemd_job_timeout,
-                own_bundle=_unpack_root(settings.root),
             )
         finally:
             await systemd.close()

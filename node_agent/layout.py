@@ -21,6 +21,10 @@ BOOTSTRAP_TOKEN_FILE = f"{CREDENTIALS_DIR}/bootstrap-token"
 # with the token once the first OSC is applied and the Node registered).
 KUBELET_BOOTSTRAP_KUBECONFIG = "/var/lib/kubelet/kubeconfig-bootstrap"
 
+# Where the single-file executable of the agent's image unpacks its bundle (one directory per
+# content key; see packaging/launcher.c). ``reset`` removes it.
+UNPACK_ROOT = "/var/cache/node-agent"
+
 # containerd's registry host configuration: one ``<upstream>/hosts.toml`` directory per registry.
 CONTAINERD_CERTS_DIR = "/etc/containerd/certs.d"
 

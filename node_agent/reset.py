@@ -22,14 +22,15 @@ from __future__ import annotations
 
 import posixpath
 import shutil
-from collections.abc import Callable, Sequence
+import stat
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
 from node_agent import layout
-from node_agent.errors import SystemdError
+from node_agent.errors import HostError, SystemdError
 from node_agent.host.fs import HostFS
-from node_agent.host.state import StateStore
+from node_agent.host.state import OwnedEntry, StateStore
 from node_agent.osc.plan import AGENT_UNIT
 from node_agent.systemd.types import JobResult, UnitFileChange, UnitState
 
@@ -72,16 +73,15 @@ async def reset_node(
     out: Callable[[str], None] = print,
     job_timeout: float = 60.0,
     caller_units: set[str] | None = None,
-    own_files: Sequence[str] | None = None,
-    own_bundle: Path | None = None,
+    unpack_root: str = layout.UNPACK_ROOT,
 ) -> list[str]:
     """Reset the node below ``root``; prints and returns one line per action taken.
 
     ``systemd`` None skips every unit operation (an image being built). ``caller_units`` are
     the units this process runs in (default: read from its cgroup); the agent's unit is not
-    stopped when reset runs inside it, as that would kill reset itself. ``own_files`` are the
-    agent's own program files (default: the single file this process runs from and its
-    ``.previous``, see :func:`_own_files`); ``own_bundle`` the directory of its unpacked copies.
+    stopped when reset runs inside it, as that would kill reset itself. The agent's own program
+    goes too (see :func:`_own_program`), and ``unpack_root``, where the single file's launcher
+    keeps its unpacked copies.
     """
     actions: list[str] = []
 
@@ -94,6 +94,7 @@ async def reset_node(
     entries = store.inventory().entries
     created = {path: entry for path, entry in sorted(entries.items()) if entry.created}
     units = [posixpath.basename(p) for p, e in created.items() if e.kind == "unit"]
+    own_program = _own_program(fs, entries, agent_unit)  # read before the unit file goes
 
     if systemd is not None:
         inside = _cgroup_units() if caller_units is None else caller_units
@@ -111,11 +112,12 @@ async def reset_node(
         await systemd.daemon_reload()
         act("reloaded systemd")
 
-    for path in own_files if own_files is not None else _own_files(root):
-        if fs.remove(path):
+    for path in own_program:
+        if _is_regular(fs, path) and fs.remove(path):
             act(f"removed {path}")
-    if own_bundle is not None and _remove_tree(own_bundle):
-        act(f"removed unpacked copies {own_bundle}")
+    unpacked = Path(root) / unpack_root.lstrip("/")
+    if _remove_tree(unpacked):
+        act(f"removed unpacked copies {unpack_root}")
 
     state = [f"{layout.BASE_DIR}/{name}" for name in layout.STATE_FILES]
     state += [f"{path}{layout.CORRUPT_SUFFIX}" for path in state]
@@ -134,16 +136,35 @@ def _remove_tree(path: Path) -> bool:
     return True
 
 
-def _own_files(root: Path) -> tuple[str, ...]:
-    """The agent itself, when it runs as the single file of its image: that file and the copy a
-    self-update kept beside it. No inventory names them (the user-data installed the first),
-    but they are the agent's own, so a reset takes them too. Only on the real root."""
-    from node_agent.selfexe import own_executable
+def _is_regular(fs: HostFS, path: str) -> bool:
+    try:
+        st = fs.lstat(path)
+    except HostError:
+        return False
+    return st is not None and stat.S_ISREG(st.st_mode)
 
-    own = own_executable()
-    if own is None or Path(root) != Path("/"):
-        return ()
-    return (own, f"{own}.previous")
+
+def _own_program(fs: HostFS, entries: Mapping[str, OwnedEntry], agent_unit: str) -> list[str]:
+    """The agent's own single file and the ``.previous`` a self-update kept: the program named
+    by ``ExecStart=`` of the agent's unit, when that unit is the agent's (in the inventory:
+    written by ``bootstrap`` or by an OSC). On a Gardener node it is ``/opt/bin/
+    gardener-node-agent``, put there by the user-data and replaced by OSCs, so no inventory
+    entry says "created"; it is the agent all the same. Only regular files are removed: the
+    standalone install's ``bin/node-agent`` is a symlink into its own directory and stays."""
+    unit_file = layout.unit_path(agent_unit)
+    if unit_file not in entries:
+        return []
+    try:
+        text = (fs.read(unit_file) or b"").decode(errors="replace")
+    except HostError:
+        return []
+    for line in text.splitlines():
+        key, _, value = line.strip().partition("=")
+        if key.strip() == "ExecStart" and value.strip():
+            program = value.split()[0].lstrip("-@:+!")
+            if posixpath.isabs(program):
+                return [program, f"{program}.previous"]
+    return []
 
 
 async def _stop_and_disable(
