@@ -34,8 +34,9 @@ class AgentImage:
     version: str
 
 
-def agent_image_layout(out: Path) -> AgentImage:
-    """Build the image into ``out`` with the script ``make image`` runs (cached by its key)."""
+def agent_image_layout(out: Path, *, version: str | None = None) -> AgentImage:
+    """Build the image into ``out`` with the script ``make image`` runs (cached by its key);
+    ``version``: the same sources built as another version (a second image to update to)."""
     out.mkdir(parents=True, exist_ok=True)
     built = subprocess.run(
         [sys.executable, str(IMAGE_SCRIPT), str(out)],
@@ -43,7 +44,7 @@ def agent_image_layout(out: Path) -> AgentImage:
         text=True,
         timeout=1200,
         check=False,
-        env={**os.environ, "PYTHON": sys.executable},
+        env={**os.environ, "PYTHON": sys.executable, "NODE_AGENT_VERSION": version or ""},
     )
     if built.returncode != 0:
         raise RuntimeError(f"image build failed:\n{built.stderr[-3000:]}")

@@ -1,0 +1,293 @@
+"""End to end: a Gardener worker node comes up on node-agent's image, updates it, and resets.
+
+A throwaway node with a real systemd, real containerd and no Python at all; a real registry (and
+its pull-through mirror) holding two versions of the agent's image; kube-apiserver with
+bootstrap-token authentication, kube-controller-manager signing client certificates, and an
+approver deciding like Gardener's. The node gets Gardener-shaped provision user-data
+(``tests/testbed/gardener_userdata.py``): its init unit pulls the image with ``ctr``, copies the
+one file to ``/opt/bin/gardener-node-agent`` and runs ``bootstrap --config-dir``. From there the
+agent must get its own certificate, apply the reconcile OSC of a containerd pool (which carries
+the agent's own unit, config file and binary), drop the bootstrap token, update itself to the
+second image and the next ``config-<version>.yaml`` without restarting anything else, and leave
+nothing of itself behind after ``reset``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from cryptography import x509
+from cryptography.x509.oid import NameOID
+from kubernetes_asyncio.client import ApiClient
+
+from node_agent.kube import certificates
+from tests.testbed import gardener_osc as g
+from tests.testbed import gardener_userdata as gu
+from tests.testbed.agent_harness import (
+    create_node,
+    publish_osc,
+    read_lease,
+    unique,
+    wait_applied,
+    wait_for,
+)
+from tests.testbed.agent_image import AgentImage, agent_image_layout, read_layout
+from tests.testbed.bootstrap import create_bootstrap_token, grant_node_agent_identity
+from tests.testbed.containerd import ContainerdNode
+from tests.testbed.controlplane import ControlPlane, free_port
+from tests.testbed.csr_approver import CSRApprover
+from tests.testbed.registry import Registry
+from tests.testbed.systemd_ns import IsolatedSystemd
+from tests.testbed.userdata import hide_python, show
+
+pytestmark = pytest.mark.integration
+
+KUBECONFIG = f"{gu.BASE}/credentials/kubeconfig"
+BOOTSTRAP_TOKEN = f"{gu.BASE}/credentials/bootstrap-token"
+PREVIOUS = f"{gu.AGENT_BINARY}.previous"
+UNPACK_ROOT = "/var/cache/node-agent"
+
+
+@pytest.fixture(scope="session")
+def agent_images(workdir: Path) -> tuple[AgentImage, AgentImage]:
+    """The image as ``make image`` builds it, and the same sources built as a newer version."""
+    first = agent_image_layout(workdir / "image-dist")
+    second = agent_image_layout(workdir / "image-dist-next", version=f"{first.version}-next")
+    return first, second
+
+
+def agent_osc(
+    pool: g.GardenerPool, provision: gu.Provision, image: str, gardener_version: str
+) -> dict[str, Any]:
+    """The pool's reconcile OSC with what Gardener adds for the agent: its config file (named
+    after the Gardener version), the cluster CA, its binary from its image, its unit."""
+    osc = pool.osc("1.33.0")
+    config = f"{gu.BASE}/config-{gardener_version}.yaml"
+    files = [f for f in osc["spec"]["files"] if f["path"] != g.AGENT_CONFIG]
+    files += [
+        {
+            "path": config,
+            "permissions": 0o600,
+            "content": {"inline": {"encoding": "", "data": provision.agent_config()}},
+        },
+        {
+            "path": gu.CA_FILE,
+            "permissions": 0o644,
+            "content": {"inline": {"encoding": "", "data": provision.ca_pem.decode()}},
+        },
+        {
+            "path": gu.AGENT_BINARY,
+            "permissions": 0o755,
+            "content": {"imageRef": {"image": image, "filePathInImage": "/gardener-node-agent"}},
+        },
+    ]
+    osc["spec"]["files"] = files
+    osc["spec"]["units"].append(
+        {
+            "name": gu.AGENT_UNIT,
+            "content": gu.agent_unit_text(),
+            "command": "start",
+            "enable": True,
+            "filePaths": [config, gu.CA_FILE, gu.AGENT_BINARY],
+        }
+    )
+    return osc
+
+
+def agent_status(node: IsolatedSystemd) -> dict[str, Any]:
+    out = node.run([gu.AGENT_BINARY, "status", "--json"], check=False)
+    return dict(json.loads(out.stdout)) if out.stdout.strip().startswith("{") else {}
+
+
+def main_pid(node: IsolatedSystemd) -> int:
+    return int(show(node, gu.AGENT_UNIT).get("MainPID") or 0)
+
+
+def load_state(node: IsolatedSystemd, unit: str) -> str:
+    return node.run(["systemctl", "show", "-p", "LoadState", "--value", unit]).stdout.strip()
+
+
+def process_env(node: IsolatedSystemd, pid: int) -> dict[str, str]:
+    raw = node.path(f"/proc/{pid}/environ").read_bytes()
+    return dict(item.split("=", 1) for item in raw.decode().split("\0") if "=" in item)
+
+
+def build_info_version(port: int = 2752) -> str | None:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=3) as resp:
+        for line in resp.read().decode().splitlines():
+            if line.startswith("node_agent_build_info{"):
+                return line.split('version="', 1)[1].split('"', 1)[0]
+    return None
+
+
+@pytest.fixture
+def journal(containerd_node: ContainerdNode) -> Iterator[None]:
+    """The agent's journal in the report of a failing test."""
+    yield
+    out = containerd_node.node.run(
+        ["journalctl", "--no-pager", "-o", "cat", "-u", gu.INIT_UNIT, "-u", gu.AGENT_UNIT],
+        check=False,
+    ).stdout
+    print("--- journal of the init unit and the agent ---\n" + out[-6000:])
+
+
+async def test_gardener_node_bootstraps_updates_itself_and_resets(
+    agent_images: tuple[AgentImage, AgentImage],
+    admin_api: ApiClient,
+    gardener_controlplane: ControlPlane,
+    csr_approver: CSRApprover,
+    containerd_node: ContainerdNode,
+    registry: Registry,
+    mirror: Registry,
+    journal: None,
+) -> None:
+    first, second = agent_images
+    node = containerd_node.node
+    g.unmask(node, g.SYSCTL)
+    hide_python(node)
+    suffix = uuid.uuid4().hex[:8]
+    pool = g.GardenerPool(
+        registry,
+        mirror,
+        hyperkube=f"gardener/hyperkube-{suffix}",
+        shipper=f"gardener/log-shipper-{suffix}",
+        healthz_port=free_port(),
+    )
+    pool.push_images(("1.33.0",))
+    repository = f"gardener/node-agent-{suffix}"
+    refs = {}
+    for image in (first, second):
+        registry.push(repository, image.version, read_layout(image.layout))
+        refs[image.version] = registry.ref(repository, image.version)
+    containerd_node.trust(registry.host)  # before any OSC: the user-data pulls directly
+
+    machine = unique("machine")
+    secret = f"osc-{machine}"
+    token = await create_bootstrap_token(admin_api)
+    await grant_node_agent_identity(admin_api, machine, secret_names=[secret])
+    provision = gu.Provision(
+        image=refs[first.version],
+        server=gardener_controlplane.server,
+        ca_pem=gardener_controlplane.ca_file.read_bytes(),
+        bootstrap_token=token.token,
+        machine_name=machine,
+        secret_name=secret,
+    )
+    started = dt.datetime.now(dt.UTC)
+    clock = time.monotonic()
+
+    # 1. Provision: init unit -> image -> /opt/bin -> bootstrap -> the agent's unit.
+    gu.play(node, provision)
+    decision = await csr_approver.wait_for_decision(outcome="approved", timeout=120)
+    assert decision.username == token.username
+    assert decision.common_name == f"gardener.cloud:node-agent:machine:{machine}"
+    await wait_for(lambda: node.path(KUBECONFIG).exists(), 60, "the agent's kubeconfig")
+    print(f"user-data -> agent's certificate: {time.monotonic() - clock:.1f}s")
+    assert oct(node.path(KUBECONFIG).stat().st_mode & 0o777) == "0o600"
+    pem = certificates.kubeconfig_certificate(node.path(KUBECONFIG).read_bytes())
+    assert pem is not None
+    cert = x509.load_pem_x509_certificate(pem)
+    cn = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value
+    assert cn == f"gardener.cloud:node-agent:machine:{machine}"
+    ca = x509.load_pem_x509_certificate(provision.ca_pem)
+    assert cert.issuer == ca.subject  # signed by kube-controller-manager with the cluster CA
+    assert node.path(gu.AGENT_BINARY).read_bytes() == first.executable.read_bytes()
+    await wait_for(
+        lambda: show(node, gu.INIT_UNIT).get("UnitFileState") == "disabled",
+        30,
+        "bootstrap disabling the init unit once the agent is up",
+    )
+
+    # The kubelet registers the Node; the reconcile OSC (with the agent itself) is applied.
+    await create_node(admin_api, machine)
+    osc1 = agent_osc(pool, provision, refs[first.version], "v1.150.0")
+    checksum = await publish_osc(admin_api, secret, yaml.safe_dump(osc1).encode())
+    clock = time.monotonic()
+    await wait_applied(admin_api, machine, checksum, timeout=180)
+    print(f"reconcile OSC published -> applied: {time.monotonic() - clock:.1f}s")
+    await wait_for(lambda: not node.path(BOOTSTRAP_TOKEN).exists(), 30, "the token deleted")
+    await wait_for(lambda: main_pid(node) > 0, 30, "the agent running")
+    await wait_for(lambda: agent_status(node).get("osc", {}).get("up_to_date"), 60, "converged")
+    pid = main_pid(node)
+    unit = show(node, gu.AGENT_UNIT)
+    assert unit["ActiveState"] == "active"
+    env = process_env(node, pid)
+    assert env["NODE_AGENT_EXECUTABLE"] == gu.AGENT_BINARY  # the single file, unpacked once
+    assert env["NODE_AGENT_BUNDLE"].startswith(f"{UNPACK_ROOT}/")
+    status = agent_status(node)
+    assert status["agent"]["version"] == first.version
+    assert status["certificate"]["phase"] == "valid"
+    assert status["certificate"]["subject"].startswith(f"CN={cn}")
+    lease = await read_lease(admin_api, machine)
+    assert lease is not None
+    assert lease.spec.renew_time > started
+    assert node.path(gu.CA_FILE).read_bytes() == provision.ca_pem
+    assert g.unit_marks(node)[g.KUBELET].active == "active"
+
+    # 2. Self-update: the next Gardener version's image and config file.
+    before = g.unit_marks(node)
+    osc2 = agent_osc(pool, provision, refs[second.version], "v1.151.0")
+    checksum2 = await publish_osc(admin_api, secret, yaml.safe_dump(osc2).encode())
+    clock = time.monotonic()
+    await wait_applied(admin_api, machine, checksum2, timeout=180)
+    await wait_for(
+        lambda: agent_status(node).get("agent", {}).get("version") == second.version,
+        60,
+        "the agent running the new version",
+    )
+    print(f"update OSC published -> new version answering: {time.monotonic() - clock:.1f}s")
+    assert main_pid(node) != pid
+    assert g.started_again(before, g.unit_marks(node)) == set()  # only the agent restarted
+    assert node.path(gu.AGENT_BINARY).read_bytes() == second.executable.read_bytes()
+    assert node.path(PREVIOUS).read_bytes() == first.executable.read_bytes()  # for a rollback
+    assert node.path(f"{gu.BASE}/config-v1.151.0.yaml").exists()
+    started_log = node.run(
+        ["journalctl", "--no-pager", "-o", "cat", "-u", gu.AGENT_UNIT], check=False
+    ).stdout
+    last_start = [line for line in started_log.splitlines() if "node-agent starting" in line][-1]
+    assert second.version in last_start
+    assert "config-v1.151.0.yaml" in last_start
+    assert build_info_version() == second.version
+    lease_before = await read_lease(admin_api, machine)
+    assert lease_before is not None
+    await wait_for(
+        lambda: _renewed_after(admin_api, machine, lease_before.spec.renew_time),
+        30,
+        "the new agent renewing the Lease",
+    )
+
+    # 3. Reset: nothing of the agent is left; a second reset finds nothing to do.
+    out = node.run([gu.AGENT_BINARY, "reset"], check=False)
+    assert out.returncode == 0, out.stderr
+    print("reset:\n" + out.stdout)
+    assert f"stopped {gu.AGENT_UNIT}" in out.stdout
+    assert load_state(node, gu.AGENT_UNIT) == "not-found"
+    assert load_state(node, g.KUBELET) == "not-found"
+    for path in (gu.AGENT_BINARY, PREVIOUS, UNPACK_ROOT, KUBECONFIG, g.KUBELET_BINARY):
+        assert not node.path(path).exists(), path
+    for name in ("last-applied-osc.yaml", "inventory.json"):
+        assert not node.path(f"{gu.BASE}/{name}").exists(), name
+    # The second reset runs from a copy of the single file unpacked elsewhere.
+    node.path("/root/gna").write_bytes(second.executable.read_bytes())
+    node.path("/root/gna").chmod(0o755)
+    again = node.run(
+        ["env", "NODE_AGENT_UNPACK_DIR=/root/unpack", "/root/gna", "reset"], check=False
+    )
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.strip() == (
+        "nothing to do: no units, files or state of the agent on this node"
+    )
+
+
+async def _renewed_after(admin: ApiClient, machine: str, when: dt.datetime) -> bool:
+    lease = await read_lease(admin, machine)
+    return lease is not None and lease.spec.renew_time > when
