@@ -323,6 +323,10 @@ class Applier:
                 continue
             if self.fs.stat_matches(path, sha256=digest):
                 mode_only.add(path)
+            elif path in self.executor.keep_previous:
+                # The agent's own binary, replaced by hand (a rollback to ``.previous``): only
+                # an OSC that changes it again replaces it, never a drift repair.
+                log.warning("own binary differs from the OSC's; left as it is", path=path)
             else:
                 content.add(path)
         return content, mode_only

@@ -265,8 +265,23 @@ async def test_gardener_node_bootstraps_updates_itself_and_resets(
         "the new agent renewing the Lease",
     )
 
+    # A rollback by hand (docs/operations.md): the kept binary back in place, the unit restarted.
+    clock = time.monotonic()
+    node.run(["cp", "-p", PREVIOUS, gu.AGENT_BINARY])
+    node.run(["systemctl", "restart", gu.AGENT_UNIT])
+    print(f"rollback restart: {time.monotonic() - clock:.1f}s")
+    await wait_for(
+        lambda: agent_status(node).get("agent", {}).get("version") == first.version,
+        60,
+        "the previous version running again",
+    )
+    assert agent_status(node)["osc"]["applied_checksum"] == checksum2  # nothing re-applied
+    print(f"rollback -> previous version answering: {time.monotonic() - clock:.1f}s")
+
     # 3. Reset: nothing of the agent is left; a second reset finds nothing to do.
+    clock = time.monotonic()
     out = node.run([gu.AGENT_BINARY, "reset"], check=False)
+    print(f"reset: {time.monotonic() - clock:.1f}s")
     assert out.returncode == 0, out.stderr
     print("reset:\n" + out.stdout)
     assert f"stopped {gu.AGENT_UNIT}" in out.stdout
