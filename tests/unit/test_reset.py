@@ -132,3 +132,49 @@ async def test_reset_without_systemd_on_an_untouched_node(tmp_path: Path) -> Non
     lines: list[str] = []
     assert await reset_node(tmp_path, None, out=lines.append) == []
     assert lines == [NOTHING_TO_DO]
+
+
+@pytest.mark.parametrize(
+    ("exec_start", "in_inventory", "kind", "removed"),
+    [
+        (
+            "/opt/bin/gardener-node-agent --config-dir=/var/lib/gardener-node-agent",
+            True,
+            "file",
+            True,
+        ),
+        ("-/opt/bin/gardener-node-agent run", True, "file", True),
+        (
+            "/opt/bin/gardener-node-agent --config-dir=/x",
+            False,
+            "file",
+            False,
+        ),  # not the agent's unit
+        ("/opt/bin/gardener-node-agent run", True, "symlink", False),  # standalone: bin/ symlink
+    ],
+)
+async def test_reset_removes_the_agent_program_its_unit_names(
+    tmp_path: Path, exec_start: str, in_inventory: bool, kind: str, removed: bool
+) -> None:
+    fs = HostFS(tmp_path)
+    unit = "/etc/systemd/system/gardener-node-agent.service"
+    fs.write_atomic(unit, f"[Service]\nExecStart={exec_start}\n".encode(), 0o644)
+    binary = tmp_path / "opt/bin/gardener-node-agent"
+    binary.parent.mkdir(parents=True)
+    if kind == "file":
+        binary.write_bytes(b"\x7fELF v2")
+    else:
+        (tmp_path / "opt/real").write_bytes(b"\x7fELF")
+        binary.symlink_to(tmp_path / "opt/real")
+    (tmp_path / "opt/bin/gardener-node-agent.previous").write_bytes(b"\x7fELF v1")
+    unpacked = tmp_path / "var/cache/node-agent/0123abcd"
+    unpacked.mkdir(parents=True)
+    if in_inventory:
+        StateStore(fs).claim([Claim("unit", unit, None, None)], created=True)
+    lines: list[str] = []
+    await reset_node(tmp_path, None, out=lines.append)
+    assert (not binary.is_symlink() and not binary.exists()) is removed
+    # the kept copy goes whenever the unit is the agent's (it is always a regular file)
+    assert (tmp_path / "opt/bin/gardener-node-agent.previous").exists() is not in_inventory
+    assert not unpacked.parent.exists()  # the launcher's copies go in any case
+    assert ("removed /opt/bin/gardener-node-agent" in lines) is removed
