@@ -31,7 +31,7 @@ from tests.conftest import api_client_from, cache_dir
 from tests.testbed import gardener_osc as g
 from tests.testbed.agent_harness import OSCAgent, wait_for
 from tests.testbed.containerd import containerd_node
-from tests.testbed.controlplane import ControlPlane, free_port
+from tests.testbed.controlplane import ControlPlane
 from tests.testbed.pki import CertificateAuthority
 from tests.testbed.registry import Registry
 
@@ -68,13 +68,7 @@ async def main(args: argparse.Namespace) -> None:
         with containerd_node(work / "nodes", ca.cert_path) as node:
             g.unmask(node.node, g.SYSCTL)
             suffix = uuid.uuid4().hex[:8]
-            pool = g.GardenerPool(
-                registry,
-                mirror,
-                hyperkube=f"gardener/hyperkube-{suffix}",
-                shipper=f"gardener/log-shipper-{suffix}",
-                healthz_port=free_port(),
-            )
+            pool = g.GardenerPool.fresh(registry, mirror)
             pool.push_images(("1.33.0", "1.33.1"))
             repositories = (pool.hyperkube, pool.shipper)
             images = CtrImages(root=node.node.root, argv_prefix=node.nsenter_argv)

@@ -116,11 +116,10 @@ class CertificateController:
         """The certificate in the kubeconfig, or None (no kubeconfig, or one without a
         certificate of its own, e.g. a token)."""
         raw = self.fs.read(self.kubeconfig)
-        cert = certificates.kubeconfig_certificate(raw) if raw is not None else None
-        if cert is None:
+        if raw is None:
             return None
         try:
-            return certificates.certificate_info(cert)
+            return certificates.kubeconfig_certificate_info(raw)
         except CertificateError as exc:
             log.warning("kubeconfig certificate unreadable", path=self.kubeconfig, error=str(exc))
             return None
@@ -238,6 +237,7 @@ class CertificateController:
             str(self._host(self.config.api_server.ca_file)),
             cert_pem,
             key_pem,
+            certificates.certificate_info(cert_pem),
         )
         await self.fs.write_atomic_async(self.kubeconfig, data, 0o600, dir_mode=0o700)
 

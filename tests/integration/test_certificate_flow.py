@@ -251,7 +251,13 @@ async def test_an_expired_certificate_falls_back_to_the_bootstrap_token(
     cert, key = expired_certificate(gardener_controlplane, machine)
     kubeconfig = host(root, KUBECONFIG_FILE)
     kubeconfig.write_bytes(
-        certificates.kubeconfig(gardener_controlplane.server, str(host(root, CA_FILE)), cert, key)
+        certificates.kubeconfig(
+            gardener_controlplane.server,
+            str(host(root, CA_FILE)),
+            cert,
+            key,
+            certificates.certificate_info(cert),
+        )
     )
     kubeconfig.chmod(0o600)
     old_serial = x509.load_pem_x509_certificate(cert).serial_number

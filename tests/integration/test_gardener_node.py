@@ -121,7 +121,7 @@ def process_env(node: IsolatedSystemd, pid: int) -> dict[str, str]:
     return dict(item.split("=", 1) for item in raw.decode().split("\0") if "=" in item)
 
 
-def build_info_version(port: int = 2752) -> str | None:
+def build_info_version(port: int) -> str | None:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=3) as resp:
         for line in resp.read().decode().splitlines():
             if line.startswith("node_agent_build_info{"):
@@ -154,16 +154,9 @@ async def test_gardener_node_bootstraps_updates_itself_and_resets(
     node = containerd_node.node
     g.unmask(node, g.SYSCTL)
     hide_python(node)
-    suffix = uuid.uuid4().hex[:8]
-    pool = g.GardenerPool(
-        registry,
-        mirror,
-        hyperkube=f"gardener/hyperkube-{suffix}",
-        shipper=f"gardener/log-shipper-{suffix}",
-        healthz_port=free_port(),
-    )
+    pool = g.GardenerPool.fresh(registry, mirror)
     pool.push_images(("1.33.0",))
-    repository = f"gardener/node-agent-{suffix}"
+    repository = f"gardener/node-agent-{uuid.uuid4().hex[:8]}"
     refs = {}
     for image in (first, second):
         registry.push(repository, image.version, read_layout(image.layout))
@@ -181,6 +174,7 @@ async def test_gardener_node_bootstraps_updates_itself_and_resets(
         bootstrap_token=token.token,
         machine_name=machine,
         secret_name=secret,
+        ports=(free_port(), free_port()),
     )
     started = dt.datetime.now(dt.UTC)
     clock = time.monotonic()
@@ -256,7 +250,8 @@ async def test_gardener_node_bootstraps_updates_itself_and_resets(
     last_start = [line for line in started_log.splitlines() if "node-agent starting" in line][-1]
     assert second.version in last_start
     assert "config-v1.151.0.yaml" in last_start
-    assert build_info_version() == second.version
+    assert provision.ports is not None
+    assert build_info_version(provision.ports[1]) == second.version
     lease_before = await read_lease(admin_api, machine)
     assert lease_before is not None
     await wait_for(

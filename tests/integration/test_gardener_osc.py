@@ -37,7 +37,7 @@ from tests.testbed import gardener_osc as g
 from tests.testbed import standin
 from tests.testbed.agent_harness import OSCAgent, wait_for
 from tests.testbed.containerd import ContainerdNode
-from tests.testbed.controlplane import ControlPlane, free_port
+from tests.testbed.controlplane import ControlPlane
 from tests.testbed.registry import Registry
 
 pytestmark = pytest.mark.integration
@@ -104,14 +104,7 @@ async def bed(
 ) -> AsyncIterator[Bed]:
     node = containerd_node.node
     g.unmask(node, g.SYSCTL)
-    suffix = uuid.uuid4().hex[:8]
-    pool = g.GardenerPool(
-        registry,
-        mirror,
-        hyperkube=f"gardener/hyperkube-{suffix}",
-        shipper=f"gardener/log-shipper-{suffix}",
-        healthz_port=free_port(),
-    )
+    pool = g.GardenerPool.fresh(registry, mirror)
     pool.push_images(("1.33.0", "1.33.1"))
     images = CtrImages(root=node.root, argv_prefix=containerd_node.nsenter_argv)
     agent = OSCAgent(

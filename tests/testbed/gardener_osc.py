@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import subprocess
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +26,7 @@ import yaml
 
 from tests.testbed import oci, standin
 from tests.testbed.containerd import NODE_CA_PATH
+from tests.testbed.controlplane import free_port
 from tests.testbed.registry import Registry
 from tests.testbed.systemd_ns import IsolatedSystemd
 
@@ -131,6 +133,19 @@ class GardenerPool:
     healthz_port: int = 10248
     readiness_probe: bool = True
     digests: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def fresh(cls, registry: Registry, mirror: Registry, **options: Any) -> GardenerPool:
+        """A pool whose image repositories no other test uses, its kubelet on a free port."""
+        suffix = uuid.uuid4().hex[:8]
+        return cls(
+            registry,
+            mirror,
+            hyperkube=f"gardener/hyperkube-{suffix}",
+            shipper=f"gardener/log-shipper-{suffix}",
+            healthz_port=free_port(),
+            **options,
+        )
 
     # -- images -------------------------------------------------------------------------
     def push_images(self, versions: tuple[str, ...]) -> None:

@@ -83,13 +83,15 @@ class Provision:
     secret_name: str
     gardener_version: str = "v1.150.0"
     kubernetes_version: str = "1.33.0"
+    #: the agent's probe and metrics ports (Gardener leaves them at 2751/2752)
+    ports: tuple[int, int] | None = None
 
     @property
     def config_path(self) -> str:
         return f"{BASE}/config-{self.gardener_version}.yaml"
 
     def agent_config(self, kubernetes_version: str | None = None) -> str:
-        doc = {
+        doc: dict[str, object] = {
             "apiVersion": "nodeagent.config.gardener.cloud/v1alpha1",
             "kind": "NodeAgentConfiguration",
             "apiServer": {"server": self.server, "caFile": CA_FILE},
@@ -101,6 +103,9 @@ class Provision:
                 },
             },
         }
+        if self.ports is not None:
+            health, metrics = self.ports
+            doc["server"] = {"healthProbes": {"port": health}, "metrics": {"port": metrics}}
         return yaml.safe_dump(doc, sort_keys=True)
 
 

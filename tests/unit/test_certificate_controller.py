@@ -111,7 +111,11 @@ def write_kubeconfig(fs: HostFS, lifetime: dt.timedelta, *, start: dt.datetime) 
     req = certificates.make_request("m1")
     cert = sign(req.csr_pem, lifetime, start=start)
     fs.write_atomic(
-        KUBECONFIG_FILE, certificates.kubeconfig("https://api:443", "/ca", cert, req.key_pem), 0o600
+        KUBECONFIG_FILE,
+        certificates.kubeconfig(
+            "https://api:443", "/ca", cert, req.key_pem, certificates.certificate_info(cert)
+        ),
+        0o600,
     )
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import subprocess
+import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -115,7 +117,8 @@ def test_kubeconfig_round_trip(tmp_path: Path) -> None:
     req = certificates.make_request("m1")
     now = datetime.now(UTC).replace(microsecond=0)
     cert = _issue(req.csr_pem, not_before=now, lifetime=timedelta(hours=720))
-    raw = certificates.kubeconfig("https://api.example:443", "/etc/ca.crt", cert, req.key_pem)
+    info = certificates.certificate_info(cert)
+    raw = certificates.kubeconfig("https://api.example:443", "/etc/ca.crt", cert, req.key_pem, info)
     path = tmp_path / "kubeconfig"
     path.write_bytes(raw)
     settings = parse_kubeconfig(path)
@@ -124,7 +127,7 @@ def test_kubeconfig_round_trip(tmp_path: Path) -> None:
     assert settings.client_cert_data == cert
     assert settings.client_key_data == req.key_pem
     assert certificates.kubeconfig_certificate(raw) == cert
-    info = certificates.certificate_info(cert)
+    assert certificates.kubeconfig_certificate_info(raw) == info  # from the extension
     assert info.subject == "CN=gardener.cloud:node-agent:machine:m1,O=gardener.cloud:node-agents"
     assert info.not_before == now
     assert info.lifetime == timedelta(hours=720)
@@ -141,3 +144,35 @@ def test_a_token_kubeconfig_has_no_certificate() -> None:
     assert certificates.kubeconfig_certificate(b"{not yaml") is None
     with pytest.raises(CertificateError, match="not a PEM certificate"):
         certificates.certificate_info(b"garbage")
+
+
+def test_certificate_info_comes_from_the_extension_without_cryptography(tmp_path: Path) -> None:
+    """Reading the validity at every start must not load cryptography (memory, start-up)."""
+    req = certificates.make_request("m1")
+    now = datetime.now(UTC).replace(microsecond=0)
+    cert = _issue(req.csr_pem, not_before=now, lifetime=timedelta(hours=720))
+    info = certificates.certificate_info(cert)
+    path = tmp_path / "kubeconfig"
+    path.write_bytes(certificates.kubeconfig("https://x", "/ca", cert, req.key_pem, info))
+    probe = (
+        "import sys; from pathlib import Path; from node_agent.kube import certificates as c; "
+        f"i = c.kubeconfig_certificate_info(Path({str(path)!r}).read_bytes()); "
+        "print(i.not_after.isoformat(), any(m.startswith('cryptography') for m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == [info.not_after.isoformat(), "False"]
+
+
+def test_an_extension_that_does_not_match_the_certificate_is_not_trusted() -> None:
+    req = certificates.make_request("m1")
+    now = datetime.now(UTC).replace(microsecond=0)
+    cert = _issue(req.csr_pem, not_before=now, lifetime=timedelta(hours=720))
+    lie = certificates.CertificateInfo("CN=x", now, now + timedelta(days=3650))
+    raw = certificates.kubeconfig("https://x", "/ca", cert, req.key_pem, lie)
+    other = _issue(req.csr_pem, not_before=now, lifetime=timedelta(hours=1))
+    swapped = raw.replace(
+        base64.b64encode(cert), base64.b64encode(other)
+    )  # the certificate replaced by hand, the extension left
+    info = certificates.kubeconfig_certificate_info(swapped)
+    assert info is not None
+    assert info.lifetime == timedelta(hours=1)
