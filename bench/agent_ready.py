@@ -63,7 +63,10 @@ def timestamps(node: IsolatedSystemd) -> tuple[int, int, str]:
 
 
 def ready_seconds(node: IsolatedSystemd, action: str) -> float:
-    node.run(["systemctl", action, UNIT], timeout=120)
+    done = node.run(["systemctl", action, UNIT], timeout=120, check=False)
+    if done.returncode != 0:
+        journal = node.run(["journalctl", "-u", UNIT, "--no-pager", "-n", "30"], check=False)
+        raise SystemExit(f"systemctl {action} {UNIT} failed:\n{journal.stdout}")
     started, active, state = timestamps(node)
     if state != "active":
         raise SystemExit(f"{UNIT} is {state} after {action}")
@@ -119,7 +122,7 @@ async def run(rounds: int) -> None:
                 node.path(CONFIG).parent.mkdir(parents=True, exist_ok=True)
                 node.path(CONFIG).write_text(yaml.safe_dump(config))
                 node.path(f"/etc/systemd/system/{UNIT}").write_text(
-                    "[Service]\nType=notify\nNotifyAccess=main\n"
+                    "[Unit]\nStartLimitIntervalSec=0\n[Service]\nType=notify\nNotifyAccess=main\n"
                     f"ExecStart={BINARY} run --config {CONFIG}\n"
                 )
                 node.run(["systemctl", "daemon-reload"])

@@ -35,15 +35,17 @@ from urllib.parse import quote
 
 import aiohttp
 import yaml
-from kubernetes_asyncio.client.api_client import ApiClient
-from kubernetes_asyncio.client.configuration import Configuration
 
 from node_agent import __version__
 from node_agent.errors import KubeConfigError, KubeError, KubeTimeout, KubeTransportError
+from node_agent.kube import lean
 from node_agent.kube.status import ObjectRef, status_from_body
 
 if TYPE_CHECKING:
     from node_agent.kube.watch import Watchable
+
+# Only what the agent uses of kubernetes-asyncio (see node_agent.kube.lean for why).
+ApiClientClass, Configuration = lean.load()
 
 log = logging.getLogger(__name__)
 
@@ -331,7 +333,7 @@ class KubeClient:
                 stack, settings.client_key_file, settings.client_key_data
             )
             try:
-                api = ApiClient(configuration=conf)
+                api = ApiClientClass(configuration=conf)
             except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
                 raise KubeConfigError(f"TLS set-up for {settings.server}: {exc}") from exc
         api.user_agent = f"node-agent/{__version__}"
