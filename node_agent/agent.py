@@ -99,20 +99,29 @@ async def run_agent(
     from node_agent.kube.client import KubeClient  # costly import, only for the daemon
 
     notifier = Notifier()
-    fs = HostFS(settings.root, follow_system_symlinks=True)
-    observations = ApplyObservations()
-    state: StateStore = ObservedStateStore(fs, observations.observe)  # apply durations, restarts
-    observations.last = state.load_status()
-    removed = state.cleanup_temp_files()
-    if removed:
-        log.info("removed temp files of an interrupted write", paths=removed)
     systemd = Systemd(systemd_address, call_timeout=settings.systemd_job_timeout + 10)
-    await systemd.start()
-    kubeconfig = host_path(settings.root, config.client_connection.kubeconfig)
-    certs = CertificateController(settings, config, fs)
-    # Without a kubeconfig, the agent runs on its bootstrap token until it has a certificate.
-    bootstrapping = certs.needs_bootstrap()
-    kube = certs.token_client() if bootstrapping else KubeClient.from_kubeconfig(kubeconfig)
+    # The systemd worker (a process of its own) starts while the rest is set up; the
+    # controllers wait for it, so READY still means connected.
+    connecting = asyncio.create_task(systemd.start(), name="systemd-connect")
+    try:
+        fs = HostFS(settings.root, follow_system_symlinks=True)
+        observations = ApplyObservations()
+        state: StateStore = ObservedStateStore(fs, observations.observe)  # apply durations
+        observations.last = state.load_status()
+        removed = state.cleanup_temp_files()
+        if removed:
+            log.info("removed temp files of an interrupted write", paths=removed)
+        kubeconfig = host_path(settings.root, config.client_connection.kubeconfig)
+        certs = CertificateController(settings, config, fs)
+        # Without a kubeconfig, the agent runs on its bootstrap token until it has a certificate.
+        bootstrapping = certs.needs_bootstrap()
+        kube = certs.token_client() if bootstrapping else KubeClient.from_kubeconfig(kubeconfig)
+    except BaseException:
+        connecting.cancel()
+        with contextlib.suppress(BaseException):
+            await connecting
+        await systemd.close()
+        raise
     ctx = AgentContext(
         settings=settings,
         config=config,
@@ -145,6 +154,7 @@ async def run_agent(
     certs.on_wait = waiting_for_certificate
 
     async def controllers() -> None:
+        await connecting
         if bootstrapping:
             await certs.bootstrap(ctx.kube)
             token_client, ctx.kube = ctx.kube, KubeClient.from_kubeconfig(kubeconfig)
