@@ -16,6 +16,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ from node_agent import __version__
 from node_agent.applier import Applier
 from node_agent.config import AgentSettings, NodeAgentConfiguration
 from node_agent.containerd.expand import ContainerdExpander
-from node_agent.containerd.images import CtrImages
+from node_agent.containerd.images import CtrImages, ImageStore
 from node_agent.context import AgentContext
 from node_agent.controllers.certificate import CertificateController
 from node_agent.controllers.lease import LeaseController
@@ -38,7 +39,7 @@ from node_agent.log import get_logger
 from node_agent.observability import ApplyObservations, Observability, ObservedStateStore
 from node_agent.sdnotify import Notifier
 from node_agent.selfexe import own_executable
-from node_agent.systemd import Systemd
+from node_agent.systemd import Systemd, SystemdSeam
 
 log = get_logger("node-agent")
 #: From SIGTERM to exit: controllers unwind, clients close; past this the process exits anyway.
@@ -54,6 +55,72 @@ EXTRA_CONTROLLERS: list[tuple[str, ControllerFactory]] = []
 
 class _Shutdown(Exception):
     """Raised by the signal task to cancel every controller in the TaskGroup."""
+
+
+@dataclass(frozen=True)
+class Agent:
+    """The agent's parts, wired once: what ``run_agent`` runs and what tests drive."""
+
+    ctx: AgentContext
+    applier: Applier
+    osc: OSCController
+    lease: LeaseController
+    node: NodeController
+    token: TokenController
+
+
+def build_agent(
+    ctx: AgentContext,
+    *,
+    images: ImageStore | None,
+    expander: Callable[[HostFS], ContainerdExpander] | None = ContainerdExpander,
+) -> Agent:
+    """The applier and the controllers on ``ctx``'s seams. ``images``: where imageRef files come
+    from (the daemon: the node's containerd through ``ctr``); ``expander``: what the agent
+    derives from an OSC (containerd's config from ``criConfig``), None for the OSC as it is."""
+    applier = build_applier(
+        ctx.fs,
+        ctx.state,
+        ctx.systemd,
+        ctx.settings,
+        host_name=ctx.host_name,
+        images=images,
+        expander=expander,
+    )
+    osc = OSCController(ctx, applier)
+    lease = LeaseController(ctx)  # its own client and connection pool (see the module)
+    node = NodeController(ctx, on_recreated=osc.node_recreated)
+    token = TokenController(ctx)
+    ctx.health.info.update(osc=osc, lease=lease, node=node, token=token)
+    return Agent(ctx, applier, osc, lease, node, token)
+
+
+def build_applier(
+    fs: HostFS,
+    state: StateStore,
+    systemd: SystemdSeam | None,
+    settings: AgentSettings,
+    *,
+    host_name: str,
+    images: ImageStore | None,
+    expander: Callable[[HostFS], ContainerdExpander] | None = ContainerdExpander,
+) -> Applier:
+    """The apply pipeline, the same for the daemon, the tests and ``node-agent apply``."""
+    derive = expander(fs) if expander is not None else None
+    return Applier(
+        fs,
+        state,
+        systemd,
+        host_name=host_name,
+        agent_unit=settings.agent_unit,
+        job_timeout=settings.systemd_job_timeout,
+        images=images,
+        expand=derive,  # containerd's config.toml, certs.d and drop-in from criConfig
+        prepare=derive.prepare if derive is not None else None,
+        # derived items held back (a mirror not up yet) are checked again sooner
+        held_back=(lambda: derive.held_back) if derive is not None else None,
+        keep_previous=own_binaries(settings.root),  # kept as <path>.previous on self-update
+    )
 
 
 def own_binaries(root: Path) -> tuple[str, ...]:
@@ -161,25 +228,8 @@ async def run_agent(
             await token_client.close()
         else:
             certs.settle()
-        containerd = ContainerdExpander(fs)
-        applier = Applier(
-            fs,
-            state,
-            systemd,
-            host_name=ctx.host_name,
-            agent_unit=settings.agent_unit,
-            job_timeout=settings.systemd_job_timeout,
-            images=CtrImages(root=settings.root),  # imageRef files, pulled by the node's containerd
-            expand=containerd,  # containerd's config.toml, certs.d and drop-in from criConfig
-            prepare=containerd.prepare,
-            held_back=lambda: containerd.held_back,  # mirrors not up yet: checked again sooner
-            keep_previous=own_binaries(settings.root),  # kept as <path>.previous on self-update
-        )
-        osc = OSCController(ctx, applier)
-        lease = LeaseController(ctx)  # its own client and connection pool (see the module)
-        node = NodeController(ctx, on_recreated=osc.node_recreated)
-        token = TokenController(ctx)
-        ctx.health.info.update(osc=osc, lease=lease, node=node, token=token)
+        agent = build_agent(ctx, images=CtrImages(root=settings.root))
+        osc, lease, node, token = agent.osc, agent.lease, agent.node, agent.token
         async with asyncio.TaskGroup() as tasks:
             tasks.create_task(find_node_then(osc.node_recreated), name="find-node")
             tasks.create_task(osc.run(), name="osc")

@@ -319,8 +319,7 @@ async def _prepare(
     """
     import socket
 
-    from node_agent.applier import Applier
-    from node_agent.containerd.expand import ContainerdExpander
+    from node_agent.agent import build_applier
     from node_agent.containerd.images import CtrImages
     from node_agent.host.fs import HostFS
     from node_agent.host.state import StateStore
@@ -344,16 +343,13 @@ async def _prepare(
     if not offline:
         systemd = Systemd(args.systemd_bus)
         await systemd.start()
-    containerd = ContainerdExpander(fs)
-    applier = Applier(
+    applier = build_applier(
         fs,
         StateStore(fs),
         systemd,
+        settings,
         host_name=host_name,
-        agent_unit=settings.agent_unit,
         images=None if offline else CtrImages(root=settings.root),  # offline: imageRef skipped
-        expand=containerd,  # derived from criConfig; reads the host, writes nothing
-        prepare=containerd.prepare,
     )
     return applier, osc, raw, resolved
 

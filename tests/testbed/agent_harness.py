@@ -36,7 +36,7 @@ import yaml
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client import ApiClient
 
-from node_agent.applier import Applier
+from node_agent.agent import build_agent
 from node_agent.config import (
     CONFIG_FILE,
     KUBECONFIG_FILE,
@@ -45,6 +45,7 @@ from node_agent.config import (
     NodeAgentConfiguration,
     parse_config,
 )
+from node_agent.containerd.expand import ContainerdExpander
 from node_agent.containerd.images import ImageStore
 from node_agent.context import AgentContext
 from node_agent.controllers.osc import OSCController
@@ -434,7 +435,7 @@ class OSCAgent:
     images: ImageStore | None = None
     #: builds the applier's ``expand`` (with its ``prepare``) on the agent's HostFS, e.g.
     #: ``ContainerdExpander``; None: the OSC as published
-    expander: Callable[[HostFS], Any] | None = None
+    expander: Callable[[HostFS], ContainerdExpander] | None = None
     _task: asyncio.Task[None] | None = None
 
     def __post_init__(self) -> None:
@@ -491,19 +492,8 @@ class OSCAgent:
         )
         node = await kube.get_node(self.node_name)
         self.ctx.node_uid = node["metadata"]["uid"]
-        expand = self.expander(fs) if self.expander is not None else None
-        applier = Applier(
-            fs,
-            state,
-            systemd,
-            host_name=self.node_name,
-            agent_unit=AGENT_UNIT,
-            images=self.images,
-            expand=expand,
-            prepare=expand.prepare if expand is not None else None,
-            held_back=(lambda: expand.held_back) if expand is not None else None,
-        )
-        self.controller = OSCController(self.ctx, applier)
+        agent = build_agent(self.ctx, images=self.images, expander=self.expander)
+        self.controller = agent.osc
         self._task = asyncio.create_task(self.controller.run())
 
     async def stop(self) -> None:
