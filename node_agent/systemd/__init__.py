@@ -3,14 +3,17 @@
 Why a seam: the real adapter (``Systemd``) runs pystemd in a worker process so a hung D-Bus call
 can never freeze the agent; other layers depend only on this Protocol, so their unit tests can
 pass a small fake instead.
+
+``Systemd`` is loaded on first use: the worker process (``python -m node_agent.systemd.worker``)
+imports this package too, and must not pay for asyncio and structlog that only the agent's side
+of the pipe needs.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from node_agent.systemd.client import Systemd
 from node_agent.systemd.types import (
     JOB_ACTIONS,
     JobAction,
@@ -18,6 +21,9 @@ from node_agent.systemd.types import (
     UnitFileChange,
     UnitState,
 )
+
+if TYPE_CHECKING:
+    from node_agent.systemd.client import Systemd
 
 __all__ = [
     "JOB_ACTIONS",
@@ -28,6 +34,14 @@ __all__ = [
     "UnitFileChange",
     "UnitState",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Systemd":
+        from node_agent.systemd.client import Systemd
+
+        return Systemd
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @runtime_checkable

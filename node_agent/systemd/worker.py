@@ -19,6 +19,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import importlib
+import importlib.util
 import json
 import os
 import select
@@ -27,9 +29,16 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
-from pystemd.dbuslib import DBus, DBusAddress, apply_signature
+if TYPE_CHECKING:
+    from pystemd.dbuslib import DBus
+
+# The worker imports only what it runs: no asyncio, structlog, pydantic or kubernetes client (the
+# package ``node_agent.systemd`` loads its asyncio client lazily), and pystemd's sd-bus binding
+# without pystemd's package initialiser (see ``load_dbuslib``). tests/unit/
+# test_systemd_worker_imports.py keeps it so.
 
 PROTOCOL = 1
 DEST = b"org.freedesktop.systemd1"
@@ -42,6 +51,26 @@ JOB_METHODS = {"start": b"StartUnit", "stop": b"StopUnit", "restart": b"RestartU
 #: Results of JobRemoved we did not claim yet are forgotten after this long.
 UNCLAIMED_TTL = 300.0
 PR_SET_PDEATHSIG = 1
+
+
+def load_dbuslib(*, bare_package: bool = False) -> ModuleType:
+    """pystemd's sd-bus binding (``pystemd.dbuslib``), the only part of pystemd the worker uses.
+
+    ``pystemd/__init__`` imports its object layer (``pystemd.systemd1``, ``pystemd.base``, lxml,
+    inspect...): about 8 MiB of a process that only needs the binding. With ``bare_package`` and
+    pystemd not imported yet, the package is registered without running its initialiser, so that
+    importing the submodule loads just ``dbuslib`` and what it imports itself. Only the worker
+    program does this (its process uses nothing else of pystemd); anywhere else pystemd is imported
+    the ordinary way.
+    """
+    loaded = sys.modules.get("pystemd.dbuslib")
+    if loaded is not None:
+        return loaded
+    if bare_package and "pystemd" not in sys.modules:
+        spec = importlib.util.find_spec("pystemd")
+        if spec is not None and spec.submodule_search_locations is not None:
+            sys.modules["pystemd"] = importlib.util.module_from_spec(spec)
+    return importlib.import_module("pystemd.dbuslib")
 
 
 class RequestError(Exception):
@@ -103,6 +132,7 @@ class Worker:
         # job path -> (unit, result, monotonic time it arrived)
         self.removed: dict[str, tuple[str, str, float]] = {}
         self._on_job_removed = self._make_callback()
+        self._apply_signature: Callable[[bytes, list[Any]], Any] = load_dbuslib().apply_signature
 
     # -- D-Bus plumbing ---------------------------------------------------------------------
     def _make_callback(self) -> Callable[..., None]:
@@ -122,12 +152,12 @@ class Worker:
         self.manager(b"Subscribe")
 
     def manager(self, method: bytes, signature: bytes = b"", *args: Any) -> Any:
-        call_args = apply_signature(signature, list(args)) if signature else []
+        call_args = self._apply_signature(signature, list(args)) if signature else []
         return self.bus.call_method(DEST, MANAGER_PATH, MANAGER, method, call_args).body
 
     def get_all(self, path: bytes, interface: bytes) -> dict[bytes, Any]:
         body = self.bus.call_method(
-            DEST, path, PROPERTIES, b"GetAll", apply_signature(b"s", [interface])
+            DEST, path, PROPERTIES, b"GetAll", self._apply_signature(b"s", [interface])
         ).body
         return body if isinstance(body, dict) else {}
 
@@ -376,7 +406,10 @@ def main(argv: list[str] | None = None) -> int:
     # Keep the protocol pipe to ourselves: anything else printing goes to stderr.
     out_fd = os.dup(1)
     os.dup2(2, 1)
-    bus: DBus = DBusAddress(opts.address.encode(), False) if opts.address else DBus()
+    dbuslib = load_dbuslib(bare_package=True)
+    bus: DBus = (
+        dbuslib.DBusAddress(opts.address.encode(), False) if opts.address else dbuslib.DBus()
+    )
     worker: Worker | None = None
     try:
         bus.open()
