@@ -132,7 +132,7 @@ class Applier:
 
     async def plan(self, osc: OperatingSystemConfig, resolved: Mapping[str, bytes]) -> ChangeSet:
         """What applying ``osc`` now would do (changes nothing, not even the inventory)."""
-        base = self.base(self.state.pending(), claim=False)
+        base = await asyncio.to_thread(self.base, await self.state.pending_async(), claim=False)
         desired = self.expand(osc)
         target = Applied.of_osc(desired, self.host_name, resolved, required=True)
         running = await self._running(base, target)
@@ -149,9 +149,8 @@ class Applier:
         return Applied.of_osc(previous, self.host_name, previous_resolved)
 
     def applied_checksum(self) -> str:
-        """sha256 of the last applied osc.yaml ('' if none); cheap: no parsing."""
-        last = self.state.load_last_applied()
-        return last.checksum if last is not None else ""
+        """sha256 of the last applied osc.yaml ('' if none); from memory once known."""
+        return self.state.applied_checksum()
 
     async def apply(
         self, raw: bytes, osc: OperatingSystemConfig, checksum: str, resolved: Mapping[str, bytes]
@@ -161,7 +160,7 @@ class Applier:
         the next call for the same OSC runs only what failed or is pending, and a newer OSC is
         planned from what is really applied."""
         started = time.monotonic()
-        pending = self.state.pending()
+        pending = await self.state.pending_async()
         resumed = pending is not None and pending.osc_checksum == checksum
         if pending is not None and resumed:
             log.info(
@@ -182,16 +181,16 @@ class Applier:
                 plan, base, desired, self.host_name, resolved, agent_unit=self.agent_unit
             )
             try:
-                self.preflight(change_set)
+                await asyncio.to_thread(self.preflight, change_set)
             except HostError as exc:
-                self._record(checksum, started, error=str(exc))
+                await self._record(checksum, started, error=str(exc))
                 raise
-            pending = self.state.begin(change_set, checksum, base=base, target=target)
+            pending = await self.state.begin_async(change_set, checksum, base=base, target=target)
             if self.prepare is not None:
                 await asyncio.to_thread(self.prepare, desired)
         report = await self.executor.execute(pending)
         if not report.complete:
-            self._unfinished(checksum, started, report)
+            await self._unfinished(checksum, started, report)
         applied = pending.target
         if applied is None:  # a journal from an older agent
             applied = Applied.of_osc(self.expand(osc), self.host_name, resolved, required=True)
@@ -286,18 +285,18 @@ class Applier:
         found |= {s for s, path in deletes.items() if s in todo and not self.fs.exists(path)}
         return found
 
-    def _unfinished(self, checksum: str, started: float, report: ApplyReport) -> NoReturn:
+    async def _unfinished(self, checksum: str, started: float, report: ApplyReport) -> NoReturn:
         """Record a partial apply (the journal stays for the retry) and raise ApplyError."""
         if report.agent_restart_due:
             # The caller restarts the agent now; record it first so a retry does not repeat it.
-            pending = self.state.pending()
+            pending = await self.state.pending_async()
             if pending is not None:
                 agent = [s for s in pending.remaining() if self._is_agent_step(pending, s)]
-                self.state.mark_done(*agent)
+                await self.state.mark_done_async(*agent)
         report.duration = time.monotonic() - started
         failed = report.failed_items()
         message = f"{failed} item(s) not applied, the rest is: {report.describe_failures()}"
-        self._record(checksum, started, report=report, error=message)
+        await self._record(checksum, started, report=report, error=message)
         raise ApplyError(message, report=report)
 
     @staticmethod
@@ -336,8 +335,8 @@ class Applier:
     ) -> Outcome | None:
         """Re-check the disk against the applied OSC (upstream trusts the checksum forever):
         rewrite what drifted and restart exactly the units that depend on it."""
-        last = self.state.load_last_applied()
-        if last is None or self.state.pending() is not None:
+        last = await self.state.load_last_applied_async()
+        if last is None or await self.state.pending_async() is not None:
             return None
         refs = resolved if resolved is not None else (last.resolved or {})
         osc = await asyncio.to_thread(self.expand, osc)
@@ -358,15 +357,15 @@ class Applier:
             modes=sorted(mode_only),
         )
         started = time.monotonic()
-        self.preflight(repair)
+        await asyncio.to_thread(self.preflight, repair)
         applied = Applied.of_osc(osc, self.host_name, refs)
-        pending = self.state.begin(repair, last.checksum, base=applied, target=applied)
+        pending = await self.state.begin_async(repair, last.checksum, base=applied, target=applied)
         report = await self.executor.execute(pending)
         if not report.complete:
-            self._unfinished(last.checksum, started, report)
-        self.state.finish()
+            await self._unfinished(last.checksum, started, report)
+        await self.state.finish_async()
         report.duration = time.monotonic() - started
-        self._record(last.checksum, started, report=report)
+        await self._record(last.checksum, started, report=report)
         return Outcome(last.checksum, repair, report)
 
     def preflight(self, cs: ChangeSet) -> None:
@@ -397,11 +396,11 @@ class Applier:
         resumed: bool,
     ) -> Outcome:
         orphans = await self.remove_orphans(target)
-        self.state.save_last_applied(raw, resolved, applied=target)
+        await self.state.save_last_applied_async(raw, resolved, applied=target)
         self._parsed = (checksum, osc)
-        self.state.finish()
+        await self.state.finish_async()
         report.duration = time.monotonic() - started
-        self._record(checksum, started, report=report)
+        await self._record(checksum, started, report=report)
         return Outcome(checksum, change_set, report, resumed=resumed, orphans_removed=orphans)
 
     async def remove_orphans(self, applied: Applied) -> list[str]:
@@ -409,7 +408,7 @@ class Applier:
         wanted = wanted_paths(applied)
         owned = [
             p
-            for p, entry in self.state.inventory().entries.items()
+            for p, entry in (await self.state.inventory_async()).entries.items()
             if entry.created and p not in wanted
         ]
         units = [
@@ -443,13 +442,13 @@ class Applier:
                 continue
             removed.append(path)
         if removed:
-            self.state.release(removed)
+            await self.state.release_async(removed)
             if self.systemd is not None and any(p.startswith(UNIT_DIR + "/") for p in removed):
                 await self.systemd.daemon_reload()
             log.info("removed leftovers no OSC wants", paths=removed)
         return removed
 
-    def _record(
+    async def _record(
         self, checksum: str, started: float, *, report: object = None, error: str | None = None
     ) -> None:
         rep = report if isinstance(report, ApplyReport) else None
@@ -459,7 +458,7 @@ class Applier:
             u for u, r in (rep.results.items() if rep else ()) if r.action == "stop" and r.ok
         ]
         try:
-            self.state.save_status(
+            await self.state.save_status_async(
                 ApplyRecord(
                     osc_checksum=checksum,
                     started_at=finished - timedelta(seconds=duration),

@@ -172,7 +172,7 @@ class Executor:
             failed.update(errors)
             for step, why in errors.items():
                 report.failures[step] = _failure(step, why)
-            pending = self.state.mark_done(*ok, failed=failed)
+            pending = await self.state.mark_done_async(*ok, failed=failed)
             for step in ok:
                 _crash_hook(step)
         due = [s for s in agent_steps if s not in pending.done]
@@ -219,7 +219,7 @@ class Executor:
                     claims.append(claim)
                 ok.append(step)
             if claims:
-                self.state.record_written(claims)  # before the steps are marked done
+                await self.state.record_written_async(claims)  # before the steps are marked done
         elif kind in ("delete-dropin", "delete-unit", "delete-file"):
             for step in steps:
                 if kind == "delete-unit" and self._stop_failed(args[step], pending):

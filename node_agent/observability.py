@@ -118,8 +118,7 @@ class ObservedStateStore(StateStore):
         super().__init__(fs)
         self._on_status = on_status
 
-    def save_status(self, record: ApplyRecord) -> None:
-        super().save_status(record)
+    def status_saved(self, record: ApplyRecord) -> None:
         try:
             self._on_status(record)
         except Exception as exc:  # metrics must never fail an apply
@@ -210,8 +209,7 @@ def applied_and_desired(ctx: AgentContext) -> tuple[str, str | None]:
     import binascii
     import hashlib
 
-    last = ctx.state.load_last_applied()
-    applied = last.checksum if last is not None else ""
+    applied = ctx.state.applied_checksum()  # in memory: no read, no hashing per request
     osc = _controller(ctx, "osc")
     secret = getattr(osc, "latest_secret", None)
     desired: str | None = None

@@ -226,6 +226,7 @@ class StatusServer:
         osc, lease = info.get("osc"), info.get("lease")
         lease_stats = getattr(lease, "stats", None)
         lease_name = getattr(lease, "name", None)
+        await ctx.state.applied_checksum_async()  # known in memory after this: no re-read
         applied, desired = applied_and_desired(ctx)
         api_errors = [e for e in health.errors if _is_api_error(e)]
         live, ready = self.probes.live(), self.probes.ready()
@@ -261,9 +262,9 @@ class StatusServer:
             "applies": int(getattr(osc, "applies", 0)),
             "failures": int(getattr(osc, "failures", 0)),
         }
-        record = ctx.state.load_status()
+        record = await ctx.state.load_status_async()
         doc["last_apply"] = _apply_entry(record.model_dump(mode="json")) if record else None
-        pending = ctx.state.pending()
+        pending = await ctx.state.pending_async()
         if pending is not None:
             doc["change_in_progress"] = _pending_entry(
                 pending.osc_checksum, pending.started_at, pending.steps, pending.remaining()
@@ -271,7 +272,7 @@ class StatusServer:
         doc["units"] = await self._unit_health(applied)
         doc["errors"] = [_error_entry(e) for e in health.errors]
         doc["inventory"] = _inventory_counts(
-            (e.kind, e.created) for e in ctx.state.inventory().entries.values()
+            (e.kind, e.created) for e in (await ctx.state.inventory_async()).entries.values()
         )
         doc["endpoints"] = {
             "health": None,
@@ -323,7 +324,7 @@ class StatusServer:
             return ()
         if self._units is not None and self._units[0] == applied:
             return self._units[1]
-        last = self.ctx.state.load_last_applied()
+        last = await self.ctx.state.load_last_applied_async()
         if last is None:
             return ()
         names = await asyncio.to_thread(_osc_unit_names, last.raw)

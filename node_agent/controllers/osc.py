@@ -250,8 +250,8 @@ class OSCController:
         raw = secret_bytes(secret, DATA_KEY, name)
         annotated = (meta.get("annotations") or {}).get(report.ANNOTATION_SECRET_CHECKSUM)
         checksum = sha256_hex(raw)
-        applied = self.applier.applied_checksum()
-        if applied == checksum and self.ctx.state.pending() is None:
+        applied = await self.ctx.state.applied_checksum_async()
+        if applied == checksum and await self.ctx.state.pending_async() is None:
             # Byte-identical to what is applied (and was validated then): no host action,
             # except on the periodic resync, which repairs drift on disk.
             if resync:
@@ -265,7 +265,7 @@ class OSCController:
         osc = await asyncio.to_thread(decode_osc, raw, annotated, self.ctx.host_name)
         self.desired_checksum = checksum
         first_apply = applied == ""
-        pending = self.ctx.state.pending()
+        pending = await self.ctx.state.pending_async()
         retrying = pending is not None and pending.osc_checksum == checksum
         if not first_apply and not retrying:
             await self._reconciliation_delay()

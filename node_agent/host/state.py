@@ -25,6 +25,12 @@ atomically through HostFS, each a versioned pydantic model:
   deleted.
 - ``status.json`` — the last apply's outcome, for ``node-agent status`` (mode 0644, no secrets).
 
+The async methods (``*_async``) are what code on the event loop calls: they read the agent's own
+state files with aiofiles and run the writes (temp file, fsync, rename, directory fsync, through
+HostFS) in a worker thread, so a state write never stalls the loop. The sync methods stay for the
+CLI and tests. The applied checksum is kept in memory once known (``applied_checksum``), so
+``/metrics``, ``/readyz`` and ``status`` never re-read and hash the last applied OSC.
+
 A document that cannot be read (corrupt, or written by a newer agent) is moved aside to
 ``<name>.corrupt`` and treated as absent: that always errs towards re-applying (writes are
 idempotent) and towards deleting nothing.
@@ -32,15 +38,21 @@ idempotent) and towards deleting nothing.
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import contextlib
+import errno
 import hashlib
+import os
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from dataclasses import field as dataclass_field
 from datetime import UTC, datetime
 from typing import Annotated, Literal, TypeVar
 
+import aiofiles
+import aiofiles.os
 import structlog
 from pydantic import (
     AwareDatetime,
@@ -53,7 +65,8 @@ from pydantic import (
 )
 
 from node_agent import layout
-from node_agent.host.fs import HostFS
+from node_agent.errors import HostError
+from node_agent.host.fs import TEMP_PREFIX, HostFS
 from node_agent.host.steps import dropin_step, file_step, step_ids, unit_step
 from node_agent.osc.applied import Applied
 from node_agent.osc.plan import ChangeSet
@@ -259,6 +272,10 @@ class StateStore:
         self.state_dir = state_dir.rstrip("/")
         self._pending: Pending | None = None
         self._inventory: Inventory | None = None
+        #: sha256 of last-applied-osc.yaml as last read or written ('' none); None: not read yet
+        self._applied: str | None = None
+        self._no_journal = False  # True: read once and found none, and none begun since
+        self._lock = asyncio.Lock()  # one state change at a time from the loop
 
     def path(self, name: str) -> str:
         """Host path of state file ``name``."""
@@ -268,10 +285,22 @@ class StateStore:
 
     def load_last_applied(self) -> LastApplied | None:
         raw = self.fs.read(self.path(LAST_APPLIED_OSC))
+        return self._last_applied(raw, self._load(LAST_APPLIED_META, LastAppliedMeta))
+
+    async def load_last_applied_async(self) -> LastApplied | None:
+        raw = await self._read_async(LAST_APPLIED_OSC)
         if raw is None:
+            self._applied = ""
+            return None
+        meta = await self._load_async(LAST_APPLIED_META, LastAppliedMeta)
+        return await asyncio.to_thread(self._last_applied, raw, meta)  # hashing up to 1 MiB
+
+    def _last_applied(self, raw: bytes | None, meta: LastAppliedMeta | None) -> LastApplied | None:
+        if raw is None:
+            self._applied = ""
             return None
         checksum = sha256_hex(raw)
-        meta = self._load(LAST_APPLIED_META, LastAppliedMeta)
+        self._applied = checksum
         if meta is None or meta.checksum != checksum:
             return LastApplied(raw=raw, checksum=checksum, applied_at=None, resolved=None)
         return LastApplied(
@@ -300,7 +329,9 @@ class StateStore:
             applied=applied,
         )
         self._save(LAST_APPLIED_META, meta, SECRET_MODE)
+        self._applied = None  # unknown if the write below fails half-way
         self.fs.write_atomic(self.path(LAST_APPLIED_OSC), raw, SECRET_MODE)
+        self._applied = meta.checksum
         return LastApplied(
             raw=raw,
             checksum=meta.checksum,
@@ -309,9 +340,36 @@ class StateStore:
             applied=applied,
         )
 
+    async def save_last_applied_async(
+        self,
+        raw: bytes,
+        resolved: Mapping[str, bytes] | None = None,
+        *,
+        applied_at: datetime | None = None,
+        applied: Applied | None = None,
+    ) -> LastApplied:
+        async with self._lock:
+            return await asyncio.to_thread(
+                self.save_last_applied, raw, resolved, applied_at=applied_at, applied=applied
+            )
+
     def clear_last_applied(self) -> None:
+        self._applied = None
         self.fs.remove(self.path(LAST_APPLIED_OSC))
         self.fs.remove(self.path(LAST_APPLIED_META))
+        self._applied = ""
+
+    def applied_checksum(self) -> str:
+        """sha256 of the last applied osc.yaml ('' if none), from memory once known: read and
+        hashed only the first time (the loop calls ``applied_checksum_async`` before)."""
+        if self._applied is None:
+            self.load_last_applied()
+        return self._applied or ""
+
+    async def applied_checksum_async(self) -> str:
+        if self._applied is None:
+            await self.load_last_applied_async()
+        return self._applied or ""
 
     # --- journal ---------------------------------------------------------------------------------
 
@@ -335,6 +393,7 @@ class StateStore:
             )
         )
         self.fs.remove(self.path(CHANGES_DONE))
+        self._no_journal = False
         doc = JournalDoc(
             id=uuid.uuid4().hex,
             osc_checksum=osc_checksum,
@@ -358,12 +417,40 @@ class StateStore:
         )
         return self._pending
 
+    async def begin_async(
+        self,
+        change_set: ChangeSet,
+        osc_checksum: str,
+        *,
+        base: Applied | None = None,
+        target: Applied | None = None,
+    ) -> Pending:
+        async with self._lock:
+            return await asyncio.to_thread(
+                self.begin, change_set, osc_checksum, base=base, target=target
+            )
+
+    async def pending_async(self) -> Pending | None:
+        """``pending()``; the journal (it carries file contents) is read off the loop."""
+        if self._pending is not None or self._no_journal:
+            return self._pending
+        async with self._lock:
+            if self._pending is None and not self._no_journal:
+                if await self._exists_async(CHANGES):
+                    await asyncio.to_thread(self.pending)
+                else:
+                    self._no_journal = True
+            return self._pending
+
     def pending(self) -> Pending | None:
         """The journal left by an unfinished apply, with the steps already done; None if none."""
         if self._pending is not None:
             return self._pending
+        if self._no_journal:
+            return None
         doc = self._load(CHANGES, JournalDoc)
         if doc is None:
+            self._no_journal = True
             return None
         progress = self._load(CHANGES_DONE, JournalProgress)
         known = set(step_ids(doc.change_set))
@@ -407,6 +494,21 @@ class StateStore:
         self._pending = replace(pending, done=frozenset(done), failed=new_failed)
         return self._pending
 
+    async def mark_done_async(
+        self, *steps: str, failed: Mapping[str, str] | None = None
+    ) -> Pending:
+        async with self._lock:
+            return await asyncio.to_thread(lambda: self.mark_done(*steps, failed=failed))
+
+    async def record_written_async(self, claims: Iterable[Claim]) -> Inventory:
+        claims = list(claims)
+        async with self._lock:
+            return await asyncio.to_thread(self.record_written, claims)
+
+    async def finish_async(self) -> None:
+        async with self._lock:
+            await asyncio.to_thread(self.finish)
+
     def record_written(self, claims: Iterable[Claim]) -> Inventory:
         """Claim paths that were just written (call before marking their steps done). A path new
         to the inventory counts as created by the agent unless the journal saw it before."""
@@ -425,12 +527,20 @@ class StateStore:
         self.fs.remove(self.path(CHANGES))  # first: a lone progress file never matches a new id
         self.fs.remove(self.path(CHANGES_DONE))
         self._pending = None
+        self._no_journal = True
 
     # --- inventory -------------------------------------------------------------------------------
 
     def inventory(self) -> Inventory:
         if self._inventory is None:
             self._inventory = self._load(INVENTORY, Inventory) or Inventory()
+        return self._inventory
+
+    async def inventory_async(self) -> Inventory:
+        if self._inventory is None:
+            loaded = await self._load_async(INVENTORY, Inventory)
+            if self._inventory is None:  # an apply may have saved one meanwhile
+                self._inventory = loaded or Inventory()
         return self._inventory
 
     def has_inventory(self) -> bool:
@@ -463,6 +573,11 @@ class StateStore:
             entries.pop(p, None)
         return self._save_inventory(entries)
 
+    async def release_async(self, paths: Iterable[str]) -> Inventory:
+        paths = list(paths)
+        async with self._lock:
+            return await asyncio.to_thread(self.release, paths)
+
     def _save_inventory(self, entries: dict[str, OwnedEntry]) -> Inventory:
         inv = self.inventory()
         if entries == inv.entries and self.has_inventory():
@@ -476,9 +591,22 @@ class StateStore:
 
     def save_status(self, record: ApplyRecord) -> None:
         self._save(STATUS, record, PUBLIC_MODE)
+        self.status_saved(record)
+
+    async def save_status_async(self, record: ApplyRecord) -> None:
+        data = record.model_dump_json(indent=2).encode() + b"\n"
+        async with self._lock:
+            await self._write_async(STATUS, data, PUBLIC_MODE)
+        self.status_saved(record)
+
+    def status_saved(self, record: ApplyRecord) -> None:
+        """Called after ``record`` was saved (a hook for metrics)."""
 
     def load_status(self) -> ApplyRecord | None:
         return self._load(STATUS, ApplyRecord)
+
+    async def load_status_async(self) -> ApplyRecord | None:
+        return await self._load_async(STATUS, ApplyRecord)
 
     # --- crash leftovers -------------------------------------------------------------------------
 
@@ -515,6 +643,58 @@ class StateStore:
             self._quarantine(name, raw, exc)
             return None
 
+    def _real(self, name: str) -> str:
+        """The path of state file ``name`` as this process sees it (below the root)."""
+        return os.path.join(self.fs.root, self.path(name).lstrip("/"))
+
+    async def _read_async(self, name: str) -> bytes | None:
+        """The bytes of state file ``name`` (None if missing), read with aiofiles; a symlink
+        there is refused, as HostFS refuses it."""
+        try:
+            async with aiofiles.open(self._real(name), "rb", opener=_open_nofollow) as f:
+                return await f.read()
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise HostError(f"{self.path(name)}: is a symlink") from exc
+            raise
+
+    async def _exists_async(self, name: str) -> bool:
+        return bool(await aiofiles.os.path.exists(self._real(name)))
+
+    async def _load_async(self, name: str, model: type[_D]) -> _D | None:
+        raw = await self._read_async(name)
+        if raw is None:
+            return None
+        try:
+            if len(raw) > _VALIDATE_ON_LOOP:
+                return await asyncio.to_thread(model.model_validate_json, raw)
+            return model.model_validate_json(raw)
+        except ValidationError as exc:
+            await asyncio.to_thread(self._quarantine, name, raw, exc)
+            return None
+
+    async def _write_async(self, name: str, data: bytes, mode: int) -> None:
+        """Replace state file ``name`` with ``data`` durably, written with aiofiles: a temp file
+        (HostFS's temp prefix, so a crash leftover is cleaned up at start), fsync, rename,
+        directory fsync."""
+        directory = self._real(name).rsplit("/", 1)[0]
+        if not await aiofiles.os.path.isdir(directory):
+            await asyncio.to_thread(self.fs.ensure_dir, self.state_dir)
+        tmp = f"{directory}/{TEMP_PREFIX}{uuid.uuid4().hex[:12]}-{name}"
+        try:
+            async with aiofiles.open(tmp, "wb", opener=_opener_new(mode)) as f:
+                await f.write(data)
+                await f.flush()
+                await _fsync(f.fileno())
+            await aiofiles.os.replace(tmp, self._real(name))
+        except BaseException:
+            with contextlib.suppress(OSError):
+                await aiofiles.os.unlink(tmp)
+            raise
+        await _fsync_dir(directory)
+
     def _quarantine(self, name: str, raw: bytes, exc: Exception) -> None:
         aside = self.path(name + CORRUPT_SUFFIX)
         _log.warning(
@@ -525,3 +705,39 @@ class StateStore:
         )
         self.fs.write_atomic(aside, raw, SECRET_MODE)
         self.fs.remove(self.path(name))
+
+
+_VALIDATE_ON_LOOP = 64 * 1024  # bytes; larger documents are parsed in a worker thread
+
+
+def _open_nofollow(path: str, flags: int) -> int:
+    return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC)
+
+
+def _opener_new(mode: int) -> Callable[[str, int], int]:
+    def opener(path: str, flags: int) -> int:
+        fd = os.open(path, flags | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            os.fchmod(fd, mode)  # exactly ``mode``, whatever the umask
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    return opener
+
+
+def _fsync_path(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_fd(fd: int) -> None:
+    os.fsync(fd)
+
+
+_fsync = aiofiles.os.wrap(_fsync_fd)
+_fsync_dir = aiofiles.os.wrap(_fsync_path)
