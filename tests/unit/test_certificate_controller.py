@@ -7,12 +7,10 @@ flow against kube-controller-manager is in tests/integration/test_certificate_fl
 from __future__ import annotations
 
 import asyncio
-import base64
 import datetime as dt
 import random
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 from cryptography import x509
@@ -25,8 +23,8 @@ from node_agent.controllers.certificate import CertificateController
 from node_agent.errors import ConfigError
 from node_agent.host.fs import HostFS
 from node_agent.kube import certificates
-from node_agent.kube.client import ClientStats
 from node_agent.layout import BOOTSTRAP_TOKEN_FILE, KUBECONFIG_FILE
+from tests.unit.fakes import FakeKube, issue_certificates
 
 CA_KEY = ec.generate_private_key(ec.SECP256R1())
 CA_NAME = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "ca")])
@@ -48,41 +46,14 @@ def sign(csr_pem: bytes, lifetime: dt.timedelta, *, start: dt.datetime | None = 
     return cert.public_bytes(serialization.Encoding.PEM)
 
 
-class FakeCSRs:
-    def __init__(self, kube: FakeKube) -> None:
-        self.kube = kube
-
-    async def create(self, body: dict[str, Any]) -> dict[str, Any]:
-        name = body["metadata"]["name"]
-        csr_pem = base64.b64decode(body["spec"]["request"])
-        cert = sign(csr_pem, self.kube.lifetime)
-        self.kube.requests.append(name)
-        self.kube.objects[name] = {
-            "metadata": {"name": name, "uid": name},
-            "status": {
-                "conditions": [{"type": "Approved"}],
-                "certificate": base64.b64encode(cert).decode(),
-            },
-        }
-        return self.kube.objects[name]
-
-    async def get(self, name: str) -> dict[str, Any]:
-        return self.kube.objects[name]
+def api() -> FakeKube:
+    """An API server that approves and issues every CertificateSigningRequest at once."""
+    return FakeKube(on_create=issue_certificates(lambda pem: sign(pem, dt.timedelta(hours=720))))
 
 
-class FakeKube:
-    def __init__(self, who: str, lifetime: dt.timedelta = dt.timedelta(hours=720)) -> None:
-        self.who, self.lifetime = who, lifetime
-        self.stats = ClientStats()
-        self.requests: list[str] = []
-        self.objects: dict[str, dict[str, Any]] = {}
-        self.closed = False
-
-    def certificate_signing_requests(self) -> FakeCSRs:
-        return FakeCSRs(self)
-
-    async def close(self) -> None:
-        self.closed = True
+def requested(kube: FakeKube) -> list[str]:
+    """Names of the CertificateSigningRequests created through ``kube``."""
+    return [call[2] for call in kube.writes("CertificateSigningRequest.create")]
 
 
 def controller(root: Path, token_client: FakeKube | None = None) -> CertificateController:
@@ -141,7 +112,7 @@ async def test_bootstrap_writes_a_0600_kubeconfig_for_the_machine(tmp_path: Path
     node(tmp_path)
     certs = controller(tmp_path)
     assert certs.needs_bootstrap()
-    kube = FakeKube("bootstrap")
+    kube = api()
     await certs.bootstrap(kube)  # type: ignore[arg-type]
     path = tmp_path / KUBECONFIG_FILE.lstrip("/")
     assert oct(path.stat().st_mode & 0o777) == "0o600"
@@ -149,7 +120,7 @@ async def test_bootstrap_writes_a_0600_kubeconfig_for_the_machine(tmp_path: Path
     assert certs.view().subject == (
         "CN=gardener.cloud:node-agent:machine:m1,O=gardener.cloud:node-agents"
     )
-    assert kube.requests[0].startswith("node-agent-csr-")
+    assert requested(kube)[0].startswith("node-agent-csr-")
     assert not controller(tmp_path).needs_bootstrap()
 
 
@@ -161,11 +132,11 @@ async def test_renewal_uses_the_current_identity_and_counts(tmp_path: Path) -> N
     assert not certs.needs_bootstrap()
     certs.settle()
     before = current_serial(tmp_path)
-    kube = FakeKube("certificate")
+    kube = api()
     task = asyncio.create_task(certs.run(kube))  # type: ignore[arg-type]
     await until(lambda: certs.rotations > 0)
     task.cancel()
-    assert kube.requests  # asked with the running client, not the token
+    assert requested(kube)  # asked with the running client, not the token
     assert current_serial(tmp_path) != before
     assert certs.renew_at is not None
     assert certs.renew_at > dt.datetime.now(dt.UTC) + dt.timedelta(hours=500)
@@ -174,10 +145,10 @@ async def test_renewal_uses_the_current_identity_and_counts(tmp_path: Path) -> N
 async def test_a_refused_certificate_falls_back_to_the_bootstrap_token(tmp_path: Path) -> None:
     fs = node(tmp_path)
     write_kubeconfig(fs, dt.timedelta(hours=720), start=dt.datetime.now(dt.UTC))
-    token_client = FakeKube("bootstrap")
+    token_client = api()
     certs = controller(tmp_path, token_client)
     certs.settle()
-    running = FakeKube("certificate")
+    running = api()
     running.stats.last_ok, running.stats.last_unauthorized = 1.0, 2.0  # the server says 401
     before = current_serial(tmp_path)
     task = asyncio.create_task(certs.run(running))  # type: ignore[arg-type]
@@ -185,8 +156,8 @@ async def test_a_refused_certificate_falls_back_to_the_bootstrap_token(tmp_path:
     await asyncio.sleep(0.05)
     assert not task.done()  # still watching, not crashed on a second fallback
     task.cancel()
-    assert len(token_client.requests) == 1  # once, not in a loop
-    assert running.requests == []
+    assert len(requested(token_client)) == 1  # once, not in a loop
+    assert requested(running) == []
     assert not running.stats.rejected()
     assert current_serial(tmp_path) != before
 
@@ -196,10 +167,10 @@ async def test_without_a_token_a_refused_certificate_is_reported(tmp_path: Path)
     write_kubeconfig(fs, dt.timedelta(hours=720), start=dt.datetime.now(dt.UTC))
     certs = controller(tmp_path)
     certs.settle()
-    running = FakeKube("certificate")
+    running = api()
     running.stats.last_unauthorized = 1.0
     task = asyncio.create_task(certs.run(running))  # type: ignore[arg-type]
     await asyncio.sleep(0.05)
     task.cancel()
     assert certs.view().phase.startswith("refused by the server")
-    assert running.requests == []
+    assert requested(running) == []

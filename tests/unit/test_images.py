@@ -6,7 +6,6 @@ import json
 import os
 import stat
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +26,7 @@ from node_agent.host.fs import HostFS
 from node_agent.host.state import StateStore, sha256_hex
 from node_agent.osc import plan
 from node_agent.osc.decode import parse_osc
-from node_agent.systemd import JobAction, JobResult, UnitFileChange, UnitState
+from tests.unit.fakes import FakeSystemd
 
 HOST = "node-a"
 AGENT_UNIT = "node-agent-under-test.service"
@@ -337,49 +336,6 @@ class FakeImages:
         if path_in_image not in entry[1]:
             raise ImageError(image, f"{path_in_image} is not in the image")
         return entry[1][path_in_image]
-
-
-class FakeSystemd:
-    """Just enough systemd: every job succeeds and is recorded."""
-
-    def __init__(self) -> None:
-        self.jobs: list[tuple[str, str]] = []
-
-    async def start(self) -> None:
-        return None
-
-    async def close(self) -> None:
-        return None
-
-    async def daemon_reload(self) -> None:
-        return None
-
-    async def enable(self, units: Sequence[str]) -> list[UnitFileChange]:
-        return []
-
-    async def disable(self, units: Sequence[str]) -> list[UnitFileChange]:
-        return []
-
-    async def run_jobs(
-        self, jobs: Sequence[tuple[str, JobAction]], *, job_timeout: float = 10.0
-    ) -> dict[str, JobResult]:
-        self.jobs += [(u, a) for u, a in jobs]
-        return {u: JobResult(u, a, "done") for u, a in jobs}
-
-    async def start_unit(self, unit: str, *, job_timeout: float = 10.0) -> JobResult:
-        return JobResult(unit, "start", "done")
-
-    async def stop_unit(self, unit: str, *, job_timeout: float = 10.0) -> JobResult:
-        return JobResult(unit, "stop", "done")
-
-    async def restart_unit(self, unit: str, *, job_timeout: float = 10.0) -> JobResult:
-        return JobResult(unit, "restart", "done")
-
-    async def unit_states(self, names: Sequence[str]) -> dict[str, UnitState]:
-        return {}
-
-    async def failed_units(self) -> list[str]:
-        return []
 
 
 KUBELET = b"\x7fELF kubelet v1.33.1"

@@ -16,54 +16,18 @@ from node_agent import report
 from node_agent.config import AgentSettings, NodeAgentConfiguration, parse_config
 from node_agent.context import AgentContext
 from node_agent.controllers.node import NodeController, restart_units
-from node_agent.errors import KubeNotFound, KubeTransportError
+from node_agent.errors import KubeTransportError
 from node_agent.host.fs import HostFS
 from node_agent.observability import ApplyObservations, Probes
 from node_agent.retry import API, Backoff
-from node_agent.systemd.types import JobResult
+from tests.unit.fakes import FakeKube, FakeSystemd
 
 OWN = "gardener-node-agent.service"
 
 
-class FakeKube:
-    def __init__(self, node: dict[str, Any]) -> None:
-        self.node = node
-        self.log: list[tuple[str, Any]] = []
-        self.fail_patches = 0
-        self.gone = False
-
-    async def get_node(self, name: str) -> dict[str, Any]:
-        if self.gone:
-            raise KubeNotFound(f'nodes "{name}" not found', status=404)
-        return self.node
-
-    async def patch_node(self, name: str, patch: dict[str, Any]) -> dict[str, Any]:
-        if self.fail_patches:
-            self.fail_patches -= 1
-            raise KubeTransportError("down")
-        self.log.append(("patch", patch))
-        for key, value in patch["metadata"]["annotations"].items():
-            if value is None:
-                self.node["metadata"]["annotations"].pop(key, None)
-        return self.node
-
-    async def create_event(self, body: dict[str, Any]) -> dict[str, Any]:
-        self.log.append(("event", (body["reason"], body["type"], body["message"])))
-        return body
-
-
-class FakeSystemd:
-    def __init__(self, log: list[tuple[str, Any]], failing: set[str] = frozenset()) -> None:  # type: ignore[assignment]
-        self.log = log
-        self.failing = failing
-
-    async def restart_unit(self, unit: str, *, job_timeout: float = 10.0) -> JobResult:
-        self.log.append(("restart", unit))
-        return JobResult(unit, "restart", "failed" if unit in self.failing else "done")
-
-
 def _ctx(tmp_path: Path, node: dict[str, Any], failing: set[str] = frozenset()) -> AgentContext:  # type: ignore[assignment]
-    kube = FakeKube(node)
+    kube = FakeKube()
+    kube.nodes().put(node)
     config = NodeAgentConfiguration.model_validate(
         {"controllers": {"operatingSystemConfig": {"secretName": "osc-a"}}}
     )
@@ -72,13 +36,34 @@ def _ctx(tmp_path: Path, node: dict[str, Any], failing: set[str] = frozenset()) 
         config=config,
         fs=HostFS(tmp_path),
         state=None,  # type: ignore[arg-type]
-        systemd=FakeSystemd(kube.log, failing),  # type: ignore[arg-type]
+        systemd=FakeSystemd(failing=failing, calls=kube.calls),
         kube=kube,  # type: ignore[arg-type]
         host_name="n1",
         node_name="n1",
         node_uid="u1",
     )
     return ctx
+
+
+def _kube(ctx: AgentContext) -> FakeKube:
+    assert isinstance(ctx.kube, FakeKube)
+    return ctx.kube
+
+
+def _log(ctx: AgentContext) -> list[tuple[str, Any]]:
+    """The restarts, Events and Node patches, in order (Kubernetes and systemd share the list)."""
+    steps: list[tuple[str, Any]] = []
+    for call in _kube(ctx).calls:
+        if call[0] == "restart":
+            steps.append(("restart", call[1]))
+        elif call[0] == "create_event":
+            body = call[1]
+            steps.append(("event", (body["reason"], body["type"], body["message"])))
+        elif call[0] == "patch_node":
+            steps.append(("patch", call[2]))
+        else:
+            raise AssertionError(f"unexpected call {call}")
+    return steps
 
 
 def _node(annotations: dict[str, str] | None = None, labels: dict[str, str] | None = None) -> Any:
@@ -94,7 +79,7 @@ async def test_others_restarted_then_annotation_removed(tmp_path: Path) -> None:
     node = _node({report.ANNOTATION_RESTART_SERVICES: "x,y", "keep": "1"})
     ctx = _ctx(tmp_path, node, failing={"y.service"})
     await NodeController(ctx).reconcile(node)
-    log = ctx.kube.log  # type: ignore[attr-defined]
+    log = _log(ctx)
     assert [e[0] for e in log] == ["restart", "event", "restart", "event", "patch"]
     assert log[1][1][:2] == ("SystemDUnitRestart", "Normal")
     assert log[3][1][:2] == ("SystemDUnitRestart", "Warning")
@@ -106,26 +91,24 @@ async def test_own_unit_annotation_removed_first_and_restart_last(tmp_path: Path
     ctx = _ctx(tmp_path, node)
     controller = NodeController(ctx)
     await controller.reconcile(node)
-    log = ctx.kube.log  # type: ignore[attr-defined]
-    steps = [(k, v if k != "event" else v[0]) for k, v in log]
+    steps = [(k, v if k != "event" else v[0]) for k, v in _log(ctx)]
     assert steps[0][0] == "patch"
     assert [v for k, v in steps if k == "restart"] == ["x.service", "y.service", OWN]
     assert steps[-1] == ("restart", OWN)
     # The restarted agent (or this one, on the next event) sees no annotation: nothing more.
     await controller.reconcile(node)
-    assert len(log) == len(steps)
+    assert len(_log(ctx)) == len(steps)
 
 
 async def test_failed_removal_is_retried_without_restarting_again(tmp_path: Path) -> None:
     node = _node({report.ANNOTATION_RESTART_SERVICES: "x"})
     ctx = _ctx(tmp_path, node)
-    ctx.kube.fail_patches = 1  # type: ignore[attr-defined]
+    _kube(ctx).fail("patch_node", KubeTransportError("down"))
     controller = NodeController(ctx)
     with pytest.raises(KubeTransportError):
         await controller.reconcile(node)
     await controller.reconcile(node)
-    log = ctx.kube.log  # type: ignore[attr-defined]
-    assert [k for k, _ in log].count("restart") == 1
+    assert [k for k, _ in _log(ctx)].count("restart") == 1
     assert report.ANNOTATION_RESTART_SERVICES not in node["metadata"]["annotations"]
 
 
@@ -158,7 +141,7 @@ async def test_secret_name_label_rewrites_config_and_restarts_once(tmp_path: Pat
     assert config.log_level == "debug"
     assert config.controllers.token.sync_configs[0].path == "/var/lib/t"
     assert path.stat().st_mode & 0o777 == 0o640
-    restarts = [v for k, v in ctx.kube.log if k == "restart"]  # type: ignore[attr-defined]
+    restarts = [v for k, v in _log(ctx) if k == "restart"]
     assert restarts == [OWN]
 
 
@@ -166,7 +149,7 @@ async def test_matching_secret_name_label_does_nothing(tmp_path: Path) -> None:
     node = _node(labels={report.LABEL_SECRET_NAME: "osc-a"})
     ctx = _ctx(tmp_path, node)
     await NodeController(ctx).reconcile(node)
-    assert ctx.kube.log == []  # type: ignore[attr-defined]
+    assert _log(ctx) == []
 
 
 def _ready_ctx(tmp_path: Path) -> tuple[AgentContext, NodeController, Probes]:
@@ -224,19 +207,19 @@ async def test_deleted_node_fails_readiness_once_and_clears_when_recreated(
 
 async def test_a_404_on_a_request_marks_the_node_gone(tmp_path: Path) -> None:
     ctx, controller, probes = _ready_ctx(tmp_path)
-    kube = ctx.kube
-    kube.gone = True  # type: ignore[attr-defined]
+    kube = _kube(ctx)
+    kube.nodes().delete("n1")
     worker = asyncio.create_task(controller._worker())
     try:
         # A restart request arrives while the Node is being deleted: the re-read gets 404.
         controller.observe("MODIFIED", _uid("u1", {report.ANNOTATION_RESTART_SERVICES: "x"}))
         await _until(lambda: controller.missing is not None)
         assert "404" in probes.ready().reasons[0]
-        assert kube.log == []  # type: ignore[attr-defined]  # nothing restarted, no retry loop
+        assert _log(ctx) == []  # nothing restarted, no retry loop
         recreated = _uid("u2", {report.ANNOTATION_RESTART_SERVICES: "x"})
-        kube.node, kube.gone = recreated, False  # type: ignore[attr-defined]
+        kube.nodes().put(recreated)
         controller.observe("ADDED", recreated)
-        await _until(lambda: ("restart", "x.service") in kube.log)  # type: ignore[attr-defined]
+        await _until(lambda: ("restart", "x.service") in _log(ctx))
         assert probes.ready().ok
     finally:
         worker.cancel()
@@ -246,7 +229,7 @@ async def test_a_404_on_a_request_marks_the_node_gone(tmp_path: Path) -> None:
 async def test_failed_requests_are_retried_on_the_backoff_policy(tmp_path: Path) -> None:
     node = _uid("u1", {report.ANNOTATION_RESTART_SERVICES: "x"})
     ctx = _ctx(tmp_path, node)
-    ctx.kube.fail_patches = 2  # type: ignore[attr-defined]
+    _kube(ctx).fail("patch_node", KubeTransportError("down"), times=2)
     delays: list[float] = []
 
     class Recorded(Backoff):
@@ -269,7 +252,7 @@ async def test_failed_requests_are_retried_on_the_backoff_policy(tmp_path: Path)
     assert API[0] / 2 <= delays[0] <= API[0]
     assert API[0] <= delays[1] <= 2 * API[0]
     assert backoff.attempt == 0  # reset by the success
-    restarts = [v for k, v in ctx.kube.log if k == "restart"]  # type: ignore[attr-defined]
+    restarts = [v for k, v in _log(ctx) if k == "restart"]
     assert restarts == ["x.service"]  # the retries only removed the annotation
     assert [e["source"] for e in ctx.health.errors] == ["node", "node"]
 

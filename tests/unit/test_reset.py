@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -12,46 +11,11 @@ from node_agent.errors import SystemdError
 from node_agent.host.fs import HostFS
 from node_agent.host.state import Claim, StateStore
 from node_agent.reset import NOTHING_TO_DO, reset_node
-from node_agent.systemd.types import JobResult, UnitFileChange, UnitState
+from tests.unit.fakes import ACTIVE, FakeSystemd
 
 
-class FakeSystemd:
-    """Just the calls reset makes; records them in order."""
-
-    def __init__(self, active: set[str], enabled: set[str], *, fail_stop: str = "") -> None:
-        self.active, self.enabled, self.fail_stop = set(active), set(enabled), fail_stop
-        self.calls: list[str] = []
-
-    async def unit_states(self, names: Sequence[str]) -> dict[str, UnitState]:
-        return {
-            n: UnitState(
-                name=n,
-                id=n,
-                load_state="loaded",
-                active_state="active" if n in self.active else "inactive",
-                sub_state="",
-                unit_file_state="enabled" if n in self.enabled else "disabled",
-                invocation_id="",
-                fragment_path="",
-                drop_in_paths=(),
-            )
-            for n in names
-        }
-
-    async def stop_unit(self, unit: str, *, job_timeout: float = 10.0) -> JobResult:
-        self.calls.append(f"stop {unit}")
-        if unit == self.fail_stop:
-            return JobResult(unit=unit, action="stop", result="failed")
-        self.active.discard(unit)
-        return JobResult(unit=unit, action="stop", result="done")
-
-    async def disable(self, units: Sequence[str]) -> list[UnitFileChange]:
-        self.calls.append(f"disable {' '.join(units)}")
-        self.enabled.difference_update(units)
-        return []
-
-    async def daemon_reload(self) -> None:
-        self.calls.append("daemon-reload")
+def running(*units: str) -> dict[str, tuple[str, str]]:
+    return dict.fromkeys(units, ACTIVE)
 
 
 def _node(root: Path) -> None:
@@ -79,17 +43,17 @@ def _node(root: Path) -> None:
 async def test_reset_removes_what_the_agent_created_and_nothing_else(tmp_path: Path) -> None:
     _node(tmp_path)
     systemd = FakeSystemd(
-        active={"gardener-node-agent.service", "kubelet.service", "demo.service"},
+        running("gardener-node-agent.service", "kubelet.service", "demo.service"),
         enabled={"demo.service"},
     )
     lines: list[str] = []
     actions = await reset_node(tmp_path, systemd, out=lines.append, caller_units=set())
     assert systemd.calls == [
-        "stop gardener-node-agent.service",
-        "stop kubelet.service",
-        "stop demo.service",
-        "disable demo.service",
-        "daemon-reload",
+        ("stop", "gardener-node-agent.service"),
+        ("stop", "kubelet.service"),
+        ("stop", "demo.service"),
+        ("disable", "demo.service"),
+        ("daemon_reload",),
     ]
     assert actions == lines
     assert "removed empty directory /etc/systemd/system/containerd.service.d" in lines
@@ -109,12 +73,12 @@ async def test_reset_removes_what_the_agent_created_and_nothing_else(tmp_path: P
 
 async def test_reset_inside_the_agent_unit_does_not_stop_it(tmp_path: Path) -> None:
     _node(tmp_path)
-    systemd = FakeSystemd(active={"gardener-node-agent.service"}, enabled=set())
+    systemd = FakeSystemd(running("gardener-node-agent.service"))
     lines: list[str] = []
     await reset_node(
         tmp_path, systemd, out=lines.append, caller_units={"gardener-node-agent.service"}
     )
-    assert "stop gardener-node-agent.service" not in systemd.calls
+    assert ("stop", "gardener-node-agent.service") not in systemd.calls
     assert lines[0] == "not stopping gardener-node-agent.service: reset runs inside it"
 
 
@@ -122,7 +86,7 @@ async def test_reset_stops_before_deleting_and_a_failed_stop_deletes_nothing(
     tmp_path: Path,
 ) -> None:
     _node(tmp_path)
-    systemd = FakeSystemd(active={"kubelet.service"}, enabled=set(), fail_stop="kubelet.service")
+    systemd = FakeSystemd(running("kubelet.service"), failing={"kubelet.service"})
     with pytest.raises(SystemdError, match=r"^cannot stop kubelet.service: stop kubelet"):
         await reset_node(tmp_path, systemd, out=lambda _: None, caller_units=set())
     assert (tmp_path / "etc/demo/a.conf").exists()

@@ -1,5 +1,6 @@
 """``node-agent status``: the server and client over a real unix socket, the offline document
-from real state files, and the rendering for people. Also holds the fakes the metrics tests use."""
+from real state files, and the rendering for people. Also holds the context the metrics tests
+use."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ from node_agent.kube.client import ClientStats
 from node_agent.observability import ApplyObservations, Probes
 from node_agent.osc.decode import parse_osc
 from node_agent.osc.plan import plan
-from node_agent.systemd import UnitState
+from tests.unit.fakes import ACTIVE, FakeKube, FakeSystemd
 
 SECRET = "gardener-node-agent-pool-a-0123456789abcdef"
 
@@ -53,37 +54,6 @@ def osc_yaml(units: list[str], text: str = "x=1\n") -> bytes:
         },
     }  # fmt: skip
     return yaml.safe_dump(doc).encode()
-
-
-class FakeSystemd:
-    def __init__(self, states: dict[str, tuple[str, str]], *, hang: bool = False) -> None:
-        self.states = states
-        self.hang = hang
-
-    async def unit_states(self, names: list[str]) -> dict[str, UnitState]:
-        if self.hang:
-            await asyncio.sleep(3600)
-        out = {}
-        for name in names:
-            active, sub = self.states.get(name, ("inactive", "dead"))
-            out[name] = UnitState(
-                name=name,
-                id=name,
-                load_state="loaded" if name in self.states else "not-found",
-                active_state=active,
-                sub_state=sub,
-                unit_file_state="enabled",
-                invocation_id="",
-                fragment_path="",
-                drop_in_paths=(),
-            )
-        return out
-
-
-@dataclass
-class FakeKube:
-    server: str = "https://api.example:6443"
-    stats: ClientStats = field(default_factory=lambda: ClientStats(requests=7, timeouts=1))
 
 
 @dataclass
@@ -116,8 +86,10 @@ def make_ctx(root: Path, systemd: FakeSystemd | None = None, **settings: Any) ->
         config=config,
         fs=fs,
         state=StateStore(fs),
-        systemd=systemd or FakeSystemd({}),  # type: ignore[arg-type]
-        kube=FakeKube(),  # type: ignore[arg-type]
+        systemd=systemd or FakeSystemd(),
+        kube=FakeKube(  # type: ignore[arg-type]
+            server="https://api.example:6443", stats=ClientStats(requests=7, timeouts=1)
+        ),
         host_name="Node-A",
     )
     ctx.health.info.update(osc=FakeOSC(), lease=FakeLease(), node=FakeNode())
@@ -157,7 +129,7 @@ def test_defaults_match_the_settings() -> None:
 
 
 async def test_the_running_agent_answers_over_a_0600_socket(tmp_path: Path) -> None:
-    ctx = make_ctx(tmp_path, FakeSystemd({"a.service": ("active", "running")}))
+    ctx = make_ctx(tmp_path, FakeSystemd({"a.service": ACTIVE}))
     checksum = _applied(ctx, ["a.service", "b.service"])
     ctx.health.info["osc"].latest_secret = {
         "data": {"osc.yaml": _b64(osc_yaml(["a.service", "b.service"]))}
@@ -208,7 +180,7 @@ def _b64(raw: bytes) -> str:
 
 
 async def test_a_hanging_systemd_does_not_stall_the_answer(tmp_path: Path) -> None:
-    ctx = make_ctx(tmp_path, FakeSystemd({}, hang=True))
+    ctx = make_ctx(tmp_path, FakeSystemd(hang=True))
     _applied(ctx, ["a.service"])
     server = await _server(ctx)
     try:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from datetime import UTC, datetime
 
 import pytest
 
-from node_agent.systemd import JobAction, JobResult, Systemd, SystemdSeam, UnitFileChange, UnitState
+from node_agent.systemd import JobResult, Systemd, SystemdSeam, UnitState
+from tests.unit.fakes import FakeSystemd
 
 
 def test_job_result_ok_and_description() -> None:
@@ -53,50 +53,7 @@ async def test_run_jobs_rejects_bad_batches_before_calling_systemd() -> None:
     assert sd.spawn_count == 0
 
 
-class FakeSystemd:
-    """The shape a fake for other layers' tests takes; it must satisfy the Protocol."""
-
-    def __init__(self) -> None:
-        self.jobs: list[tuple[str, JobAction]] = []
-
-    async def start(self) -> None:
-        pass
-
-    async def close(self) -> None:
-        pass
-
-    async def daemon_reload(self) -> None:
-        pass
-
-    async def enable(self, units: Sequence[str]) -> list[UnitFileChange]:
-        return []
-
-    async def disable(self, units: Sequence[str]) -> list[UnitFileChange]:
-        return []
-
-    async def run_jobs(
-        self, jobs: Sequence[tuple[str, JobAction]], *, job_timeout: float = 10.0
-    ) -> dict[str, JobResult]:
-        self.jobs += jobs
-        return {unit: JobResult(unit, action, "done") for unit, action in jobs}
-
-    async def start_unit(self, unit: str, *, job_timeout: float = 10.0) -> JobResult:
-        return (await self.run_jobs([(unit, "start")]))[unit]
-
-    async def stop_unit(self, unit: str, *, job_timeout: float = 10.0) -> JobResult:
-        return (await self.run_jobs([(unit, "stop")]))[unit]
-
-    async def restart_unit(self, unit: str, *, job_timeout: float = 10.0) -> JobResult:
-        return (await self.run_jobs([(unit, "restart")]))[unit]
-
-    async def unit_states(self, names: Sequence[str]) -> dict[str, UnitState]:
-        return {}
-
-    async def failed_units(self) -> list[str]:
-        return []
-
-
-async def test_a_fake_satisfies_the_seam() -> None:
+async def test_the_shared_fake_satisfies_the_seam() -> None:
     fake: SystemdSeam = FakeSystemd()
     assert isinstance(fake, SystemdSeam)
     assert isinstance(Systemd(), SystemdSeam)

@@ -12,23 +12,17 @@ from typing import Any
 from node_agent.config import AgentSettings, NodeAgentConfiguration, TokenSyncConfig
 from node_agent.context import AgentContext
 from node_agent.controllers.token import TokenSync, token_bytes
-from node_agent.errors import KubeNotFound
 from node_agent.host.fs import HostFS
 from node_agent.retry import Backoff
-
-
-class FakeKube:
-    def __init__(self) -> None:
-        self.secrets: dict[str, dict[str, Any]] = {}
-
-    async def get_secret(self, namespace: str, name: str) -> dict[str, Any]:
-        if name not in self.secrets:
-            raise KubeNotFound("missing", status=404)
-        return self.secrets[name]
+from tests.unit.fakes import FakeKube, FakeResource
 
 
 def _secret(token: bytes) -> dict[str, Any]:
-    return {"data": {"token": base64.b64encode(token).decode()}}
+    return {"metadata": {"name": "tok"}, "data": {"token": base64.b64encode(token).decode()}}
+
+
+def _secrets(kube: FakeKube) -> FakeResource:
+    return kube.secrets("kube-system")
 
 
 def _sync(
@@ -56,7 +50,7 @@ def test_token_bytes() -> None:
 
 async def test_sync_writes_exact_bytes_with_modes(tmp_path: Path) -> None:
     kube = FakeKube()
-    kube.secrets["tok"] = _secret(b"t0ken-\x00-bytes")
+    _secrets(kube).put(_secret(b"t0ken-\x00-bytes"))
     sync = _sync(tmp_path, kube)
     old = os.umask(0o077)
     try:
@@ -77,17 +71,17 @@ async def test_missing_secret_or_key_leaves_the_file(tmp_path: Path) -> None:
     kube = FakeKube()
     sync = _sync(tmp_path, kube)
     assert not await sync.sync()
-    kube.secrets["tok"] = {"data": {}}
+    _secrets(kube).put({"metadata": {"name": "tok"}, "data": {}})
     assert not await sync.sync()
     assert not (tmp_path / "var/lib/x/credentials/token").exists()
 
 
 async def test_deleted_file_is_rewritten_from_the_last_token(tmp_path: Path) -> None:
     kube = FakeKube()
-    kube.secrets["tok"] = _secret(b"abc")
+    _secrets(kube).put(_secret(b"abc"))
     sync = _sync(tmp_path, kube)
     await sync.sync()
-    kube.secrets.clear()  # no API needed for the rewrite
+    _secrets(kube).items.clear()  # no API needed for the rewrite
     path = tmp_path / "var/lib/x/credentials/token"
     task = asyncio.create_task(sync._existence_loop())
     try:
@@ -104,7 +98,7 @@ async def test_deleted_file_is_rewritten_from_the_last_token(tmp_path: Path) -> 
 
 async def test_failed_write_is_retried_with_backoff_from_the_last_token(tmp_path: Path) -> None:
     kube = FakeKube()
-    kube.secrets["tok"] = _secret(b"fresh")
+    _secrets(kube).put(_secret(b"fresh"))
     backoff = Backoff(base=0.05, cap=0.1)
     sync = _sync(tmp_path, kube, backoff=backoff)
     blocker = tmp_path / "var/lib/x"
@@ -113,7 +107,7 @@ async def test_failed_write_is_retried_with_backoff_from_the_last_token(tmp_path
     assert not await sync.sync()  # the write fails (ENOTDIR)
     assert backoff.attempt == 1
     assert sync.stats.last_error is not None
-    kube.secrets.clear()  # the retry needs no API call: the token is kept
+    _secrets(kube).items.clear()  # the retry needs no API call: the token is kept
     path = tmp_path / "var/lib/x/credentials/token"
     task = asyncio.create_task(sync._existence_loop())
     try:
