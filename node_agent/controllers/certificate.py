@@ -38,6 +38,7 @@ from node_agent.log import get_logger
 
 if TYPE_CHECKING:
     from node_agent.kube.client import KubeClient
+    from node_agent.kube.seam import KubeSeam
 
 log = get_logger("node-agent.certificate")
 
@@ -160,7 +161,7 @@ class CertificateController:
         """A client authenticated by the bootstrap token (server and CA from the config)."""
         return self._token_client()
 
-    async def bootstrap(self, kube: KubeClient) -> None:
+    async def bootstrap(self, kube: KubeSeam) -> None:
         """Obtain the first certificate with ``kube``, a :meth:`token_client`."""
         await self._obtain(kube, "bootstrap")
 
@@ -180,7 +181,7 @@ class CertificateController:
 
         return KubeClient.from_token_file(server, ca, token)
 
-    async def _obtain(self, kube: KubeClient, how: str) -> None:
+    async def _obtain(self, kube: KubeSeam, how: str) -> None:
         """Ask with ``kube`` until a certificate is issued and written (retrying with backoff)."""
         backoff = retry.Backoff.of(retry.CERTIFICATE, self._rng)
         machine = self._machine_name()
@@ -258,7 +259,7 @@ class CertificateController:
         self.phase = "valid"
         return self.info
 
-    async def run(self, kube: KubeClient) -> None:
+    async def run(self, kube: KubeSeam) -> None:
         """Renew the certificate in time; fall back to the bootstrap token when it is refused."""
         while True:
             if self.info is None or self.renew_at is None:
@@ -277,11 +278,11 @@ class CertificateController:
             wait = min(self._check_period, (self.renew_at - now).total_seconds())
             await asyncio.sleep(max(wait, 0.05))
 
-    def _refused(self, kube: KubeClient) -> bool:
+    def _refused(self, kube: KubeSeam) -> bool:
         """The certificate expired, or the server's latest verdict on it was 401."""
         return self.info is not None and (self.info.expired() or kube.stats.rejected())
 
-    async def _rotate(self, kube: KubeClient) -> None:
+    async def _rotate(self, kube: KubeSeam) -> None:
         started = time.monotonic()
         before = self.info
         await self._obtain(kube, "rotation")
@@ -293,7 +294,7 @@ class CertificateController:
             seconds=round(time.monotonic() - started, 3),
         )
 
-    async def _fall_back(self, main: KubeClient) -> None:
+    async def _fall_back(self, main: KubeSeam) -> None:
         log.warning(
             "client certificate expired or refused; requesting a new one with the bootstrap token"
         )

@@ -27,7 +27,7 @@ import yaml
 from node_agent.errors import CertificateError, KubeAlreadyExists
 
 if TYPE_CHECKING:
-    from node_agent.kube.client import KubeClient
+    from node_agent.kube.seam import KubeSeam
 
 USER_PREFIX = "gardener.cloud:node-agent:machine:"
 GROUP = "gardener.cloud:node-agents"
@@ -283,7 +283,7 @@ def _verdict(obj: dict[str, Any]) -> tuple[str | None, str]:
 
 
 async def request_certificate(
-    kube: KubeClient,
+    kube: KubeSeam,
     request: CertificateRequest,
     *,
     give_up_after: float = APPROVAL_TIMEOUT,

@@ -63,7 +63,7 @@ def controller(root: Path, token_client: FakeKube | None = None) -> CertificateC
         AgentSettings(root=root),
         config,
         HostFS(root),
-        client_for_token=lambda *_: clients.pop(),  # type: ignore[arg-type,return-value]
+        client_for_token=lambda *_: clients.pop(),  # type: ignore[arg-type]
         rng=random.Random(7),
         poll=0.0,
         check_period=0.01,
@@ -113,7 +113,7 @@ async def test_bootstrap_writes_a_0600_kubeconfig_for_the_machine(tmp_path: Path
     certs = controller(tmp_path)
     assert certs.needs_bootstrap()
     kube = api()
-    await certs.bootstrap(kube)  # type: ignore[arg-type]
+    await certs.bootstrap(kube)
     path = tmp_path / KUBECONFIG_FILE.lstrip("/")
     assert oct(path.stat().st_mode & 0o777) == "0o600"
     assert certs.view().phase == "valid"
@@ -133,7 +133,7 @@ async def test_renewal_uses_the_current_identity_and_counts(tmp_path: Path) -> N
     certs.settle()
     before = current_serial(tmp_path)
     kube = api()
-    task = asyncio.create_task(certs.run(kube))  # type: ignore[arg-type]
+    task = asyncio.create_task(certs.run(kube))
     await until(lambda: certs.rotations > 0)
     task.cancel()
     assert requested(kube)  # asked with the running client, not the token
@@ -151,7 +151,7 @@ async def test_a_refused_certificate_falls_back_to_the_bootstrap_token(tmp_path:
     running = api()
     running.stats.last_ok, running.stats.last_unauthorized = 1.0, 2.0  # the server says 401
     before = current_serial(tmp_path)
-    task = asyncio.create_task(certs.run(running))  # type: ignore[arg-type]
+    task = asyncio.create_task(certs.run(running))
     await until(lambda: token_client.closed)
     await asyncio.sleep(0.05)
     assert not task.done()  # still watching, not crashed on a second fallback
@@ -169,7 +169,7 @@ async def test_without_a_token_a_refused_certificate_is_reported(tmp_path: Path)
     certs.settle()
     running = api()
     running.stats.last_unauthorized = 1.0
-    task = asyncio.create_task(certs.run(running))  # type: ignore[arg-type]
+    task = asyncio.create_task(certs.run(running))
     await asyncio.sleep(0.05)
     task.cancel()
     assert certs.view().phase.startswith("refused by the server")
