@@ -225,8 +225,8 @@ class Executor:
                 if kind == "delete-unit" and self._stop_failed(args[step], pending):
                     errors[step] = "not deleted: stopping the unit failed"
                     continue
-                try:
-                    self._remove(kind, args[step], rep)
+                try:  # the deletion and the inventory update, off the loop
+                    await asyncio.to_thread(self._remove, kind, args[step], rep)
                 except HostError as exc:
                     errors[step] = str(exc)
                     continue
