@@ -18,7 +18,7 @@ least-privilege credentials and a small OSC. Prints:
   loop's thread), the busy stretches between two ``epoll_wait`` calls and the file syscalls inside
   them. Also whatever loop-lag metric ``/metrics`` exposes.
 
-    .venv/bin/python -m bench.footprint [--single-file] [--rounds 10]
+    .venv/bin/python -m bench.footprint [--single-file | --artifact TARBALL] [--rounds 10]
 """
 
 from __future__ import annotations
@@ -205,18 +205,20 @@ def cpu_usec(node: IsolatedSystemd, group: str) -> int:
 
 
 # -- install ------------------------------------------------------------------------------------
-def install_onedir(node: IsolatedSystemd, work: Path) -> tuple[str, str]:
-    artifact = build_artifact(work / "dist")
-    prefix = f"/opt/node-agent/{artifact.version}"
+def install_onedir(node: IsolatedSystemd, work: Path, given: Path | None) -> tuple[str, str]:
+    """The tarball ``make artifact`` builds from this tree (or ``given``), as the install does."""
+    path = build_artifact(work / "dist").path if given is None else given
+    version = path.name.removeprefix("node-agent-").removesuffix("-linux-amd64.tar.gz")
+    prefix = f"/opt/node-agent/{version}"
     node.path(prefix).mkdir(parents=True, exist_ok=True)
-    with tarfile.open(artifact.path) as tar:
+    with tarfile.open(path) as tar:
         tar.extractall(node.path(prefix), filter="tar")
     node.run(["ln", "-sfn", prefix, "/opt/node-agent/current"])
-    size = artifact.path.stat().st_size / 1e6
-    return f"{prefix}/bin/node-agent", f"onedir artifact {artifact.path.name} ({size:.1f} MB)"
+    size = path.stat().st_size / 1e6
+    return f"{prefix}/bin/node-agent", f"onedir artifact {path} ({size:.1f} MB)"
 
 
-def install_single_file(node: IsolatedSystemd, work: Path) -> tuple[str, str]:
+def install_single_file(node: IsolatedSystemd, work: Path, given: Path | None) -> tuple[str, str]:
     image = agent_image_layout(work / "dist")
     binary = node.path("/opt/bin/gardener-node-agent")
     binary.parent.mkdir(parents=True, exist_ok=True)
@@ -382,7 +384,7 @@ async def measure(
     )
     node.run(["hostname", name])
     install = install_single_file if opts.single_file else install_onedir
-    binary, what = install(node, tmp)
+    binary, what = install(node, tmp, opts.artifact)
     metrics_port = free_port()
     config = {
         "apiVersion": "nodeagent.config.gardener.cloud/v1alpha1",
@@ -526,12 +528,17 @@ async def measure(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--single-file", action="store_true", help="install the image's file")
+    parser.add_argument(
+        "--artifact", type=Path, help="measure this onedir tarball instead of building one"
+    )
     parser.add_argument("--rounds", type=int, default=10, help="restarts for exec -> READY")
     parser.add_argument("--apply-rounds", type=int, default=5, help="starts with a change pending")
     parser.add_argument("--noop-rounds", type=int, default=5)
     parser.add_argument("--idle", type=float, default=20.0, help="seconds idle before PSS")
     parser.add_argument("--files", type=int, default=500)
     opts = parser.parse_args()
+    if opts.artifact is not None and opts.single_file:
+        parser.error("--artifact is a onedir tarball; --single-file builds the image")
     if os.geteuid() != 0:
         sys.exit("needs root (the test bed's systemd runs in namespaces)")
     asyncio.run(run(opts))
