@@ -21,7 +21,7 @@ from node_agent.log import get_logger
 from node_agent.systemd import SystemdSeam
 
 if TYPE_CHECKING:
-    from node_agent.kube.client import KubeClient
+    from node_agent.kube.seam import KubeSeam
 
 log = get_logger("node-agent")
 
@@ -49,7 +49,7 @@ class AgentContext:
     fs: HostFS
     state: StateStore
     systemd: SystemdSeam
-    kube: KubeClient
+    kube: KubeSeam
     host_name: str
     node_name: str | None = None
     node_uid: str | None = None

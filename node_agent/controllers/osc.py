@@ -39,7 +39,7 @@ from node_agent.report import NAMESPACE
 from node_agent.retry import Backoff
 
 if TYPE_CHECKING:
-    from node_agent.kube.client import KubeClient
+    from node_agent.kube.seam import KubeSeam
 
 DATA_KEY = "osc.yaml"
 log = get_logger("node-agent.osc")
@@ -58,7 +58,7 @@ def secret_bytes(secret: Mapping[str, Any], key: str, what: str) -> bytes:
 
 
 async def resolve_secret_refs(
-    kube: KubeClient, osc: OperatingSystemConfig, host_name: str
+    kube: KubeSeam, osc: OperatingSystemConfig, host_name: str
 ) -> dict[str, bytes]:
     """Fetch every secretRef file's bytes; a missing Secret or key names itself."""
     resolved: dict[str, bytes] = {}

@@ -37,7 +37,7 @@ def _ctx(tmp_path: Path, node: dict[str, Any], failing: set[str] = frozenset()) 
         fs=HostFS(tmp_path),
         state=None,  # type: ignore[arg-type]
         systemd=FakeSystemd(failing=failing, calls=kube.calls),
-        kube=kube,  # type: ignore[arg-type]
+        kube=kube,
         host_name="n1",
         node_name="n1",
         node_uid="u1",

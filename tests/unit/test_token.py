@@ -34,7 +34,7 @@ def _sync(
         fs=HostFS(tmp_path),
         state=None,  # type: ignore[arg-type]
         systemd=None,  # type: ignore[arg-type]
-        kube=kube,  # type: ignore[arg-type]
+        kube=kube,
         host_name="n1",
     )
     entry = TokenSyncConfig(secretName="tok", path="/var/lib/x/credentials/token")
