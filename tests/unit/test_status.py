@@ -87,9 +87,7 @@ def make_ctx(root: Path, systemd: FakeSystemd | None = None, **settings: Any) ->
         fs=fs,
         state=StateStore(fs),
         systemd=systemd or FakeSystemd(),
-        kube=FakeKube(
-            server="https://api.example:6443", stats=ClientStats(requests=7, timeouts=1)
-        ),
+        kube=FakeKube(server="https://api.example:6443", stats=ClientStats(requests=7, timeouts=1)),
         host_name="Node-A",
     )
     ctx.health.info.update(osc=FakeOSC(), lease=FakeLease(), node=FakeNode())
