@@ -174,8 +174,8 @@ async def run_agent(
         fs = HostFS(settings.root, follow_system_symlinks=True)
         observations = ApplyObservations()
         state: StateStore = ObservedStateStore(fs, observations.observe)  # apply durations
-        observations.last = state.load_status()
-        removed = state.cleanup_temp_files()
+        observations.last = await state.load_status_async()
+        removed = await asyncio.to_thread(state.cleanup_temp_files)
         if removed:
             log.info("removed temp files of an interrupted write", paths=removed)
         kubeconfig = host_path(settings.root, config.client_connection.kubeconfig)

@@ -432,9 +432,9 @@ class Applier:
             if path == unit_path(self.agent_unit):
                 continue
             try:
-                self.fs.remove(path)
+                await self.fs.remove_async(path)
                 if "/" in path.removeprefix(UNIT_DIR + "/") and path.startswith(UNIT_DIR + "/"):
-                    self.fs.remove_dir_if_empty(path.rsplit("/", 1)[0])
+                    await asyncio.to_thread(self.fs.remove_dir_if_empty, path.rsplit("/", 1)[0])
             except HostError as exc:
                 log.warning(
                     "leftover not removed; kept for a later apply", path=path, error=str(exc)
