@@ -39,7 +39,8 @@ from node_agent.log import get_logger
 from node_agent.observability import ApplyObservations, Observability, ObservedStateStore
 from node_agent.sdnotify import Notifier
 from node_agent.selfexe import own_executable
-from node_agent.systemd import Systemd, SystemdSeam
+from node_agent.systemd import SystemdSeam
+from node_agent.systemd.client import EarlySystemd, start_early
 
 log = get_logger("node-agent")
 #: From SIGTERM to exit: controllers unwind, clients close; past this the process exits anyway.
@@ -162,14 +163,18 @@ async def run_agent(
     *,
     host_name: str | None = None,
     systemd_address: str | None = None,
+    early: EarlySystemd | None = None,
 ) -> int:
+    """The daemon. ``early``: the systemd worker already being started (by ``run``, before
+    the agent's modules were imported), else it is started here."""
     from node_agent.kube.client import KubeClient  # costly import, only for the daemon
 
     notifier = Notifier()
-    systemd = Systemd(systemd_address, call_timeout=settings.systemd_job_timeout + 10)
     # The systemd worker (a process of its own) starts while the rest is set up; the
     # controllers wait for it, so READY still means connected.
-    connecting = asyncio.create_task(systemd.start(), name="systemd-connect")
+    if early is None:
+        early = await start_early(systemd_address, settings.systemd_job_timeout + 10)
+    systemd, connecting = early
     try:
         fs = HostFS(settings.root, follow_system_symlinks=True)
         observations = ApplyObservations()
@@ -309,7 +314,7 @@ def _hard_stop_guard(seconds: float) -> threading.Timer:
     return timer
 
 
-async def _close(kube: object, systemd: Systemd) -> None:
+async def _close(kube: object, systemd: SystemdSeam) -> None:
     close = getattr(kube, "close", None)
     if close is not None:
         await close()

@@ -151,13 +151,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "run":
             settings, config = _load_settings(args, require_config=True)
             log.configure(args.log_level or config.log_level, args.log_format or config.log_format)
-            from node_agent.agent import run_agent
-
-            return asyncio.run(
-                run_agent(
-                    settings, config, host_name=args.hostname, systemd_address=args.systemd_bus
-                )
-            )
+            return asyncio.run(_run(args, settings, config))
         if args.command == "bootstrap":
             log.configure(args.log_level or "warning", args.log_format or "text", stream=sys.stderr)
             from node_agent.bootstrap import run_bootstrap
@@ -184,6 +178,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     parser.print_help(sys.stderr)
     return EXIT_USAGE
+
+
+async def _run(
+    args: argparse.Namespace, settings: AgentSettings, config: NodeAgentConfiguration
+) -> int:
+    """The daemon: its systemd worker boots while the agent's modules are imported."""
+    from node_agent.systemd.client import start_early
+
+    early = await start_early(args.systemd_bus, settings.systemd_job_timeout + 10)
+    from node_agent.agent import run_agent
+
+    return await run_agent(
+        settings, config, host_name=args.hostname, systemd_address=args.systemd_bus, early=early
+    )
 
 
 def _load_settings(

@@ -200,6 +200,8 @@ class Systemd:
         self.systemd_version: str = ""
         #: How many workers were spawned (a respawn after a hang or crash counts).
         self.spawn_count = 0
+        #: set once a worker process exists (``start_early`` returns then)
+        self.spawned = asyncio.Event()
 
     # -- life cycle ---------------------------------------------------------------------
     async def start(self) -> None:
@@ -274,6 +276,7 @@ class Systemd:
         except OSError as exc:
             raise SystemdUnavailable(f"cannot start the systemd worker: {exc}") from exc
         self.spawn_count += 1
+        self.spawned.set()
         worker = _Worker(proc)
         worker.tasks = [
             asyncio.create_task(worker.read_replies(), name=f"systemd-worker-{proc.pid}-out"),
@@ -459,3 +462,17 @@ def _unit_state(name: str, raw: Mapping[str, Any]) -> UnitState:
         exec_main_start_timestamp=raw["exec_main_start_timestamp"],
         result=raw["result"],
     )
+
+
+EarlySystemd = tuple[Systemd, "asyncio.Task[None]"]
+
+
+async def start_early(address: str | None, call_timeout: float) -> EarlySystemd:
+    """Start the worker and return as soon as its process exists, with the task that finishes
+    connecting: the daemon imports its modules meanwhile, while the worker boots on its own."""
+    systemd = Systemd(address, call_timeout=call_timeout)
+    connecting = asyncio.create_task(systemd.start(), name="systemd-connect")
+    spawned = asyncio.create_task(systemd.spawned.wait())
+    await asyncio.wait((connecting, spawned), return_when=asyncio.FIRST_COMPLETED)
+    spawned.cancel()
+    return systemd, connecting
