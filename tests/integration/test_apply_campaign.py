@@ -33,6 +33,8 @@ import pytest_asyncio
 from kubernetes_asyncio.client import ApiClient
 
 from node_agent.executor import CRASH_HOOK_ENV
+from node_agent.host.fs import HostFS
+from node_agent.host.state import StateStore
 from tests.testbed.agent_harness import (
     AgentProcess,
     OSCAgent,
@@ -41,6 +43,7 @@ from tests.testbed.agent_harness import (
     osc_document,
     service,
     status_json,
+    wait_for,
     warning_messages,
 )
 from tests.testbed.controlplane import ControlPlane
@@ -383,6 +386,14 @@ class Campaign:
         started = time.monotonic()
         try:
             await self.harness.wait_applied(checksum, timeout=CONVERGE_BOUND)
+            # The final OSC can be byte-identical to one the Node already carries (a change
+            # and its undo): the annotation alone would say "applied" before the restarted
+            # agent even looked. Converged also means no change set is left unfinished.
+            await wait_for(
+                lambda: StateStore(HostFS(self.node.root)).pending() is None,
+                CONVERGE_BOUND,
+                "no unfinished change set",
+            )
         except AssertionError:
             problems = converged_problems(self.node, self.model)
             raise AssertionError(
