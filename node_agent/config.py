@@ -160,6 +160,58 @@ class ControllerConfiguration(_Config):
     )
 
 
+class HealthGateConfig(_Config):
+    """The health-gated apply (our extension): units an apply restarted are watched for
+    ``settleWindow``; one that was healthy before and breaks rolls the node back."""
+
+    enabled: bool = True
+    settle_window: Duration = Field(default=timedelta(seconds=30), alias="settleWindow")
+
+
+class RestartGuardConfig(_Config):
+    """The restart-storm guard (our extension): a unit the agent restarted ``maxRestarts``
+    times within ``window`` and that keeps failing is left alone until the OSC changes."""
+
+    max_restarts: int = Field(default=3, alias="maxRestarts", ge=1)
+    window: Duration = Field(default=timedelta(minutes=10))
+
+
+class HealthCheckConfig(_Config):
+    """Health checks of kubelet and containerd (our extension; upstream hard-codes them)."""
+
+    enabled: bool = True
+    kubelet_healthz: str = Field(default="http://127.0.0.1:10248/healthz", alias="kubeletHealthz")
+    containerd_socket: str = Field(
+        default="/run/containerd/containerd.sock", alias="containerdSocket"
+    )
+    sync_period: Duration = Field(default=timedelta(seconds=20), alias="syncPeriod")
+    timeout: Duration = Field(default=timedelta(seconds=10))
+    restart_after: Duration = Field(default=timedelta(minutes=1), alias="restartAfter")
+
+
+class NodeAgentExtensions(_Config):
+    """Settings of this agent beyond Gardener's config, under the top-level key ``nodeAgent``
+    of the same file (Gardener's agent ignores unknown keys, so the file stays valid for it).
+    Every field has a safe default; the whole section may be absent."""
+
+    health_gate: HealthGateConfig = Field(default=HealthGateConfig(), alias="healthGate")
+    restart_guard: RestartGuardConfig = Field(default=RestartGuardConfig(), alias="restartGuard")
+    health_check: HealthCheckConfig = Field(default=HealthCheckConfig(), alias="healthCheck")
+
+    def dump(self) -> dict[str, Any]:
+        """camelCase with Go durations, as the file carries it."""
+        data: dict[str, Any] = self.model_dump(by_alias=True, mode="python")
+        return _go_durations(data)
+
+
+def _go_durations(value: Any) -> Any:
+    if isinstance(value, timedelta):
+        return format_duration(value)
+    if isinstance(value, dict):
+        return {k: _go_durations(v) for k, v in value.items()}
+    return value
+
+
 class NodeAgentConfiguration(_Config):
     """Gardener's component config, ``nodeagent.config.gardener.cloud/v1alpha1``."""
 
@@ -175,6 +227,8 @@ class NodeAgentConfiguration(_Config):
     api_server: APIServer = Field(default=APIServer(), alias="apiServer")
     bootstrap: BootstrapConfiguration | None = None
     controllers: ControllerConfiguration = ControllerConfiguration()
+    #: this agent's own settings (not Gardener's); see NodeAgentExtensions
+    node_agent: NodeAgentExtensions = Field(default=NodeAgentExtensions(), alias="nodeAgent")
 
     def dump(self) -> dict[str, Any]:
         """The config as Gardener would write it (camelCase, Go durations)."""
@@ -188,6 +242,10 @@ class NodeAgentConfiguration(_Config):
             "syncPeriod": format_duration(check.sync_period),
             "stuckThreshold": format_duration(check.stuck_threshold),
         }
+        if self.node_agent == NodeAgentExtensions():
+            data.pop("nodeAgent", None)  # as Gardener writes it: without our section
+        else:
+            data["nodeAgent"] = self.node_agent.dump()
         return data
 
     def to_yaml(self) -> str:
