@@ -49,7 +49,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from dataclasses import field as dataclass_field
 from datetime import UTC, datetime
-from typing import Annotated, Literal, TypeVar
+from typing import TYPE_CHECKING, Annotated, Literal, TypeVar
 
 import aiofiles
 import aiofiles.os
@@ -70,6 +70,9 @@ from node_agent.host.fs import TEMP_PREFIX, HostFS
 from node_agent.host.steps import dropin_step, file_step, step_ids, unit_step
 from node_agent.osc.applied import Applied
 from node_agent.osc.plan import ChangeSet
+
+if TYPE_CHECKING:
+    from node_agent.host.history import HistoryEntry, HistoryLog
 
 STATE_DIR = layout.BASE_DIR
 UNIT_DIR = layout.UNIT_DIR
@@ -276,6 +279,7 @@ class StateStore:
         self._applied: str | None = None
         self._no_journal = False  # True: read once and found none, and none begun since
         self._lock = asyncio.Lock()  # one state change at a time from the loop
+        self._history: HistoryLog | None = None  # the apply history once read (history.py)
 
     def path(self, name: str) -> str:
         """Host path of state file ``name``."""
@@ -607,6 +611,52 @@ class StateStore:
 
     async def load_status_async(self) -> ApplyRecord | None:
         return await self._load_async(STATUS, ApplyRecord)
+
+    # --- apply history (history.py) --------------------------------------------------------------
+
+    def load_history(self) -> HistoryLog:
+        """The last applies, oldest first; empty if none (an unreadable file is set aside)."""
+        from node_agent.host.history import HISTORY, HistoryLog
+
+        if self._history is None:
+            self._history = self._load(HISTORY, HistoryLog) or HistoryLog()
+        return self._history
+
+    async def load_history_async(self) -> HistoryLog:
+        from node_agent.host.history import HISTORY, HistoryLog
+
+        if self._history is None:
+            loaded = await self._load_async(HISTORY, HistoryLog)
+            if self._history is None:  # appended meanwhile
+                self._history = loaded or HistoryLog()
+        return self._history
+
+    async def append_history_async(self, entry: HistoryEntry) -> HistoryLog:
+        """Add ``entry`` (the oldest beyond 50 dropped) and rewrite the file atomically. A
+        failed write is logged, never raised: the history must not fail an apply (the entry
+        stays in memory and is written with the next one)."""
+        from node_agent.host.history import HISTORY
+
+        async with self._lock:
+            log = (await self.load_history_async()).appended(entry)
+            self._history = log
+            try:
+                await self._write_async(HISTORY, log.to_json(), SECRET_MODE)
+            except (OSError, HostError) as exc:
+                _log.warning("apply history not written", error=str(exc))
+        return log
+
+    def append_history(self, entry: HistoryEntry) -> HistoryLog:
+        """``append_history_async`` for code off the event loop (the CLI, tests)."""
+        from node_agent.host.history import HISTORY
+
+        log = self.load_history().appended(entry)
+        self._history = log
+        try:
+            self.fs.write_atomic(self.path(HISTORY), log.to_json(), SECRET_MODE)
+        except (OSError, HostError) as exc:
+            _log.warning("apply history not written", error=str(exc))
+        return log
 
     # --- crash leftovers -------------------------------------------------------------------------
 
