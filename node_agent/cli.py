@@ -111,6 +111,9 @@ def _build_parser() -> argparse.ArgumentParser:
         help="what the running agent is doing (or, if it is not running, its saved state)",
     )
     status.add_argument("--json", action="store_true", help="machine-readable output")
+    status.add_argument(
+        "--history", action="store_true", help="the last 50 applies, newest first (from the file)"
+    )
     sub.add_parser(
         "reset",
         parents=[common],
@@ -139,6 +142,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
+    if args.command == "status" and args.history:
+        return _status_history(args)
     if args.command == "status":
         return _status(args)  # before the imports below: status must start fast
     if args.command == "reset":
@@ -405,3 +410,11 @@ def _status(args: argparse.Namespace) -> int:
         return run_status(args.root, config_file=config, socket_file=args.socket, as_json=args.json)
     except KeyboardInterrupt:
         return 130
+
+
+def _status_history(args: argparse.Namespace) -> int:
+    """``node-agent status --history``: read from the state directory under --root, so the
+    same with or without a running agent."""
+    from node_agent.status_history import run_history
+
+    return run_history(args.root, as_json=args.json)
