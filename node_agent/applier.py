@@ -43,6 +43,7 @@ from node_agent.osc.merge import osc_units
 from node_agent.osc.models import OperatingSystemConfig
 from node_agent.osc.plan import ChangeSet, UnitCommand, plan
 from node_agent.osc.settle import settle
+from node_agent.restart_guard import RestartGuard
 from node_agent.systemd import JobResult, SystemdSeam
 
 log = get_logger("node-agent.apply")
@@ -87,6 +88,7 @@ class Applier:
         images: ImageStore | None = None,
         held_back: Callable[[], Mapping[str, str]] | None = None,
         keep_previous: Iterable[str] = (),
+        guard: RestartGuard | None = None,
     ) -> None:
         """``keep_previous``: host paths (the agent's own binary) whose old content is kept as
         ``<path>.previous`` when an OSC replaces it, for a rollback by hand.
@@ -113,6 +115,7 @@ class Applier:
             on_command=on_command,
             images=images,
             keep_previous=keep_previous,
+            guard=guard,
         )
 
     def previous(self) -> tuple[OperatingSystemConfig | None, Mapping[str, bytes] | None, str]:

@@ -200,8 +200,8 @@ class NodeAgentExtensions(_Config):
 
     def dump(self) -> dict[str, Any]:
         """camelCase with Go durations, as the file carries it."""
-        data: dict[str, Any] = self.model_dump(by_alias=True, mode="python")
-        return _go_durations(data)
+        data: dict[str, Any] = _go_durations(self.model_dump(by_alias=True, mode="python"))
+        return data
 
 
 def _go_durations(value: Any) -> Any:

@@ -49,6 +49,7 @@ from node_agent.layout import CONTAINERD_CERTS_DIR
 from node_agent.log import get_logger
 from node_agent.osc.models import ImageRefContent
 from node_agent.osc.plan import ChangeSet, DropInWrite, FileWrite, UnitCommand, UnitWrite
+from node_agent.restart_guard import HeldUnit, RestartGuard
 from node_agent.systemd import JobResult, SystemdSeam
 
 CRASH_HOOK_ENV = "NODE_AGENT_TEST_CRASH_AFTER"
@@ -87,6 +88,8 @@ class ApplyReport:
     failures: dict[str, ItemFailure] = field(default_factory=dict)
     #: the agent's own restart is due (its inputs are in place), for the caller to do last
     agent_restart_due: bool = False
+    #: units the restart-storm guard began to hold in this attempt (for one Event each)
+    held: list[HeldUnit] = field(default_factory=list)
     duration: float = 0.0
 
     @property
@@ -135,6 +138,7 @@ class Executor:
         on_command: Callable[[UnitCommand, JobResult], None] | None = None,
         images: ImageStore | None = None,
         keep_previous: Iterable[str] = (),
+        guard: RestartGuard | None = None,
     ) -> None:
         """``systemd=None`` is offline mode (image build): files and units only, no jobs.
         ``images`` pulls the imageRef files; without it they are skipped (reported).
@@ -147,6 +151,8 @@ class Executor:
         self.state = state
         self.job_timeout = job_timeout
         self.on_command = on_command
+        #: the restart-storm guard: counts failed starts/restarts, holds units that keep failing
+        self.guard = guard
 
     async def execute(self, pending: Pending) -> ApplyReport:
         """Run the remaining steps of ``pending``; every item gets its own outcome in the
@@ -155,6 +161,8 @@ class Executor:
         started = time.monotonic()
         report = ApplyReport()
         self._digests = {}
+        if self.guard is not None:
+            self.guard.osc(pending.osc_checksum)
         cs = pending.change_set
         agent_steps = {S.cmd_step(c.unit) for c in cs.unit_commands if c.is_agent}
         remaining = [s for s in pending.remaining() if s not in agent_steps]
@@ -388,11 +396,21 @@ class Executor:
         commands = [c for c in cs.unit_commands if c.unit in set(units)]
         if self.systemd is None or not commands:
             return [c.unit for c in commands], {}
+        ok: list[str] = []
+        bad: dict[str, str] = {}
+        guard = self.guard
+        if guard is not None:
+            # A unit whose restarts by the agent keep failing is not restarted again.
+            for command in commands:
+                held = guard.held(command.unit) if _starts(command) else None
+                if held is not None and not guard.allows(command.unit):
+                    bad[command.unit] = f"not restarted: {held.describe()}"
+            commands = [c for c in commands if c.unit not in bad]
+            if not commands:
+                return ok, bad
         results = await self.systemd.run_jobs(
             [(c.unit, c.action) for c in commands], job_timeout=self.job_timeout
         )
-        ok: list[str] = []
-        bad: dict[str, str] = {}
         for command in commands:
             result = results[command.unit]
             if command.removed and command.action == "restart" and _unit_gone(result):
@@ -403,6 +421,10 @@ class Executor:
                 )
                 result = stop[command.unit]
             rep.results[command.unit] = result
+            if guard is not None and _starts(command):
+                held = guard.record(command.unit, ok=result.ok, error=result.describe())
+                if held is not None:
+                    rep.held.append(held)
             if self.on_command is not None:
                 self.on_command(command, result)
             if result.ok:
@@ -410,6 +432,11 @@ class Executor:
             else:
                 bad[command.unit] = result.describe()
         return ok, bad
+
+
+def _starts(command: UnitCommand) -> bool:
+    """A command that (re)starts a unit: what the restart-storm guard counts."""
+    return command.action in ("start", "restart") and not command.removed
 
 
 def _writes(cs: ChangeSet) -> dict[str, FileWrite | UnitWrite | DropInWrite]:

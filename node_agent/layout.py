@@ -38,10 +38,20 @@ CHANGES = "last-computed-osc-changes.yaml"
 CHANGES_DONE = "last-computed-osc-changes.done.json"
 INVENTORY = "inventory.json"
 STATUS = "status.json"
+# The health gate of an update in progress, or the verdict on a rolled-back OSC (quarantine).
+HEALTH_GATE = "health-gate.json"
 # A state document that cannot be read is moved aside to ``<name>.corrupt``.
 CORRUPT_SUFFIX = ".corrupt"
 
-STATE_FILES = (LAST_APPLIED_OSC, LAST_APPLIED_META, CHANGES, CHANGES_DONE, INVENTORY, STATUS)
+STATE_FILES = (
+    LAST_APPLIED_OSC,
+    LAST_APPLIED_META,
+    CHANGES,
+    CHANGES_DONE,
+    INVENTORY,
+    STATUS,
+    HEALTH_GATE,
+)
 CREDENTIAL_FILES = (KUBECONFIG_FILE, TOKEN_FILE, BOOTSTRAP_TOKEN_FILE)
 
 # Paths no OSC file may take: the state files, their ``.corrupt`` siblings and the credentials.

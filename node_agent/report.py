@@ -7,7 +7,7 @@ short and the names are tested in one place.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -36,6 +36,10 @@ REASON_OSC_FAILED = "OSCApplyFailed"
 REASON_OSC_INVALID = "OSCInvalid"
 REASON_DRIFT_REPAIRED = "OSCDriftRepaired"
 REASON_OSC_SKIPPED = "OSCItemsSkipped"
+# Our own (no upstream equivalent): the health gate rolled an update back; the restart-storm
+# guard stopped restarting a unit.
+REASON_OSC_ROLLED_BACK = "OSCRolledBack"
+REASON_RESTARTS_SUSPENDED = "UnitRestartsSuspended"
 REASON_UNIT_COMMAND = {
     "start": "SystemDUnitStart",
     "stop": "SystemDUnitStop",
@@ -95,15 +99,23 @@ class Condition:
     message: str
 
 
-def units_condition(unhealthy: Mapping[str, str], progressing: Mapping[str, str]) -> Condition:
-    """SystemdUnitsReady from unit health: False if any unit failed, else progressing/healthy."""
+REASON_UNITS_HEALTHY = "AllUnitsHealthy"
+REASON_UNITS_UNHEALTHY = "UnhealthyUnits"
+REASON_UNITS_PROGRESSING = "ProgressingUnits"
+MESSAGE_UNITS_HEALTHY = (
+    "All systemd units from the operating system config are running as expected."
+)
+
+
+def units_condition(unhealthy: Collection[str], progressing: Collection[str]) -> Condition:
+    """SystemdUnitsReady as upstream words it: ``False``/UnhealthyUnits when any unit is
+    unhealthy, else ``True``/ProgressingUnits while any is on its way, else
+    ``True``/AllUnitsHealthy. Messages (``"<unit>: <what>"``) are joined with ``"; "``."""
     if unhealthy:
-        listed = ", ".join(f"{u} ({s})" for u, s in sorted(unhealthy.items()))
-        return Condition("False", "UnhealthyUnits", f"Unhealthy systemd units: {listed}")
+        return Condition("False", REASON_UNITS_UNHEALTHY, "; ".join(unhealthy))
     if progressing:
-        listed = ", ".join(f"{u} ({s})" for u, s in sorted(progressing.items()))
-        return Condition("True", "ProgressingUnits", f"Progressing systemd units: {listed}")
-    return Condition("True", "AllUnitsHealthy", "All systemd units are healthy")
+        return Condition("True", REASON_UNITS_PROGRESSING, "; ".join(progressing))
+    return Condition("True", REASON_UNITS_HEALTHY, MESSAGE_UNITS_HEALTHY)
 
 
 def condition_entry(

@@ -19,6 +19,7 @@ from node_agent import report, retry
 from node_agent.applier import Applier, Outcome
 from node_agent.config import ZONE_FILE, parse_duration
 from node_agent.context import AgentContext
+from node_agent.controllers.health_gate import GateRecord, HealthGate
 from node_agent.errors import (
     ApplyError,
     KubeError,
@@ -32,7 +33,8 @@ from node_agent.executor import ApplyReport
 from node_agent.kube.watch import list_watch
 from node_agent.layout import BOOTSTRAP_TOKEN_FILE, KUBELET_BOOTSTRAP_KUBECONFIG
 from node_agent.log import get_logger
-from node_agent.osc.decode import decode_osc, sha256_hex
+from node_agent.osc.breakage import Evidence
+from node_agent.osc.decode import decode_osc, parse_osc, sha256_hex
 from node_agent.osc.merge import osc_files, secret_refs
 from node_agent.osc.models import OperatingSystemConfig
 from node_agent.report import NAMESPACE
@@ -101,6 +103,14 @@ class OSCController:
         self._failures_for: str | None = None  # checksum whose item failures were reported
         self._failures_seen: set[tuple[str, str, str]] = set()
         self._last_failure: str | None = None  # message of the last failure Event
+        #: the health gate of updates (watch what an update restarted; roll back what broke)
+        self.gate = HealthGate(
+            ctx.systemd,
+            ctx.state,
+            ctx.config.node_agent.health_gate,
+            agent_unit=ctx.settings.agent_unit,
+        )
+        self._quarantine_logged: str | None = None
 
     @property
     def latest_secret(self) -> JSON | None:
@@ -221,6 +231,8 @@ class OSCController:
                 else report.REASON_OSC_FAILED
             )
             await self.ctx.event(reason, f"{failure.item}: {failure.error}", warning=True)
+        for held in rep.held if rep is not None else ():
+            await self.ctx.event(report.REASON_RESTARTS_SUSPENDED, held.describe(), warning=True)
         if rep is not None and rep.agent_restart_due:
             await self._restart_self()
 
@@ -250,6 +262,8 @@ class OSCController:
         raw = secret_bytes(secret, DATA_KEY, name)
         annotated = (meta.get("annotations") or {}).get(report.ANNOTATION_SECRET_CHECKSUM)
         checksum = sha256_hex(raw)
+        if await self._gate_decides(checksum):
+            return None  # quarantined, or rolled back just now
         applied = await self.ctx.state.applied_checksum_async()
         if applied == checksum and await self.ctx.state.pending_async() is None:
             # Byte-identical to what is applied (and was validated then): no host action,
@@ -270,13 +284,23 @@ class OSCController:
         if not first_apply and not retrying:
             await self._reconciliation_delay()
         resolved = await self.resolve(osc)
+        gate = await self._gate_begin(checksum, first_apply=first_apply, retrying=retrying)
         log.info("applying OSC", checksum=checksum, first=first_apply)
-        outcome = await self.applier.apply(raw, osc, checksum, resolved)
+        try:
+            outcome = await self.applier.apply(raw, osc, checksum, resolved)
+        except ApplyError as exc:
+            # A partly failed update may have broken a running unit too (its restart failed).
+            partial = exc.report if isinstance(exc.report, ApplyReport) else None
+            if gate is not None and partial is not None and await self._gate_verdict(gate, partial):
+                return None
+            raise
         self.applies += 1
         self.last_outcome = outcome
         for _unit, result in sorted(outcome.report.results.items()):
             reason = report.REASON_UNIT_COMMAND.get(result.action, "SystemDUnitRestart")
             await self.ctx.event(reason, result.describe(), warning=not result.ok)
+        if gate is not None and await self._gate_verdict(gate, outcome.report):
+            return None  # rolled back: the Node keeps the old checksum
         await self._report_applied(osc, checksum)
         if outcome.report.skipped:
             await self.ctx.event(
@@ -295,6 +319,105 @@ class OSCController:
         if outcome.restarts_agent:
             await self._restart_self()
         return outcome
+
+    # -- the health gate ----------------------------------------------------------------------
+    async def _gate_decides(self, checksum: str) -> bool:
+        """Act on the gate's record first. True when it decided this reconcile: ``checksum`` is
+        quarantined, or its rollback (begun before a crash or a failed try) was carried on."""
+        record = await self.gate.record()
+        if record is None:
+            return False
+        if record.checksum != checksum:
+            # The Secret changed: a quarantine ends, and an unfinished gate is moot (the new
+            # OSC is planned from what is applied, whatever that is).
+            if record.phase == "quarantined":
+                log.info("quarantine lifted: the OSC changed", checksum=record.checksum)
+            await self.gate.clear()
+            return False
+        if record.phase == "quarantined":
+            if self._quarantine_logged != checksum:
+                self._quarantine_logged = checksum
+                log.warning(
+                    "OSC quarantined after a rollback; waiting for the Secret to change",
+                    checksum=checksum,
+                    unit=record.unit,
+                    evidence=record.evidence,
+                )
+            return True
+        if record.phase == "rolling-back":
+            await self._roll_back(record)
+            return True
+        # Watching, and the agent restarted meanwhile. Killed during the apply: the apply is
+        # resumed with this record (``_gate_begin``). Killed during the settle window: watch
+        # what is left of it now.
+        applied = await self.ctx.state.applied_checksum_async()
+        if applied != checksum or await self.ctx.state.pending_async() is not None:
+            return False
+        evidence = await self.gate.watch(record, None, window=self.gate.remaining(record))
+        if evidence is not None:
+            await self._roll_back(await self.gate.rolling_back(record, evidence))
+            return True
+        await self.gate.clear()
+        return False
+
+    async def _gate_begin(
+        self, checksum: str, *, first_apply: bool, retrying: bool
+    ) -> GateRecord | None:
+        """Before an update: the gate's record (the running units), or None when not gated:
+        the gate is off, this is the first apply (nothing to go back to), or a retry of a
+        partly failed update (its first try was gated)."""
+        if not self.gate.enabled or first_apply:
+            return None
+        record = await self.gate.record()
+        if record is not None and record.checksum == checksum and record.phase == "watching":
+            return record  # the apply was interrupted by a crash: resume under the same gate
+        if retrying:
+            return None
+        previous = await self.ctx.state.load_last_applied_async()
+        if previous is None:
+            return None
+        units = (await asyncio.to_thread(self.applier.last_applied)).units
+        return await self.gate.begin(checksum, previous, units)
+
+    async def _gate_verdict(self, record: GateRecord, rep: ApplyReport) -> bool:
+        """Watch the units the update restarted; roll back when one broke. True: rolled back."""
+        evidence = await self.gate.watch(record, rep)
+        if evidence is None:
+            await self.gate.clear()
+            return False
+        await self._roll_back(await self.gate.rolling_back(record, evidence))
+        return True
+
+    async def _roll_back(self, record: GateRecord) -> None:
+        """Apply the last-known-good OSC again (restoring what the update changed and
+        restarting those units once), then quarantine the update's checksum. A rollback that
+        fails part-way raises ApplyError: the retry loop comes back here, with backoff."""
+        raw = record.previous_raw
+        osc = await asyncio.to_thread(parse_osc, raw)
+        resolved = record.previous_resolved
+        if resolved is None:
+            resolved = await self.resolve(osc)
+        outcome = await self.applier.apply(raw, osc, record.previous_checksum, resolved)
+        rollback = await self.gate.quarantine(record)
+        evidence = Evidence(rollback.unit, rollback.evidence)
+        message = (
+            f"OSC {rollback.checksum[:12]} rolled back to {rollback.to_checksum[:12]}: "
+            f"{evidence.describe()}; restarted {', '.join(outcome.report.restarted) or 'none'}; "
+            f"OSC {rollback.checksum[:12]} is not applied again until the Secret changes"
+        )
+        log.error(
+            "OSC rolled back",
+            checksum=rollback.checksum,
+            to=rollback.to_checksum,
+            unit=rollback.unit,
+            evidence=rollback.evidence,
+            restarted=outcome.report.restarted,
+        )
+        self.ctx.health.error("osc", message)
+        await self.ctx.event(report.REASON_OSC_ROLLED_BACK, message, warning=True)
+        await self._report_applied(osc, record.previous_checksum, only_if_missing=True)
+        if outcome.restarts_agent:
+            await self._restart_self()
 
     async def _repair_drift(self, raw: bytes, annotated: str | None) -> None:
         osc = await asyncio.to_thread(decode_osc, raw, annotated, self.ctx.host_name)

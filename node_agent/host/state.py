@@ -126,12 +126,19 @@ _B64 = Annotated[
 ]
 
 
+#: bytes as standard base64 in JSON, for documents of other modules
+Base64Bytes = _B64
+
+
 class _Doc(BaseModel):
     """A persisted document; ``version`` makes a newer format fail validation, not misparse."""
 
     model_config = ConfigDict(frozen=True, extra="ignore")
 
     version: Literal[1] = SCHEMA_VERSION
+
+
+Document = _Doc  # the base of every persisted state document
 
 
 class LastAppliedMeta(_Doc):
@@ -657,6 +664,22 @@ class StateStore:
         except (OSError, HostError) as exc:
             _log.warning("apply history not written", error=str(exc))
         return log
+
+    # --- documents of other parts (the health gate) ----------------------------------------------
+
+    async def save_doc_async(self, name: str, doc: BaseModel, mode: int = SECRET_MODE) -> None:
+        """Persist ``doc`` as state file ``name`` (atomically, durably)."""
+        data = doc.model_dump_json(indent=2).encode() + b"\n"
+        async with self._lock:
+            await self._write_async(name, data, mode)
+
+    async def load_doc_async(self, name: str, model: type[_D]) -> _D | None:
+        """State file ``name`` as ``model``; None when missing (or unreadable: moved aside)."""
+        return await self._load_async(name, model)
+
+    async def remove_doc_async(self, name: str) -> None:
+        async with self._lock:
+            await asyncio.to_thread(self.fs.remove, self.path(name))
 
     # --- crash leftovers -------------------------------------------------------------------------
 
