@@ -37,6 +37,7 @@ from node_agent.host.fs import HostFS
 from node_agent.host.state import StateStore
 from node_agent.log import get_logger
 from node_agent.observability import ApplyObservations, Observability, ObservedStateStore
+from node_agent.restart_guard import RestartGuard
 from node_agent.sdnotify import Notifier
 from node_agent.selfexe import own_executable
 from node_agent.systemd import SystemdSeam
@@ -79,6 +80,8 @@ def build_agent(
     """The applier and the controllers on ``ctx``'s seams. ``images``: where imageRef files come
     from (the daemon: the node's containerd through ``ctr``); ``expander``: what the agent
     derives from an OSC (containerd's config from ``criConfig``), None for the OSC as it is."""
+    limits = ctx.config.node_agent.restart_guard
+    guard = RestartGuard(max_restarts=limits.max_restarts, window=limits.window.total_seconds())
     applier = build_applier(
         ctx.fs,
         ctx.state,
@@ -87,6 +90,7 @@ def build_agent(
         host_name=ctx.host_name,
         images=images,
         expander=expander,
+        guard=guard,
     )
     osc = OSCController(ctx, applier)
     lease = LeaseController(ctx)  # its own client and connection pool (see the module)
@@ -105,6 +109,7 @@ def build_applier(
     host_name: str,
     images: ImageStore | None,
     expander: Callable[[HostFS], ContainerdExpander] | None = ContainerdExpander,
+    guard: RestartGuard | None = None,
 ) -> Applier:
     """The apply pipeline, the same for the daemon, the tests and ``node-agent apply``."""
     derive = expander(fs) if expander is not None else None
@@ -121,6 +126,7 @@ def build_applier(
         # derived items held back (a mirror not up yet) are checked again sooner
         held_back=(lambda: derive.held_back) if derive is not None else None,
         keep_previous=own_binaries(settings.root),  # kept as <path>.previous on self-update
+        guard=guard,  # the restart-storm guard, shared with the health checks
     )
 
 
