@@ -25,12 +25,15 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from node_agent import report
 from node_agent.config import parse_config
 from node_agent.context import AgentContext
 from node_agent.errors import ConfigError, HostError, KubeNotFound, NodeAgentError
+from node_agent.host.history import history_entry
+from node_agent.host.state import ItemFailure
 from node_agent.kube.watch import list_watch
 from node_agent.log import get_logger
 from node_agent.retry import API, Backoff
@@ -222,6 +225,8 @@ class NodeController:
             await self._remove_annotation()
         self._restarted_value = value
         timeout = self.ctx.settings.systemd_job_timeout
+        started = report.now()
+        failures: list[ItemFailure] = []
         for unit in others:
             try:
                 result = await self.ctx.systemd.restart_unit(unit, job_timeout=timeout)
@@ -234,13 +239,37 @@ class NodeController:
                 log.info("unit restarted", unit=unit)
             else:
                 log.warning("unit restart failed", unit=unit, detail=text)
+                failures.append(ItemFailure(kind="command", item=unit, error=text))
             await self.ctx.event(REASON_RESTART, text, warning=not ok)
+        await self._record_restarts(started, units, failures)
         if not restart_self:
             await self._remove_annotation()
             self._restarted_value = None
             return
         self._restarted_value = None
         await self._restart_self("requested through the node annotation")
+
+    async def _record_restarts(
+        self, started: datetime, units: list[str], failures: list[ItemFailure]
+    ) -> None:
+        """One apply-history entry for the restarts the annotation asked for (the agent's own
+        unit included: it restarts next). Never fails the annotation's handling."""
+        try:
+            applied = await self.ctx.state.applied_checksum_async() or None
+            failed = {f.item for f in failures}
+            entry = history_entry(
+                trigger="annotation",
+                result="failed" if failures else "succeeded",
+                started_at=started,
+                checksum_from=applied,
+                checksum_to=applied,
+                restarted_units=[u for u in units if u not in failed],
+                failures=failures,
+                error=f"{len(failures)} of {len(units)} restarts failed" if failures else None,
+            )
+            await self.ctx.state.append_history_async(entry)
+        except Exception as exc:  # the history is a record; it must not stop the restarts
+            log.warning("restarts not recorded in the apply history", error=str(exc))
 
     async def _restart_self(self, why: str) -> None:
         own = self.ctx.settings.agent_unit
