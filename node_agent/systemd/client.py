@@ -461,6 +461,8 @@ def _unit_state(name: str, raw: Mapping[str, Any]) -> UnitState:
         main_pid=raw["main_pid"],
         exec_main_start_timestamp=raw["exec_main_start_timestamp"],
         result=raw["result"],
+        service_type=str(raw.get("service_type") or ""),
+        triggered_by=tuple(str(u) for u in raw.get("triggered_by") or ()),
     )
 
 

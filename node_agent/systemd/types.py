@@ -80,6 +80,10 @@ class UnitState:
     main_pid: int | None = None
     exec_main_start_timestamp: int | None = None
     result: str | None = None
+    #: The service's ``Type`` (``simple``, ``oneshot``, ...); "" for anything but a loaded service.
+    service_type: str = ""
+    #: Units that start this one (its timers, paths, sockets): systemd's ``TriggeredBy``.
+    triggered_by: tuple[str, ...] = ()
 
     @property
     def exists(self) -> bool:

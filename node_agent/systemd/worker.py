@@ -233,6 +233,8 @@ class Worker:
             "main_pid": None,
             "exec_main_start_timestamp": None,
             "result": None,
+            "service_type": "",
+            "triggered_by": [_s(u) for u in unit.get(b"TriggeredBy") or []],
         }
         if state["id"].endswith(".service") and state["load_state"] == "loaded":
             service = self.get_all(path, SERVICE)
@@ -240,6 +242,7 @@ class Worker:
             state["main_pid"] = int(service.get(b"MainPID") or 0)
             state["exec_main_start_timestamp"] = int(service.get(b"ExecMainStartTimestamp") or 0)
             state["result"] = _s(service.get(b"Result", ""))
+            state["service_type"] = _s(service.get(b"Type", ""))
         return state
 
     def op_failed_units(self, args: dict[str, Any]) -> list[str]:

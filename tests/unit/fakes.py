@@ -320,6 +320,8 @@ class FakeSystemd:
       ``calls`` and in ``jobs``; ``enable``/``disable`` as ``("enable", *units)``, a reload as
       ``("daemon_reload",)``.
     - ``hang``: ``unit_states`` never answers (a stuck systemd).
+    - ``props``: more ``UnitState`` fields per unit, e.g. ``{"service_type": "oneshot",
+      "triggered_by": ("x.timer",), "state_change_timestamp": usec, "load_state": "masked"}``.
     """
 
     def __init__(
@@ -337,6 +339,7 @@ class FakeSystemd:
         self.hang = hang
         self.calls: list[Call] = calls if calls is not None else []
         self.jobs: list[tuple[str, JobAction]] = []
+        self.props: dict[str, dict[str, Any]] = {}
         self.started = self.closed = False
 
     async def start(self) -> None:
@@ -388,16 +391,20 @@ class FakeSystemd:
         out = {}
         for name in names:
             active, sub = self.units.get(name, INACTIVE)
+            fields: dict[str, Any] = {
+                "load_state": "loaded" if name in self.units else "not-found",
+                **self.props.get(name, {}),
+            }
             out[name] = UnitState(
                 name=name,
                 id=name,
-                load_state="loaded" if name in self.units else "not-found",
                 active_state=active,
                 sub_state=sub,
                 unit_file_state="enabled" if name in self.enabled else "disabled",
                 invocation_id="",
                 fragment_path="",
                 drop_in_paths=(),
+                **fields,
             )
         return out
 

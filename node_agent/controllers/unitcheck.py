@@ -1,0 +1,401 @@
+"""The systemd unit check: the ``SystemdUnitsReady`` condition on the agent's Node.
+
+Every ``controllers.systemdUnitCheck.syncPeriod`` (and when :meth:`UnitCheckController.poke`
+asks, e.g. right after an apply) the units of the last applied OSC are read from systemd and
+judged by :func:`check_units`, a pure function; the condition goes to ``nodes/status`` only when
+its status, reason or message differ from what the Node carries. What the Node carries is read
+once (at start, and again after the Node was re-created or a write conflicted) and then known
+from the answers to our own patches, so an idle node costs no API request at all.
+
+The rules and messages are upstream gardener-node-agent's, with these differences (upstream's
+verdicts were wrong in these cases; ``docs/design.md`` has the table):
+
+- a unit the OSC stops (``command: stop``) or disables (``enable: false``) is expected inactive:
+  inactive, failed or not loaded is healthy; active is not, unless a timer/path/socket of its
+  own triggers it (then running now and then is what the OSC set up);
+- a unit the OSC starts or restarts (``command: start|restart``) is expected running even
+  without ``enable``/content/drop-ins (upstream called such a unit "active but should be
+  disabled"); a unit the OSC asks nothing of (no content, drop-ins, enable or command, e.g.
+  listed only for its ``filePaths``) is only checked for being stuck;
+- the agent's own unit is always expected running (the agent never stops it);
+- "not loaded" is systemd's ``LoadState`` (not-found, masked, bad-setting...): upstream's
+  lookup lists units that do not exist as inactive, so upstream says "inactive but should be
+  enabled" for them;
+- spec units and ``status.extensionUnits`` are merged field by field, as applied (upstream takes
+  only ``enable`` from an extension unit, so e.g. containerd with an extension drop-in is not
+  watched); derived units (containerd's drop-in from ``criConfig``) count too;
+- template units (``foo@.service``) cannot be loaded by name and are left out (upstream's whole
+  check fails on one);
+- ``lastHeartbeatTime`` moves only when the condition is written (upstream writes every period).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, Literal
+
+from node_agent import report
+from node_agent.errors import (
+    KubeConflict,
+    KubeNotFound,
+    NodeAgentError,
+    SystemdCallError,
+    SystemdError,
+)
+from node_agent.log import get_logger
+from node_agent.osc.applied import Applied, AppliedUnit
+from node_agent.systemd import UnitState
+
+if TYPE_CHECKING:
+    from node_agent.applier import Applier
+    from node_agent.context import AgentContext
+
+log = get_logger("node-agent.unitcheck")
+
+JSON = dict[str, Any]
+#: Never check more often than this, whatever the config says.
+MIN_PERIOD = 1.0
+#: Attempts of one write when the Node changed under it (409).
+CONFLICT_ATTEMPTS = 3
+
+Want = Literal["running", "stopped", "observed"]
+
+
+@dataclass(frozen=True, slots=True)
+class ExpectedUnit:
+    """What the last applied OSC expects of one unit.
+
+    ``running``: upstream's "enabled" unit; ``stopped``: the OSC stops or disables it
+    (``stopped_by`` says which, for the message); ``observed``: the OSC asks nothing of it, only
+    a unit stuck activating/deactivating is reported."""
+
+    name: str
+    want: Want
+    stopped_by: Literal["", "disabled", "stopped"] = ""
+
+
+def is_template(name: str) -> bool:
+    """``foo@.service``: a template, not a unit systemd can load by that name."""
+    stem, dot, _suffix = name.rpartition(".")
+    return bool(dot) and stem.endswith("@")
+
+
+def expected_unit(unit: AppliedUnit, agent_unit: str) -> ExpectedUnit:
+    name = unit.name
+    if name != agent_unit:
+        if unit.enable is False:
+            return ExpectedUnit(name, "stopped", "disabled")
+        if unit.command == "stop":
+            return ExpectedUnit(name, "stopped", "stopped")
+    carries = unit.content is not None or bool(unit.drop_ins)
+    if (
+        unit.enable is True
+        or (unit.enable is None and carries)
+        or unit.command in ("start", "restart")
+        or name == agent_unit
+    ):
+        return ExpectedUnit(name, "running")
+    return ExpectedUnit(name, "observed")
+
+
+def expected_units(applied: Applied, agent_unit: str) -> tuple[ExpectedUnit, ...]:
+    """The units to check, sorted by name (upstream's message order)."""
+    return tuple(
+        expected_unit(unit, agent_unit)
+        for name, unit in sorted(applied.units.items())
+        if not is_template(name)
+    )
+
+
+def go_seconds(duration: timedelta) -> str:
+    """Go's ``Duration.Truncate(time.Second).String()`` of a non-negative duration: ``0s``,
+    ``45s``, ``5m0s``, ``1h0m5s``."""
+    total = max(0, int(duration.total_seconds()))
+    hours, rest = divmod(total, 3600)
+    minutes, seconds = divmod(rest, 60)
+    if hours:
+        return f"{hours}h{minutes}m{seconds}s"
+    if minutes:
+        return f"{minutes}m{seconds}s"
+    return f"{seconds}s"
+
+
+@dataclass(frozen=True, slots=True)
+class UnitCheck:
+    """The verdict of one check: ``"<unit>: <what>"`` messages in unit-name order."""
+
+    unhealthy: tuple[str, ...] = ()
+    progressing: tuple[str, ...] = ()
+
+    @property
+    def condition(self) -> report.Condition:
+        return report.units_condition(self.unhealthy, self.progressing)
+
+
+_RUNNING_STATES = ("active", "activating", "deactivating", "reloading", "refreshing")
+
+
+def check_units(
+    expected: Iterable[ExpectedUnit],
+    states: Mapping[str, UnitState],
+    now: datetime,
+    stuck_threshold: timedelta,
+) -> UnitCheck:
+    """Judge each expected unit by its state (a unit without a state is skipped)."""
+    unhealthy: list[str] = []
+    progressing: list[str] = []
+    for unit in expected:
+        state = states.get(unit.name)
+        if state is None:
+            continue
+        name, active, sub = unit.name, state.active_state, state.sub_state
+        if state.load_state != "loaded" and active not in _RUNNING_STATES:
+            if unit.want == "running":
+                unhealthy.append(f"{name}: not loaded")
+            continue
+        if active in ("activating", "deactivating"):
+            # Restart=always/on-failure services pass through "activating (auto-restart)"
+            # between runs: normal operation.
+            if sub == "auto-restart":
+                continue
+            since = state.state_change
+            took = now - since if since is not None else timedelta(0)
+            if took >= stuck_threshold:
+                unhealthy.append(f"{name}: stuck in {active} for {go_seconds(took)}")
+            else:
+                progressing.append(f"{name}: {active} for {go_seconds(took)}")
+        elif active == "active":
+            if unit.want == "stopped" and not state.triggered_by:
+                unhealthy.append(f"{name}: active but should be {unit.stopped_by}")
+        elif active == "failed":
+            if unit.want == "running":
+                unhealthy.append(f"{name}: failed")
+        elif active == "inactive" and unit.want == "running":
+            # A oneshot that ran, or a service its timer/path/socket starts, rests "dead".
+            if sub == "dead" and (state.service_type == "oneshot" or state.triggered_by):
+                continue
+            unhealthy.append(f"{name}: inactive but should be enabled")
+    return UnitCheck(tuple(unhealthy), tuple(progressing))
+
+
+@dataclass(frozen=True)
+class UnitCheckView:
+    """What the last check found, for status and metrics (read-only snapshot)."""
+
+    #: the condition of the last check; None before the first (or without an applied OSC)
+    condition: report.Condition | None = None
+    checked_at: datetime | None = None
+    unhealthy: tuple[str, ...] = ()
+    progressing: tuple[str, ...] = ()
+    units: int = 0
+    #: the Node carries ``condition`` (False while a write is still to be retried)
+    reported: bool = False
+    #: why the last check or write failed (None when it worked)
+    error: str | None = None
+    checks: int = 0
+    writes: int = 0
+
+
+@dataclass
+class _NodeSeen:
+    """The Node's status as we last read or wrote it."""
+
+    uid: str | None
+    resource_version: str
+    conditions: list[JSON] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, node: Mapping[str, Any]) -> _NodeSeen:
+        meta = node.get("metadata") or {}
+        status = node.get("status") or {}
+        conditions = [c for c in status.get("conditions") or [] if isinstance(c, dict)]
+        return cls(meta.get("uid"), str(meta.get("resourceVersion") or ""), conditions)
+
+    def entry(self) -> JSON | None:
+        for condition in self.conditions:
+            if condition.get("type") == report.CONDITION_UNITS_READY:
+                return condition
+        return None
+
+    def carries(self, condition: report.Condition) -> bool:
+        entry = self.entry()
+        return entry is not None and (
+            entry.get("status"),
+            entry.get("reason"),
+            entry.get("message"),
+        ) == (condition.status, condition.reason, condition.message)
+
+    def with_entry(self, entry: JSON) -> list[JSON]:
+        """The conditions with ours replaced in place (or appended)."""
+        out = [
+            entry if c.get("type") == report.CONDITION_UNITS_READY else c for c in self.conditions
+        ]
+        if self.entry() is None:
+            out.append(entry)
+        return out
+
+
+class UnitCheckController:
+    def __init__(
+        self,
+        ctx: AgentContext,
+        applier: Applier,
+        *,
+        clock: Callable[[], datetime] = report.now,
+    ) -> None:
+        self.ctx = ctx
+        self.applier = applier
+        self.clock = clock
+        config = ctx.config.controllers.systemd_unit_check
+        self.period = max(MIN_PERIOD, config.sync_period.total_seconds())
+        self.stuck_threshold = config.stuck_threshold
+        self._poked = asyncio.Event()
+        #: (applied checksum, expected units) of the last applied OSC
+        self._expected: tuple[str, tuple[ExpectedUnit, ...]] | None = None
+        self._seen: _NodeSeen | None = None
+        self._view = UnitCheckView()
+        self._last_error: str | None = None
+
+    def poke(self) -> None:
+        """Check again now (e.g. an apply finished: the units and their states changed)."""
+        self._expected = None
+        self._poked.set()
+
+    def view(self) -> UnitCheckView:
+        return self._view
+
+    async def run(self) -> None:
+        await self.ctx.node_known.wait()
+        while True:
+            self._poked.clear()
+            await self.check_once()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._poked.wait(), self.period)
+
+    async def check_once(self) -> UnitCheckView:
+        """One check and, if the condition changed, one write; errors are logged and left to
+        the next period (never raised)."""
+        try:
+            expected = await self._expected_units()
+            if expected is None:
+                return self._view  # nothing applied yet: no condition (like upstream)
+            states = await self._states([u.name for u in expected])
+            verdict = check_units(expected, states, self.clock(), self.stuck_threshold)
+            condition = verdict.condition
+            self._update(
+                condition=condition,
+                checked_at=self.clock(),
+                unhealthy=verdict.unhealthy,
+                progressing=verdict.progressing,
+                units=len(expected),
+                checks=self._view.checks + 1,
+            )
+            if self._view.reported and self._known_carries(condition):
+                self._update(error=None)
+                return self._view
+            self._update(reported=False)
+            await self._report(condition)
+            self._update(reported=True, error=None)
+            self._last_error = None
+        except (NodeAgentError, OSError) as exc:
+            self._failed(exc)
+        return self._view
+
+    # -- reading ----------------------------------------------------------------------------
+
+    async def _expected_units(self) -> tuple[ExpectedUnit, ...] | None:
+        checksum = await self.ctx.state.applied_checksum_async()
+        if not checksum:
+            return None
+        cached = self._expected
+        if cached is not None and cached[0] == checksum:
+            return cached[1]
+        applied = await asyncio.to_thread(self.applier.last_applied)
+        expected = expected_units(applied, self.ctx.settings.agent_unit)
+        self._expected = (checksum, expected)
+        return expected
+
+    async def _states(self, names: Sequence[str]) -> dict[str, UnitState]:
+        """All states in one call; if systemd refuses the batch (one odd name), unit by unit,
+        leaving out those it refuses."""
+        systemd = self.ctx.systemd
+        try:
+            return await systemd.unit_states(names)
+        except SystemdError as exc:
+            if len(names) < 2 or not isinstance(exc, SystemdCallError):
+                raise
+        states: dict[str, UnitState] = {}
+        for name in names:
+            try:
+                states.update(await systemd.unit_states([name]))
+            except SystemdError as exc:
+                if not isinstance(exc, SystemdCallError):
+                    raise
+                log.warning("unit state not readable; left out of the check", unit=name)
+        return states
+
+    # -- writing ----------------------------------------------------------------------------
+
+    def _known_carries(self, condition: report.Condition) -> bool:
+        seen = self._seen
+        return seen is not None and seen.uid == self.ctx.node_uid and seen.carries(condition)
+
+    async def _read_node(self, name: str) -> _NodeSeen:
+        self._seen = _NodeSeen.of(await self.ctx.kube.get_node(name))
+        return self._seen
+
+    async def _report(self, condition: report.Condition) -> None:
+        name = self.ctx.node_name
+        assert name is not None
+        seen = self._seen
+        if seen is None or seen.uid != self.ctx.node_uid:
+            seen = await self._read_node(name)  # at start, and after the Node was re-created
+        for attempt in range(CONFLICT_ATTEMPTS):
+            if seen.carries(condition):
+                return
+            entry = report.condition_entry(condition, seen.entry(), self.clock())
+            patch = {
+                # the resourceVersion makes the write a compare-and-swap: the whole list is
+                # sent (a merge patch replaces lists), so it must be the list on the Node now
+                "metadata": {"resourceVersion": seen.resource_version},
+                "status": {"conditions": seen.with_entry(entry)},
+            }
+            try:
+                node = await self.ctx.kube.patch_node_status(name, patch)
+            except KubeConflict:
+                if attempt + 1 == CONFLICT_ATTEMPTS:
+                    raise
+                seen = await self._read_node(name)
+                continue
+            except KubeNotFound:
+                self._seen = None
+                raise
+            self._seen = _NodeSeen.of(node)
+            self._update(writes=self._view.writes + 1)
+            log.info(
+                "systemd units condition reported",
+                status=condition.status,
+                reason=condition.reason,
+                message=condition.message,
+            )
+            return
+
+    # -- bookkeeping ------------------------------------------------------------------------
+
+    def _update(self, **changes: Any) -> None:
+        self._view = dataclasses.replace(self._view, **changes)
+
+    def _failed(self, exc: Exception) -> None:
+        text = f"{type(exc).__name__}: {exc}"
+        self._update(error=text)
+        if isinstance(exc, KubeNotFound):
+            self._seen = None
+        if text != self._last_error:  # once per distinct error, not every period
+            self._last_error = text
+            log.warning("systemd unit check not done; retrying next period", error=text)
+            self.ctx.health.error("unitcheck", text)

@@ -1,0 +1,505 @@
+"""The systemd unit check: the verdict rules (pure) and when the controller writes the Node."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from structlog.testing import capture_logs
+
+from node_agent import report
+from node_agent.config import AgentSettings, NodeAgentConfiguration
+from node_agent.context import AgentContext
+from node_agent.controllers.unitcheck import (
+    ExpectedUnit,
+    UnitCheckController,
+    check_units,
+    expected_unit,
+    expected_units,
+    go_seconds,
+    is_template,
+)
+from node_agent.errors import KubeConflict, KubeForbidden, SystemdCallError
+from node_agent.host.fs import HostFS
+from node_agent.osc.applied import Applied, AppliedUnit
+from node_agent.systemd import UnitState
+from tests.unit.fakes import FakeKube, FakeSystemd
+
+NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+STUCK = timedelta(minutes=5)
+OWN = "gardener-node-agent.service"
+
+
+def state(
+    name: str,
+    active: str = "active",
+    sub: str = "running",
+    *,
+    load: str = "loaded",
+    changed: datetime | None = None,
+    service_type: str = "simple",
+    triggered_by: tuple[str, ...] = (),
+) -> UnitState:
+    usec = int(changed.timestamp() * 1_000_000) if changed is not None else 0
+    return UnitState(
+        name=name,
+        id=name,
+        load_state=load,
+        active_state=active,
+        sub_state=sub,
+        unit_file_state="enabled",
+        invocation_id="",
+        fragment_path="",
+        drop_in_paths=(),
+        state_change_timestamp=usec,
+        service_type=service_type,
+        triggered_by=triggered_by,
+    )
+
+
+def run(u: ExpectedUnit | str, s: UnitState) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    unit = ExpectedUnit(u, "running") if isinstance(u, str) else u
+    verdict = check_units([unit], {unit.name: s}, NOW, STUCK)
+    return verdict.unhealthy, verdict.progressing
+
+
+# -- the rules, one case each ------------------------------------------------------------------
+
+
+def test_active_running_unit_is_healthy() -> None:
+    assert run("a.service", state("a.service")) == ((), ())
+
+
+def test_failed_enabled_unit() -> None:
+    assert run("a.service", state("a.service", "failed", "failed")) == (("a.service: failed",), ())
+
+
+def test_failed_disabled_unit_is_not_unhealthy() -> None:
+    unit = ExpectedUnit("a.service", "stopped", "disabled")
+    assert run(unit, state("a.service", "failed", "failed")) == ((), ())
+
+
+def test_activating_within_threshold_is_progressing() -> None:
+    s = state("a.service", "activating", "start-pre", changed=NOW - timedelta(seconds=30.7))
+    assert run("a.service", s) == ((), ("a.service: activating for 30s",))
+
+
+def test_stuck_activating_beyond_threshold() -> None:
+    s = state("a.service", "activating", "start", changed=NOW - timedelta(minutes=10))
+    assert run("a.service", s) == (("a.service: stuck in activating for 10m0s",), ())
+
+
+def test_stuck_exactly_at_threshold_and_deactivating() -> None:
+    s = state("a.service", "deactivating", "stop-sigterm", changed=NOW - STUCK)
+    assert run("a.service", s) == (("a.service: stuck in deactivating for 5m0s",), ())
+
+
+def test_auto_restart_is_normal_operation() -> None:
+    s = state("a.service", "activating", "auto-restart", changed=NOW - timedelta(hours=1))
+    assert run("a.service", s) == ((), ())
+
+
+def test_inactive_enabled_unit() -> None:
+    s = state("a.service", "inactive", "dead")
+    assert run("a.service", s) == (("a.service: inactive but should be enabled",), ())
+
+
+def test_inactive_oneshot_is_healthy() -> None:
+    s = state("a.service", "inactive", "dead", service_type="oneshot")
+    assert run("a.service", s) == ((), ())
+
+
+def test_inactive_triggered_service_is_healthy() -> None:
+    s = state("a.service", "inactive", "dead", triggered_by=("a.timer",))
+    assert run("a.service", s) == ((), ())
+
+
+def test_disabled_unit_active() -> None:
+    unit = ExpectedUnit("a.service", "stopped", "disabled")
+    assert run(unit, state("a.service")) == (("a.service: active but should be disabled",), ())
+
+
+def test_stopped_unit_active_and_inactive() -> None:
+    unit = ExpectedUnit("a.service", "stopped", "stopped")
+    assert run(unit, state("a.service")) == (("a.service: active but should be stopped",), ())
+    assert run(unit, state("a.service", "inactive", "dead")) == ((), ())
+
+
+def test_stopped_unit_its_timer_starts_may_run() -> None:
+    unit = ExpectedUnit("a.service", "stopped", "disabled")
+    assert run(unit, state("a.service", triggered_by=("a.timer",))) == ((), ())
+
+
+def test_not_loaded() -> None:
+    missing = state("a.service", "inactive", "dead", load="not-found")
+    assert run("a.service", missing) == (("a.service: not loaded",), ())
+    masked = state("a.service", "inactive", "dead", load="masked")
+    assert run("a.service", masked) == (("a.service: not loaded",), ())
+    assert run(ExpectedUnit("a.service", "stopped", "stopped"), missing) == ((), ())
+    assert run(ExpectedUnit("a.service", "observed"), missing) == ((), ())
+
+
+def test_file_deleted_while_running_is_judged_by_its_state() -> None:
+    s = state("a.service", "active", "running", load="not-found")
+    assert run("a.service", s) == ((), ())
+
+
+def test_observed_unit_only_checked_for_being_stuck() -> None:
+    unit = ExpectedUnit("a.service", "observed")
+    assert run(unit, state("a.service")) == ((), ())
+    assert run(unit, state("a.service", "failed", "failed")) == ((), ())
+    assert run(unit, state("a.service", "inactive", "dead")) == ((), ())
+    stuck = state("a.service", "activating", "start", changed=NOW - timedelta(hours=2))
+    assert run(unit, stuck) == (("a.service: stuck in activating for 2h0m0s",), ())
+
+
+def test_messages_in_given_order_and_condition() -> None:
+    expected = [ExpectedUnit(n, "running") for n in ("a.service", "b.service", "c.service")]
+    states = {
+        "a.service": state("a.service", "failed", "failed"),
+        "b.service": state("b.service", "activating", "start", changed=NOW),
+        "c.service": state("c.service", "inactive", "dead"),
+    }
+    verdict = check_units(expected, states, NOW, STUCK)
+    condition = verdict.condition
+    assert condition == report.Condition(
+        "False", "UnhealthyUnits", "a.service: failed; c.service: inactive but should be enabled"
+    )
+    only_progressing = check_units(expected[1:2], states, NOW, STUCK).condition
+    assert only_progressing == report.Condition(
+        "True", "ProgressingUnits", "b.service: activating for 0s"
+    )
+    healthy = check_units([], states, NOW, STUCK).condition
+    assert healthy == report.Condition(
+        "True",
+        "AllUnitsHealthy",
+        "All systemd units from the operating system config are running as expected.",
+    )
+
+
+def test_unit_without_a_state_is_skipped() -> None:
+    assert check_units([ExpectedUnit("a.service", "running")], {}, NOW, STUCK).condition.reason == (
+        "AllUnitsHealthy"
+    )
+
+
+# -- expected state from the applied OSC -------------------------------------------------------
+
+
+def unit(name: str, **fields: Any) -> AppliedUnit:
+    return AppliedUnit(name=name, **fields)
+
+
+@pytest.mark.parametrize(
+    ("fields", "want"),
+    [
+        ({"enable": True}, ("running", "")),
+        ({"content": "[Service]\n"}, ("running", "")),
+        ({"drop_ins": {"a.conf": "x"}}, ("running", "")),
+        ({"command": "restart"}, ("running", "")),
+        ({"command": "start"}, ("running", "")),
+        ({}, ("observed", "")),
+        ({"file_paths": ("/etc/x",)}, ("observed", "")),
+        ({"enable": False, "content": "x"}, ("stopped", "disabled")),
+        ({"enable": False, "command": "start"}, ("stopped", "disabled")),
+        ({"command": "stop", "content": "x"}, ("stopped", "stopped")),
+        ({"command": "stop", "enable": True}, ("stopped", "stopped")),
+    ],
+)
+def test_expected_unit(fields: dict[str, Any], want: tuple[str, str]) -> None:
+    got = expected_unit(unit("a.service", **fields), OWN)
+    assert (got.want, got.stopped_by) == want
+
+
+def test_own_unit_is_always_expected_running() -> None:
+    assert expected_unit(unit(OWN, command="stop", enable=False), OWN).want == "running"
+    assert expected_unit(unit(OWN), OWN).want == "running"
+
+
+def test_expected_units_sorted_without_templates() -> None:
+    applied = Applied(
+        units={
+            n: unit(n, enable=True) for n in ("b.service", "a.service", "t@.service", "t@1.service")
+        }
+    )
+    assert [u.name for u in expected_units(applied, OWN)] == [
+        "a.service",
+        "b.service",
+        "t@1.service",
+    ]
+    assert is_template("x@.timer")
+    assert not is_template("x@y.timer")
+    assert not is_template("x")
+
+
+# -- duration wording --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [
+        (0, "0s"),
+        (0.9, "0s"),
+        (59.99, "59s"),
+        (60, "1m0s"),
+        (61, "1m1s"),
+        (300, "5m0s"),
+        (3600, "1h0m0s"),
+        (3605, "1h0m5s"),
+        (90061, "25h1m1s"),
+        (-3, "0s"),
+    ],
+)
+def test_go_seconds(seconds: float, text: str) -> None:
+    assert go_seconds(timedelta(seconds=seconds)) == text
+
+
+@given(st.integers(min_value=0, max_value=10**7))
+def test_go_seconds_round_trips(total: int) -> None:
+    from node_agent.config import parse_duration
+
+    assert parse_duration(go_seconds(timedelta(seconds=total))) == timedelta(seconds=total)
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["running", "stopped", "observed"]),
+            st.sampled_from(["active", "failed", "inactive", "activating", "reloading"]),
+            st.sampled_from(["running", "dead", "failed", "start", "auto-restart"]),
+            st.sampled_from(["loaded", "not-found"]),
+            st.integers(min_value=0, max_value=1000),
+        ),
+        max_size=8,
+    )
+)
+def test_verdict_properties(rows: list[tuple[str, str, str, str, int]]) -> None:
+    """One message at most per unit, each naming it, in order; the condition's status is False
+    exactly when something is unhealthy."""
+    expected = []
+    states = {}
+    for i, (want, active, sub, load, age) in enumerate(rows):
+        name = f"u{i:02d}.service"
+        expected.append(ExpectedUnit(name, want, "disabled" if want == "stopped" else ""))  # type: ignore[arg-type]
+        states[name] = state(name, active, sub, load=load, changed=NOW - timedelta(seconds=age))
+    verdict = check_units(expected, states, NOW, STUCK)
+    messages = [*verdict.unhealthy, *verdict.progressing]
+    named = [m.split(":", 1)[0] for m in messages]
+    assert len(set(named)) == len(named)
+    assert named[: len(verdict.unhealthy)] == sorted(named[: len(verdict.unhealthy)])
+    assert (verdict.condition.status == "False") == bool(verdict.unhealthy)
+    for i, (want, active, *_rest) in enumerate(rows):
+        if want == "observed" and active != "activating":
+            assert f"u{i:02d}.service" not in named
+
+
+# -- the controller: when the Node is written --------------------------------------------------
+
+
+class _State:
+    def __init__(self) -> None:
+        self.checksum = "c1"
+
+    async def applied_checksum_async(self) -> str:
+        return self.checksum
+
+
+class _Applier:
+    def __init__(self, applied: Applied) -> None:
+        self.applied = applied
+        self.reads = 0
+
+    def last_applied(self) -> Applied:
+        self.reads += 1
+        return self.applied
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = NOW
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+def _controller(
+    tmp_path: Path, units: dict[str, tuple[str, str]], applied: Applied, node: dict[str, Any]
+) -> tuple[UnitCheckController, FakeKube, FakeSystemd, Clock, _State]:
+    kube = FakeKube()
+    kube.nodes().put(node)
+    systemd = FakeSystemd(units)
+    state_store = _State()
+    ctx = AgentContext(
+        settings=AgentSettings(root=tmp_path, agent_unit=OWN),
+        config=NodeAgentConfiguration(),
+        fs=HostFS(tmp_path),
+        state=state_store,  # type: ignore[arg-type]
+        systemd=systemd,
+        kube=kube,
+        host_name="n1",
+        node_name="n1",
+        node_uid="u1",
+    )
+    clock = Clock()
+    controller = UnitCheckController(ctx, _Applier(applied), clock=clock)  # type: ignore[arg-type]
+    return controller, kube, systemd, clock, state_store
+
+
+def _node(conditions: list[dict[str, Any]] | None = None, uid: str = "u1") -> dict[str, Any]:
+    return {
+        "metadata": {"name": "n1", "uid": uid, "resourceVersion": "7"},
+        "status": {"conditions": conditions or []},
+    }
+
+
+KUBELET_READY = {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "ok"}
+APPLIED = Applied(units={"a.service": unit("a.service", enable=True)})
+
+
+def _ours(kube: FakeKube) -> dict[str, Any]:
+    conditions = kube.nodes().items["n1"]["status"]["conditions"]
+    [entry] = [c for c in conditions if c["type"] == "SystemdUnitsReady"]
+    return entry  # type: ignore[no-any-return]
+
+
+async def test_writes_only_when_the_condition_changes(tmp_path: Path) -> None:
+    c, kube, systemd, clock, _ = _controller(
+        tmp_path, {"a.service": ("active", "running")}, APPLIED, _node([KUBELET_READY])
+    )
+    await c.check_once()
+    [(_, name, patch)] = kube.writes("patch_node_status")
+    assert name == "n1"
+    assert patch["metadata"] == {"resourceVersion": "7"}
+    conditions = kube.nodes().items["n1"]["status"]["conditions"]
+    assert conditions[0] == KUBELET_READY  # the kubelet's conditions are kept
+    assert _ours(kube)["reason"] == "AllUnitsHealthy"
+    reads = len(kube.reads)
+    for _ in range(3):
+        clock.now += timedelta(minutes=1)
+        await c.check_once()
+    assert len(kube.writes("patch_node_status")) == 1
+    assert len(kube.reads) == reads  # idle: no request at all
+    view = c.view()
+    assert view.reported
+    assert view.checks == 4
+    assert view.writes == 1
+    assert view.units == 1
+
+    systemd.units["a.service"] = ("failed", "failed")
+    clock.now += timedelta(minutes=1)
+    await c.check_once()
+    assert len(kube.writes("patch_node_status")) == 2
+    ours = _ours(kube)
+    assert (ours["status"], ours["message"]) == ("False", "a.service: failed")
+    assert ours["lastTransitionTime"] == "2026-01-01T12:04:00Z"
+    assert c.view().unhealthy == ("a.service: failed",)
+
+
+async def test_transition_time_kept_when_only_the_message_changes(tmp_path: Path) -> None:
+    applied = Applied(units={n: unit(n, enable=True) for n in ("a.service", "b.service")})
+    c, kube, systemd, clock, _ = _controller(
+        tmp_path, {"a.service": ("failed", "failed"), "b.service": ACTIVE}, applied, _node()
+    )
+    await c.check_once()
+    first = dict(_ours(kube))
+    systemd.units["b.service"] = ("failed", "failed")
+    clock.now += timedelta(minutes=1)
+    await c.check_once()
+    second = _ours(kube)
+    assert second["message"] == "a.service: failed; b.service: failed"
+    assert second["lastTransitionTime"] == first["lastTransitionTime"]
+    assert second["lastHeartbeatTime"] == "2026-01-01T12:01:00Z"
+
+
+ACTIVE = ("active", "running")
+
+
+async def test_restart_with_identical_condition_writes_nothing(tmp_path: Path) -> None:
+    entry = report.condition_entry(report.units_condition([], []), None, NOW - timedelta(hours=1))
+    c, kube, *_ = _controller(tmp_path, {"a.service": ACTIVE}, APPLIED, _node([entry]))
+    await c.check_once()
+    assert kube.writes("patch_node_status") == []
+    assert [r[0] for r in kube.reads] == ["get_node"]
+    assert c.view().reported
+
+
+async def test_recreated_node_is_read_again(tmp_path: Path) -> None:
+    c, kube, _, clock, _ = _controller(tmp_path, {"a.service": ACTIVE}, APPLIED, _node())
+    await c.check_once()
+    kube.nodes().put(_node(uid="u2"))  # deleted and registered again: no condition
+    c.ctx.node_uid = "u2"
+    clock.now += timedelta(minutes=1)
+    await c.check_once()
+    assert len(kube.writes("patch_node_status")) == 2
+    assert _ours(kube)["reason"] == "AllUnitsHealthy"
+
+
+async def test_conflict_reads_again_and_retries(tmp_path: Path) -> None:
+    c, kube, *_ = _controller(tmp_path, {"a.service": ACTIVE}, APPLIED, _node())
+    kube.fail("patch_node_status", KubeConflict("changed", status=409))
+    await c.check_once()
+    assert [r[0] for r in kube.reads] == ["get_node", "get_node"]
+    assert c.view().reported
+    assert c.view().error is None
+
+
+async def test_api_error_is_retried_next_period_and_recorded_once(tmp_path: Path) -> None:
+    c, kube, _, clock, _ = _controller(tmp_path, {"a.service": ACTIVE}, APPLIED, _node())
+    kube.fail("patch_node_status", KubeForbidden("forbidden", status=403), times=2)
+    with capture_logs() as logs:
+        await c.check_once()
+        await c.check_once()
+    assert not c.view().reported
+    assert "forbidden" in (c.view().error or "")
+    assert len([e for e in logs if e["log_level"] == "warning"]) == 1
+    assert len([e for e in c.ctx.health.errors if e["source"] == "unitcheck"]) == 1
+    clock.now += timedelta(minutes=1)
+    await c.check_once()
+    assert c.view().reported
+    assert c.view().error is None
+    assert _ours(kube)["reason"] == "AllUnitsHealthy"
+
+
+async def test_nothing_applied_no_condition(tmp_path: Path) -> None:
+    c, kube, _, _, state_store = _controller(tmp_path, {}, APPLIED, _node())
+    state_store.checksum = ""
+    await c.check_once()
+    assert kube.writes("patch_node_status") == []
+    assert kube.reads == []
+    assert c.view().condition is None
+
+
+async def test_expected_units_cached_by_checksum_and_poke(tmp_path: Path) -> None:
+    c, _kube, _, _, state_store = _controller(tmp_path, {"a.service": ACTIVE}, APPLIED, _node())
+    applier = c.applier
+    assert isinstance(applier, _Applier)
+    await c.check_once()
+    await c.check_once()
+    assert applier.reads == 1
+    state_store.checksum = "c2"
+    await c.check_once()
+    assert applier.reads == 2
+    c.poke()
+    await c.check_once()
+    assert applier.reads == 3
+
+
+async def test_one_unreadable_unit_does_not_block_the_others(tmp_path: Path) -> None:
+    applied = Applied(units={n: unit(n, enable=True) for n in ("a.service", "b.service")})
+    c, kube, systemd, *_ = _controller(
+        tmp_path, {"a.service": ("failed", "failed"), "b.service": ACTIVE}, applied, _node()
+    )
+    real = systemd.unit_states
+
+    async def picky(names: Any) -> dict[str, UnitState]:
+        if "b.service" in names:
+            raise SystemdCallError("bad name", op="unit_states", name="x", errno=22, units=())
+        return await real(names)
+
+    systemd.unit_states = picky  # type: ignore[method-assign]
+    await c.check_once()
+    assert _ours(kube)["message"] == "a.service: failed"
