@@ -13,6 +13,7 @@ import asyncio
 import base64
 import binascii
 from collections.abc import Mapping
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from node_agent import report, retry
@@ -30,6 +31,7 @@ from node_agent.errors import (
     SecretRefError,
 )
 from node_agent.executor import ApplyReport
+from node_agent.host.history import HistoryEntry, HistoryRollback, Result, Trigger
 from node_agent.kube.watch import list_watch
 from node_agent.layout import BOOTSTRAP_TOKEN_FILE, KUBELET_BOOTSTRAP_KUBECONFIG
 from node_agent.log import get_logger
@@ -37,6 +39,7 @@ from node_agent.osc.breakage import Evidence
 from node_agent.osc.decode import decode_osc, parse_osc, sha256_hex
 from node_agent.osc.merge import osc_files, secret_refs
 from node_agent.osc.models import OperatingSystemConfig
+from node_agent.osc.plan import ChangeSet
 from node_agent.report import NAMESPACE
 from node_agent.retry import Backoff
 
@@ -286,12 +289,19 @@ class OSCController:
         resolved = await self.resolve(osc)
         gate = await self._gate_begin(checksum, first_apply=first_apply, retrying=retrying)
         log.info("applying OSC", checksum=checksum, first=first_apply)
+        started = report.now()
+        trigger: Trigger = "resume" if retrying else "secret"
         try:
             outcome = await self.applier.apply(raw, osc, checksum, resolved)
         except ApplyError as exc:
             # A partly failed update may have broken a running unit too (its restart failed).
             partial = exc.report if isinstance(exc.report, ApplyReport) else None
-            if gate is not None and partial is not None and await self._gate_verdict(gate, partial):
+            broke = await self._gate_watch(gate, partial)
+            await self._history(
+                trigger, applied, checksum, started, partial, None, str(exc), rollback=broke
+            )
+            if gate is not None and broke is not None:
+                await self._roll_back(await self.gate.rolling_back(gate, broke))
                 return None
             raise
         self.applies += 1
@@ -299,7 +309,12 @@ class OSCController:
         for _unit, result in sorted(outcome.report.results.items()):
             reason = report.REASON_UNIT_COMMAND.get(result.action, "SystemDUnitRestart")
             await self.ctx.event(reason, result.describe(), warning=not result.ok)
-        if gate is not None and await self._gate_verdict(gate, outcome.report):
+        broke = await self._gate_watch(gate, outcome.report)
+        await self._history(
+            trigger, applied, checksum, started, outcome.report, outcome.change_set, rollback=broke
+        )
+        if gate is not None and broke is not None:
+            await self._roll_back(await self.gate.rolling_back(gate, broke))
             return None  # rolled back: the Node keeps the old checksum
         await self._report_applied(osc, checksum)
         if outcome.report.skipped:
@@ -379,14 +394,17 @@ class OSCController:
         units = (await asyncio.to_thread(self.applier.last_applied)).units
         return await self.gate.begin(checksum, previous, units)
 
-    async def _gate_verdict(self, record: GateRecord, rep: ApplyReport) -> bool:
-        """Watch the units the update restarted; roll back when one broke. True: rolled back."""
+    async def _gate_watch(
+        self, record: GateRecord | None, rep: ApplyReport | None
+    ) -> Evidence | None:
+        """Watch the units the update restarted for the settle window: what broke one, or
+        None (the gate is then cleared)."""
+        if record is None or rep is None:
+            return None
         evidence = await self.gate.watch(record, rep)
         if evidence is None:
             await self.gate.clear()
-            return False
-        await self._roll_back(await self.gate.rolling_back(record, evidence))
-        return True
+        return evidence
 
     async def _roll_back(self, record: GateRecord) -> None:
         """Apply the last-known-good OSC again (restoring what the update changed and
@@ -397,8 +415,38 @@ class OSCController:
         resolved = record.previous_resolved
         if resolved is None:
             resolved = await self.resolve(osc)
-        outcome = await self.applier.apply(raw, osc, record.previous_checksum, resolved)
+        started = report.now()
+        why = HistoryRollback(
+            unit=record.unit,
+            evidence=record.evidence or "",
+            from_checksum=record.checksum,
+            to_checksum=record.previous_checksum,
+        )
+        try:
+            outcome = await self.applier.apply(raw, osc, record.previous_checksum, resolved)
+        except ApplyError as exc:
+            partial = exc.report if isinstance(exc.report, ApplyReport) else None
+            await self._history(
+                "rollback",
+                record.checksum,
+                record.previous_checksum,
+                started,
+                partial,
+                None,
+                str(exc),
+                rollback=why,
+            )
+            raise
         rollback = await self.gate.quarantine(record)
+        await self._history(
+            "rollback",
+            record.checksum,
+            record.previous_checksum,
+            started,
+            outcome.report,
+            outcome.change_set,
+            rollback=why,
+        )
         evidence = Evidence(rollback.unit, rollback.evidence)
         message = (
             f"OSC {rollback.checksum[:12]} rolled back to {rollback.to_checksum[:12]}: "
@@ -419,11 +467,62 @@ class OSCController:
         if outcome.restarts_agent:
             await self._restart_self()
 
+    async def _history(
+        self,
+        trigger: Trigger,
+        checksum_from: str | None,
+        checksum_to: str,
+        started: datetime,
+        rep: ApplyReport | None,
+        change_set: ChangeSet | None,
+        error: str | None = None,
+        *,
+        rollback: Evidence | HistoryRollback | None = None,
+    ) -> None:
+        """One entry of the apply history (``node-agent status --history``). ``rollback``: the
+        evidence that got this update rolled back, or (the rollback's own apply) what it
+        reverted."""
+        result: Result = "failed" if error is not None else "succeeded"
+        if isinstance(rollback, Evidence):
+            result = "rolled-back"
+            rollback = HistoryRollback(
+                unit=rollback.unit,
+                evidence=rollback.what,
+                from_checksum=checksum_to,
+                to_checksum=checksum_from or None,
+            )
+        finished = report.now()
+        entry = HistoryEntry(
+            started_at=started,
+            finished_at=finished,
+            duration_seconds=max(0.0, (finished - started).total_seconds()),
+            trigger=trigger,
+            checksum_from=checksum_from or None,
+            checksum_to=checksum_to,
+            result=result,
+            items_changed=changed_items(change_set, rep),
+            restarted_units=tuple(rep.restarted) if rep is not None else (),
+            failures=rep.failure_list() if rep is not None else (),
+            rollback=rollback,
+            error=error,
+        )
+        await self.ctx.state.append_history_async(entry)
+
     async def _repair_drift(self, raw: bytes, annotated: str | None) -> None:
         osc = await asyncio.to_thread(decode_osc, raw, annotated, self.ctx.host_name)
-        outcome = await self.applier.repair_drift(osc, None)
+        started = report.now()
+        checksum = await self.ctx.state.applied_checksum_async()
+        try:
+            outcome = await self.applier.repair_drift(osc, None)
+        except ApplyError as exc:
+            partial = exc.report if isinstance(exc.report, ApplyReport) else None
+            await self._history("drift", checksum, checksum, started, partial, None, str(exc))
+            raise
         if outcome is None:
             return
+        await self._history(
+            "drift", checksum, checksum, started, outcome.report, outcome.change_set
+        )
         paths = sorted(
             [f.path for f in outcome.change_set.files_to_write]
             + [u.name for u in outcome.change_set.units_to_write]
@@ -496,3 +595,17 @@ class OSCController:
         for path in (KUBELET_BOOTSTRAP_KUBECONFIG, BOOTSTRAP_TOKEN_FILE):
             if await fs.remove_async(path):
                 log.info("bootstrap credentials removed", path=path)
+
+
+def changed_items(cs: ChangeSet | None, rep: ApplyReport | None) -> tuple[str, ...]:
+    """The host paths and unit names an apply changed: from its change set when it finished,
+    else what the attempt wrote."""
+    if cs is not None:
+        items = [f.path for f in cs.files_to_write] + [f.path for f in cs.files_to_delete]
+        items += [u.name for u in cs.units_to_write] + [u.name for u in cs.units_to_delete]
+        items += [f"{d.unit}/{d.name}" for d in cs.dropins_to_write]
+        items += [f"{d.unit}/{d.name}" for d in cs.dropins_to_delete]
+        return tuple(sorted(set(items)))
+    if rep is None:
+        return ()
+    return tuple(sorted({*rep.files_written, *rep.files_deleted, *rep.units_written}))

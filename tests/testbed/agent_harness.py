@@ -64,6 +64,12 @@ REPO = Path(__file__).resolve().parents[2]
 KUBERNETES_VERSION = "1.31.4"
 
 
+#: The ``nodeAgent`` config section of test agents: the health gate is off, so that an update
+#: that restarts a running unit is reported at once rather than after the settle window; the
+#: tests of the gate turn it on.
+TEST_NODE_AGENT: dict[str, Any] = {"healthGate": {"enabled": False}}
+
+
 def unique(prefix: str) -> str:
     """A name no other test of the session uses: they all share one API server."""
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
@@ -308,8 +314,10 @@ def prepare_agent(
     token_secret: str | None = None,
     agent_unit: str = "gardener-node-agent.service",
     job_timeout: float = 60.0,
+    node_agent: dict[str, Any] | None = None,
 ) -> AgentSetup:
-    """Write config, kubeconfig and token below ``root`` (a node's root, seen from the host)."""
+    """Write config, kubeconfig and token below ``root`` (a node's root, seen from the host).
+    ``node_agent``: the config's ``nodeAgent`` section (default: ``TEST_NODE_AGENT``)."""
     token_file = host(root, TOKEN_FILE)
     token_file.parent.mkdir(parents=True, exist_ok=True)
     token_file.write_text(creds.token)
@@ -336,6 +344,7 @@ def prepare_agent(
                 ),
             },
         },
+        "nodeAgent": TEST_NODE_AGENT if node_agent is None else node_agent,
     }
     config_file = host(root, CONFIG_FILE)
     config_file.write_text(yaml.safe_dump(doc))
@@ -436,6 +445,8 @@ class OSCAgent:
     #: builds the applier's ``expand`` (with its ``prepare``) on the agent's HostFS, e.g.
     #: ``ContainerdExpander``; None: the OSC as published
     expander: Callable[[HostFS], ContainerdExpander] | None = None
+    #: the config's ``nodeAgent`` section (our own settings)
+    node_agent: dict[str, Any] = dataclasses.field(default_factory=lambda: TEST_NODE_AGENT)
     _task: asyncio.Task[None] | None = None
 
     def __post_init__(self) -> None:
@@ -472,7 +483,8 @@ class OSCAgent:
                         "secretName": self.secret_name,
                         "kubernetesVersion": KUBERNETES_VERSION,
                     }
-                }
+                },
+                "nodeAgent": self.node_agent,
             }
         )
         fs = HostFS(self.node.root, follow_system_symlinks=True)
