@@ -113,7 +113,8 @@ async def test_bad_update_is_rolled_back_quarantined_and_a_good_one_applies(
     rolled_back_after = time.monotonic() - published
     print(f"OSCRolledBack after {rolled_back_after:.1f} s: {message}")
     assert "restart loop" in message or "failed" in message, message
-    assert bad[:12] in message and good[:12] in message, message
+    assert bad[:12] in message, message
+    assert good[:12] in message, message
     assert rolled_back_after < WINDOW + 30
 
     # web.service runs on its previous config again, and stays up; the other file is back too.
@@ -123,7 +124,8 @@ async def test_bad_update_is_rolled_back_quarantined_and_a_good_one_applies(
     restarts_then = (await agent.unit_states(["web.service"]))["web.service"].n_restarts
     await asyncio.sleep(3)
     state = (await agent.unit_states(["web.service"]))["web.service"]
-    assert state.active_state == "active" and state.n_restarts == restarts_then, state
+    assert state.active_state == "active", state
+    assert state.n_restarts == restarts_then, state
 
     # The Node never carried the bad checksum.
     stop.set()
@@ -148,7 +150,8 @@ async def test_bad_update_is_rolled_back_quarantined_and_a_good_one_applies(
     rollback = next(e for e in entries if e["trigger"] == "rollback")
     assert rollback["result"] == "succeeded", rollback
     assert rollback["rollback"]["unit"] == "web.service", rollback
-    assert rollback["checksum_from"] == bad and rollback["checksum_to"] == good, rollback
+    assert rollback["checksum_from"] == bad, rollback
+    assert rollback["checksum_to"] == good, rollback
     update = next(e for e in entries if e["trigger"] == "secret" and e["checksum_to"] == bad)
     assert update["result"] == "rolled-back", update
     assert "web.service" in update["restarted_units"], update
