@@ -36,7 +36,8 @@ from node_agent.errors import KubeError, KubeNotFound
 from node_agent.host.fs import HostFS
 from node_agent.host.state import StateStore
 from node_agent.log import get_logger
-from node_agent.observability import ApplyObservations, Observability, ObservedStateStore
+from node_agent.observability import Observability
+from node_agent.observations import ApplyObservations, ObservedStateStore
 from node_agent.restart_guard import RestartGuard
 from node_agent.sdnotify import Notifier
 from node_agent.selfexe import own_executable
@@ -96,7 +97,8 @@ def build_agent(
     lease = LeaseController(ctx)  # its own client and connection pool (see the module)
     node = NodeController(ctx, on_recreated=osc.node_recreated)
     token = TokenController(ctx)
-    ctx.health.info.update(osc=osc, lease=lease, node=node, token=token)
+    sources = ctx.health.sources  # what status, health and metrics read
+    sources.osc, sources.lease, sources.node = osc, lease, node
     return Agent(ctx, applier, osc, lease, node, token)
 
 
@@ -209,7 +211,7 @@ async def run_agent(
         kube=kube,
         host_name=host_name or socket.gethostname(),
     )
-    ctx.health.info["certificate"] = certs
+    ctx.health.sources.certificate = certs
 
     stop = asyncio.Event()
     guards: list[threading.Timer] = []

@@ -19,6 +19,7 @@ from node_agent.host.fs import HostFS
 from node_agent.host.state import StateStore
 from node_agent.log import get_logger
 from node_agent.systemd import SystemdSeam
+from node_agent.view import Sources
 
 if TYPE_CHECKING:
     from node_agent.kube.seam import KubeSeam
@@ -28,12 +29,13 @@ log = get_logger("node-agent")
 
 @dataclass
 class Health:
-    """Progress marks the health endpoints, the watchdog and ``node-agent status`` read."""
+    """Progress marks the health endpoints, the watchdog and ``node-agent status`` read, and the
+    agent's parts they read (``sources``, typed; see :mod:`node_agent.view`)."""
 
     started: float = field(default_factory=time.time)
     last_progress: dict[str, float] = field(default_factory=dict)
     errors: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=20))
-    info: dict[str, Any] = field(default_factory=dict)
+    sources: Sources = field(default_factory=Sources)
 
     def progress(self, loop_name: str) -> None:
         self.last_progress[loop_name] = time.monotonic()

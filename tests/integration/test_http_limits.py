@@ -21,7 +21,7 @@ import yaml
 from kubernetes_asyncio.client import ApiClient
 
 from node_agent import status
-from node_agent.observability import HEAD_TIMEOUT, MAX_CONNECTIONS
+from node_agent.http_server import HEAD_TIMEOUT, MAX_CONNECTIONS
 from tests.conftest import PreparedAgentFactory
 from tests.testbed.agent_harness import running_agent, wait_for
 from tests.testbed.systemd_ns import IsolatedSystemd

@@ -1,4 +1,5 @@
-"""Metrics in the Prometheus text format, the health/readiness rules, and the tiny HTTP server."""
+"""Metrics in the Prometheus text format (pulled from the agent's view), the health/readiness
+rules, and the probe and metrics HTTP server."""
 
 from __future__ import annotations
 
@@ -11,20 +12,33 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
+from node_agent.context import AgentContext
 from node_agent.host.fs import HostFS
 from node_agent.host.state import ApplyRecord, ItemFailure
+from node_agent.http_server import MAX_HEADER_BYTES, HttpEndpoint
 from node_agent.kube.watch import list_watch, live_watches
-from node_agent.observability import (
-    FAILURE_STREAK,
-    MAX_HEADER_BYTES,
-    ApplyObservations,
-    HttpEndpoint,
-    MetricsText,
-    ObservedStateStore,
-    Probes,
-    render_metrics,
-)
-from tests.unit.test_status import FakeOSC, make_ctx, osc_yaml
+from node_agent.metrics import AgentMetrics, MetricsText
+from node_agent.observations import ApplyObservations, ObservedStateStore
+from node_agent.probes import FAILURE_STREAK, Probes
+from node_agent.view import EndpointView
+from tests.unit.test_status import FakeLease, FakeNode, FakeOSC, make_ctx, osc_yaml, read
+
+
+def render_metrics(
+    ctx: AgentContext,
+    observations: ApplyObservations | None = None,
+    endpoints: tuple[EndpointView, ...] = (),
+) -> str:
+    """One scrape of the agent behind ``ctx``."""
+    if endpoints:
+        ctx.health.sources.endpoints = lambda: endpoints
+    return AgentMetrics(read(ctx, observations)).render()
+
+
+def _osc(ctx: AgentContext) -> FakeOSC:
+    osc = ctx.health.sources.osc
+    assert isinstance(osc, FakeOSC)
+    return osc
 
 
 def _record(result: str = "succeeded", seconds: float = 0.3, restarted: int = 2) -> ApplyRecord:
@@ -65,15 +79,18 @@ def test_every_saved_apply_record_is_observed(tmp_path: Path) -> None:
 
 def test_render_metrics_text_format(tmp_path: Path) -> None:
     ctx = make_ctx(tmp_path)
-    osc = ctx.health.info["osc"]
+    osc = _osc(ctx)
     osc.applies, osc.failures = 3, 1
-    ctx.health.info["lease"].stats.renewals = 12
-    ctx.health.info["lease"].stats.failures = 2
-    ctx.health.info["node"].stats.restarts.extend(["x.service"])
+    lease, node = ctx.health.sources.lease, ctx.health.sources.node
+    assert isinstance(lease, FakeLease)
+    assert isinstance(node, FakeNode)
+    lease.stats.renewals = 12
+    lease.stats.failures = 2
+    node.stats.restarts.extend(["x.service"])
     obs = ApplyObservations()
     obs.observe(_record(seconds=0.3))
     obs.observe(_record(seconds=45.0, restarted=1))
-    text = render_metrics(ctx, Probes(ctx, obs))
+    text = render_metrics(ctx, obs)
     samples = _samples(text)
     assert text.endswith("\n")
     assert "# TYPE node_agent_osc_apply_duration_seconds histogram" in text
@@ -116,7 +133,7 @@ async def test_watch_counters_are_summed_by_kind(tmp_path: Path) -> None:
     watches[1].stats.relists = 1
     assert {id(w) for w in watches} <= {id(w) for w in live_watches()}
     ctx = make_ctx(tmp_path)
-    samples = _samples(render_metrics(ctx, Probes(ctx, ApplyObservations())))
+    samples = _samples(render_metrics(ctx))
     assert samples['node_agent_watch_reconnects_total{resource="Secret"}'] >= 5
     assert samples['node_agent_watch_relists_total{resource="Secret"}'] >= 1
 
@@ -130,7 +147,7 @@ def test_label_values_are_escaped() -> None:
 def test_readiness_rules(tmp_path: Path) -> None:
     ctx = make_ctx(tmp_path)
     obs = ApplyObservations()
-    osc: FakeOSC = ctx.health.info["osc"]
+    osc = _osc(ctx)
     obs.failure_count = lambda: osc.failures
     probes = Probes(ctx, obs)
     verdict = probes.ready()
@@ -217,8 +234,7 @@ async def test_http_endpoint() -> None:
 def test_failed_items_of_the_last_apply(tmp_path: Path) -> None:
     ctx = make_ctx(tmp_path)
     obs = ApplyObservations()
-    probes = Probes(ctx, obs)
-    assert _samples(render_metrics(ctx, probes))["node_agent_apply_failed_items"] == 0
+    assert _samples(render_metrics(ctx, obs))["node_agent_apply_failed_items"] == 0
     failures = (
         ItemFailure(kind="command", item="bad.service", error="start: exit code 1"),
         ItemFailure(
@@ -227,9 +243,9 @@ def test_failed_items_of_the_last_apply(tmp_path: Path) -> None:
         ItemFailure(kind="file", item="/srv/ro/new", error="write: Read-only file system"),
     )
     obs.observe(_record("failed", restarted=1).model_copy(update={"failures": failures}))
-    assert _samples(render_metrics(ctx, probes))["node_agent_apply_failed_items"] == 3
+    assert _samples(render_metrics(ctx, obs))["node_agent_apply_failed_items"] == 3
     obs.observe(_record())  # the next apply succeeded: nothing failed any more
-    assert _samples(render_metrics(ctx, probes))["node_agent_apply_failed_items"] == 0
+    assert _samples(render_metrics(ctx, obs))["node_agent_apply_failed_items"] == 0
 
 
 async def _idle(port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
@@ -265,11 +281,7 @@ async def test_http_endpoint_bounds_connections_and_deadlines(tmp_path: Path) ->
         # a head over the cap is answered 431, not buffered without end
         big = b"GET /healthz HTTP/1.1\r\nX: " + b"a" * MAX_HEADER_BYTES + b"\r\n\r\n"
         assert (await _request(endpoint.port, big)).startswith(b"HTTP/1.1 431")
-        samples = _samples(
-            render_metrics(
-                make_ctx(tmp_path), Probes(make_ctx(tmp_path), ApplyObservations()), [endpoint]
-            )
-        )
+        samples = _samples(render_metrics(make_ctx(tmp_path), endpoints=(endpoint.view(),)))
         assert samples['node_agent_http_connections_refused_total{endpoint="health"}'] == 6
         assert samples['node_agent_http_connections_timed_out_total{endpoint="health"}'] == 2
     finally:

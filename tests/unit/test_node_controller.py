@@ -18,7 +18,8 @@ from node_agent.context import AgentContext
 from node_agent.controllers.node import NodeController, restart_units
 from node_agent.errors import KubeTransportError
 from node_agent.host.fs import HostFS
-from node_agent.observability import ApplyObservations, Probes
+from node_agent.observations import ApplyObservations
+from node_agent.probes import Probes
 from node_agent.retry import API, Backoff
 from tests.unit.fakes import FakeKube, FakeSystemd
 
@@ -156,7 +157,7 @@ def _ready_ctx(tmp_path: Path) -> tuple[AgentContext, NodeController, Probes]:
     """A context whose readiness only depends on the Node (lease renewed, Secret listed)."""
     ctx = _ctx(tmp_path, _node())
     controller = NodeController(ctx)
-    ctx.health.info["node"] = controller
+    ctx.health.sources.node = controller
     ctx.state = type("NoState", (), {"pending": lambda self: None})()  # type: ignore[assignment]
     ctx.node_known.set()
     ctx.health.progress("lease")

@@ -10,6 +10,7 @@ import os
 import socket
 import stat
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -18,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
-from node_agent import status
+from node_agent import status, status_server
 from node_agent.config import CONFIG_FILE, AgentSettings, NodeAgentConfiguration
 from node_agent.context import AgentContext
 from node_agent.controllers.lease import LeaseStats
@@ -27,9 +28,11 @@ from node_agent.errors import UnsafePathError
 from node_agent.host.fs import HostFS
 from node_agent.host.state import ApplyRecord, ItemFailure, StateStore, claims_for
 from node_agent.kube.client import ClientStats
-from node_agent.observability import ApplyObservations, Probes
+from node_agent.observations import ApplyObservations
 from node_agent.osc.decode import parse_osc
 from node_agent.osc.plan import plan
+from node_agent.probes import Probes
+from node_agent.view import AgentView, EndpointView, reader
 from tests.unit.fakes import ACTIVE, FakeKube, FakeSystemd
 
 SECRET = "gardener-node-agent-pool-a-0123456789abcdef"
@@ -90,8 +93,17 @@ def make_ctx(root: Path, systemd: FakeSystemd | None = None, **settings: Any) ->
         kube=FakeKube(server="https://api.example:6443", stats=ClientStats(requests=7, timeouts=1)),
         host_name="Node-A",
     )
-    ctx.health.info.update(osc=FakeOSC(), lease=FakeLease(), node=FakeNode())
+    sources = ctx.health.sources
+    sources.osc, sources.lease, sources.node = FakeOSC(), FakeLease(), FakeNode()
     return ctx
+
+
+def read(
+    ctx: AgentContext, observations: ApplyObservations | None = None
+) -> Callable[[], AgentView]:
+    """The view of ``ctx`` as the agent's servers read it."""
+    observations = observations or ApplyObservations()
+    return reader(ctx, observations, Probes(ctx, observations))
 
 
 def _record(checksum: str, restarted: tuple[str, ...] = ("a.service",)) -> ApplyRecord:
@@ -113,10 +125,11 @@ def _applied(ctx: AgentContext, units: list[str]) -> str:
     return last.checksum
 
 
-async def _server(ctx: AgentContext) -> status.StatusServer:
-    server = status.StatusServer(
-        ctx, Probes(ctx, ApplyObservations()), endpoints=lambda: {"health": "127.0.0.1:1"}
+async def _server(ctx: AgentContext) -> status_server.StatusServer:
+    ctx.health.sources.endpoints = lambda: (
+        EndpointView("health", "127.0.0.1:1", serves=("health",)),
     )
+    server = status_server.StatusServer(ctx, read(ctx))
     await server.start()
     return server
 
@@ -129,9 +142,9 @@ def test_defaults_match_the_settings() -> None:
 async def test_the_running_agent_answers_over_a_0600_socket(tmp_path: Path) -> None:
     ctx = make_ctx(tmp_path, FakeSystemd({"a.service": ACTIVE}))
     checksum = _applied(ctx, ["a.service", "b.service"])
-    ctx.health.info["osc"].latest_secret = {
-        "data": {"osc.yaml": _b64(osc_yaml(["a.service", "b.service"]))}
-    }
+    osc = ctx.health.sources.osc
+    assert isinstance(osc, FakeOSC)
+    osc.latest_secret = {"data": {"osc.yaml": _b64(osc_yaml(["a.service", "b.service"]))}}
     ctx.node_name = "node-a"
     ctx.health.error("lease", "renew lease: connection refused")
     server = await _server(ctx)
@@ -168,7 +181,7 @@ async def test_the_running_agent_answers_over_a_0600_socket(tmp_path: Path) -> N
     assert doc["lease"]["name"] == "kube-system/gardener-node-agent-node-a"
     assert doc["endpoints"]["health"] == "127.0.0.1:1"
     assert doc["endpoints"]["metrics"] is None
-    assert list(doc) == list(status._skeleton())  # every documented field, in order
+    assert list(doc) == list(status.skeleton())  # every documented field, in order
 
 
 def _b64(raw: bytes) -> str:
@@ -257,7 +270,7 @@ def test_offline_document_reads_only_the_persisted_state(tmp_path: Path) -> None
     before = sorted(p.name for p in ctx.state.fs.root.rglob("*"))
     doc = status.offline_document(tmp_path, config, "no socket at /x")
     assert sorted(p.name for p in ctx.state.fs.root.rglob("*")) == before  # wrote nothing
-    assert doc["agent"] == {**status._skeleton()["agent"], "not_running_reason": "no socket at /x"}
+    assert doc["agent"] == {**status.skeleton()["agent"], "not_running_reason": "no socket at /x"}
     assert doc["osc"]["secret_name"] == SECRET
     assert doc["osc"]["applied_checksum"] == checksum
     assert doc["osc"]["desired_checksum"] is None
@@ -284,14 +297,14 @@ def test_offline_document_of_an_untouched_node(tmp_path: Path) -> None:
 
 def test_render_running_with_a_failed_unit_and_a_change_in_progress() -> None:
     now = time.time()
-    doc = status._skeleton()
+    doc = status.skeleton()
     doc["agent"].update(running=True, version="0.1.0", pid=42, started_at="2026-01-01T00:00:00Z",
                         uptime_seconds=7300, host_name="node-a", node_name="node-a")  # fmt: skip
     doc["api_server"] = {"server": "https://api:6443", "last_success_at": None, "last_error": None}
     doc["lease"] = {"name": "kube-system/l", "last_renew_time": None, "renewals": 0, "failures": 2}
     doc["osc"].update(secret_name=SECRET, applied_checksum="a" * 64, desired_checksum="b" * 64,
                       up_to_date=False, applies=1, failures=3)  # fmt: skip
-    doc["change_in_progress"] = status._pending_entry(
+    doc["change_in_progress"] = status.pending_entry(
         "b" * 64,
         "2026-01-01T00:00:00Z",
         tuple(f"s{i}" for i in range(14)),
@@ -398,7 +411,9 @@ async def test_a_deleted_node_is_shown(tmp_path: Path) -> None:
     ctx.health.progress("lease")
     ctx.health.progress("osc-watch")
     why = "node node-a not found (deleted from the API server); waiting for it"
-    ctx.health.info["node"].missing = why
+    node = ctx.health.sources.node
+    assert isinstance(node, FakeNode)
+    node.missing = why
     ctx.health.error("node", why)
     server = await _server(ctx)
     try:
@@ -424,7 +439,7 @@ async def test_a_symlinked_socket_directory_is_refused(tmp_path: Path) -> None:
     link.parent.mkdir(parents=True)
     link.symlink_to(elsewhere)
     ctx = make_ctx(root)
-    server = status.StatusServer(ctx, Probes(ctx, ApplyObservations()))
+    server = status_server.StatusServer(ctx, read(ctx))
     with pytest.raises(UnsafePathError, match="is a symlink"):
         await server.start()
     assert stat.S_IMODE(elsewhere.stat().st_mode) == 0o755  # the target was not chmodded
@@ -438,7 +453,7 @@ async def test_a_socket_directory_that_is_a_file_is_refused(tmp_path: Path) -> N
     path.write_text("not a directory")
     ctx = make_ctx(tmp_path)
     with pytest.raises(UnsafePathError, match="is not a directory"):
-        await status.StatusServer(ctx, Probes(ctx, ApplyObservations())).start()
+        await status_server.StatusServer(ctx, read(ctx)).start()
     assert path.read_text() == "not a directory"
 
 
@@ -462,8 +477,8 @@ async def test_a_socket_directory_of_another_owner_is_refused(
     path = _socket_dir(tmp_path)
     path.mkdir(parents=True, mode=0o700)
     owner = path.stat().st_uid
-    monkeypatch.setattr(status.os, "geteuid", lambda: owner + 1)
+    monkeypatch.setattr(status_server.os, "geteuid", lambda: owner + 1)
     ctx = make_ctx(tmp_path)
     with pytest.raises(UnsafePathError, match=f"owned by uid {owner}"):
-        await status.StatusServer(ctx, Probes(ctx, ApplyObservations())).start()
+        await status_server.StatusServer(ctx, read(ctx)).start()
     assert list(path.iterdir()) == []

@@ -1,0 +1,376 @@
+"""The running agent, read: one typed, read-only view for ``node-agent status``, the health probes
+and the metrics.
+
+Two halves:
+
+* :class:`Sources` is what the agent wires in as its parts are built (the OSC, Lease, Node and
+  certificate controllers, the apply observations, the HTTP endpoints). Each source is named by a
+  small :class:`~typing.Protocol` of what is read from it, so a test can hand in a fake and mypy
+  proves the real controllers fit.
+* :func:`read_view` turns them into an :class:`AgentView`: frozen dataclasses, one per section,
+  taken in one go on the event loop (no I/O, no awaits), so every reader sees one consistent
+  moment. The status socket turns it into JSON (:mod:`node_agent.status_server`), the metrics
+  collector into samples (:mod:`node_agent.metrics`), the probes into verdicts.
+
+Nothing here may hold a secret: names, counts, times and checksums only. Importing this module is
+cheap (the CLI's ``status`` client may read its types): no pydantic, no kube client.
+
+Adding a section: a frozen dataclass and a field of :class:`AgentView` (filled in
+:func:`read_view` from a source on :class:`Sources`), an entry in the status document
+(``status_server.SECTIONS``) and its text in ``status.render``, a method of the metrics collector.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import contextlib
+import hashlib
+import os
+import platform
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from node_agent import __version__
+
+if TYPE_CHECKING:
+    from node_agent.context import AgentContext
+    from node_agent.controllers.certificate import CertificateView
+    from node_agent.controllers.lease import LeaseStats
+    from node_agent.controllers.node import NodeStats
+    from node_agent.kube.watch import WatchStats
+    from node_agent.observations import ApplyObservations
+    from node_agent.probes import Probes
+
+#: Progress marks that mean "a request to the API server succeeded just now".
+API_SUCCESS_MARKS = ("lease", "osc-watch", "node-watch")
+
+
+# --- what the agent wires in -------------------------------------------------------------------
+
+
+class OSCSource(Protocol):
+    """The OSC controller (``node_agent.controllers.osc.OSCController``)."""
+
+    @property
+    def applies(self) -> int: ...
+
+    @property
+    def failures(self) -> int: ...
+
+    @property
+    def desired_checksum(self) -> str | None: ...
+
+    @property
+    def latest_secret(self) -> Mapping[str, Any] | None: ...
+
+
+class LeaseSource(Protocol):
+    """The Lease controller (``node_agent.controllers.lease.LeaseController``)."""
+
+    @property
+    def name(self) -> str | None: ...
+
+    @property
+    def stats(self) -> LeaseStats: ...
+
+
+class NodeSource(Protocol):
+    """The Node controller (``node_agent.controllers.node.NodeController``)."""
+
+    @property
+    def stats(self) -> NodeStats: ...
+
+    @property
+    def missing(self) -> str | None: ...
+
+
+class CertificateSource(Protocol):
+    """The certificate controller: it already hands out a frozen view of itself."""
+
+    def view(self) -> CertificateView: ...
+
+
+class WatchSource(Protocol):
+    """A list+watch (``node_agent.kube.watch.ListWatch``): its kind and counters."""
+
+    @property
+    def kind(self) -> str: ...
+
+    @property
+    def stats(self) -> WatchStats: ...
+
+
+def _live_watches() -> Iterable[WatchSource]:
+    from node_agent.kube.watch import live_watches
+
+    return live_watches()
+
+
+@dataclass(frozen=True)
+class EndpointView:
+    """One HTTP endpoint: where it listens and what it closed unserved."""
+
+    name: str  # the ``endpoint`` label of its metrics
+    address: str | None  # host:port
+    refused: int = 0
+    timed_out: int = 0
+    #: What it serves: "health" (/healthz, /readyz), "metrics"; both when the ports are the same.
+    serves: tuple[str, ...] = ()
+
+
+@dataclass
+class Sources:
+    """The agent's parts the read side looks at; None until the agent has built them.
+
+    Set once by the wiring (``node_agent.agent``); read by :func:`read_view` only."""
+
+    osc: OSCSource | None = None
+    lease: LeaseSource | None = None
+    node: NodeSource | None = None
+    certificate: CertificateSource | None = None
+    #: The list+watches alive in this process (their counters are summed by kind).
+    watches: Callable[[], Iterable[WatchSource]] = field(default=_live_watches, repr=False)
+    #: The HTTP endpoints (set when they are started).
+    endpoints: Callable[[], Sequence[EndpointView]] = field(default=tuple, repr=False)
+
+
+# --- the view ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Verdict:
+    ok: bool
+    reasons: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ErrorView:
+    """One entry of the recent errors (the message as recorded; scrubbed where it is shown)."""
+
+    at: str | None
+    source: str | None
+    error: str
+
+
+@dataclass(frozen=True)
+class ProcessView:
+    version: str
+    python: str
+    pid: int
+    started_at: float  # Unix time
+    host_name: str
+    node_name: str | None
+
+
+@dataclass(frozen=True)
+class ApiView:
+    """The main API client (the Lease has its own, see :class:`LeaseView`)."""
+
+    server: str | None
+    requests: int
+    errors: int  # timed out or lost their connection
+    last_success_at: float | None  # Unix time of the latest mark that needed an answer
+    last_error: ErrorView | None
+
+
+@dataclass(frozen=True)
+class LeaseView:
+    name: str | None  # kube-system/<name>
+    last_renew_time: str | None
+    renewals: int
+    failures: int
+
+
+@dataclass(frozen=True)
+class OSCView:
+    secret_name: str
+    applied_checksum: str | None
+    desired_checksum: str | None
+    applies: int
+    failures: int
+
+    @property
+    def up_to_date(self) -> bool | None:
+        """None while either checksum is unknown."""
+        if not self.applied_checksum or not self.desired_checksum:
+            return None
+        return self.applied_checksum == self.desired_checksum
+
+
+@dataclass(frozen=True)
+class HistogramView:
+    buckets: tuple[float, ...]
+    counts: tuple[int, ...]  # cumulative, one per bucket
+    total: float
+    count: int
+
+
+@dataclass(frozen=True)
+class AppliesView:
+    """What the applier's records told since the start (see ``node_agent.observations``)."""
+
+    durations: HistogramView
+    restarts: int  # units restarted by applies
+    last_finished_at: float | None  # Unix time
+    last_succeeded: bool | None
+    failed_items: int  # of the last apply
+
+
+@dataclass(frozen=True)
+class NodeView:
+    annotation_restarts: int  # units restarted for the Node's restart annotation
+    missing: str | None  # why the Node is gone, or None
+
+
+@dataclass(frozen=True)
+class WatchView:
+    resource: str
+    reconnects: int
+    relists: int
+
+
+@dataclass(frozen=True)
+class HealthView:
+    live: Verdict
+    ready: Verdict
+
+
+@dataclass(frozen=True)
+class AgentView:
+    """The agent at one moment. Every field is a frozen section; None where a part is not built."""
+
+    process: ProcessView
+    api: ApiView
+    lease: LeaseView | None
+    certificate: CertificateView | None
+    osc: OSCView
+    applies: AppliesView
+    node: NodeView
+    watches: tuple[WatchView, ...]
+    endpoints: tuple[EndpointView, ...]
+    health: HealthView
+    errors: tuple[ErrorView, ...]
+
+
+def reader(
+    ctx: AgentContext, observations: ApplyObservations, probes: Probes
+) -> Callable[[], AgentView]:
+    """``read_view`` bound to one agent: what the servers call per request."""
+    return lambda: read_view(ctx, observations, probes)
+
+
+def read_view(ctx: AgentContext, observations: ApplyObservations, probes: Probes) -> AgentView:
+    """The view of the agent behind ``ctx`` now (cheap: memory only, called per request)."""
+    sources = ctx.health.sources
+    errors = tuple(_error(e) for e in ctx.health.errors)
+    api_errors = [e for e in errors if _is_api_error(e)]
+    stats = ctx.kube.stats
+    applied, desired = applied_and_desired(ctx)
+    osc, lease, node = sources.osc, sources.lease, sources.node
+    last = observations.last
+    hist = observations.durations
+    return AgentView(
+        process=ProcessView(
+            version=__version__,
+            python=platform.python_version(),
+            pid=os.getpid(),
+            started_at=ctx.health.started,
+            host_name=ctx.host_name,
+            node_name=ctx.node_name,
+        ),
+        api=ApiView(
+            server=str(ctx.kube.server) or None,
+            requests=stats.requests,
+            errors=stats.timeouts + stats.transport_errors,
+            last_success_at=api_last_success(ctx),
+            last_error=api_errors[-1] if api_errors else None,
+        ),
+        lease=None
+        if lease is None
+        else LeaseView(
+            name=f"kube-system/{lease.name}" if lease.name else None,
+            last_renew_time=lease.stats.last_renew_time,
+            renewals=lease.stats.renewals,
+            failures=lease.stats.failures,
+        ),
+        certificate=sources.certificate.view() if sources.certificate is not None else None,
+        osc=OSCView(
+            secret_name=ctx.secret_name,
+            applied_checksum=applied or None,
+            desired_checksum=desired,
+            applies=osc.applies if osc is not None else 0,
+            failures=osc.failures if osc is not None else 0,
+        ),
+        applies=AppliesView(
+            durations=HistogramView(hist.buckets, tuple(hist.counts), hist.total, hist.count),
+            restarts=observations.restarts,
+            last_finished_at=last.finished_at.timestamp() if last is not None else None,
+            last_succeeded=(last.result == "succeeded") if last is not None else None,
+            failed_items=observations.failed_items,
+        ),
+        node=NodeView(
+            annotation_restarts=len(node.stats.restarts) if node is not None else 0,
+            missing=node.missing if node is not None else None,
+        ),
+        watches=_watches(sources.watches()),
+        endpoints=tuple(sources.endpoints()),
+        health=HealthView(live=probes.live(), ready=probes.ready()),
+        errors=errors,
+    )
+
+
+def _watches(watches: Iterable[WatchSource]) -> tuple[WatchView, ...]:
+    reconnects: dict[str, int] = {}
+    relists: dict[str, int] = {}
+    for watch in watches:
+        reconnects[watch.kind] = reconnects.get(watch.kind, 0) + watch.stats.reconnects
+        relists[watch.kind] = relists.get(watch.kind, 0) + watch.stats.relists
+    return tuple(WatchView(kind, reconnects[kind], relists[kind]) for kind in sorted(reconnects))
+
+
+def _error(entry: Mapping[str, Any]) -> ErrorView:
+    at, source = entry.get("at"), entry.get("source")
+    return ErrorView(
+        at=str(at) if at is not None else None,
+        source=str(source) if source is not None else None,
+        error=str(entry.get("error", "")),
+    )
+
+
+def _is_api_error(entry: ErrorView) -> bool:
+    return entry.source in ("lease", "node", "token") or entry.error.startswith("Kube")
+
+
+def _mono_to_wall(mark: float | None) -> float | None:
+    if mark is None:
+        return None
+    return time.time() - (time.monotonic() - mark)
+
+
+def applied_and_desired(ctx: AgentContext) -> tuple[str, str | None]:
+    """The applied checksum ('' if none) and the checksum of the Secret's ``osc.yaml`` as last
+    seen by the watch (None if not seen)."""
+    applied = ctx.state.applied_checksum()  # in memory: no read, no hashing per request
+    osc = ctx.health.sources.osc
+    if osc is None:
+        return applied, None
+    desired: str | None = None
+    secret = osc.latest_secret
+    if secret is not None:
+        data = (secret.get("data") or {}).get("osc.yaml")
+        if isinstance(data, str):
+            with contextlib.suppress(binascii.Error, ValueError):
+                desired = hashlib.sha256(base64.b64decode(data, validate=True)).hexdigest()
+    if desired is None:
+        desired = osc.desired_checksum
+    return applied, desired
+
+
+def api_last_success(ctx: AgentContext) -> float | None:
+    """Wall time of the latest progress mark that needs an answer from the API server."""
+    marks = ctx.health.last_progress
+    seen = [marks[m] for m in API_SUCCESS_MARKS if m in marks]
+    return _mono_to_wall(max(seen)) if seen else None
