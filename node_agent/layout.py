@@ -40,6 +40,8 @@ INVENTORY = "inventory.json"
 STATUS = "status.json"
 # The health gate of an update in progress, or the verdict on a rolled-back OSC (quarantine).
 HEALTH_GATE = "health-gate.json"
+# The last 50 applies, for ``node-agent status --history``.
+HISTORY = "apply-history.json"
 # A state document that cannot be read is moved aside to ``<name>.corrupt``.
 CORRUPT_SUFFIX = ".corrupt"
 
@@ -51,6 +53,7 @@ STATE_FILES = (
     INVENTORY,
     STATUS,
     HEALTH_GATE,
+    HISTORY,
 )
 CREDENTIAL_FILES = (KUBECONFIG_FILE, TOKEN_FILE, BOOTSTRAP_TOKEN_FILE)
 

@@ -31,10 +31,11 @@ from pydantic import (
     model_validator,
 )
 
+from node_agent import layout
 from node_agent.host.state import ItemFailure
 
-#: The history's file name in the state directory.
-HISTORY = "apply-history.json"
+#: The history's file name in the state directory (defined with the other state files).
+HISTORY = layout.HISTORY
 #: Entries kept; appending drops the oldest beyond this.
 HISTORY_LIMIT = 50
 #: Names of changed items kept per entry (``items_changed_count`` keeps the full number), so a
