@@ -27,6 +27,7 @@ from node_agent.containerd.expand import ContainerdExpander
 from node_agent.containerd.images import CtrImages, ImageStore
 from node_agent.context import AgentContext
 from node_agent.controllers.certificate import CertificateController
+from node_agent.controllers.healthcheck import HealthCheckController
 from node_agent.controllers.lease import LeaseController
 from node_agent.controllers.lifecycle import HostnameChanged, watch_hostname, watchdog_pings
 from node_agent.controllers.node import NodeController
@@ -70,6 +71,7 @@ class Agent:
     lease: LeaseController
     node: NodeController
     token: TokenController
+    health: HealthCheckController  # kubelet's and containerd's health checks
 
 
 def build_agent(
@@ -97,9 +99,11 @@ def build_agent(
     lease = LeaseController(ctx)  # its own client and connection pool (see the module)
     node = NodeController(ctx, on_recreated=osc.node_recreated)
     token = TokenController(ctx)
+    health = HealthCheckController(ctx, applier)
+    node.observers.append(health.node_seen)  # the Node's Ready condition, from its watch
     sources = ctx.health.sources  # what status, health and metrics read
     sources.osc, sources.lease, sources.node = osc, lease, node
-    return Agent(ctx, applier, osc, lease, node, token)
+    return Agent(ctx, applier, osc, lease, node, token, health)
 
 
 def build_applier(
@@ -250,6 +254,7 @@ async def run_agent(
             tasks.create_task(lease.run(), name="lease")
             tasks.create_task(node.run(), name="node")
             tasks.create_task(token.run(), name="token")
+            tasks.create_task(agent.health.run(), name="health-check")
             tasks.create_task(certs.run(ctx.kube), name="certificate")
             for name, factory in EXTRA_CONTROLLERS:
                 tasks.create_task(factory(ctx), name=name)

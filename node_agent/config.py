@@ -180,7 +180,9 @@ class HealthCheckConfig(_Config):
     """Health checks of kubelet and containerd (our extension; upstream hard-codes them)."""
 
     enabled: bool = True
-    kubelet_healthz: str = Field(default="http://127.0.0.1:10248/healthz", alias="kubeletHealthz")
+    #: kubelet's /healthz URL; empty: the address kubelet serves it on, from the flags of the
+    #: OSC's kubelet unit and its config file (``--config``), else http://127.0.0.1:10248/healthz
+    kubelet_healthz: str = Field(default="", alias="kubeletHealthz")
     containerd_socket: str = Field(
         default="/run/containerd/containerd.sock", alias="containerdSocket"
     )

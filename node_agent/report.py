@@ -46,6 +46,14 @@ REASON_UNIT_COMMAND = {
     "restart": "SystemDUnitRestart",
 }
 
+#: Health checks (``controllers/healthcheck.py``): upstream's Event reasons are the component's
+#: name; a restart they trigger is reported with ``REASON_UNIT_COMMAND["restart"]`` as well.
+REASON_HEALTH_KUBELET = "kubelet"
+REASON_HEALTH_CONTAINERD = "containerd"
+#: Node NotReady->Ready transitions that suggest a reboot, and the window they are counted in.
+READY_TOGGLES_MAX = 5
+READY_TOGGLES_WINDOW_SECONDS = 600.0
+
 EventType = Literal["Normal", "Warning"]
 
 

@@ -108,6 +108,9 @@ class NodeController:
         self._restarted_value: str | None = None
         #: Secret name the config was rewritten to (the agent restart is requested once).
         self._secret_name_requested: str | None = None
+        #: Called with every version of the Node the watch sees (e.g. the health checks follow
+        #: its Ready condition); synchronous and quick, an observer's error is only logged.
+        self.observers: list[Callable[[JSON], None]] = []
 
     async def run(self) -> None:
         await self.ctx.node_known.wait()
@@ -134,6 +137,11 @@ class NodeController:
             self.node_present(node)
             self._latest = node
             self._wake.set()
+            for observer in self.observers:
+                try:
+                    observer(node)
+                except Exception as exc:  # another controller's bug must not end the watch
+                    log.error("node observer failed", observer=repr(observer), error=repr(exc))
 
     def node_gone(self, how: str) -> None:
         """Record that the agent's Node does not exist; logged and recorded once per deletion."""

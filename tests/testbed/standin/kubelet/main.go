@@ -2,6 +2,9 @@
 // 127.0.0.1:10248 (kubelet's defaults, overridable with --healthz-port and
 // --healthz-bind-address) and otherwise just runs until it is stopped. Every other
 // flag a kubelet unit passes is accepted and ignored, so real unit files work unchanged.
+// --healthz-fail-file PATH (the stand-in's own flag): while PATH exists, /healthz answers
+// 500 with the file's first line, so a test can make kubelet unhealthy and healthy again
+// without stopping it.
 package main
 
 import (
@@ -13,7 +16,7 @@ import (
 )
 
 func main() {
-	addr, port := "127.0.0.1", "10248"
+	addr, port, failFile := "127.0.0.1", "10248", ""
 	args := os.Args[1:]
 	for i := 0; i < len(args); i++ {
 		name, value, hasValue := strings.Cut(strings.TrimLeft(args[i], "-"), "=")
@@ -21,16 +24,19 @@ func main() {
 			fmt.Println("Kubernetes v0.0.0-standin")
 			return
 		}
-		if name != "healthz-port" && name != "healthz-bind-address" {
+		if name != "healthz-port" && name != "healthz-bind-address" && name != "healthz-fail-file" {
 			continue
 		}
 		if !hasValue && i+1 < len(args) {
 			i++
 			value = args[i]
 		}
-		if name == "healthz-port" {
+		switch name {
+		case "healthz-port":
 			port = value
-		} else {
+		case "healthz-fail-file":
+			failFile = value
+		default:
 			addr = value
 		}
 	}
@@ -41,6 +47,14 @@ func main() {
 			return
 		}
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		if failFile != "" {
+			if reason, err := os.ReadFile(failFile); err == nil {
+				line, _, _ := strings.Cut(string(reason), "\n")
+				w.WriteHeader(http.StatusInternalServerError)
+				_, _ = w.Write([]byte("unhealthy: " + line))
+				return
+			}
+		}
 		_, _ = w.Write([]byte("ok"))
 	})
 	listen := net.JoinHostPort(addr, port)
