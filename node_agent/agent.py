@@ -33,6 +33,7 @@ from node_agent.controllers.lifecycle import HostnameChanged, watch_hostname, wa
 from node_agent.controllers.node import NodeController
 from node_agent.controllers.osc import OSCController
 from node_agent.controllers.token import TokenController
+from node_agent.controllers.unitcheck import UnitCheckController
 from node_agent.errors import KubeError, KubeNotFound
 from node_agent.host.fs import HostFS
 from node_agent.host.state import StateStore
@@ -72,6 +73,7 @@ class Agent:
     node: NodeController
     token: TokenController
     health: HealthCheckController  # kubelet's and containerd's health checks
+    unitcheck: UnitCheckController  # the SystemdUnitsReady condition
 
 
 def build_agent(
@@ -103,7 +105,8 @@ def build_agent(
     node.observers.append(health.node_seen)  # the Node's Ready condition, from its watch
     sources = ctx.health.sources  # what status, health and metrics read
     sources.osc, sources.lease, sources.node = osc, lease, node
-    return Agent(ctx, applier, osc, lease, node, token, health)
+    unitcheck = UnitCheckController(ctx, applier)
+    return Agent(ctx, applier, osc, lease, node, token, health, unitcheck)
 
 
 def build_applier(
@@ -255,6 +258,7 @@ async def run_agent(
             tasks.create_task(node.run(), name="node")
             tasks.create_task(token.run(), name="token")
             tasks.create_task(agent.health.run(), name="health-check")
+            tasks.create_task(agent.unitcheck.run(), name="unitcheck")
             tasks.create_task(certs.run(ctx.kube), name="certificate")
             for name, factory in EXTRA_CONTROLLERS:
                 tasks.create_task(factory(ctx), name=name)
