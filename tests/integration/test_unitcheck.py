@@ -2,13 +2,14 @@
 
 One OSC holds a unit for each case; the test then breaks and repairs units with ``systemctl``
 and reads the condition on the Node through the API server, the check running every second.
-Cases: all healthy (a running service, a oneshot that ran, a service its timer triggers, a unit
-the OSC disables and one it stops (upstream calls the latter unhealthy), a service resting in
-auto-restart, an extension unit that is only a drop-in); then failed, inactive but enabled,
-active but disabled, not loaded, and an extension drop-in unit stopped, joined in one message
-whose lastTransitionTime stays while only the message changes; recovery; activating within the
-threshold (progressing) and beyond it (stuck); and an agent restart that writes nothing because
-the Node already carries the same condition.
+Cases: no condition before anything was applied; all healthy (a running service, a oneshot that
+ran, a service its timer triggers, a unit the OSC disables, one it stops (upstream calls that
+one unhealthy), one its extension unit disables, a service resting in auto-restart, an
+extension unit that is only a drop-in); then failed, inactive but enabled, active but disabled,
+not loaded, and the drop-in-only unit stopped, joined in one message whose lastTransitionTime
+stays while only the message changes; recovery (a disabled unit that failed counts as healthy);
+activating within the threshold (progressing) and beyond it (stuck); and an agent restart that
+writes nothing because the Node already carries the same condition.
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ def units() -> list[dict[str, Any]]:
         service("uc-off.service", enable=False),
         service("uc-stop.service", command="stop"),
         service("uc-gone.service"),
+        service("uc-base.service", enable=True),  # its extension unit disables it
         service(
             "uc-flap.service",
             "/bin/sh -c 'sleep 1; exit 1'",
@@ -73,10 +75,11 @@ def document() -> dict[str, Any]:
     doc = osc_document([], units())
     doc["status"] = {
         "extensionUnits": [
+            {"name": "uc-base.service", "enable": False},
             {
                 "name": "uc-os.service",
                 "dropIns": [{"name": "10-env.conf", "content": "[Service]\nEnvironment=X=1\n"}],
-            }
+            },
         ]
     }
     return doc
@@ -129,9 +132,11 @@ async def test_systemd_units_ready_condition_on_a_real_node(
     # the distribution's unit that the OS extension only adds a drop-in to
     node.path("/etc/systemd/system/uc-os.service").write_text(OS_UNIT)
     systemctl = node.run  # inside the node's namespaces
-    checksum = await publish_osc(admin_api, prepared.osc_secret, document())
 
     async with running_agent(setup, host_name=name, systemd=node):
+        await asyncio.sleep(3)
+        assert await units_ready(admin_api, name) is None  # nothing applied: no condition
+        checksum = await publish_osc(admin_api, prepared.osc_secret, document())
         await wait_applied(admin_api, name, checksum)
         # -- all healthy ------------------------------------------------------------------------
         await wait_for(
@@ -144,7 +149,13 @@ async def test_systemd_units_ready_condition_on_a_real_node(
         )
         states = {
             unit: unit_props(node, unit)
-            for unit in ("uc-once.service", "uc-tick.service", "uc-off.service", "uc-stop.service")
+            for unit in (
+                "uc-once.service",
+                "uc-tick.service",
+                "uc-off.service",
+                "uc-stop.service",
+                "uc-base.service",
+            )
         }
         for unit, props in states.items():  # healthy although inactive: each for its reason
             assert (props["ActiveState"], props["SubState"]) == ("inactive", "dead"), unit
@@ -186,7 +197,8 @@ async def test_systemd_units_ready_condition_on_a_real_node(
         # -- recovered --------------------------------------------------------------------------
         node.path("/etc/systemd/system/uc-gone.service").write_text(OS_UNIT)
         systemctl(["systemctl", "daemon-reload"])
-        systemctl(["systemctl", "stop", "uc-off.service"])
+        # a unit the OSC disables may even have failed
+        systemctl(["systemctl", "kill", "--signal=KILL", "uc-off.service"])
         systemctl(
             [
                 "systemctl",
@@ -200,6 +212,7 @@ async def test_systemd_units_ready_condition_on_a_real_node(
         recovered = await wait_condition(
             admin_api, name, is_("True", "AllUnitsHealthy", HEALTHY), "recovered"
         )
+        assert unit_props(node, "uc-off.service")["ActiveState"] == "failed"
         assert recovered["lastTransitionTime"] > many["lastTransitionTime"] or (
             recovered["lastTransitionTime"] == many["lastTransitionTime"]  # the same second
             and recovered["status"] != many["status"]
