@@ -1,20 +1,29 @@
-"""The health probe and metrics ports: GET-only HTTP, bounded in every way a client could abuse.
+"""The health probe and metrics ports: GET-only HTTP on ``aiohttp.web``'s server, bounded in
+every way a client could abuse.
 
 Both bind where Gardener's config says (``server.healthProbes`` / ``server.metrics``:
 ``bindAddress`` '' = every address, like upstream's ``net.JoinHostPort("", port)``; port 0 picks a
 free port, see :attr:`HttpEndpoint.port`). Listening on every address means anyone who reaches the
 node may connect, so each endpoint bounds what a client can hold: :data:`MAX_CONNECTIONS`
-connections, a request head within :data:`HEAD_TIMEOUT` and :data:`MAX_HEADER_BYTES`, the exchange
-within :data:`EXCHANGE_TIMEOUT`, one request per connection.
+connections, a request head within :data:`HEAD_TIMEOUT` and :data:`MAX_HEADER_BYTES`, the
+exchange within :data:`EXCHANGE_TIMEOUT`, one request per connection.
+
+aiohttp parses HTTP and writes the answers; the connection bounds are the agent's own (aiohttp
+has none for a connection that never sends its request): :class:`_BoundedServer` reports every
+connection to its :class:`HttpEndpoint`, which closes what exceeds a bound and counts it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
 
 from node_agent.log import get_logger
 from node_agent.view import EndpointView
@@ -28,17 +37,25 @@ ACCEPT_BACKLOG = 64
 #: Deadlines for a request head and for a whole exchange (head, answer, sending it).
 HEAD_TIMEOUT = 3.0
 EXCHANGE_TIMEOUT = 10.0
-#: A request head larger than this is answered 431 (probes and scrapes send a few hundred bytes).
+#: A request head larger than this is answered 431 (probes and scrapes send a few hundred bytes);
+#: at most :data:`MAX_HEADERS` header lines.
 MAX_HEADER_BYTES = 8 * 1024
+MAX_HEADERS = 32
+_TOO_LARGE = (
+    b"HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Type: text/plain\r\n"
+    b"Content-Length: 23\r\nConnection: close\r\n\r\nrequest head too large\n"
+)
 #: At most one warning about connections closed at the limit per this many seconds.
 REFUSED_WARNING_INTERVAL = 60.0
 
+#: aiohttp's own log of requests it could not parse (a traceback each): a client's error, not the
+#: agent's, and a flood of them must not flood the journal.
+_AIOHTTP_LOG = logging.getLogger("node_agent.http_server.aiohttp")
+_AIOHTTP_LOG.addHandler(logging.NullHandler())
+_AIOHTTP_LOG.propagate = False
 
+#: A route's answer: status, content type, body.
 Handler = Callable[[], Awaitable[tuple[int, str, str]]]
-_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed"}
-_REASONS[431] = "Request Header Fields Too Large"
-_REASONS[500] = "Internal Server Error"
-_REASONS[503] = "Service Unavailable"
 
 
 @dataclass
@@ -50,6 +67,53 @@ class EndpointStats:
     refused: int = 0
     #: closed because the request head or the whole exchange missed its deadline
     timed_out: int = 0
+
+
+@dataclass
+class _Connection:
+    transport: asyncio.BaseTransport
+    reading: bool = True  # no request head yet
+    head_bytes: int = 0  # received while reading
+    timers: list[asyncio.TimerHandle] = field(default_factory=list)
+
+    def abort(self) -> None:
+        for timer in self.timers:
+            timer.cancel()
+        self.transport.abort()  # type: ignore[attr-defined]
+
+
+class _BoundedHandler(RequestHandler):
+    """aiohttp's protocol for one connection; what arrives before the request head is complete
+    is counted first (aiohttp bounds single header lines, not a head sent in many pieces)."""
+
+    def __init__(self, manager: web.Server, endpoint: HttpEndpoint, **kwargs: Any) -> None:
+        super().__init__(manager, **kwargs)
+        self._bounded_by = endpoint
+
+    def data_received(self, data: bytes) -> None:
+        if self._bounded_by.received(self, len(data)):
+            super().data_received(data)
+
+
+class _BoundedServer(web.Server):
+    """aiohttp's low-level server, telling its endpoint of every connection made and lost."""
+
+    def __init__(self, endpoint: HttpEndpoint, **kwargs: Any) -> None:
+        super().__init__(endpoint.dispatch, **kwargs)
+        self._endpoint = endpoint
+        self._handler_options = kwargs
+
+    def __call__(self) -> RequestHandler:
+        loop = asyncio.get_running_loop()
+        return _BoundedHandler(self, self._endpoint, loop=loop, **self._handler_options)
+
+    def connection_made(self, handler: RequestHandler, transport: asyncio.Transport) -> None:
+        super().connection_made(handler, transport)
+        self._endpoint.opened(handler, transport)
+
+    def connection_lost(self, handler: RequestHandler, exc: BaseException | None = None) -> None:
+        super().connection_lost(handler, exc)
+        self._endpoint.closed(handler)
 
 
 class HttpEndpoint:
@@ -68,46 +132,63 @@ class HttpEndpoint:
         name: str,
         routes: Mapping[str, Handler],
         *,
+        serves: tuple[str, ...] = (),
         max_connections: int = MAX_CONNECTIONS,
         head_timeout: float = HEAD_TIMEOUT,
         exchange_timeout: float = EXCHANGE_TIMEOUT,
     ) -> None:
         self.name = name
         self.routes = dict(routes)
+        self.serves = serves or (name,)
         self.max_connections = max_connections
         self.head_timeout = head_timeout
         self.exchange_timeout = exchange_timeout
         self.stats = EndpointStats()
-        self._server: asyncio.Server | None = None
-        #: Open connections, oldest first; True while the request head is still being read.
-        self._connections: dict[asyncio.StreamWriter, bool] = {}
+        self._runner: web.ServerRunner | None = None
+        #: Open connections, oldest first.
+        self._connections: dict[RequestHandler, _Connection] = {}
         self._warned_at: float | None = None
         self._refused_at_warning = 0
 
     async def start(self, bind_address: str, port: int) -> None:
-        host = bind_address or None  # '' = every address, as upstream
-        self._server = await asyncio.start_server(
-            self._handle, host=host, port=port, limit=MAX_HEADER_BYTES, backlog=ACCEPT_BACKLOG
+        server = _BoundedServer(
+            self,
+            access_log=None,
+            logger=_AIOHTTP_LOG,
+            max_line_size=MAX_HEADER_BYTES,
+            max_field_size=MAX_HEADER_BYTES,
+            max_headers=MAX_HEADERS,
+            lingering_time=1.0,
         )
+        runner = web.ServerRunner(server, handle_signals=False, shutdown_timeout=1.0)
+        await runner.setup()
+        host = bind_address or None  # '' = every address, as upstream
+        site = web.TCPSite(runner, host, port, backlog=ACCEPT_BACKLOG)
+        try:
+            await site.start()
+        except BaseException:
+            await runner.cleanup()
+            raise
+        self._runner = runner
 
     @property
     def port(self) -> int:
         """The bound port (useful after binding port 0)."""
-        assert self._server is not None
-        return int(self._server.sockets[0].getsockname()[1])
+        assert self._runner is not None
+        return int(self._runner.addresses[0][1])
 
     @property
     def address(self) -> str:
         """``host:port`` of the first bound socket (IPv6 hosts in brackets)."""
-        assert self._server is not None
-        host = str(self._server.sockets[0].getsockname()[0])
+        assert self._runner is not None
+        host = str(self._runner.addresses[0][0])
         return f"[{host}]:{self.port}" if ":" in host else f"{host}:{self.port}"
 
-    def view(self, serves: tuple[str, ...] = ()) -> EndpointView:
+    def view(self) -> EndpointView:
         """What the read side shows of this endpoint."""
-        address = self.address if self._server is not None else None
+        address = self.address if self._runner is not None else None
         return EndpointView(
-            self.name, address, self.stats.refused, self.stats.timed_out, serves or (self.name,)
+            self.name, address, self.stats.refused, self.stats.timed_out, self.serves
         )
 
     @property
@@ -115,21 +196,72 @@ class HttpEndpoint:
         return len(self._connections)
 
     async def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            for writer in list(self._connections):
-                writer.transport.abort()
-            with contextlib.suppress(Exception):
-                async with asyncio.timeout(2.0):
-                    await self._server.wait_closed()
-            self._server = None
+        runner, self._runner = self._runner, None
+        if runner is None:
+            return
+        for connection in self._connections.values():
+            connection.abort()
+        self._connections.clear()
+        try:
+            async with asyncio.timeout(2.0):
+                await runner.cleanup()
+        except TimeoutError:
+            log.warning("http endpoint not closed in time", endpoint=self.name)
+
+    # -- connections (called by _BoundedServer) ------------------------------------------------
+
+    def opened(self, handler: RequestHandler, transport: asyncio.Transport) -> None:
+        self.stats.accepted += 1
+        if len(self._connections) >= self.max_connections and not self._make_room():
+            transport.abort()
+            self._refused()
+            return
+        loop = asyncio.get_running_loop()
+        connection = _Connection(transport)
+        connection.timers = [
+            loop.call_later(self.head_timeout, self._expire, handler, True),
+            loop.call_later(self.exchange_timeout, self._expire, handler, False),
+        ]
+        self._connections[handler] = connection
+
+    def received(self, handler: RequestHandler, size: int) -> bool:
+        """Bytes arrived on a connection: False (and the connection answered 431 and closed) if
+        its request head grew beyond :data:`MAX_HEADER_BYTES`."""
+        connection = self._connections.get(handler)
+        if connection is None:
+            return False  # closed by the agent meanwhile
+        if not connection.reading:
+            return True
+        connection.head_bytes += size
+        if connection.head_bytes <= MAX_HEADER_BYTES:
+            return True
+        del self._connections[handler]
+        for timer in connection.timers:
+            timer.cancel()
+        connection.transport.write(_TOO_LARGE)  # type: ignore[attr-defined]
+        connection.transport.close()
+        return False
+
+    def closed(self, handler: RequestHandler) -> None:
+        connection = self._connections.pop(handler, None)
+        if connection is not None:
+            for timer in connection.timers:
+                timer.cancel()
+
+    def _expire(self, handler: RequestHandler, head_only: bool) -> None:
+        connection = self._connections.get(handler)
+        if connection is None or (head_only and not connection.reading):
+            return
+        del self._connections[handler]
+        self.stats.timed_out += 1
+        connection.abort()
 
     def _make_room(self) -> bool:
         """At the limit: close the oldest connection still reading its head; False if none."""
-        for writer, reading in self._connections.items():
-            if reading:
-                del self._connections[writer]
-                writer.transport.abort()
+        for handler, connection in self._connections.items():
+            if connection.reading:
+                del self._connections[handler]
+                connection.abort()
                 self._refused()
                 return True
         return False
@@ -149,70 +281,23 @@ class HttpEndpoint:
             self._warned_at = now
             self._refused_at_warning = self.stats.refused
 
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.stats.accepted += 1
-        if len(self._connections) >= self.max_connections and not self._make_room():
-            writer.transport.abort()
-            self._refused()
-            return
-        self._connections[writer] = True
-        try:
-            async with asyncio.timeout(self.exchange_timeout):
-                await self._exchange(reader, writer)
-                writer.close()
-                await writer.wait_closed()
-        except TimeoutError:
-            self.stats.timed_out += 1
-        except OSError:
-            pass  # the client went away
-        except Exception as exc:  # never let one connection hurt the agent
-            log.warning("http connection failed", endpoint=self.name, error=str(exc))
-        finally:
-            self._connections.pop(writer, None)
-            writer.transport.abort()  # frees the descriptor now (a no-op once closed)
+    # -- requests ----------------------------------------------------------------------------
 
-    async def _exchange(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        answer: tuple[int, str, str, str] | None = None
-        try:
-            async with asyncio.timeout(self.head_timeout):
-                head = await reader.readuntil(b"\r\n\r\n")
-        except asyncio.LimitOverrunError:
-            head = b""
-            answer = (431, "text/plain", "request head too large\n", "GET")
-        except asyncio.IncompleteReadError as exc:
-            if not exc.partial:
-                return  # closed without a word (or made room for another)
-            answer = (400, "text/plain", "bad request\n", "GET")
-        if writer not in self._connections:
-            return  # closed to make room for another connection
-        self._connections[writer] = False  # serving: no longer idle
-        if answer is None:
+    async def dispatch(self, request: web.BaseRequest) -> web.StreamResponse:
+        """One request (its head has arrived): the route's answer, ``Connection: close``."""
+        connection = self._connections.get(request.protocol)
+        if connection is not None:
+            connection.reading = False  # serving: no longer idle
+        if request.method not in ("GET", "HEAD"):
+            status, ctype, body = 405, "text/plain", "method not allowed\n"
+        elif (route := self.routes.get(request.path)) is None:
+            status, ctype, body = 404, "text/plain", "not found\n"
+        else:
             try:
-                answer = await self._answer(head)
+                status, ctype, body = await route()
             except Exception as exc:  # a bug in a handler must not kill the server
                 log.warning("http handler failed", endpoint=self.name, error=str(exc))
-                answer = (500, "text/plain", "internal error\n", "GET")
-        status, ctype, body, method = answer
-        data = body.encode()
-        header = (
-            f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\n"
-            f"Content-Type: {ctype}\r\nContent-Length: {len(data)}\r\n"
-            "Connection: close\r\n\r\n"
-        ).encode()
-        writer.write(header if method == "HEAD" else header + data)
-        await writer.drain()
-
-    async def _answer(self, head: bytes) -> tuple[int, str, str, str]:
-        if len(head) > MAX_HEADER_BYTES:
-            return 431, "text/plain", "request head too large\n", "GET"
-        parts = head.split(b"\r\n", 1)[0].decode("latin-1").split()
-        if len(parts) != 3:
-            return 400, "text/plain", "bad request\n", "GET"
-        method, target = parts[0], parts[1].split("?", 1)[0]
-        if method not in ("GET", "HEAD"):
-            return 405, "text/plain", "method not allowed\n", "GET"
-        handler = self.routes.get(target)
-        if handler is None:
-            return 404, "text/plain", "not found\n", method
-        status, ctype, body = await handler()
-        return status, ctype, body, method
+                status, ctype, body = 500, "text/plain", "internal error\n"
+        response = web.Response(status=status, body=body.encode(), headers={"Content-Type": ctype})
+        response.force_close()
+        return response

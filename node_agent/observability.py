@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from node_agent.errors import NodeAgentError
-from node_agent.http_server import HttpEndpoint
+from node_agent.http_server import Handler, HttpEndpoint
 from node_agent.log import get_logger
 from node_agent.metrics import CONTENT_TYPE, AgentMetrics
 from node_agent.observations import ApplyObservations
@@ -24,6 +24,7 @@ from node_agent.probes import Probes
 from node_agent.view import AgentView, EndpointView, Verdict, reader
 
 if TYPE_CHECKING:
+    from node_agent.config import ServerEndpoint
     from node_agent.context import AgentContext
     from node_agent.status_server import StatusServer
 
@@ -45,10 +46,6 @@ class Observability:
         self.probes = Probes(ctx, observations)
         self.read: Callable[[], AgentView] = reader(ctx, observations, self.probes)
         self.metrics_collector = AgentMetrics(self.read)
-        self.health = HttpEndpoint(
-            "health", {"/healthz": self._healthz, "/readyz": self._readyz, "/livez": self._healthz}
-        )
-        self.metrics = HttpEndpoint("metrics", {"/metrics": self._metrics})
         self._ticker: asyncio.Task[None] | None = None
         self._status: StatusServer | None = None
         self._started: list[HttpEndpoint] = []
@@ -57,8 +54,7 @@ class Observability:
     async def start(self) -> None:
         from node_agent.status_server import StatusServer
 
-        server = self.ctx.config.server
-        for endpoint, conf in ((self.health, server.health_probes), (self.metrics, server.metrics)):
+        for endpoint, conf in self.endpoints():
             try:
                 await endpoint.start(conf.bind_address, conf.port)
             except OSError as exc:
@@ -83,6 +79,30 @@ class Observability:
         else:
             self._status = status
         self._ticker = asyncio.create_task(self.probes.measure_loop(), name="loop-lag")
+
+    def endpoints(self) -> list[tuple[HttpEndpoint, ServerEndpoint]]:
+        """The endpoints to start and where: two, or one serving everything when the probe and
+        metrics ports are the same (a fixed port bound twice would fail)."""
+        health_routes: dict[str, Handler] = {
+            "/healthz": self._healthz,
+            "/readyz": self._readyz,
+            "/livez": self._healthz,
+        }
+        metrics_routes: dict[str, Handler] = {"/metrics": self._metrics}
+        server = self.ctx.config.server
+        probes, metrics = server.health_probes, server.metrics
+        if probes.port != 0 and (probes.port, probes.bind_address) == (
+            metrics.port,
+            metrics.bind_address,
+        ):
+            both = HttpEndpoint(
+                "health", {**health_routes, **metrics_routes}, serves=("health", "metrics")
+            )
+            return [(both, probes)]
+        return [
+            (HttpEndpoint("health", health_routes), probes),
+            (HttpEndpoint("metrics", metrics_routes), metrics),
+        ]
 
     def endpoint_views(self) -> tuple[EndpointView, ...]:
         """The started endpoints, for the view."""

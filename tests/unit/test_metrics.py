@@ -4,6 +4,7 @@ rules, and the probe and metrics HTTP server."""
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -12,12 +13,15 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
+from node_agent import status_server
+from node_agent.config import ServerConfiguration
 from node_agent.context import AgentContext
 from node_agent.host.fs import HostFS
 from node_agent.host.state import ApplyRecord, ItemFailure
 from node_agent.http_server import MAX_HEADER_BYTES, HttpEndpoint
 from node_agent.kube.watch import list_watch, live_watches
 from node_agent.metrics import AgentMetrics, MetricsText
+from node_agent.observability import Observability
 from node_agent.observations import ApplyObservations, ObservedStateStore
 from node_agent.probes import FAILURE_STREAK, Probes
 from node_agent.view import EndpointView
@@ -201,6 +205,13 @@ async def _request(port: int, raw: bytes) -> bytes:
     return data
 
 
+def _code(answer: bytes) -> int:
+    """The status code of an HTTP answer (aiohttp answers requests it cannot parse in 1.0)."""
+    version, code = answer.split(b" ", 2)[:2]
+    assert version in (b"HTTP/1.0", b"HTTP/1.1"), answer
+    return int(code)
+
+
 async def test_http_endpoint() -> None:
     async def ok() -> tuple[int, str, str]:
         return 200, "text/plain", "ok\n"
@@ -218,13 +229,19 @@ async def test_http_endpoint() -> None:
         assert got.startswith(b"HTTP/1.1 200 OK\r\n")
         assert b"Content-Length: 3\r\n" in got
         assert got.endswith(b"\r\n\r\nok\n")
-        head = await _request(port, b"HEAD /healthz HTTP/1.1\r\n\r\n")
+        head = await _request(port, b"HEAD /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
         assert head.startswith(b"HTTP/1.1 200")
         assert head.endswith(b"\r\n\r\n")
-        assert (await _request(port, b"POST /healthz HTTP/1.1\r\n\r\n")).startswith(b"HTTP/1.1 405")
-        assert (await _request(port, b"GET /nope HTTP/1.1\r\n\r\n")).startswith(b"HTTP/1.1 404")
-        assert (await _request(port, b"garbage\r\n\r\n")).startswith(b"HTTP/1.1 400")
-        assert (await _request(port, b"GET /broken HTTP/1.1\r\n\r\n")).startswith(b"HTTP/1.1 500")
+        assert (await _request(port, b"POST /healthz HTTP/1.1\r\nHost: x\r\n\r\n")).startswith(
+            b"HTTP/1.1 405"
+        )
+        assert (await _request(port, b"GET /nope HTTP/1.1\r\nHost: x\r\n\r\n")).startswith(
+            b"HTTP/1.1 404"
+        )
+        assert _code(await _request(port, b"garbage\r\n\r\n")) == 400
+        assert (await _request(port, b"GET /broken HTTP/1.1\r\nHost: x\r\n\r\n")).startswith(
+            b"HTTP/1.1 500"
+        )
         # the server survives all of that
         assert (await _request(port, b"GET /healthz HTTP/1.0\r\n\r\n")).endswith(b"ok\n")
     finally:
@@ -269,7 +286,7 @@ async def test_http_endpoint_bounds_connections_and_deadlines(tmp_path: Path) ->
         assert endpoint.open_connections == 3  # never more than the limit
         assert endpoint.stats.refused == 5  # the oldest idle ones made room, one by one
         # A probe still answers: it takes the slot of the oldest idle connection.
-        got = await _request(endpoint.port, b"GET /healthz HTTP/1.1\r\n\r\n")
+        got = await _request(endpoint.port, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
         assert got.startswith(b"HTTP/1.1 200 OK\r\n")
         assert b"Connection: close\r\n" in got
         assert endpoint.stats.refused == 6
@@ -279,8 +296,8 @@ async def test_http_endpoint_bounds_connections_and_deadlines(tmp_path: Path) ->
         assert endpoint.stats.timed_out == 2
         assert endpoint.open_connections == 0
         # a head over the cap is answered 431, not buffered without end
-        big = b"GET /healthz HTTP/1.1\r\nX: " + b"a" * MAX_HEADER_BYTES + b"\r\n\r\n"
-        assert (await _request(endpoint.port, big)).startswith(b"HTTP/1.1 431")
+        big = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX: " + b"a" * MAX_HEADER_BYTES + b"\r\n\r\n"
+        assert _code(await _request(endpoint.port, big)) == 431
         samples = _samples(render_metrics(make_ctx(tmp_path), endpoints=(endpoint.view(),)))
         assert samples['node_agent_http_connections_refused_total{endpoint="health"}'] == 6
         assert samples['node_agent_http_connections_timed_out_total{endpoint="health"}'] == 2
@@ -297,3 +314,75 @@ async def _until(done: Callable[[], object], timeout: float = 5.0) -> None:
             if done():
                 return
             await asyncio.sleep(0.01)
+
+
+def _with_ports(ctx: AgentContext, health: int, metrics: int) -> AgentContext:
+    server = ServerConfiguration.model_validate(
+        {
+            "healthProbes": {"bindAddress": "127.0.0.1", "port": health},
+            "metrics": {"bindAddress": "127.0.0.1", "port": metrics},
+        }
+    )
+    ctx.config = ctx.config.model_copy(update={"server": server})
+    return ctx
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def _get(address: str, path: str) -> tuple[int, bytes]:
+    port = int(address.rsplit(":", 1)[1])
+    answer = await _request(port, f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    return _code(answer), answer.partition(b"\r\n\r\n")[2]
+
+
+async def test_the_probe_and_metrics_ports_of_an_agent(tmp_path: Path) -> None:
+    ctx = _with_ports(make_ctx(tmp_path), 0, 0)  # two free ports
+    observability = Observability(ctx, ApplyObservations())
+    await observability.start()
+    try:
+        doc = await status_server.StatusServer(ctx, observability.read).document()
+        health, metrics = doc["endpoints"]["health"], doc["endpoints"]["metrics"]
+        assert health != metrics
+        assert await _get(health, "/healthz") == (200, b"ok\n")
+        code, reasons = await _get(health, "/readyz")
+        assert (code, reasons) == (
+            503,
+            f"node node-a not found yet\nsecret {_secret()} not listed yet\n".encode(),
+        )
+        assert (await _get(health, "/metrics"))[0] == 404
+        code, text = await _get(metrics, "/metrics")
+        assert code == 200
+        samples = _samples(text.decode())
+        assert samples['node_agent_http_connections_refused_total{endpoint="health"}'] == 0
+        assert samples['node_agent_http_connections_refused_total{endpoint="metrics"}'] == 0
+        assert samples["node_agent_ready"] == 0
+        assert (await _get(metrics, "/healthz"))[0] == 404
+    finally:
+        await observability.close()
+
+
+async def test_the_same_port_for_probes_and_metrics_serves_both(tmp_path: Path) -> None:
+    port = _free_port()
+    ctx = _with_ports(make_ctx(tmp_path), port, port)
+    observability = Observability(ctx, ApplyObservations())
+    await observability.start()
+    try:
+        doc = await status_server.StatusServer(ctx, observability.read).document()
+        assert doc["endpoints"]["health"] == doc["endpoints"]["metrics"] == f"127.0.0.1:{port}"
+        address = doc["endpoints"]["health"]
+        assert await _get(address, "/healthz") == (200, b"ok\n")
+        code, text = await _get(address, "/metrics")
+        assert code == 200
+        samples = _samples(text.decode())
+        assert samples['node_agent_http_connections_refused_total{endpoint="health"}'] == 0
+        assert not any('endpoint="metrics"' in key for key in samples)  # one endpoint, counted once
+    finally:
+        await observability.close()
+    with socket.socket() as sock:  # closed: the port can be listened on again
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", port))
+        sock.listen()

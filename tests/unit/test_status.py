@@ -482,3 +482,39 @@ async def test_a_socket_directory_of_another_owner_is_refused(
     with pytest.raises(UnsafePathError, match=f"owned by uid {owner}"):
         await status_server.StatusServer(ctx, read(ctx)).start()
     assert list(path.iterdir()) == []
+
+
+async def test_the_status_command_against_a_running_agent_stays_lean(tmp_path: Path) -> None:
+    """``node-agent status`` talks to the socket without the agent's heavy imports: no HTTP
+    server, metrics library, kube client or pydantic (``-X importtime`` lists every import)."""
+    import sys
+
+    ctx = make_ctx(tmp_path)
+    server = await _server(ctx)
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-X",
+            "importtime",
+            "-m",
+            "node_agent",
+            "status",
+            "--json",
+            "--root",
+            str(tmp_path),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await asyncio.wait_for(proc.communicate(), 60)
+    finally:
+        await server.close()
+    assert proc.returncode == 0, err.decode()[-2000:]
+    assert json.loads(out)["agent"]["running"] is True
+    imported = {
+        line.rsplit("|", 1)[1].strip().split(".")[0]
+        for line in err.decode().splitlines()
+        if line.startswith("import time:") and "|" in line
+    }
+    assert "node_agent" in imported  # the listing works
+    heavy = {"aiohttp", "prometheus_client", "kubernetes_asyncio", "pydantic", "yaml", "structlog"}
+    assert imported & heavy == set()
