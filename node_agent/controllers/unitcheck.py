@@ -62,6 +62,9 @@ JSON = dict[str, Any]
 MIN_PERIOD = 1.0
 #: Attempts of one write when the Node changed under it (409).
 CONFLICT_ATTEMPTS = 3
+#: How often the loop looks whether a new OSC was applied (a read of memory), so the first
+#: condition and a new OSC's verdict do not wait for the next period.
+APPLY_POLL = 5.0
 
 Want = Literal["running", "stopped", "observed"]
 
@@ -247,6 +250,7 @@ class UnitCheckController:
         applier: Applier,
         *,
         clock: Callable[[], datetime] = report.now,
+        apply_poll: float = APPLY_POLL,
     ) -> None:
         self.ctx = ctx
         self.applier = applier
@@ -254,7 +258,10 @@ class UnitCheckController:
         config = ctx.config.controllers.systemd_unit_check
         self.period = max(MIN_PERIOD, config.sync_period.total_seconds())
         self.stuck_threshold = config.stuck_threshold
+        self.apply_poll = apply_poll
         self._poked = asyncio.Event()
+        #: the applied checksum the last check saw
+        self._checked = ""
         #: (applied checksum, expected units) of the last applied OSC
         self._expected: tuple[str, tuple[ExpectedUnit, ...]] | None = None
         self._seen: _NodeSeen | None = None
@@ -271,11 +278,16 @@ class UnitCheckController:
 
     async def run(self) -> None:
         await self.ctx.node_known.wait()
+        loop = asyncio.get_running_loop()
         while True:
             self._poked.clear()
             await self.check_once()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._poked.wait(), self.period)
+            due = loop.time() + self.period
+            while (left := due - loop.time()) > 0 and not self._poked.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._poked.wait(), min(left, self.apply_poll))
+                if await self.ctx.state.applied_checksum_async() != self._checked:
+                    break  # a new OSC was applied
 
     async def check_once(self) -> UnitCheckView:
         """One check and, if the condition changed, one write; errors are logged and left to
@@ -309,7 +321,7 @@ class UnitCheckController:
     # -- reading ----------------------------------------------------------------------------
 
     async def _expected_units(self) -> tuple[ExpectedUnit, ...] | None:
-        checksum = await self.ctx.state.applied_checksum_async()
+        checksum = self._checked = await self.ctx.state.applied_checksum_async()
         if not checksum:
             return None
         cached = self._expected

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -503,3 +506,35 @@ async def test_one_unreadable_unit_does_not_block_the_others(tmp_path: Path) -> 
     systemd.unit_states = picky  # type: ignore[method-assign]
     await c.check_once()
     assert _ours(kube)["message"] == "a.service: failed"
+
+
+async def test_loop_checks_each_period_on_poke_and_after_a_new_apply(tmp_path: Path) -> None:
+    c, kube, systemd, _, state_store = _controller(
+        tmp_path, {"a.service": ACTIVE}, APPLIED, _node()
+    )
+    c.period = 3600.0  # only a poke or a new applied OSC may cause another check
+    c.apply_poll = 0.01
+    c.ctx.node_known.set()
+    task = asyncio.create_task(c.run())
+    try:
+        await _until(lambda: c.view().checks == 1)
+        systemd.units["a.service"] = ("failed", "failed")
+        await asyncio.sleep(0.1)
+        assert c.view().checks == 1  # not before the period
+        c.poke()
+        await _until(lambda: c.view().checks == 2)
+        assert _ours(kube)["message"] == "a.service: failed"
+        state_store.checksum = "c2"  # an apply finished
+        await _until(lambda: c.view().checks == 3)
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def _until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
+    for _ in range(int(timeout / 0.005)):
+        if predicate():
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError("not reached in time")
