@@ -208,7 +208,8 @@ async def test_status_and_endpoints_of_a_running_agent_and_after_it_stopped(
         status, before = await asyncio.to_thread(_get, metrics, "/metrics")
         assert status == 200
         assert _metric(before, "node_agent_up") == 1
-        assert 'node_agent_build_info{version="0.1.0"' in before
+        (build,) = (ln for ln in before.splitlines() if ln.startswith("node_agent_build_info{"))
+        assert 'version="0.1.0"' in build
         assert _metric(before, "node_agent_osc_applies_total") == 1
         assert _metric(before, "node_agent_osc_apply_duration_seconds_count") == 1
         assert _metric(before, "node_agent_lease_renewals_total") >= 1

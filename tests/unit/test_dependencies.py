@@ -103,3 +103,19 @@ def test_declared_dependencies_are_the_imported_ones() -> None:
         f"imported but not declared in pyproject.toml: {undeclared}; "
         f"declared but never imported: {sorted(unused)}"
     )
+
+
+def locked() -> dict[str, str]:
+    """Distribution -> version pinned in packaging/requirements.lock (what the artifact holds)."""
+    text = (ROOT / "packaging" / "requirements.lock").read_text()
+    pins = re.findall(
+        r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+) \\\n\s+--hash=sha256:[0-9a-f]{64}", text, re.M
+    )
+    return {_normalize(name): version for name, version in pins}
+
+
+def test_every_declared_dependency_is_pinned_with_a_hash_in_the_lock() -> None:
+    pins = locked()
+    assert "aiohttp" in pins  # the pattern reads the file
+    missing = sorted(declared() - set(pins))
+    assert missing == [], f"declared in pyproject.toml but not pinned in the lock: {missing}"

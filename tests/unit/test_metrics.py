@@ -20,7 +20,7 @@ from node_agent.host.fs import HostFS
 from node_agent.host.state import ApplyRecord, ItemFailure
 from node_agent.http_server import MAX_HEADER_BYTES, HttpEndpoint
 from node_agent.kube.watch import list_watch, live_watches
-from node_agent.metrics import AgentMetrics, MetricsText
+from node_agent.metrics import AgentMetrics
 from node_agent.observability import Observability
 from node_agent.observations import ApplyObservations, ObservedStateStore
 from node_agent.probes import FAILURE_STREAK, Probes
@@ -116,7 +116,9 @@ def test_render_metrics_text_format(tmp_path: Path) -> None:
     assert samples["node_agent_last_apply_success"] == 1
     assert samples["node_agent_last_apply_timestamp_seconds"] == pytest.approx(time.time(), abs=5)
     assert samples["node_agent_ready"] == 0  # node not found yet
-    assert any(k.startswith("node_agent_build_info{version=") for k in samples)
+    (build,) = (k for k in samples if k.startswith("node_agent_build_info{"))
+    assert 'version="' in build
+    assert 'python="' in build
     # every sample belongs to a declared family
     families = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE")}
     for key in samples:
@@ -142,10 +144,10 @@ async def test_watch_counters_are_summed_by_kind(tmp_path: Path) -> None:
     assert samples['node_agent_watch_relists_total{resource="Secret"}'] >= 1
 
 
-def test_label_values_are_escaped() -> None:
-    out = MetricsText()
-    out.metric("m", "gauge", "help", [({"v": 'a"b\\c\nd'}, 1.5)])
-    assert out.render().splitlines()[-1] == 'm{v="a\\"b\\\\c\\nd"} 1.5'
+def test_label_values_are_escaped(tmp_path: Path) -> None:
+    odd = EndpointView('a"b\\c\nd', "127.0.0.1:1", refused=2, serves=("health",))
+    text = render_metrics(make_ctx(tmp_path), endpoints=(odd,))
+    assert 'node_agent_http_connections_refused_total{endpoint="a\\"b\\\\c\\nd"} 2.0' in text
 
 
 def test_readiness_rules(tmp_path: Path) -> None:
