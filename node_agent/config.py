@@ -191,6 +191,19 @@ class HealthCheckConfig(_Config):
     restart_after: Duration = Field(default=timedelta(minutes=1), alias="restartAfter")
 
 
+class RolloutConfig(_Config):
+    """Rollout coordination of the pool (serial mode, paced rollout): what the Secret's
+    annotations do not carry. ``serialLeaseDuration`` is Gardener's fixed 600 s; change it only
+    in tests. A node that has to wait checks again after a random time between ``recheckMin``
+    and ``recheckMax`` (and at once when the Secret changes)."""
+
+    serial_lease_duration: Duration = Field(
+        default=timedelta(seconds=600), alias="serialLeaseDuration"
+    )
+    recheck_min: Duration = Field(default=timedelta(seconds=5), alias="recheckMin")
+    recheck_max: Duration = Field(default=timedelta(seconds=15), alias="recheckMax")
+
+
 class NodeAgentExtensions(_Config):
     """Settings of this agent beyond Gardener's config, under the top-level key ``nodeAgent``
     of the same file (Gardener's agent ignores unknown keys, so the file stays valid for it).
@@ -199,6 +212,7 @@ class NodeAgentExtensions(_Config):
     health_gate: HealthGateConfig = Field(default=HealthGateConfig(), alias="healthGate")
     restart_guard: RestartGuardConfig = Field(default=RestartGuardConfig(), alias="restartGuard")
     health_check: HealthCheckConfig = Field(default=HealthCheckConfig(), alias="healthCheck")
+    rollout: RolloutConfig = RolloutConfig()
 
     def dump(self) -> dict[str, Any]:
         """camelCase with Go durations, as the file carries it."""

@@ -30,6 +30,11 @@ LABEL_ZONE = "topology.kubernetes.io/zone"
 CONTROL_PLANE_MARKER = "/etc/kubernetes/manifests/kube-apiserver.yaml"
 
 CONDITION_UNITS_READY = "SystemdUnitsReady"
+#: Our own: where this node stands in a serial or paced rollout of its pool (``rollout.py``)
+CONDITION_ROLLOUT = "OSCRollout"
+REASON_ROLLOUT_APPLYING = "RolloutApplying"
+REASON_ROLLOUT_APPLIED = "RolloutApplied"
+REASON_ROLLOUT_FAILED = "RolloutFailed"
 
 REASON_OSC_APPLIED = "OSCApplied"
 REASON_OSC_FAILED = "OSCApplyFailed"

@@ -21,6 +21,7 @@ from node_agent.applier import Applier, Outcome
 from node_agent.config import ZONE_FILE, parse_duration
 from node_agent.context import AgentContext
 from node_agent.controllers.health_gate import GateRecord, HealthGate
+from node_agent.controllers.rollout import Rollout
 from node_agent.errors import (
     ApplyError,
     KubeError,
@@ -114,6 +115,8 @@ class OSCController:
             agent_unit=ctx.settings.agent_unit,
         )
         self._quarantine_logged: str | None = None
+        #: serial mode and the paced rollout of the pool (the Lease <secretName>)
+        self.rollout = Rollout(ctx, self._wake.set)
 
     @property
     def latest_secret(self) -> JSON | None:
@@ -277,6 +280,7 @@ class OSCController:
                 await self._report_applied(
                     decode_osc(raw, annotated, self.ctx.host_name), checksum, only_if_missing=True
                 )
+            await self.rollout.up_to_date(checksum)
             return None
         # Parsing a large OSC takes tens of ms of CPU: off the loop, so heartbeats keep ticking.
         osc = await asyncio.to_thread(decode_osc, raw, annotated, self.ctx.host_name)
@@ -284,9 +288,16 @@ class OSCController:
         first_apply = applied == ""
         pending = await self.ctx.state.pending_async()
         retrying = pending is not None and pending.osc_checksum == checksum
-        if not first_apply and not retrying:
+        if not first_apply and not retrying and not self.rollout.skips_delay(secret):
             await self._reconciliation_delay()
         resolved = await self.resolve(osc)
+        permit = None
+        if not first_apply:
+            permit = await self.rollout.admit(
+                secret, checksum, retrying=retrying, plan=lambda: self.applier.plan(osc, resolved)
+            )
+            if permit is None:
+                return None  # held by the pool's rollout; it wakes the loop to look again
         gate = await self._gate_begin(checksum, first_apply=first_apply, retrying=retrying)
         log.info("applying OSC", checksum=checksum, first=first_apply)
         started = report.now()
@@ -301,8 +312,12 @@ class OSCController:
                 trigger, applied, checksum, started, partial, None, str(exc), rollback=broke
             )
             if gate is not None and broke is not None:
-                await self._roll_back(await self.gate.rolling_back(gate, broke))
+                try:
+                    await self._roll_back(await self.gate.rolling_back(gate, broke))
+                finally:
+                    await self.rollout.failed(permit, f"rolled back: {broke.describe()}")
                 return None
+            await self.rollout.failed(permit, str(exc))
             raise
         self.applies += 1
         self.last_outcome = outcome
@@ -314,9 +329,13 @@ class OSCController:
             trigger, applied, checksum, started, outcome.report, outcome.change_set, rollback=broke
         )
         if gate is not None and broke is not None:
-            await self._roll_back(await self.gate.rolling_back(gate, broke))
+            try:
+                await self._roll_back(await self.gate.rolling_back(gate, broke))
+            finally:
+                await self.rollout.failed(permit, f"rolled back: {broke.describe()}")
             return None  # rolled back: the Node keeps the old checksum
         await self._report_applied(osc, checksum)
+        await self.rollout.succeeded(permit)
         if outcome.report.skipped:
             await self.ctx.event(
                 report.REASON_OSC_SKIPPED, "; ".join(outcome.report.skipped), warning=True

@@ -1,0 +1,537 @@
+"""Rollout coordination of the OSC controller: serial mode and the paced rollout, on the Lease.
+
+The decisions are :mod:`node_agent.osc.pacing`'s; this module reads and writes the one Lease
+``kube-system/<secretName>`` (the only shared object Gardener lets a node agent write), reports
+where the node stands (Node condition ``OSCRollout``, an Event per change, logs, :meth:`view`)
+and wakes the reconcile loop when a waiting node should look again.
+
+The OSC controller asks :meth:`Rollout.admit` before it applies an update; ``None`` means wait
+(the loop is woken later, with jitter, or at once when the Secret changes). A :class:`Permit`
+is held over the apply and the health gate's verdict, then given back with
+:meth:`Rollout.succeeded` or :meth:`Rollout.failed`. Nothing is held in memory that the pool
+depends on: a slot lives only while its holder renews it, so a killed agent loses it by expiry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
+
+from node_agent import report
+from node_agent.errors import KubeConflict, KubeError, KubeNotFound
+from node_agent.log import get_logger
+from node_agent.osc import pacing
+from node_agent.osc.pacing import Decision, Ledger, Policy
+
+if TYPE_CHECKING:
+    from node_agent.context import AgentContext
+    from node_agent.osc.plan import ChangeSet
+
+log = get_logger("node-agent.rollout")
+
+JSON = dict[str, Any]
+T = TypeVar("T")
+
+CAS_ATTEMPTS = 8
+State = Literal["idle", "waiting", "applying", "applied", "failed"]
+
+
+@dataclass(frozen=True)
+class RolloutView:
+    """Where this node stands in its pool's rollout (``node-agent status``, metrics)."""
+
+    serial: bool = False
+    #: the paced rollout's policy in words, or None when the Secret does not ask for one
+    pacing: str | None = None
+    state: State = "idle"
+    #: why the node waits (WaitingForSerialLease, WaitingForSlot, WaitingForCanaries,
+    #: CircuitBreakerOpen), or the last outcome's reason
+    reason: str | None = None
+    message: str = ""
+    checksum: str | None = None
+    #: nodes holding a slot / the serial Lease, as last read
+    holders: tuple[str, ...] = ()
+    canaries: tuple[str, ...] = ()
+    failures: int = 0
+    breaker_open: bool = False
+    #: this node holds a canary slot
+    canary: bool = False
+    since: float | None = None
+    waits: int = 0
+    #: annotations of the Secret that could not be read (defaults used)
+    problems: tuple[str, ...] = ()
+
+
+@dataclass
+class Permit:
+    """What this node holds while it applies ``checksum``."""
+
+    checksum: str
+    serial: bool = False
+    slot: bool = False
+    canary: bool = False
+    renewer: asyncio.Task[None] | None = field(default=None, repr=False)
+
+
+class Rollout:
+    def __init__(
+        self,
+        ctx: AgentContext,
+        wake: Callable[[], None],
+        *,
+        clock: Callable[[], float] = time.time,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.ctx = ctx
+        self._wake = wake
+        self.clock = clock
+        self._rng = rng or random.Random()
+        self._permit: Permit | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._view = RolloutView()
+        self._reported: tuple[str, str, str] | None = None  # condition last written
+        self._announced: tuple[str, str] | None = None  # (reason, checksum) of the last Event
+        self._problems_logged: tuple[str, ...] = ()
+        self._owner: Mapping[str, Any] = {}  # the Secret: the owner of a Lease we create
+
+    @property
+    def config(self) -> Any:
+        return self.ctx.config.node_agent.rollout
+
+    @property
+    def lease_name(self) -> str:
+        """Gardener's name for the serial Lease: the OSC Secret's."""
+        return self.ctx.secret_name
+
+    def view(self) -> RolloutView:
+        return self._view
+
+    @staticmethod
+    def policy(secret: Mapping[str, Any]) -> Policy:
+        return pacing.parse_policy((secret.get("metadata") or {}).get("annotations"))
+
+    def skips_delay(self, secret: Mapping[str, Any]) -> bool:
+        """Serial mode has no reconciliation delay (the Lease spreads the nodes out)."""
+        return self.policy(secret).serial
+
+    # -- admission ------------------------------------------------------------------------------
+
+    async def admit(
+        self,
+        secret: Mapping[str, Any],
+        checksum: str,
+        *,
+        retrying: bool,
+        plan: Callable[[], Awaitable[ChangeSet]],
+    ) -> Permit | None:
+        """Before an update is applied: the permit to apply it, or None (wait; the reconcile
+        loop is woken again later). A retry of a partly applied update is not paced again (the
+        node is already in the middle of it, and was counted), but serial mode renews its Lease
+        on every try, as Gardener's agent does."""
+        self._stop_timer()
+        await self._drop_permit()
+        policy = self.policy(secret)
+        self._owner = secret
+        if policy.problems != self._problems_logged:
+            self._problems_logged = policy.problems
+            if policy.problems:
+                log.warning(
+                    "rollout annotations not understood; defaults used", problems=policy.problems
+                )
+        self._set(
+            serial=policy.serial,
+            pacing=policy.pacing.describe() if policy.pacing else None,
+            problems=policy.problems,
+            checksum=checksum,
+        )
+        if not policy.active:
+            self._set(state="idle", reason=None, message="", holders=(), canary=False)
+            return Permit(checksum)
+        permit = Permit(checksum)
+        if policy.serial:
+            waited = await self._serial_acquire(checksum)
+            if waited:
+                return None
+            permit.serial = True
+        if policy.pacing is not None and not retrying:
+            disruptive = pacing.disruptive_units((await plan()).unit_commands)
+            if disruptive:
+                decision = await self._take_slot(policy.pacing, checksum)
+                if decision.action == "wait":
+                    if permit.serial:
+                        await self._serial_release()
+                    await self._wait(
+                        decision.reason or "", decision.message, checksum, decision.retry_in
+                    )
+                    return None
+                permit.slot, permit.canary = True, decision.canary
+                permit.renewer = self._start_renewer(checksum, policy.pacing.slot_ttl)
+                log.info(
+                    "rollout slot taken",
+                    checksum=checksum,
+                    canary=decision.canary,
+                    units=disruptive,
+                    holders=decision.ledger.holders(),
+                )
+        self._permit = permit
+        message = f"applying OSC {checksum[:12]}"
+        if permit.canary:
+            message += " as a canary"
+        if permit.slot:
+            message += " (rollout slot held)"
+        if permit.serial:
+            message += " (serial Lease held)"
+        await self._proceed(checksum, message, canary=permit.canary)
+        return permit
+
+    async def succeeded(self, permit: Permit | None) -> None:
+        """Applied and healthy (the gate's verdict): the slot freed with a success recorded;
+        the serial Lease released (Gardener releases it after a successful apply only)."""
+        if permit is None:
+            return
+        self._permit = None
+        await self._stop_renewer(permit)
+        if permit.slot:
+            await self._finish(permit.checksum, ok=True, why="")
+        if permit.serial:
+            await self._serial_release()
+        if permit.slot or permit.serial:
+            message = f"OSC {permit.checksum[:12]} applied and healthy"
+            self._set(state="applied", reason=report.REASON_ROLLOUT_APPLIED, message=message)
+            await self._condition("True", report.REASON_ROLLOUT_APPLIED, message)
+
+    async def failed(self, permit: Permit | None, why: str) -> None:
+        """The update failed or was rolled back: recorded against its checksum (the breaker
+        counts it) and the slot freed. The serial Lease stays ours, as in Gardener's agent (a
+        retry renews it; a node that gives up lets it expire)."""
+        if permit is None:
+            return
+        self._permit = None
+        await self._stop_renewer(permit)
+        if permit.slot:
+            await self._finish(permit.checksum, ok=False, why=why)
+        if permit.slot or permit.serial:
+            message = f"OSC {permit.checksum[:12]} failed: {why}"
+            self._set(state="failed", reason=report.REASON_ROLLOUT_FAILED, message=message)
+            await self._condition("False", report.REASON_ROLLOUT_FAILED, message)
+
+    async def up_to_date(self, checksum: str) -> None:
+        """The node already runs ``checksum``: a permit still open for it (the apply finished,
+        reporting it did not) is given back as a success; a stale wait is cleared."""
+        permit = self._permit
+        if permit is not None and permit.checksum == checksum:
+            await self.succeeded(permit)
+            return
+        await self._drop_permit()
+        if self._view.state == "waiting":
+            self._stop_timer()
+            message = f"OSC {checksum[:12]} is applied"
+            self._set(state="applied", reason=report.REASON_ROLLOUT_APPLIED, message=message)
+            await self._condition("True", report.REASON_ROLLOUT_APPLIED, message)
+
+    # -- serial mode -----------------------------------------------------------------------------
+
+    async def _serial_acquire(self, checksum: str) -> bool:
+        """True: another node holds the Lease (we wait). Raises KubeError on API trouble."""
+        duration = int(self.config.serial_lease_duration.total_seconds())
+        now = self.clock()
+
+        def change(lease: JSON) -> tuple[bool, pacing.SerialStep]:
+            step = pacing.serial_step(lease.get("spec") or {}, self.ctx.host_name, now, duration)
+            if step.action == "wait":
+                return False, step
+            lease["spec"] = dict(step.spec)
+            return True, step
+
+        step = await self._update(change)
+        if step.action == "acquire":
+            self._set(holders=(self.ctx.host_name,))
+            log.info("serial Lease acquired, applying", lease=self.lease_name, checksum=checksum)
+            return False
+        self._set(holders=(step.holder or "",))
+        message = (
+            f"serial rollout: node {step.holder} holds Lease {report.NAMESPACE}/"
+            f"{self.lease_name} (expires in {step.expires_in:.0f}s)"
+        )
+        await self._wait(pacing.REASON_SERIAL, message, checksum, step.expires_in)
+        return True
+
+    async def _serial_release(self) -> None:
+        def change(lease: JSON) -> tuple[bool, None]:
+            spec = lease.get("spec") or {}
+            if spec.get("holderIdentity") != self.ctx.host_name:
+                return False, None
+            lease["spec"] = pacing.serial_released(spec)
+            return True, None
+
+        try:
+            await self._update(change, create=False)
+            log.info("serial Lease released", lease=self.lease_name)
+        except KubeNotFound:
+            pass
+
+    # -- slots -----------------------------------------------------------------------------------
+
+    async def _take_slot(self, policy: pacing.Pacing, checksum: str) -> Decision:
+        host = self.ctx.host_name
+
+        def change(lease: JSON) -> tuple[bool, Decision]:
+            ledger = _ledger_of(lease)
+            decision = pacing.decide(policy, ledger, host, checksum, self.clock())
+            changed = decision.ledger != ledger
+            if changed:
+                _put_ledger(lease, decision.ledger)
+            return changed, decision
+
+        decision = await self._update(change)
+        ledger = decision.ledger
+        self._set(
+            holders=ledger.holders(),
+            canaries=ledger.canaries,
+            failures=len(ledger.failed),
+            breaker_open=ledger.breaker_open(policy),
+        )
+        return decision
+
+    async def _finish(self, checksum: str, *, ok: bool, why: str) -> None:
+        host = self.ctx.host_name
+
+        def change(lease: JSON) -> tuple[bool, Ledger]:
+            ledger = _ledger_of(lease)
+            done = pacing.finish(ledger, host, checksum, self.clock(), ok=ok, why=why[:300])
+            changed = done != ledger
+            if changed:
+                _put_ledger(lease, done)
+            return changed, done
+
+        try:
+            ledger = await self._update(change, create=False)
+        except KubeNotFound:
+            return
+        except KubeError as exc:
+            # the slot expires by itself; a failure we could not record counts as lost then
+            log.warning("rollout result not recorded; the slot will expire", error=str(exc))
+            return
+        self._set(holders=ledger.holders(), failures=len(ledger.failed))
+        log.info("rollout slot released", checksum=checksum, ok=ok)
+
+    def _start_renewer(self, checksum: str, ttl: float) -> asyncio.Task[None]:
+        task = asyncio.create_task(self._renew(checksum, ttl), name="rollout-slot-renewer")
+        owner = asyncio.current_task()
+        if owner is not None:
+            # The renewer lives no longer than the loop that took the slot: a killed agent's
+            # slot must expire.
+            owner.add_done_callback(lambda _t: task.cancel())
+        return task
+
+    async def _renew(self, checksum: str, ttl: float) -> None:
+        host = self.ctx.host_name
+        while True:
+            await asyncio.sleep(max(0.2, ttl / 3))
+
+            def change(lease: JSON) -> tuple[bool, bool]:
+                renewed = pacing.renew(_ledger_of(lease), host, checksum, self.clock())
+                if renewed is None:
+                    return False, False
+                _put_ledger(lease, renewed)
+                return True, True
+
+            try:
+                held = await self._update(change, create=False)
+            except KubeError as exc:
+                log.warning("rollout slot not renewed", error=str(exc))
+                continue
+            if not held:
+                log.warning("rollout slot lost (expired and freed meanwhile)", checksum=checksum)
+                return
+
+    async def _stop_renewer(self, permit: Permit) -> None:
+        task, permit.renewer = permit.renewer, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _drop_permit(self) -> None:
+        """A permit left over from a reconcile that ended by an error we were not told about:
+        stop renewing its slot (it expires; the breaker counts it as lost)."""
+        permit, self._permit = self._permit, None
+        if permit is not None:
+            await self._stop_renewer(permit)
+
+    # -- the Lease -------------------------------------------------------------------------------
+
+    def _new_lease(self) -> JSON:
+        meta: JSON = {"name": self.lease_name, "namespace": report.NAMESPACE}
+        owner = self._owner.get("metadata") or {}
+        if owner.get("uid"):
+            # as Gardener's agent creates it: owned by the Secret (collected with it)
+            meta["ownerReferences"] = [
+                {
+                    "apiVersion": "v1",
+                    "kind": "Secret",
+                    "name": owner.get("name") or self.lease_name,
+                    "uid": owner["uid"],
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ]
+        return {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": meta,
+            "spec": {},
+        }
+
+    async def _update(self, change: Callable[[JSON], tuple[bool, T]], *, create: bool = True) -> T:
+        """Read the Lease, let ``change`` edit it, write it back with compare-and-swap (the read
+        resourceVersion); on a conflict read again and decide again."""
+        kube = self.ctx.kube
+        for attempt in range(CAS_ATTEMPTS):
+            try:
+                lease = await kube.get_lease(report.NAMESPACE, self.lease_name)
+                exists = True
+            except KubeNotFound:
+                if not create:
+                    raise
+                lease, exists = self._new_lease(), False
+            body = _copy(lease)
+            write, result = change(body)
+            if not write:
+                return result
+            try:
+                if exists:
+                    await kube.update_lease(report.NAMESPACE, self.lease_name, body)
+                else:
+                    await kube.create_lease(report.NAMESPACE, body)
+                return result
+            except KubeConflict:  # also AlreadyExists: someone else wrote first
+                if attempt + 1 == CAS_ATTEMPTS:
+                    raise
+                await asyncio.sleep(self._rng.uniform(0.01, 0.05 * (attempt + 1)))
+        raise AssertionError("unreachable")
+
+    # -- reporting -------------------------------------------------------------------------------
+
+    async def _wait(self, reason: str, message: str, checksum: str, retry_in: float | None) -> None:
+        low = self.config.recheck_min.total_seconds()
+        high = max(low, self.config.recheck_max.total_seconds())
+        delay = self._rng.uniform(low, high)
+        if retry_in is not None:
+            delay = min(delay, max(retry_in, 0.0) + self._rng.uniform(0.05, 0.5))
+        self._schedule(delay)
+        first = self._view.state != "waiting" or self._view.reason != reason
+        self._set(
+            state="waiting",
+            reason=reason,
+            message=message,
+            since=self.clock() if first else self._view.since,
+            waits=self._view.waits + 1,
+            canary=False,
+        )
+        if self._announced != (reason, checksum):
+            self._announced = (reason, checksum)
+            log.info(
+                "OSC update waits for the rollout",
+                reason=reason,
+                detail=message,
+                recheck=round(delay, 1),
+            )
+            await self.ctx.event(reason, message, warning=reason == pacing.REASON_BREAKER)
+        await self._condition("False", reason, message)
+
+    async def _proceed(self, checksum: str, message: str, *, canary: bool) -> None:
+        if self._view.state == "waiting":
+            self._announced = None
+            await self.ctx.event(report.REASON_ROLLOUT_APPLYING, message)
+        self._set(
+            state="applying",
+            reason=report.REASON_ROLLOUT_APPLYING,
+            message=message,
+            since=self.clock(),
+            canary=canary,
+        )
+        await self._condition("True", report.REASON_ROLLOUT_APPLYING, message)
+
+    def _schedule(self, delay: float) -> None:
+        self._stop_timer()
+        self._timer = asyncio.get_running_loop().call_later(delay, self._wake)
+
+    def _stop_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _set(self, **changes: Any) -> None:
+        self._view = replace(self._view, **changes)
+
+    async def _condition(self, status: str, reason: str, message: str) -> None:
+        """The ``OSCRollout`` condition on the Node, written only when it changes; a failed
+        write is logged (it is a report, never a reason to stop)."""
+        name = self.ctx.node_name
+        wanted = (status, reason, message)
+        if name is None or self._reported == wanted:
+            return
+        try:
+            for attempt in range(CAS_ATTEMPTS):
+                node = await self.ctx.kube.get_node(name)
+                conditions = [
+                    c
+                    for c in (node.get("status") or {}).get("conditions") or []
+                    if isinstance(c, dict)
+                ]
+                ours = next(
+                    (c for c in conditions if c.get("type") == report.CONDITION_ROLLOUT), None
+                )
+                at = report.rfc3339(report.now())
+                transition = at
+                if ours is not None and ours.get("status") == status:
+                    transition = str(ours.get("lastTransitionTime") or at)
+                entry = {
+                    "type": report.CONDITION_ROLLOUT,
+                    "status": status,
+                    "reason": reason,
+                    "message": message[:1024],
+                    "lastHeartbeatTime": at,
+                    "lastTransitionTime": transition,
+                }
+                rest = [c for c in conditions if c.get("type") != report.CONDITION_ROLLOUT]
+                patch = {
+                    # the whole list goes (a merge patch replaces lists): compare-and-swap
+                    "metadata": {
+                        "resourceVersion": (node.get("metadata") or {}).get("resourceVersion")
+                    },
+                    "status": {"conditions": [*rest, entry]},
+                }
+                try:
+                    await self.ctx.kube.patch_node_status(name, patch)
+                except KubeConflict:
+                    if attempt + 1 == CAS_ATTEMPTS:
+                        raise
+                    continue
+                self._reported = wanted
+                return
+        except KubeError as exc:
+            log.warning("rollout condition not written", error=str(exc))
+
+
+def _copy(obj: Mapping[str, Any]) -> JSON:
+    out = dict(obj)
+    out["metadata"] = dict(obj.get("metadata") or {})
+    out["metadata"]["annotations"] = dict(out["metadata"].get("annotations") or {})
+    out["spec"] = dict(obj.get("spec") or {})
+    return out
+
+
+def _ledger_of(lease: Mapping[str, Any]) -> Ledger:
+    annotations = (lease.get("metadata") or {}).get("annotations") or {}
+    return Ledger.load(annotations.get(pacing.ANNOTATION_LEDGER))
+
+
+def _put_ledger(lease: JSON, ledger: Ledger) -> None:
+    lease["metadata"]["annotations"][pacing.ANNOTATION_LEDGER] = ledger.dump()

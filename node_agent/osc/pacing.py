@@ -1,0 +1,399 @@
+"""Rollout coordination of a worker pool: the pure decisions, no I/O.
+
+Two mechanisms, both asked for by annotations of the OSC Secret and both kept in the one Lease a
+node agent may write besides its own heartbeat: ``kube-system/<secretName>``.
+
+- **Serial mode** (Gardener's ``reconciliation.osc.node-agent.gardener.cloud/serial: "true"``):
+  the Lease's ``spec`` is a leader election of the nodes applying an update. :func:`serial_step`
+  decides as Gardener's agent does: take it when nobody holds it or the holder let it lapse
+  (``renewTime + leaseDurationSeconds`` passed), else wait until it expires.
+- **Paced rollout** (our own, ``node-agent.gardener.cloud/rollout-*``): at most K nodes apply a
+  disruptive change at once, the first C are canaries the rest wait for (applied, healthy, and
+  a soak period over), and a circuit breaker holds the pool once F nodes failed the same
+  checksum. The state is a :class:`Ledger` in one annotation of that Lease, written with
+  compare-and-swap; :func:`decide` and :func:`finish` compute the next ledger.
+
+Times are seconds since the epoch (the nodes' clocks; Gardener's serial Lease relies on them too).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from node_agent.config import parse_duration
+from node_agent.report import ANNOTATION_SERIAL
+
+PREFIX = "node-agent.gardener.cloud/"
+#: K: how many nodes of the pool may apply a disruptive change at once; setting it turns pacing on
+ANNOTATION_MAX_PARALLEL = PREFIX + "rollout-max-parallel"
+#: C: the first C nodes are canaries (default 0: none)
+ANNOTATION_CANARIES = PREFIX + "rollout-canaries"
+#: how long the canaries must stay healthy after their apply before the rest follows
+ANNOTATION_SOAK = PREFIX + "rollout-canary-soak"
+#: F: failures (or rollbacks, or lost holders) of one checksum that trip the circuit breaker
+ANNOTATION_MAX_FAILURES = PREFIX + "rollout-max-failures"
+#: how long a slot lives without renewal (its holder renews it while applying)
+ANNOTATION_SLOT_TTL = PREFIX + "rollout-slot-ttl"
+#: the ledger, on the Lease ``<secretName>`` (JSON)
+ANNOTATION_LEDGER = PREFIX + "rollout"
+
+DEFAULT_CANARIES = 0
+DEFAULT_SOAK = 600.0
+DEFAULT_MAX_FAILURES = 1
+DEFAULT_SLOT_TTL = 600.0
+#: Gardener's serial Lease: held for 600 s, never renewed while held, released after the apply
+SERIAL_LEASE_SECONDS = 600
+
+#: units whose restart makes a change disruptive (the node's workloads notice it)
+DISRUPTIVE_UNITS = frozenset({"kubelet.service", "containerd.service"})
+
+Reason = Literal[
+    "WaitingForSerialLease", "WaitingForSlot", "WaitingForCanaries", "CircuitBreakerOpen"
+]
+REASON_SERIAL: Reason = "WaitingForSerialLease"
+REASON_SLOT: Reason = "WaitingForSlot"
+REASON_CANARIES: Reason = "WaitingForCanaries"
+REASON_BREAKER: Reason = "CircuitBreakerOpen"
+
+
+# -- the policy ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Pacing:
+    max_parallel: int
+    canaries: int = DEFAULT_CANARIES
+    soak: float = DEFAULT_SOAK
+    max_failures: int = DEFAULT_MAX_FAILURES
+    slot_ttl: float = DEFAULT_SLOT_TTL
+
+    def describe(self) -> str:
+        return (
+            f"at most {self.max_parallel} at once, {self.canaries} canaries "
+            f"(soak {self.soak:g}s), breaker after {self.max_failures} failures"
+        )
+
+
+@dataclass(frozen=True)
+class Policy:
+    serial: bool = False
+    pacing: Pacing | None = None
+    #: annotations that were set but not understood (their defaults were used)
+    problems: tuple[str, ...] = ()
+
+    @property
+    def active(self) -> bool:
+        return self.serial or self.pacing is not None
+
+
+def _count(annotations: Mapping[str, str], key: str, default: int, low: int) -> tuple[int, str]:
+    raw = annotations.get(key)
+    if raw is None:
+        return default, ""
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        return default, f"{key}={raw!r} is not a number"
+    if value < low:
+        return default, f"{key}={raw!r} is below {low}"
+    return value, ""
+
+
+def _seconds(annotations: Mapping[str, str], key: str, default: float) -> tuple[float, str]:
+    raw = annotations.get(key)
+    if raw is None:
+        return default, ""
+    try:
+        value = parse_duration(raw.strip()).total_seconds()
+    except ValueError:
+        return default, f"{key}={raw!r} is not a duration"
+    if value < 0:
+        return default, f"{key}={raw!r} is negative"
+    return value, ""
+
+
+def parse_policy(annotations: Mapping[str, str] | None) -> Policy:
+    """The Secret's rollout policy. Pacing is on when ``rollout-max-parallel`` is present; a
+    value that cannot be read falls back to its default (1 for K: the safe side)."""
+    annotations = annotations or {}
+    serial = annotations.get(ANNOTATION_SERIAL) == "true"
+    if ANNOTATION_MAX_PARALLEL not in annotations:
+        return Policy(serial=serial)
+    problems: list[str] = []
+    k, p1 = _count(annotations, ANNOTATION_MAX_PARALLEL, 1, 1)
+    c, p2 = _count(annotations, ANNOTATION_CANARIES, DEFAULT_CANARIES, 0)
+    f, p3 = _count(annotations, ANNOTATION_MAX_FAILURES, DEFAULT_MAX_FAILURES, 1)
+    soak, p4 = _seconds(annotations, ANNOTATION_SOAK, DEFAULT_SOAK)
+    ttl, p5 = _seconds(annotations, ANNOTATION_SLOT_TTL, DEFAULT_SLOT_TTL)
+    if ttl <= 0:
+        ttl, p5 = DEFAULT_SLOT_TTL, f"{ANNOTATION_SLOT_TTL} must be positive"
+    problems = [p for p in (p1, p2, p3, p4, p5) if p]
+    return Policy(serial, Pacing(k, c, soak, f, ttl), tuple(problems))
+
+
+def disruptive_units(commands: Any) -> tuple[str, ...]:
+    """The disruptive units among a change set's unit commands (``ChangeSet.unit_commands``)."""
+    return tuple(sorted({c.unit for c in commands if c.unit in DISRUPTIVE_UNITS}))
+
+
+# -- serial mode (Gardener's leader election on the Lease spec) --------------------------------
+
+
+@dataclass(frozen=True)
+class SerialStep:
+    """``acquire``: write the Lease with us as holder; ``wait``: another node holds it."""
+
+    action: Literal["acquire", "wait"]
+    holder: str | None = None
+    #: seconds until the other holder's Lease expires (``wait``)
+    expires_in: float = 0.0
+    #: the Lease ``spec`` to write (``acquire``)
+    spec: Mapping[str, Any] = field(default_factory=dict)
+
+
+def serial_step(spec: Mapping[str, Any], me: str, now: float, duration: int) -> SerialStep:
+    """Gardener's ``acquiredByAnotherInstance`` / ``renewedInTime`` / ``tryAcquireOrRenew``."""
+    holder = spec.get("holderIdentity") or None
+    if holder is not None and holder != me:
+        renew = parse_micro_time(spec.get("renewTime"))
+        seconds = spec.get("leaseDurationSeconds")
+        if renew is not None and isinstance(seconds, int) and seconds >= 0:
+            left = renew + seconds - now
+            if left > 0:
+                return SerialStep("wait", holder=holder, expires_in=left)
+    new = dict(spec)
+    if holder != me:
+        new["holderIdentity"] = me
+        new["leaseDurationSeconds"] = duration
+        new["acquireTime"] = micro_time(now)
+    new["renewTime"] = micro_time(now)
+    return SerialStep("acquire", holder=me, spec=new)
+
+
+def serial_released(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """Gardener's release: holder, duration, acquire and renew time all cleared."""
+    drop = {"holderIdentity", "leaseDurationSeconds", "acquireTime", "renewTime"}
+    return {k: v for k, v in spec.items() if k not in drop}
+
+
+def micro_time(at: float) -> str:
+    return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def parse_micro_time(value: object) -> float | None:
+    if not isinstance(value, str) or not value:
+        return None
+    text = value.replace("Z", "+00:00")
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.timestamp()
+
+
+# -- the paced rollout ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One of the K places: its holder applies a disruptive change of ``checksum``."""
+
+    host: str
+    checksum: str
+    renewed: float
+    ttl: float
+    canary: bool = False
+
+    def expired(self, now: float) -> bool:
+        return self.renewed + self.ttl <= now
+
+
+@dataclass(frozen=True)
+class Ledger:
+    """The pool's record for the current checksum (an older checksum's record is dropped when
+    a node first sees a new one: a new Secret resets canaries and the breaker)."""
+
+    checksum: str = ""
+    slots: tuple[Slot, ...] = ()
+    #: hosts that took a canary place for ``checksum``, in order
+    canaries: tuple[str, ...] = ()
+    #: host -> when it applied ``checksum`` and passed the health gate
+    healthy: Mapping[str, float] = field(default_factory=dict)
+    #: host -> why it failed ``checksum`` (apply error, rollback, slot lost)
+    failed: Mapping[str, str] = field(default_factory=dict)
+
+    def holders(self) -> tuple[str, ...]:
+        return tuple(s.host for s in self.slots)
+
+    def slot_of(self, host: str) -> Slot | None:
+        return next((s for s in self.slots if s.host == host), None)
+
+    def breaker_open(self, pacing: Pacing) -> bool:
+        return len(self.failed) >= pacing.max_failures
+
+    # -- wire form ----------------------------------------------------------------------------
+
+    def dump(self) -> str:
+        return json.dumps(
+            {
+                "checksum": self.checksum,
+                "slots": [
+                    {
+                        "host": s.host,
+                        "checksum": s.checksum,
+                        "renewed": round(s.renewed, 3),
+                        "ttl": s.ttl,
+                        "canary": s.canary,
+                    }
+                    for s in self.slots
+                ],
+                "canaries": list(self.canaries),
+                "healthy": {k: round(v, 3) for k, v in sorted(self.healthy.items())},
+                "failed": dict(sorted(self.failed.items())),
+            },
+            sort_keys=True,
+            separators=(",", ":"),
+        )
+
+    @classmethod
+    def load(cls, text: str | None) -> Ledger:
+        """The ledger an annotation carries; an unreadable one reads as empty (the breaker
+        cannot be kept open by garbage, but K still holds for slots we can read)."""
+        if not text:
+            return cls()
+        try:
+            doc = json.loads(text)
+            slots = tuple(
+                Slot(
+                    str(s["host"]),
+                    str(s["checksum"]),
+                    float(s["renewed"]),
+                    float(s["ttl"]),
+                    bool(s.get("canary", False)),
+                )
+                for s in doc.get("slots") or []
+            )
+            return cls(
+                checksum=str(doc.get("checksum") or ""),
+                slots=slots,
+                canaries=tuple(str(h) for h in doc.get("canaries") or []),
+                healthy={str(k): float(v) for k, v in (doc.get("healthy") or {}).items()},
+                failed={str(k): str(v) for k, v in (doc.get("failed") or {}).items()},
+            )
+        except (ValueError, TypeError, KeyError, AttributeError):
+            return cls()
+
+
+LOST = "its slot expired before it reported a result (agent or node lost)"
+
+
+def current(ledger: Ledger, checksum: str, now: float) -> Ledger:
+    """The ledger for ``checksum`` at ``now``: a new checksum starts a fresh record (holders of
+    the old one keep their slots until they finish or expire: they still count against K);
+    an expired slot is freed, and if it was for ``checksum`` and its holder never reported,
+    that holder counts as failed (it may have died of the change)."""
+    if ledger.checksum != checksum:
+        ledger = Ledger(checksum=checksum, slots=ledger.slots)
+    failed = dict(ledger.failed)
+    slots = []
+    for slot in ledger.slots:
+        if not slot.expired(now):
+            slots.append(slot)
+        elif slot.checksum == checksum and slot.host not in ledger.healthy:
+            failed.setdefault(slot.host, LOST)
+    return replace(ledger, slots=tuple(slots), failed=failed)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """``proceed``: the ledger with our slot in it (write it, then apply); ``wait``: why."""
+
+    action: Literal["proceed", "wait"]
+    ledger: Ledger
+    reason: Reason | None = None
+    message: str = ""
+    canary: bool = False
+    #: when waiting: seconds until the situation may change by time alone (a slot's expiry, the
+    #: end of the soak); None when only other nodes can change it
+    retry_in: float | None = None
+
+
+def decide(pacing: Pacing, ledger: Ledger, host: str, checksum: str, now: float) -> Decision:
+    """May ``host`` start applying ``checksum`` (a disruptive change) now?"""
+    ledger = current(ledger, checksum, now)
+    mine = ledger.slot_of(host)
+    if mine is not None and mine.checksum == checksum:
+        renewed = replace(mine, renewed=now, ttl=pacing.slot_ttl)
+        slots = tuple(renewed if s.host == host else s for s in ledger.slots)
+        return Decision("proceed", replace(ledger, slots=slots), canary=mine.canary)
+    if mine is not None:  # a slot for an older checksum, abandoned: ours again, for this one
+        ledger = replace(ledger, slots=tuple(s for s in ledger.slots if s.host != host))
+    short = checksum[:12]
+    if ledger.breaker_open(pacing):
+        failed = "; ".join(f"{h}: {why}" for h, why in sorted(ledger.failed.items()))
+        message = (
+            f"circuit breaker open for OSC {short}: {len(ledger.failed)} node(s) failed "
+            f"(limit {pacing.max_failures}): {failed}; the pool is held until the OSC Secret "
+            "changes"
+        )
+        return Decision("wait", ledger, REASON_BREAKER, message)
+    if len(ledger.slots) >= pacing.max_parallel:
+        first_expiry = min(s.renewed + s.ttl for s in ledger.slots) - now
+        message = (
+            f"all {pacing.max_parallel} rollout slot(s) are taken "
+            f"(holders: {', '.join(sorted(ledger.holders()))})"
+        )
+        return Decision("wait", ledger, REASON_SLOT, message, retry_in=max(0.0, first_expiry))
+    active = [c for c in ledger.canaries if c not in ledger.failed]
+    if len(active) < pacing.canaries:
+        slot = Slot(host, checksum, now, pacing.slot_ttl, canary=True)
+        return Decision(
+            "proceed",
+            replace(ledger, slots=(*ledger.slots, slot), canaries=(*ledger.canaries, host)),
+            canary=True,
+        )
+    if active:
+        pending = [c for c in active if c not in ledger.healthy]
+        if pending:
+            message = f"waiting for the canaries of OSC {short} to apply it: {', '.join(pending)}"
+            return Decision("wait", ledger, REASON_CANARIES, message)
+        soaked = max(ledger.healthy[c] for c in active) + pacing.soak
+        if now < soaked:
+            message = (
+                f"canaries {', '.join(active)} applied OSC {short}; soaking for "
+                f"{pacing.soak:g}s ({soaked - now:.0f}s left)"
+            )
+            return Decision("wait", ledger, REASON_CANARIES, message, retry_in=soaked - now)
+    slot = Slot(host, checksum, now, pacing.slot_ttl)
+    return Decision("proceed", replace(ledger, slots=(*ledger.slots, slot)))
+
+
+def renew(ledger: Ledger, host: str, checksum: str, now: float) -> Ledger | None:
+    """Our slot renewed; None when we do not hold it any more (it expired and was taken)."""
+    mine = ledger.slot_of(host)
+    if mine is None or mine.checksum != checksum:
+        return None
+    return replace(
+        ledger,
+        slots=tuple(replace(s, renewed=now) if s.host == host else s for s in ledger.slots),
+    )
+
+
+def finish(
+    ledger: Ledger, host: str, checksum: str, now: float, *, ok: bool, why: str = ""
+) -> Ledger:
+    """Our slot freed and the result recorded (only for the ledger's own checksum: a result of
+    an older one means nothing to the pool now)."""
+    slots = tuple(s for s in ledger.slots if s.host != host)
+    ledger = replace(ledger, slots=slots)
+    if ledger.checksum != checksum:
+        return ledger
+    if ok:
+        return replace(ledger, healthy={**ledger.healthy, host: now})
+    return replace(ledger, failed={**ledger.failed, host: why or "failed"})
