@@ -1,0 +1,817 @@
+"""A fleet of real agents against one real kube-apiserver: API load, rollout speed, pacing.
+
+Boots the test bed's kube-apiserver + etcd (with an audit log of the agents' identities only)
+and N throwaway nodes, each a real systemd in its own namespaces (overlay root), and runs one
+real ``node-agent run`` process per node, for its own Node, with its own least-privilege
+identity (ServiceAccount, RBAC on exactly its Node, Lease and the pool's Secrets). All agents
+share one OSC Secret, as the nodes of a worker pool do. Prints one table:
+
+- steady state: API requests per node per minute (the audit log, by identity, over an idle
+  window) and the watches open per node (audit: started and not ended; the server's own
+  ``apiserver_longrunning_requests`` gauge next to it), the agents' memory;
+- rollouts: one Secret update (kubelet's unit changed) until every Node's
+  ``checksum/cloud-config-data`` names it: unpaced, and paced with K = 1, 5, 10 parallel slots.
+  Per scenario: time to the last node, the largest number of disruptive restarts seen at once,
+  kube-apiserver's CPU during the rollout (``/proc/<pid>/stat``, mean and busiest second);
+- the breaker: a deliberately bad OSC (kubelet exits at once: the health gate rolls each node
+  back) with the breaker at F; how many nodes applied it (must be <= F + K - 1).
+
+Concurrency is counted from outside the agents: the stand-in ``kubelet.service`` logs ``down``
+(ExecStop), ``pre`` (ExecStartPre, which then sleeps 1 s: a restart is a 1 s outage) and ``up``
+(ExecStartPost) with the wall clock into its node's ``/var/log/fleet/kubelet.log``; an outage is
+[down, up] and the figure is the largest number of overlapping outages.
+
+One systemd per agent fits this machine: an instance (systemd, dbus-daemon, journald) is ~5 MiB
+PSS and 4 inotify instances, an agent ~70 MiB; the only limit hit is
+``fs.inotify.max_user_instances`` (128 on this host), raised for the run to fit N * 4 and put
+back afterwards. Nodes share the host's network, so each agent's health and metrics ports are
+port 0 on 127.0.0.1 and the kubelet health check is off (the stand-in serves no /healthz).
+
+    .venv/bin/python -m bench.fleet [--agents 100] [--quick] [--idle-minutes 5]
+        [--scenarios steady,unpaced,k1,k5,k10,breaker] [--breaker 3] [--keep]
+
+Run as root from the repository root. ``--quick``: 10 agents, 1 min idle.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import contextlib
+import hashlib
+import json
+import os
+import re
+import shutil
+import signal
+import statistics
+import sys
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubernetes_asyncio import client, watch
+from kubernetes_asyncio.client import ApiClient
+
+from tests.conftest import api_client_from, cache_dir
+from tests.testbed.agent_harness import (
+    NS,
+    inline_file,
+    osc_document,
+    prepare_agent,
+    service,
+    spawn_agent,
+)
+from tests.testbed.controlplane import ControlPlane
+from tests.testbed.credentials import NodeAgentCredentials, node_agent_credentials
+from tests.testbed.node_status import grant_node_status
+from tests.testbed.systemd_ns import IsolatedSystemd
+
+APPLIED = "checksum/cloud-config-data"
+SA_PREFIX = "system:serviceaccount:kube-system:"
+INOTIFY_SYSCTL = Path("/proc/sys/fs/inotify/max_user_instances")
+#: inotify instances one isolated systemd holds (systemd 3, journald 1; measured)
+INOTIFY_PER_NODE = 4
+MARK_LOG = "/var/log/fleet/kubelet.log"
+MARK = "/opt/fleet/mark"
+TOKEN_SECRET = "gardener-valitail"
+TOKEN_PATH = "/var/lib/valitail/auth-token"
+AUDIT_POLICY = """apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+- level: Metadata
+  userGroups: ["system:serviceaccounts:kube-system"]
+- level: None
+"""
+
+#: Pacing: annotations on the OSC Secret (``node-agent.gardener.cloud/`` space), read from the
+#: product when it has them (``node_agent.osc.pacing``); see ``pacing_annotations``.
+PACING_FALLBACK = {
+    "parallel": "node-agent.gardener.cloud/rollout-parallel",
+    "canaries": "node-agent.gardener.cloud/rollout-canaries",
+    "soak": "node-agent.gardener.cloud/rollout-soak",
+    "breaker": "node-agent.gardener.cloud/rollout-max-failures",
+}
+
+
+def pacing_available() -> bool:
+    try:
+        import node_agent.osc.pacing  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def pacing_annotations(k: int, *, breaker: int | None, soak: str = "0s") -> dict[str, str]:
+    """The Secret annotations asking for K parallel slots (and the breaker at F)."""
+    names = dict(PACING_FALLBACK)
+    with contextlib.suppress(ImportError):
+        from node_agent.osc import pacing  # type: ignore[attr-defined,unused-ignore]
+
+        for key, attr in (
+            ("parallel", "ANNOTATION_PARALLEL"),
+            ("canaries", "ANNOTATION_CANARIES"),
+            ("soak", "ANNOTATION_SOAK"),
+            ("breaker", "ANNOTATION_BREAKER"),
+        ):
+            names[key] = getattr(pacing, attr, names[key])
+    out = {names["parallel"]: str(k), names["canaries"]: "0", names["soak"]: soak}
+    if breaker is not None:
+        out[names["breaker"]] = str(breaker)
+    return out
+
+
+# -- the OSC ------------------------------------------------------------------------------------
+MARK_SCRIPT = f"""#!/bin/sh
+# $1: what happened (down, pre, up), $2: the unit's version
+mkdir -p {Path(MARK_LOG).parent}
+echo "$1 $2 $(date +%s.%N)" >> {MARK_LOG}
+"""
+
+
+def kubelet_unit(tag: str, *, bad: bool = False) -> dict[str, Any]:
+    """The stand-in kubelet: a 1 s start (ExecStartPre), marks in the log; ``bad`` exits."""
+    extra = (
+        f"ExecStartPre={MARK} pre {tag}\nExecStartPre=/bin/sleep 1\n"
+        f"ExecStartPost={MARK} up {tag}\nExecStop={MARK} down {tag}\n"
+        f"Environment=KUBELET_VERSION={tag}\n"
+    )
+    return service(
+        "kubelet.service",
+        "/bin/false" if bad else "/bin/sleep infinity",
+        extra=extra,
+        filePaths=["/var/lib/kubelet/config/kubelet"],
+    )
+
+
+def fleet_osc(tag: str, *, bad: bool = False) -> dict[str, Any]:
+    """A small pool OSC: the stand-in kubelet and its config, 3 other services, a oneshot,
+    8 files. ``tag`` changes kubelet's unit and config only: an update restarts kubelet."""
+    files = [
+        inline_file(MARK, MARK_SCRIPT, 0o755),
+        inline_file("/var/lib/kubelet/config/kubelet", f"kind: KubeletConfiguration\n# {tag}\n"),
+    ]
+    files += [inline_file(f"/etc/fleet/conf-{i}.conf", f"value={i}\n") for i in range(6)]
+    units = [kubelet_unit(tag, bad=bad)]
+    units += [service(f"fleet-helper-{i}.service") for i in range(3)]
+    units.append(service("fleet-once.service", "/bin/true", extra="Type=oneshot\n"))
+    return osc_document(files, units)
+
+
+async def publish(
+    admin: ApiClient, name: str, osc: dict[str, Any], annotations: dict[str, str]
+) -> str:
+    """Replace the pool's OSC Secret (create it the first time); returns the checksum."""
+    raw = yaml.safe_dump(osc).encode()
+    digest = hashlib.sha256(raw).hexdigest()
+    body = client.V1Secret(
+        metadata=client.V1ObjectMeta(
+            name=name,
+            namespace=NS,
+            labels={
+                "gardener.cloud/role": "operating-system-config",
+                "worker.gardener.cloud/pool": "pool-a",
+            },
+            annotations={"checksum/data-script": digest, **annotations},
+        ),
+        data={"osc.yaml": base64.b64encode(raw).decode()},
+    )
+    core = client.CoreV1Api(admin)
+    try:
+        await core.create_namespaced_secret(NS, body)
+    except client.ApiException as exc:
+        if exc.status != 409:
+            raise
+        await core.replace_namespaced_secret(name, NS, body)
+    return digest
+
+
+# -- measuring from outside ---------------------------------------------------------------------
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process, in seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def tree_pids(pid: int) -> list[int]:
+    pids, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        pids.append(current)
+        with contextlib.suppress(OSError):
+            for task in os.listdir(f"/proc/{current}/task"):
+                text = Path(f"/proc/{current}/task/{task}/children").read_text()
+                todo += [int(p) for p in text.split()]
+    return pids
+
+
+def pss_kib(pid: int) -> int:
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1])
+    return 0
+
+
+class CpuSampler:
+    """kube-apiserver's CPU once a second while a rollout runs."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.samples: list[float] = []
+        self.total = 0.0
+        self.wall = 0.0
+        self._task: asyncio.Task[None] | None = None
+
+    async def _run(self) -> None:
+        last_cpu, last = cpu_seconds(self.pid), time.monotonic()
+        while True:
+            await asyncio.sleep(1.0)
+            cpu, now = cpu_seconds(self.pid), time.monotonic()
+            self.samples.append((cpu - last_cpu) / (now - last))
+            last_cpu, last = cpu, now
+
+    def __enter__(self) -> CpuSampler:
+        self._start_cpu, self._start = cpu_seconds(self.pid), time.monotonic()
+        self._task = asyncio.get_running_loop().create_task(self._run())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self._task is not None
+        self._task.cancel()
+        self.total = cpu_seconds(self.pid) - self._start_cpu
+        self.wall = time.monotonic() - self._start
+
+
+class NodeWatch:
+    """Every Node's applied checksum, and when each first showed a given one (wall clock)."""
+
+    def __init__(self, admin: ApiClient) -> None:
+        self.core = client.CoreV1Api(admin)
+        self.applied: dict[str, str] = {}
+        self.seen: dict[tuple[str, str], float] = {}
+        self._task: asyncio.Task[None] | None = None
+        self.changed = asyncio.Event()
+
+    def _record(self, node: client.V1Node) -> None:
+        checksum = (node.metadata.annotations or {}).get(APPLIED, "")
+        name = node.metadata.name
+        self.applied[name] = checksum
+        self.seen.setdefault((name, checksum), time.time())
+        self.changed.set()
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                listed = await self.core.list_node()
+                for node in listed.items:
+                    self._record(node)
+                w = watch.Watch()
+                async with w.stream(
+                    self.core.list_node,
+                    resource_version=listed.metadata.resource_version,
+                    timeout_seconds=300,
+                ) as stream:
+                    async for event in stream:
+                        if event["type"] in ("ADDED", "MODIFIED"):
+                            self._record(event["object"])
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a watch that broke is listed and watched again
+                await asyncio.sleep(0.5)
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    def count(self, nodes: Iterable[str], checksum: str) -> int:
+        return sum(1 for n in nodes if self.applied.get(n) == checksum)
+
+    async def wait_all(
+        self, nodes: list[str], checksum: str, within: float, progress: str = ""
+    ) -> bool:
+        deadline = time.monotonic() + within
+        last_print = 0.0
+        while self.count(nodes, checksum) < len(nodes):
+            if time.monotonic() > deadline:
+                return False
+            if progress and time.monotonic() - last_print > 30:
+                last_print = time.monotonic()
+                print(f"  {progress}: {self.count(nodes, checksum)}/{len(nodes)}", flush=True)
+            self.changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.changed.wait(), 1.0)
+        return True
+
+
+def read_marks(node: IsolatedSystemd) -> list[tuple[str, str, float]]:
+    try:
+        text = node.path(MARK_LOG).read_text()
+    except OSError:
+        return []
+    marks = []
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 3:
+            marks.append((parts[0], parts[1], float(parts[2])))
+    return marks
+
+
+def outages(marks: list[tuple[str, str, float]], since: float) -> list[tuple[float, float]]:
+    """[down, up] of each restart after ``since`` (a start with no down before it, e.g. after
+    a failed start, counts from its ``pre``)."""
+    spans: list[tuple[float, float]] = []
+    began: float | None = None
+    for what, _tag, at in marks:
+        if at < since:
+            continue
+        if what == "down" or (what == "pre" and began is None):
+            began = at
+        elif what == "up" and began is not None:
+            spans.append((began, at))
+            began = None
+    return spans
+
+
+def max_overlap(spans: list[tuple[float, float]]) -> int:
+    edges = sorted([(a, 1) for a, _ in spans] + [(b, -1) for _, b in spans])
+    current = peak = 0
+    for _, step in edges:
+        current += step
+        peak = max(peak, current)
+    return peak
+
+
+# -- the audit log ------------------------------------------------------------------------------
+def parse_time(text: str) -> float:
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def resource_of(event: dict[str, Any]) -> str:
+    ref = event.get("objectRef") or {}
+    name = str(ref.get("resource") or event.get("requestURI", "?").split("?")[0])
+    if ref.get("subresource"):
+        name += "/" + ref["subresource"]
+    return name
+
+
+@dataclass
+class AuditFigures:
+    requests: int = 0
+    by_kind: Counter[str] = field(default_factory=Counter)
+    users: set[str] = field(default_factory=set)
+    watches_open: Counter[str] = field(default_factory=Counter)
+    watch_users: set[str] = field(default_factory=set)
+
+
+def audit_window(path: Path, users: set[str], start: float, end: float) -> AuditFigures:
+    """Requests of the agents' identities received in [start, end); watches open at ``end``."""
+    stages: dict[str, list[dict[str, Any]]] = {}
+    with path.open() as lines:
+        for line in lines:
+            with contextlib.suppress(ValueError):
+                event = json.loads(line)
+                if (event.get("user") or {}).get("username") in users:
+                    stages.setdefault(event["auditID"], []).append(event)
+    figures = AuditFigures()
+    for events in stages.values():
+        first = events[0]
+        user = first["user"]["username"]
+        received = parse_time(first["requestReceivedTimestamp"])
+        done = [e for e in events if e["stage"] == "ResponseComplete"]
+        if first["verb"] == "watch" and received < end:
+            ended = parse_time(done[0]["stageTimestamp"]) if done else None
+            if ended is None or ended > end:
+                figures.watches_open[resource_of(first)] += 1
+                figures.watch_users.add(user)
+        if start <= received < end:
+            figures.requests += 1
+            figures.users.add(user)
+            figures.by_kind[f"{first['verb']} {resource_of(first)}"] += 1
+    return figures
+
+
+def scrape(cp: ControlPlane, metric: str) -> dict[str, float]:
+    """One metric family from kube-apiserver's /metrics: labels → value."""
+    status, body = cp.get("/metrics", timeout=20)
+    out: dict[str, float] = {}
+    if status != 200:
+        return out
+    pattern = re.compile(rf"^{metric}(\{{.*\}})? (\S+)$")
+    for line in body.decode().splitlines():
+        found = pattern.match(line)
+        if found:
+            out[found.group(1) or ""] = float(found.group(2))
+    return out
+
+
+def watch_gauge(cp: ControlPlane) -> float:
+    """Watches kube-apiserver is serving (``apiserver_longrunning_requests``, verb WATCH)."""
+    return sum(v for k, v in scrape(cp, "apiserver_longrunning_requests").items() if "WATCH" in k)
+
+
+# -- the fleet ----------------------------------------------------------------------------------
+@dataclass
+class Member:
+    name: str
+    node: IsolatedSystemd
+    creds: NodeAgentCredentials | None = None
+    proc: asyncio.subprocess.Process | None = None
+    log: Path | None = None
+
+    @property
+    def user(self) -> str:
+        assert self.creds is not None
+        return SA_PREFIX + self.creds.service_account
+
+
+@dataclass
+class Row:
+    figure: str
+    value: str
+    note: str = ""
+
+
+@dataclass
+class Fleet:
+    args: argparse.Namespace
+    work: Path
+    cp: ControlPlane
+    admin: ApiClient
+    secret: str
+    members: list[Member] = field(default_factory=list)
+    rows: list[Row] = field(default_factory=list)
+    watcher: NodeWatch | None = None
+    version: int = 0
+
+    @property
+    def names(self) -> list[str]:
+        return [m.name for m in self.members]
+
+    def row(self, figure: str, value: str, note: str = "") -> None:
+        self.rows.append(Row(figure, value, note))
+        print(f"  {figure}: {value}  {note}", flush=True)
+
+    async def register(self, member: Member) -> None:
+        await client.CoreV1Api(self.admin).create_node(
+            client.V1Node(
+                metadata=client.V1ObjectMeta(
+                    name=member.name, labels={"kubernetes.io/hostname": member.name}
+                )
+            )
+        )
+        member.creds = await node_agent_credentials(
+            self.admin,
+            self.work / "creds" / member.name,
+            server=self.cp.server,
+            ca_file=self.cp.ca_file,
+            node_name=member.name,
+            secret_names=[self.secret, TOKEN_SECRET],
+        )
+        await grant_node_status(self.admin, member.creds.service_account, member.name)
+
+    async def spawn(self, member: Member) -> None:
+        assert member.creds is not None
+        setup = prepare_agent(
+            member.node.root,
+            self.cp,
+            member.creds,
+            osc_secret=self.secret,
+            token_secret=None,
+            node_agent={
+                "healthGate": {"enabled": True, "settleWindow": f"{self.args.settle}s"},
+                "healthCheck": {"enabled": False},
+            },
+        )
+        doc = yaml.safe_load(setup.config_file.read_text())
+        doc["logLevel"] = "info"
+        doc["server"] = {
+            "healthProbes": {"bindAddress": "127.0.0.1", "port": 0},
+            "metrics": {"bindAddress": "127.0.0.1", "port": 0},
+        }
+        doc["controllers"]["token"]["syncConfigs"] = [
+            {"secretName": TOKEN_SECRET, "path": TOKEN_PATH}
+        ]
+        setup.config_file.write_text(yaml.safe_dump(doc))
+        member.log = self.work / "logs" / f"{member.name}.log"
+        member.proc = await spawn_agent(
+            setup, member.node, member.name, member.log, env=dict(os.environ)
+        )
+
+    def next_tag(self) -> str:
+        self.version += 1
+        return f"v{self.version}"
+
+    def alive(self) -> int:
+        return sum(1 for m in self.members if m.proc is not None and m.proc.returncode is None)
+
+
+async def gather_limited(n: int, jobs: Iterable[Callable[[], Any]]) -> None:
+    gate = asyncio.Semaphore(n)
+
+    async def one(job: Callable[[], Any]) -> None:
+        async with gate:
+            await job()
+
+    await asyncio.gather(*(one(j) for j in jobs))
+
+
+def raise_inotify(nodes: int) -> int | None:
+    """Raise fs.inotify.max_user_instances to fit the nodes; returns the old value if raised."""
+    old = int(INOTIFY_SYSCTL.read_text())
+    needed = 256 + nodes * INOTIFY_PER_NODE
+    if old >= needed:
+        return None
+    INOTIFY_SYSCTL.write_text(str(needed))
+    print(f"fs.inotify.max_user_instances {old} -> {needed} for the run", flush=True)
+    return old
+
+
+async def steady(fleet: Fleet, audit_log: Path) -> None:
+    minutes = fleet.args.idle_minutes
+    print(f"steady state: idle for {minutes:g} min ...", flush=True)
+    users = {m.user for m in fleet.members}
+    gauge_before = watch_gauge(fleet.cp)
+    api_cpu0 = cpu_seconds(fleet.cp.apiserver.popen.pid)  # type: ignore[union-attr]
+    start = time.time()
+    await asyncio.sleep(minutes * 60)
+    end = time.time()
+    api_cpu = cpu_seconds(fleet.cp.apiserver.popen.pid) - api_cpu0  # type: ignore[union-attr]
+    gauge_after = watch_gauge(fleet.cp)
+    await asyncio.sleep(2)  # the audit backend has written the window's events
+    figures = audit_window(audit_log, users, start, end)
+    n = len(fleet.members)
+    per_node_min = figures.requests / n / ((end - start) / 60)
+    fleet.row(
+        "steady: API requests / node / min",
+        f"{per_node_min:.2f}",
+        f"{figures.requests} requests by {len(figures.users)} identities in {minutes:g} min",
+    )
+    top = ", ".join(
+        f"{k} {v / n / ((end - start) / 60):.2f}" for k, v in figures.by_kind.most_common(6)
+    )
+    fleet.row("steady: per node / min by verb", top)
+    open_total = sum(figures.watches_open.values())
+    fleet.row(
+        "steady: open watches / node",
+        f"{open_total / n:.2f}",
+        f"{open_total} open ({dict(figures.watches_open)}); "
+        f"apiserver_longrunning_requests WATCH {gauge_before:.0f} -> {gauge_after:.0f} "
+        f"(all clients)",
+    )
+    fleet.row(
+        "steady: kube-apiserver CPU",
+        f"{api_cpu / (end - start) * 100:.1f} % of a core",
+        "idle fleet, incl. the bench's Node watch",
+    )
+    agent_pss = [sum(pss_kib(p) for p in tree_pids(m.proc.pid)) for m in fleet.members if m.proc]
+    node_pss = [sum(pss_kib(p) for p in m.node._cgroup_pids()) for m in fleet.members]
+    fleet.row(
+        "steady: PSS per agent / per node's systemd",
+        f"{statistics.median(agent_pss) / 1024:.0f} MiB / "
+        f"{statistics.median(node_pss) / 1024:.0f} MiB",
+        "median; agent = main process + systemd worker; node = systemd, dbus, journald, units",
+    )
+
+
+async def rollout(fleet: Fleet, label: str, annotations: dict[str, str], within: float) -> None:
+    assert fleet.watcher is not None
+    tag = fleet.next_tag()
+    nodes = fleet.names
+    pid = fleet.cp.apiserver.popen.pid  # type: ignore[union-attr]
+    print(f"{label}: publishing {tag} {annotations or '(no pacing)'}", flush=True)
+    since = time.time()
+    with CpuSampler(pid) as cpu:
+        t0 = time.time()
+        checksum = await publish(fleet.admin, fleet.secret, fleet_osc(tag), annotations)
+        done = await fleet.watcher.wait_all(nodes, checksum, within, progress=label)
+        elapsed = time.time() - t0
+    converged = sorted(
+        fleet.watcher.seen[(n, checksum)] - t0 for n in nodes if (n, checksum) in fleet.watcher.seen
+    )
+    spans = [s for m in fleet.members for s in outages(read_marks(m.node), since)]
+    restarted = sum(1 for m in fleet.members if outages(read_marks(m.node), since))
+    peak = max_overlap(spans)
+    state = "" if done else f" NOT CONVERGED ({len(converged)}/{len(nodes)} after {within:.0f}s)"
+    fleet.row(
+        f"{label}: Secret update -> all nodes converged",
+        f"{elapsed:.1f} s{state}",
+        f"p50 node {statistics.median(converged):.1f} s" if converged else "",
+    )
+    bound = annotations and next(iter(annotations.values()))
+    fleet.row(
+        f"{label}: max disruptive restarts at once",
+        f"{peak}",
+        f"{restarted} nodes restarted kubelet; "
+        + (f"K = {bound}: {'ok' if peak <= int(bound) else 'ABOVE K'}" if bound else "unpaced"),
+    )
+    fleet.row(
+        f"{label}: kube-apiserver CPU",
+        f"mean {cpu.total / cpu.wall * 100:.0f} %, busiest second "
+        f"{max(cpu.samples, default=0) * 100:.0f} % of a core",
+        f"{cpu.total:.1f} CPU s over {cpu.wall:.1f} s",
+    )
+
+
+async def breaker(fleet: Fleet, k: int, f: int, within: float) -> None:
+    """A bad OSC with the breaker at F: count the nodes that applied it (started bad kubelet)."""
+    assert fleet.watcher is not None
+    tag = fleet.next_tag() + "-bad"
+    since = time.time()
+    annotations = pacing_annotations(k, breaker=f)
+    print(f"breaker: publishing {tag} (kubelet exits at once) {annotations}", flush=True)
+    with CpuSampler(fleet.cp.apiserver.popen.pid) as cpu:  # type: ignore[union-attr]
+        await publish(fleet.admin, fleet.secret, fleet_osc(tag, bad=True), annotations)
+        # until no node has started the bad kubelet for a while (the breaker holds the rest)
+        quiet_for, last_count, deadline = 0.0, -1, time.monotonic() + within
+        while time.monotonic() < deadline and quiet_for < fleet.args.breaker_quiet:
+            await asyncio.sleep(2)
+            count = sum(
+                1
+                for m in fleet.members
+                if any(w == "pre" and t == tag and at >= since for w, t, at in read_marks(m.node))
+            )
+            quiet_for = 0.0 if count != last_count else quiet_for + 2
+            last_count = count
+    applied = max(last_count, 0)
+    limit = f + k - 1
+    fleet.row(
+        f"breaker F={f}, K={k}: nodes that applied the bad OSC",
+        f"{applied}",
+        f"bound F + K - 1 = {limit}: {'ok' if applied <= limit else 'ABOVE'}; "
+        f"kube-apiserver {cpu.total:.1f} CPU s over {cpu.wall:.0f} s",
+    )
+
+
+async def run(args: argparse.Namespace) -> None:
+    work = cache_dir() / "bench" / f"fleet-{uuid.uuid4().hex[:8]}"
+    (work / "logs").mkdir(parents=True)
+    audit_log, policy = work / "audit.log", work / "audit-policy.yaml"
+    policy.write_text(AUDIT_POLICY)
+    scenarios = args.scenarios.split(",")
+    paced = [s for s in scenarios if s.startswith("k") or s == "breaker"]
+    if paced and not pacing_available():
+        print(
+            f"pacing is not in the product (node_agent.osc.pacing): skipping {','.join(paced)}",
+            flush=True,
+        )
+        scenarios = [s for s in scenarios if s not in paced]
+    old_inotify = raise_inotify(args.agents)
+    cp = ControlPlane(work / "cp")
+    cp.apiserver.argv += [
+        f"--audit-policy-file={policy}",
+        f"--audit-log-path={audit_log}",
+        "--audit-log-format=json",
+        "--audit-log-mode=batch",
+        "--audit-log-batch-max-wait=1s",
+    ]
+    members: list[Member] = []
+    started = time.monotonic()
+    try:
+        cp.start()
+        for i in range(args.agents):
+            name = f"fleet-{i:03d}"
+            node = IsolatedSystemd(
+                work / "nodes", overlay=True, name=f"na-fleet-{work.name[6:]}-{i}"
+            )
+            members.append(Member(name, node))
+            node.start()
+        print(f"{args.agents} nodes booted in {time.monotonic() - started:.1f} s", flush=True)
+        async with await api_client_from(cp.admin_kubeconfig) as admin:
+            secret = f"gardener-node-agent-pool-a-{uuid.uuid4().hex[:16]}"
+            fleet = Fleet(args, work, cp, admin, secret, members)
+            await client.CoreV1Api(admin).create_namespaced_secret(
+                NS,
+                client.V1Secret(
+                    metadata=client.V1ObjectMeta(name=TOKEN_SECRET),
+                    string_data={"token": "shipper-token"},
+                ),
+            )
+            checksum = await publish(admin, secret, fleet_osc(fleet.next_tag()), {})
+            await gather_limited(8, [lambda m=m: fleet.register(m) for m in members])
+            fleet.watcher = NodeWatch(admin)
+            fleet.watcher.start()
+            t0 = time.monotonic()
+            for member in members:
+                await fleet.spawn(member)
+                await asyncio.sleep(args.spawn_gap)
+            ok = await fleet.watcher.wait_all(
+                fleet.names, checksum, args.timeout, progress="first apply"
+            )
+            first = time.monotonic() - t0
+            if not ok:
+                raise SystemExit(f"the fleet did not converge on the first OSC in {first:.0f} s")
+            load = os.getloadavg()
+            print(
+                f"{args.agents} agents spawned and applied the first OSC in {first:.1f} s "
+                f"(load average {load[0]:.1f})",
+                flush=True,
+            )
+            await asyncio.sleep(args.settle + 10)  # first applies' history, conditions, Events
+            for scenario in scenarios:
+                if scenario == "steady":
+                    await steady(fleet, audit_log)
+                elif scenario == "unpaced":
+                    await rollout(fleet, "unpaced", {}, args.timeout)
+                elif scenario.startswith("k"):
+                    k = int(scenario[1:])
+                    await rollout(
+                        fleet, f"K={k}", pacing_annotations(k, breaker=None), args.timeout
+                    )
+                elif scenario == "breaker":
+                    await breaker(fleet, args.breaker_k, args.breaker, args.timeout)
+                else:
+                    raise SystemExit(f"unknown scenario {scenario!r}")
+                if fleet.alive() != len(members):
+                    print(f"WARNING: {len(members) - fleet.alive()} agents exited", flush=True)
+            await fleet.watcher.stop()
+        print_table(fleet, time.monotonic() - started)
+    finally:
+        await teardown(members)
+        cp.stop()
+        if old_inotify is not None:
+            INOTIFY_SYSCTL.write_text(str(old_inotify))
+        if args.keep:
+            print(f"kept {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+async def teardown(members: list[Member]) -> None:
+    for member in members:
+        if member.proc is not None and member.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                member.proc.terminate()
+    for member in members:
+        if member.proc is not None:
+            try:
+                await asyncio.wait_for(member.proc.wait(), 20)
+            except TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    member.proc.kill()
+                await member.proc.wait()
+    for member in members:
+        member.node.stop()
+
+
+def print_table(fleet: Fleet, wall: float) -> None:
+    load = os.getloadavg()
+    print()
+    print(
+        f"fleet: {len(fleet.members)} agents (one real systemd each), one kube-apiserver; "
+        f"2 cores; load average at the end {load[0]:.1f}/{load[1]:.1f}/{load[2]:.1f}; "
+        f"bench wall {wall / 60:.1f} min"
+    )
+    width = max(len(r.figure) for r in fleet.rows)
+    vwidth = max(len(r.value) for r in fleet.rows)
+    for r in fleet.rows:
+        print(f"  {r.figure:<{width}}  {r.value:<{vwidth}}  {r.note}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--agents", type=int, default=100)
+    parser.add_argument("--quick", action="store_true", help="10 agents, 1 min idle")
+    parser.add_argument("--idle-minutes", type=float, default=5.0)
+    parser.add_argument(
+        "--scenarios",
+        default="steady,unpaced,k1,k5,k10,breaker",
+        help="comma-separated: steady, unpaced, k<K>, breaker (paced ones need the product's "
+        "pacing)",
+    )
+    parser.add_argument("--breaker", type=int, default=3, help="F: failures that stop a rollout")
+    parser.add_argument("--breaker-k", type=int, default=5, help="K during the breaker scenario")
+    parser.add_argument(
+        "--breaker-quiet", type=float, default=60.0, help="s without a new bad start: done"
+    )
+    parser.add_argument("--settle", type=float, default=5.0, help="health gate settle window, s")
+    parser.add_argument("--spawn-gap", type=float, default=0.3, help="s between agent spawns")
+    parser.add_argument("--timeout", type=float, default=1800.0, help="s per rollout")
+    parser.add_argument("--keep", action="store_true", help="keep the work directory")
+    args = parser.parse_args()
+    if args.quick:
+        args.agents, args.idle_minutes = 10, 1.0
+    if os.geteuid() != 0:
+        raise SystemExit("run as root (the nodes are real systemd instances in namespaces)")
+
+    def stop(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
+    asyncio.run(run(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
