@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 import yaml
+from kubernetes_asyncio import client
 from kubernetes_asyncio.client import ApiClient
 
 from tests.conftest import PreparedAgentFactory
@@ -116,6 +117,22 @@ async def wait_condition(
     return seen[0]
 
 
+async def add_kubelet_condition(admin: ApiClient, node: str) -> None:
+    core = client.CoreV1Api(admin)
+    obj = await core.read_node_status(node)
+    obj.status.conditions.append(
+        client.V1NodeCondition(
+            type="Ready", status="True", reason="KubeletReady", message="kubelet is posting"
+        )
+    )
+    await core.replace_node_status(node, obj)
+
+
+async def condition_types(admin: ApiClient, node: str) -> list[str]:
+    obj = await client.CoreV1Api(admin).read_node_status(node)
+    return [c.type for c in obj.status.conditions or []]
+
+
 def is_(status: str, reason: str, message: str) -> Callable[[dict[str, Any]], bool]:
     return lambda c: (c["status"], c["reason"], c["message"]) == (status, reason, message)
 
@@ -166,6 +183,9 @@ async def test_systemd_units_ready_condition_on_a_real_node(
         )
 
         # -- unhealthy, several joined ----------------------------------------------------------
+        # The kubelet writes its own conditions meanwhile: the agent's next write (the whole
+        # list, compare-and-swap on the resourceVersion) must keep it.
+        await add_kubelet_condition(admin_api, name)
         systemctl(["systemctl", "kill", "--signal=KILL", "uc-kill.service"])
         first = await wait_condition(
             admin_api,
@@ -174,6 +194,7 @@ async def test_systemd_units_ready_condition_on_a_real_node(
             "uc-kill.service failed",
         )
         assert first["lastTransitionTime"] >= healthy["lastTransitionTime"]
+        assert await condition_types(admin_api, name) == ["SystemdUnitsReady", "Ready"]
         systemctl(["systemctl", "stop", "uc-halt.service", "uc-os.service", "uc-gone.service"])
         systemctl(["systemctl", "start", "uc-off.service"])
         node.path("/etc/systemd/system/uc-gone.service").unlink()
