@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING
 from node_agent.errors import NodeAgentError
 from node_agent.http_server import Handler, HttpEndpoint
 from node_agent.log import get_logger
-from node_agent.metrics import CONTENT_TYPE, AgentMetrics
 from node_agent.observations import ApplyObservations
 from node_agent.probes import Probes
 from node_agent.view import AgentView, EndpointView, Verdict, reader
@@ -26,6 +25,7 @@ from node_agent.view import AgentView, EndpointView, Verdict, reader
 if TYPE_CHECKING:
     from node_agent.config import ServerEndpoint
     from node_agent.context import AgentContext
+    from node_agent.metrics import AgentMetrics
     from node_agent.status_server import StatusServer
 
 log = get_logger("node-agent.observability")
@@ -45,7 +45,7 @@ class Observability:
         observations.failure_count = lambda: sources.osc.failures if sources.osc else 0
         self.probes = Probes(ctx, observations)
         self.read: Callable[[], AgentView] = reader(ctx, observations, self.probes)
-        self.metrics_collector = AgentMetrics(self.read)
+        self._metrics_exposition: AgentMetrics | None = None  # built at the first scrape
         self._ticker: asyncio.Task[None] | None = None
         self._status: StatusServer | None = None
         self._started: list[HttpEndpoint] = []
@@ -125,7 +125,12 @@ class Observability:
         return _probe_answer(self.probes.ready())
 
     async def _metrics(self) -> tuple[int, str, str]:
-        return 200, CONTENT_TYPE, self.metrics_collector.render()
+        # prometheus_client is imported at the first scrape, not on the way to READY.
+        from node_agent.metrics import CONTENT_TYPE, AgentMetrics
+
+        if self._metrics_exposition is None:
+            self._metrics_exposition = AgentMetrics(self.read)
+        return 200, CONTENT_TYPE, self._metrics_exposition.render()
 
 
 def _probe_answer(verdict: Verdict) -> tuple[int, str, str]:
