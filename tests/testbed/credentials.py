@@ -1,7 +1,7 @@
 """Least-privilege credentials for one node agent, made the way a real cluster hands them out.
 
 A ServiceAccount per node, RBAC that names exactly the objects that node's agent may touch
-(its Node, its Lease, the named Secrets in kube-system, Events: ``node_agent_rules``, which
+(its Node, its Leases, the named Secrets in kube-system, Events: ``node_agent_rules``, which
 the certificate identity of ``tests.testbed.bootstrap`` gets too), and a bound token issued
 through the TokenRequest API. The token can be bound to a Secret so that deleting that
 Secret invalidates it on the server, which is how tests rotate credentials for real.
@@ -84,11 +84,16 @@ def node_agent_rules(
     node_name: str, secret_names: list[str]
 ) -> tuple[list[client.V1PolicyRule], list[client.V1PolicyRule]]:
     """The one rule set of a node agent, whatever its identity: (rules in kube-system,
-    cluster-wide rules). Its own Node and Lease, the named Secrets, Events."""
-    lease = f"gardener-node-agent-{node_name}"
+    cluster-wide rules). Its own Node, the named Secrets, Events, and the Leases Gardener's node
+    agent authorizer allows: get/list/watch/update of ``gardener-node-agent-<node>`` (the
+    heartbeat) and of the Lease named like the pool's OSC Secret (the serial reconciliation
+    Lease; the first of ``secret_names`` is the OSC Secret, the one the Node's
+    ``worker.gardener.cloud/gardener-node-agent-secret-name`` label names), create of any Lease
+    in kube-system (a name is not known at create time) — no patch, no delete."""
+    leases = [f"gardener-node-agent-{node_name}", *secret_names[:1]]
     namespaced = [
         _rule([""], ["secrets"], ["get", "list", "watch"], sorted(set(secret_names))),
-        _rule(["coordination.k8s.io"], ["leases"], ["get", "update", "patch"], [lease]),
+        _rule(["coordination.k8s.io"], ["leases"], ["get", "list", "watch", "update"], leases),
         _rule(["coordination.k8s.io"], ["leases"], ["create"]),
         _rule(["", "events.k8s.io"], ["events"], ["create", "patch"]),
     ]

@@ -123,6 +123,8 @@ class FakeResource:
         if name in self.items:
             raise KubeAlreadyExists(f"{self.ref('create', name)}: exists", status=409)
         obj = dict(body)
+        # as the server does: a created object has a resourceVersion (a later PUT is a CAS)
+        obj["metadata"] = {"resourceVersion": str(self.kube.revision + 1), **obj["metadata"]}
         if self.kube.on_create is not None:
             obj = self.kube.on_create(self.kind, obj)
         return self.put(obj)

@@ -1,0 +1,314 @@
+"""The rollout decisions (pure): the policy from annotations, Gardener's serial Lease steps,
+slots, canaries with soak, the circuit breaker, and a model of a pool stepping at random."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from node_agent.osc import pacing
+from node_agent.osc.pacing import Ledger, Pacing, Slot, decide, finish, parse_policy, renew
+
+CS = "a" * 64
+CS2 = "b" * 64
+
+
+def test_policy_off_unless_asked() -> None:
+    assert parse_policy(None) == pacing.Policy()
+    assert not parse_policy({"other": "x"}).active
+    serial = parse_policy({"reconciliation.osc.node-agent.gardener.cloud/serial": "true"})
+    assert serial.serial
+    assert serial.pacing is None
+    assert serial.active
+    assert not parse_policy({"reconciliation.osc.node-agent.gardener.cloud/serial": "1"}).serial
+
+
+def test_policy_reads_every_annotation() -> None:
+    policy = parse_policy(
+        {
+            "node-agent.gardener.cloud/rollout-max-parallel": "3",
+            "node-agent.gardener.cloud/rollout-canaries": "2",
+            "node-agent.gardener.cloud/rollout-canary-soak": "90s",
+            "node-agent.gardener.cloud/rollout-max-failures": "4",
+            "node-agent.gardener.cloud/rollout-slot-ttl": "2m",
+        }
+    )
+    assert policy.pacing == Pacing(3, 2, 90.0, 4, 120.0)
+    assert policy.problems == ()
+
+
+def test_policy_defaults_and_bad_values_fall_back_to_the_safe_side() -> None:
+    policy = parse_policy(
+        {
+            "node-agent.gardener.cloud/rollout-max-parallel": "many",
+            "node-agent.gardener.cloud/rollout-max-failures": "0",
+            "node-agent.gardener.cloud/rollout-canary-soak": "soon",
+        }
+    )
+    assert policy.pacing == Pacing(1, 0, pacing.DEFAULT_SOAK, 1, pacing.DEFAULT_SLOT_TTL)
+    assert len(policy.problems) == 3
+    assert "rollout-max-parallel='many'" in policy.problems[0]
+
+
+def test_disruptive_units() -> None:
+    @dataclass
+    class Cmd:
+        unit: str
+
+    commands = [Cmd("foo.service"), Cmd("kubelet.service"), Cmd("containerd.service")]
+    assert pacing.disruptive_units(commands) == ("containerd.service", "kubelet.service")
+    assert pacing.disruptive_units([Cmd("foo.service")]) == ()
+
+
+# -- serial mode: Gardener's leader election ------------------------------------------------
+
+
+def test_serial_acquire_free_lease_as_gardener_does() -> None:
+    step = pacing.serial_step({}, "node-a", 1000.0, 600)
+    assert step.action == "acquire"
+    assert step.spec["holderIdentity"] == "node-a"
+    assert step.spec["leaseDurationSeconds"] == 600
+    assert step.spec["acquireTime"] == step.spec["renewTime"] == "1970-01-01T00:16:40.000000Z"
+
+
+def test_serial_waits_for_a_live_holder_and_takes_an_expired_one() -> None:
+    spec = pacing.serial_step({}, "node-a", 1000.0, 600).spec
+    wait = pacing.serial_step(spec, "node-b", 1100.0, 600)
+    assert (wait.action, wait.holder) == ("wait", "node-a")
+    assert abs(wait.expires_in - 500.0) < 1e-3
+    taken = pacing.serial_step(spec, "node-b", 1600.5, 600)
+    assert taken.action == "acquire"
+    assert taken.spec["holderIdentity"] == "node-b"
+
+
+def test_serial_renew_keeps_acquire_time_and_release_clears_it() -> None:
+    spec = pacing.serial_step({}, "node-a", 1000.0, 600).spec
+    again = pacing.serial_step(spec, "node-a", 1200.0, 600).spec
+    assert again["acquireTime"] == spec["acquireTime"]
+    assert again["renewTime"] != spec["renewTime"]
+    assert pacing.serial_released({**again, "other": 1}) == {"other": 1}
+
+
+def test_serial_holder_without_renew_time_is_not_respected() -> None:
+    step = pacing.serial_step({"holderIdentity": "ghost"}, "node-a", 1.0, 600)
+    assert step.action == "acquire"
+
+
+# -- slots, canaries, breaker ----------------------------------------------------------------
+
+
+def test_at_most_k_then_wait_for_slot() -> None:
+    policy = Pacing(max_parallel=2, slot_ttl=60)
+    ledger = Ledger()
+    for host in ("a", "b"):
+        d = decide(policy, ledger, host, CS, 0.0)
+        assert d.action == "proceed"
+        ledger = d.ledger
+    d = decide(policy, ledger, "c", CS, 10.0)
+    assert (d.action, d.reason) == ("wait", pacing.REASON_SLOT)
+    assert "holders: a, b" in d.message
+    assert d.retry_in == 50.0
+    # a holder asking again keeps its slot (renewed)
+    assert decide(policy, ledger, "a", CS, 10.0).action == "proceed"
+
+
+def test_finished_slot_frees_a_place() -> None:
+    policy = Pacing(max_parallel=1, slot_ttl=60)
+    ledger = decide(policy, Ledger(), "a", CS, 0.0).ledger
+    ledger = finish(ledger, "a", CS, 5.0, ok=True)
+    assert ledger.healthy == {"a": 5.0}
+    assert ledger.slots == ()
+    assert decide(policy, ledger, "b", CS, 6.0).action == "proceed"
+
+
+def test_expired_slot_frees_the_place_and_counts_as_lost() -> None:
+    policy = Pacing(max_parallel=1, max_failures=2, slot_ttl=60)
+    ledger = decide(policy, Ledger(), "a", CS, 0.0).ledger
+    d = decide(policy, ledger, "b", CS, 61.0)
+    assert d.action == "proceed"
+    assert d.ledger.failed == {"a": pacing.LOST}
+    assert d.ledger.holders() == ("b",)
+
+
+def test_renew_keeps_a_slot_alive_and_reports_a_lost_one() -> None:
+    policy = Pacing(max_parallel=1, slot_ttl=60)
+    ledger = decide(policy, Ledger(), "a", CS, 0.0).ledger
+    ledger2 = renew(ledger, "a", CS, 50.0)
+    assert ledger2 is not None
+    assert decide(policy, ledger2, "b", CS, 100.0).action == "wait"
+    taken = decide(policy, ledger, "b", CS, 61.0).ledger
+    assert renew(taken, "a", CS, 62.0) is None
+
+
+def test_canaries_first_then_soak() -> None:
+    policy = Pacing(max_parallel=3, canaries=1, soak=100.0, slot_ttl=60)
+    d = decide(policy, Ledger(), "a", CS, 0.0)
+    assert d.action == "proceed"
+    assert d.canary
+    ledger = d.ledger
+    d = decide(policy, ledger, "b", CS, 1.0)
+    assert (d.action, d.reason) == ("wait", pacing.REASON_CANARIES)
+    assert "to apply it: a" in d.message
+    assert d.retry_in is None
+    ledger = finish(ledger, "a", CS, 10.0, ok=True)
+    d = decide(policy, ledger, "b", CS, 50.0)
+    assert (d.action, d.reason) == ("wait", pacing.REASON_CANARIES)
+    assert d.retry_in == 60.0
+    assert "soaking" in d.message
+    d = decide(policy, ledger, "b", CS, 110.0)
+    assert d.action == "proceed"
+    assert not d.canary
+
+
+def test_failed_canary_is_replaced_while_the_breaker_allows() -> None:
+    policy = Pacing(max_parallel=2, canaries=1, max_failures=2, slot_ttl=60)
+    ledger = decide(policy, Ledger(), "a", CS, 0.0).ledger
+    ledger = finish(ledger, "a", CS, 5.0, ok=False, why="boom")
+    d = decide(policy, ledger, "b", CS, 6.0)
+    assert d.action == "proceed"
+    assert d.canary
+    assert d.ledger.canaries == ("a", "b")
+
+
+def test_breaker_trips_at_f_and_names_the_failures() -> None:
+    policy = Pacing(max_parallel=2, max_failures=1, slot_ttl=60)
+    ledger = decide(policy, Ledger(), "a", CS, 0.0).ledger
+    ledger = finish(ledger, "a", CS, 5.0, ok=False, why="kubelet.service failed")
+    d = decide(policy, ledger, "b", CS, 6.0)
+    assert (d.action, d.reason) == ("wait", pacing.REASON_BREAKER)
+    assert "a: kubelet.service failed" in d.message
+    assert "until the OSC Secret changes" in d.message
+    assert d.ledger.breaker_open(policy)
+
+
+def test_new_checksum_resets_breaker_but_keeps_live_holders_counted() -> None:
+    policy = Pacing(max_parallel=2, max_failures=1, slot_ttl=60)
+    ledger = decide(policy, Ledger(), "a", CS, 0.0).ledger
+    ledger = decide(policy, ledger, "b", CS, 0.0).ledger
+    ledger = finish(ledger, "a", CS, 5.0, ok=False, why="x")
+    d = decide(policy, ledger, "c", CS2, 6.0)
+    # the breaker of CS is gone, but b still applies CS: one slot left for CS2
+    assert d.action == "proceed"
+    assert d.ledger.checksum == CS2
+    assert d.ledger.failed == {}
+    assert set(d.ledger.holders()) == {"b", "c"}
+    assert decide(policy, d.ledger, "e", CS2, 7.0).reason == pacing.REASON_SLOT
+    # b's old result means nothing to CS2, its slot is freed
+    after = finish(d.ledger, "b", CS, 8.0, ok=False, why="y")
+    assert after.failed == {}
+    assert after.holders() == ("c",)
+
+
+def test_ledger_round_trip_and_garbage() -> None:
+    ledger = Ledger(
+        CS,
+        (Slot("a", CS, 1.5, 60.0, canary=True),),
+        ("a",),
+        {"x": 2.0},
+        {"y": "why"},
+    )
+    assert Ledger.load(ledger.dump()) == ledger
+    assert Ledger.load("{not json") == Ledger()
+    assert Ledger.load('{"slots": [{"host": 1}]}') == Ledger()
+
+
+# -- a pool of nodes stepping in random order --------------------------------------------------
+
+
+@dataclass
+class Node:
+    name: str
+    state: str = "idle"  # idle -> applying -> done | failed; crashed
+    canary: bool = False
+
+
+@dataclass
+class Pool:
+    policy: Pacing
+    nodes: list[Node]
+    ledger: Ledger = field(default_factory=Ledger)
+    now: float = 0.0
+    started: set[str] = field(default_factory=set)
+    max_applying: int = 0
+
+
+steps = st.lists(
+    st.tuples(
+        st.sampled_from(["try", "finish", "crash", "tick"]),
+        st.integers(0, 7),
+        st.floats(0.0, 15.0),
+    ),
+    max_size=120,
+)
+
+
+def _run(pool: Pool, program: list[tuple[str, int, float]], fails: bool) -> None:
+    for action, index, amount in program:
+        node = pool.nodes[index % len(pool.nodes)]
+        if action == "try" and node.state == "idle":
+            d = decide(pool.policy, pool.ledger, node.name, CS, pool.now)
+            pool.ledger = d.ledger
+            if d.action == "proceed":
+                node.state, node.canary = "applying", d.canary
+                pool.started.add(node.name)
+                if not d.canary:
+                    # every canary place is taken, and each live canary soaked, healthy
+                    active = [x for x in d.ledger.canaries if x not in d.ledger.failed]
+                    assert len(active) >= pool.policy.canaries
+                    for canary in active:
+                        healthy = d.ledger.healthy[canary]
+                        assert healthy + pool.policy.soak <= pool.now
+        elif action == "finish" and node.state == "applying":
+            ok = not fails
+            pool.ledger = finish(pool.ledger, node.name, CS, pool.now, ok=ok, why="x")
+            node.state = "done" if ok else "failed"
+        elif action == "crash" and node.state == "applying":
+            node.state = "crashed"  # stops renewing; its slot expires
+        elif action == "tick":
+            pool.now += amount  # < ttl / 3: a live holder's renewer keeps up
+            for other in pool.nodes:
+                if other.state == "applying":
+                    renewed = renew(pool.ledger, other.name, CS, pool.now)
+                    assert renewed is not None, "a live holder lost its slot"
+                    pool.ledger = renewed
+        applying = sum(1 for n in pool.nodes if n.state == "applying")
+        pool.max_applying = max(pool.max_applying, applying)
+        assert len(pool.ledger.slots) <= pool.policy.max_parallel
+        assert applying <= pool.policy.max_parallel
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    k=st.integers(1, 3),
+    c=st.integers(0, 2),
+    f=st.integers(1, 3),
+    n=st.integers(1, 8),
+    program=steps,
+    fails=st.booleans(),
+)
+def test_pool_never_exceeds_k_nor_f_plus_k_minus_1_on_a_failing_checksum(
+    k: int, c: int, f: int, n: int, program: list[tuple[str, int, float]], fails: bool
+) -> None:
+    policy = Pacing(max_parallel=k, canaries=c, soak=20.0, max_failures=f, slot_ttl=60.0)
+    pool = Pool(policy, [Node(f"n{i}") for i in range(n)])
+    _run(pool, program, fails)
+    if fails:
+        # every node that starts fails (or dies): the breaker stops the pool in time
+        assert len(pool.started) <= f + k - 1
+    # canary places are only refilled for canaries that failed
+    canaries = [x for x in pool.nodes if x.canary]
+    assert len(canaries) <= c + len(pool.ledger.failed)
+
+
+@settings(max_examples=100, deadline=None)
+@given(n=st.integers(1, 8), k=st.integers(1, 3), c=st.integers(0, 2))
+def test_a_healthy_pool_converges(n: int, k: int, c: int) -> None:
+    policy = Pacing(max_parallel=k, canaries=c, soak=20.0, max_failures=1, slot_ttl=60.0)
+    pool = Pool(policy, [Node(f"n{i}") for i in range(n)])
+    for _ in range(4 * n + 10):
+        program = [("try", i, 0.0) for i in range(n)] + [("finish", i, 0.0) for i in range(n)]
+        _run(pool, [*program, ("tick", 0, 15.0)], fails=False)
+    assert all(x.state == "done" for x in pool.nodes)
+    assert pool.max_applying <= k

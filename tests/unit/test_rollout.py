@@ -1,0 +1,322 @@
+"""The rollout coordinator's Lease I/O and reporting, against the in-memory API server: several
+coordinators (nodes) share one ``FakeKube``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from node_agent import report
+from node_agent.config import AgentSettings, NodeAgentConfiguration
+from node_agent.context import AgentContext
+from node_agent.controllers.rollout import Permit, Rollout
+from node_agent.errors import KubeConflict
+from node_agent.host.fs import HostFS
+from node_agent.osc import pacing
+from node_agent.osc.plan import ChangeSet, UnitCommand
+from tests.unit.fakes import FakeKube, FakeSystemd
+
+SECRET = "gardener-node-agent-pool-a"
+NS = "kube-system"
+CS = "a" * 64
+CS2 = "b" * 64
+SERIAL = {"reconciliation.osc.node-agent.gardener.cloud/serial": "true"}
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def secret(annotations: dict[str, str]) -> dict[str, Any]:
+    return {
+        "metadata": {"name": SECRET, "namespace": NS, "uid": "s-uid", "annotations": annotations}
+    }
+
+
+def paced(k: int = 1, **more: str) -> dict[str, str]:
+    return {"node-agent.gardener.cloud/rollout-max-parallel": str(k), **more}
+
+
+def plan_of(*units: str) -> Any:
+    change_set = ChangeSet(
+        unit_commands=tuple(
+            UnitCommand(unit=u, action="restart", reasons=("changed",)) for u in units
+        )
+    )
+
+    async def plan() -> ChangeSet:
+        return change_set
+
+    return plan
+
+
+KUBELET = plan_of("kubelet.service")
+
+
+class Pool:
+    def __init__(self, tmp_path: Path) -> None:
+        self.kube = FakeKube()
+        self.clock = Clock()
+        self.woken: list[str] = []
+        self.tmp = tmp_path
+
+    def node(self, name: str) -> Rollout:
+        self.kube.nodes().put(
+            {"metadata": {"name": name, "uid": f"{name}-uid", "resourceVersion": "1"}}
+        )
+        config = NodeAgentConfiguration.model_validate(
+            {
+                "controllers": {"operatingSystemConfig": {"secretName": SECRET}},
+                "nodeAgent": {"rollout": {"recheckMin": "50ms", "recheckMax": "100ms"}},
+            }
+        )
+        ctx = AgentContext(
+            settings=AgentSettings(root=self.tmp),
+            config=config,
+            fs=HostFS(self.tmp),
+            state=None,  # type: ignore[arg-type]
+            systemd=FakeSystemd(),
+            kube=self.kube,
+            host_name=name,
+            node_name=name,
+            node_uid=f"{name}-uid",
+        )
+        return Rollout(ctx, lambda: self.woken.append(name), clock=self.clock)
+
+    def lease(self) -> dict[str, Any]:
+        return self.kube.leases(NS).items[SECRET]
+
+    def ledger(self) -> pacing.Ledger:
+        return pacing.Ledger.load(
+            self.lease()["metadata"]["annotations"].get(pacing.ANNOTATION_LEDGER)
+        )
+
+    def condition(self, node: str) -> dict[str, Any] | None:
+        obj = self.kube.nodes().items[node]
+        for c in (obj.get("status") or {}).get("conditions") or []:
+            if c["type"] == report.CONDITION_ROLLOUT:
+                return dict(c)
+        return None
+
+    def events(self, node: str, reason: str) -> list[str]:
+        return [
+            c[1]["message"]
+            for c in self.kube.writes("create_event")
+            if c[1]["involvedObject"]["name"] == node and c[1]["reason"] == reason
+        ]
+
+
+@pytest.fixture
+def pool(tmp_path: Path) -> Pool:
+    return Pool(tmp_path)
+
+
+async def test_no_policy_no_lease(pool: Pool) -> None:
+    a = pool.node("a")
+    permit = await a.admit(secret({}), CS, retrying=False, plan=KUBELET)
+    assert permit == Permit(CS)
+    await a.succeeded(permit)
+    assert SECRET not in pool.kube.leases(NS).items
+    assert pool.condition("a") is None
+    assert not a.skips_delay(secret({}))
+    assert a.skips_delay(secret(SERIAL))
+
+
+async def test_serial_lease_as_gardener_writes_it(pool: Pool) -> None:
+    a, b = pool.node("a"), pool.node("b")
+    permit = await a.admit(secret(SERIAL), CS, retrying=False, plan=KUBELET)
+    assert permit is not None
+    assert permit.serial
+    lease = pool.lease()
+    assert lease["spec"]["holderIdentity"] == "a"
+    assert lease["spec"]["leaseDurationSeconds"] == 600
+    owner = lease["metadata"]["ownerReferences"][0]
+    assert (owner["kind"], owner["name"], owner["uid"], owner["controller"]) == (
+        "Secret",
+        SECRET,
+        "s-uid",
+        True,
+    )
+
+    assert await b.admit(secret(SERIAL), CS, retrying=False, plan=KUBELET) is None
+    condition = pool.condition("b")
+    assert condition is not None
+    assert (condition["status"], condition["reason"]) == ("False", pacing.REASON_SERIAL)
+    assert "node a holds Lease kube-system/" + SECRET in condition["message"]
+    assert b.view().state == "waiting"
+    assert b.view().holders == ("a",)
+    # the wait wakes the loop again after the (test) recheck time
+    await asyncio.sleep(0.2)
+    assert "b" in pool.woken
+    assert await b.admit(secret(SERIAL), CS, retrying=False, plan=KUBELET) is None
+    assert len(pool.events("b", pacing.REASON_SERIAL)) == 1  # one Event per state change
+
+    await a.succeeded(permit)
+    spec = pool.lease()["spec"]
+    assert "holderIdentity" not in spec
+    assert "renewTime" not in spec
+    assert "acquireTime" not in spec
+    assert pool.condition("a")["reason"] == report.REASON_ROLLOUT_APPLIED  # type: ignore[index]
+    permit_b = await b.admit(secret(SERIAL), CS, retrying=False, plan=KUBELET)
+    assert permit_b is not None
+    assert pool.lease()["spec"]["holderIdentity"] == "b"
+    assert pool.condition("b")["reason"] == report.REASON_ROLLOUT_APPLYING  # type: ignore[index]
+    assert pool.events("b", report.REASON_ROLLOUT_APPLYING)
+
+
+async def test_serial_failure_keeps_the_lease_until_it_expires(pool: Pool) -> None:
+    a, b = pool.node("a"), pool.node("b")
+    permit = await a.admit(secret(SERIAL), CS, retrying=False, plan=KUBELET)
+    await a.failed(permit, "ApplyError: kubelet.service failed")
+    assert pool.lease()["spec"]["holderIdentity"] == "a"
+    assert await b.admit(secret(SERIAL), CS, retrying=False, plan=KUBELET) is None
+    # a's retry renews it
+    assert await a.admit(secret(SERIAL), CS, retrying=True, plan=KUBELET) is not None
+    pool.clock.now += 601
+    assert await b.admit(secret(SERIAL), CS, retrying=False, plan=KUBELET) is not None
+
+
+async def test_non_disruptive_change_is_not_paced(pool: Pool) -> None:
+    a, b = pool.node("a"), pool.node("b")
+    assert await a.admit(secret(paced()), CS, retrying=False, plan=KUBELET) is not None
+    other = plan_of("foo.service")
+    permit = await b.admit(secret(paced()), CS, retrying=False, plan=other)
+    assert permit is not None
+    assert not permit.slot
+    assert await pool.node("c").admit(secret(paced()), CS, retrying=False, plan=KUBELET) is None
+
+
+async def test_slots_canary_breaker_and_reset(pool: Pool) -> None:
+    annotations = paced(2, **{"node-agent.gardener.cloud/rollout-canaries": "1"})
+    a, b, c = pool.node("a"), pool.node("b"), pool.node("c")
+    pa = await a.admit(secret(annotations), CS, retrying=False, plan=KUBELET)
+    assert pa is not None
+    assert pa.canary
+    assert pa.slot
+    assert pool.ledger().holders() == ("a",)
+    assert await b.admit(secret(annotations), CS, retrying=False, plan=KUBELET) is None
+    assert pool.condition("b")["reason"] == pacing.REASON_CANARIES  # type: ignore[index]
+    await a.failed(pa, "rolled back: kubelet.service failed")
+    assert pool.ledger().failed == {"a": "rolled back: kubelet.service failed"}
+    for node, name in ((b, "b"), (c, "c")):
+        assert await node.admit(secret(annotations), CS, retrying=False, plan=KUBELET) is None
+        condition = pool.condition(name)
+        assert condition is not None
+        assert (condition["status"], condition["reason"]) == ("False", pacing.REASON_BREAKER)
+        assert "circuit breaker open" in condition["message"]
+        assert node.view().breaker_open
+        assert node.view().failures == 1
+        warnings = [
+            e for e in pool.kube.writes("create_event") if e[1]["reason"] == pacing.REASON_BREAKER
+        ]
+        assert warnings
+        assert all(w[1]["type"] == "Warning" for w in warnings)
+    assert pool.condition("a")["reason"] == report.REASON_ROLLOUT_FAILED  # type: ignore[index]
+    # a new Secret resets the breaker
+    pb = await b.admit(secret(annotations), CS2, retrying=False, plan=KUBELET)
+    assert pb is not None
+    assert pb.canary
+    assert pool.ledger().checksum == CS2
+    assert pool.ledger().failed == {}
+    await b.succeeded(pb)
+    assert pool.ledger().healthy == {"b": pool.clock.now}
+
+
+async def test_soak_then_the_rest(pool: Pool) -> None:
+    annotations = paced(
+        2,
+        **{
+            "node-agent.gardener.cloud/rollout-canaries": "1",
+            "node-agent.gardener.cloud/rollout-canary-soak": "30s",
+        },
+    )
+    a, b = pool.node("a"), pool.node("b")
+    pa = await a.admit(secret(annotations), CS, retrying=False, plan=KUBELET)
+    await a.succeeded(pa)
+    assert await b.admit(secret(annotations), CS, retrying=False, plan=KUBELET) is None
+    assert "soaking" in pool.condition("b")["message"]  # type: ignore[index]
+    pool.clock.now += 31
+    assert await b.admit(secret(annotations), CS, retrying=False, plan=KUBELET) is not None
+
+
+async def test_retry_of_a_failed_update_is_not_paced_again(pool: Pool) -> None:
+    a, b = pool.node("a"), pool.node("b")
+    pa = await a.admit(secret(paced()), CS, retrying=False, plan=KUBELET)
+    await a.failed(pa, "ApplyError")
+    writes = len(pool.kube.writes("Lease.replace"))
+    again = await a.admit(secret(paced()), CS, retrying=True, plan=KUBELET)
+    assert again is not None
+    assert not again.slot
+    assert len(pool.kube.writes("Lease.replace")) == writes
+    assert await b.admit(secret(paced()), CS, retrying=False, plan=KUBELET) is None
+
+
+async def test_conflicts_are_retried_with_a_fresh_read(pool: Pool) -> None:
+    a, b = pool.node("a"), pool.node("b")
+    await a.admit(secret(paced(2)), CS, retrying=False, plan=KUBELET)
+    pool.kube.fail("Lease.replace", KubeConflict("conflict", status=409), times=2)
+    pb = await b.admit(secret(paced(2)), CS, retrying=False, plan=KUBELET)
+    assert pb is not None
+    assert set(pool.ledger().holders()) == {"a", "b"}
+
+
+async def test_stale_resource_version_is_a_conflict_not_a_lost_write(pool: Pool) -> None:
+    a, b = pool.node("a"), pool.node("b")
+    await a.admit(secret(paced(2)), CS, retrying=False, plan=KUBELET)
+    original = pool.kube.get_lease
+
+    async def racing_get(namespace: str, name: str) -> dict[str, Any]:
+        lease: dict[str, Any] = json.loads(json.dumps(await original(namespace, name)))
+        # someone else writes between our read and our write
+        other = pool.lease()
+        other["metadata"] = {**other["metadata"], "resourceVersion": str(pool.kube.revision + 5)}
+        pool.kube.revision += 5
+        return lease
+
+    pool.kube.get_lease = racing_get  # type: ignore[method-assign]
+    with pytest.raises(KubeConflict):  # every try raced: given up, never written blindly
+        await b.admit(secret(paced(2)), CS, retrying=False, plan=plan_of("containerd.service"))
+    assert pool.ledger().holders() == ("a",)
+
+
+async def test_renewer_keeps_the_slot_and_dies_with_its_task(pool: Pool) -> None:
+    annotations = paced(1, **{"node-agent.gardener.cloud/rollout-slot-ttl": "600ms"})
+    a = pool.node("a")
+    holder: list[Permit | None] = []
+    admitted = asyncio.Event()
+
+    async def reconcile_loop() -> None:
+        holder.append(await a.admit(secret(annotations), CS, retrying=False, plan=KUBELET))
+        admitted.set()
+        await asyncio.sleep(3600)
+
+    task = asyncio.create_task(reconcile_loop())
+    await asyncio.wait_for(admitted.wait(), 5)
+    permit = holder[0]
+    assert permit is not None
+    assert permit.renewer is not None
+    first = pool.ledger().slots[0].renewed
+    pool.clock.now += 1.0
+    await asyncio.sleep(0.5)
+    assert pool.ledger().slots[0].renewed > first
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    await asyncio.sleep(0)
+    assert permit.renewer.done()
+
+
+async def test_up_to_date_releases_a_forgotten_permit(pool: Pool) -> None:
+    a = pool.node("a")
+    await a.admit(secret(paced()), CS, retrying=False, plan=KUBELET)
+    await a.up_to_date(CS)
+    assert pool.ledger().holders() == ()
+    assert "a" in pool.ledger().healthy
+    assert a.view().state == "applied"
