@@ -407,7 +407,9 @@ class HealthCheckController:
             self._managed, self._managed_for = managed_units(applied), checksum
             if not self.config.kubelet_healthz:
                 self.kubelet_url = await asyncio.to_thread(self._kubelet_url, applied)
-                log.info("kubelet health endpoint", url=self.kubelet_url or "off (healthzPort 0)")
+                if KUBELET_UNIT in self._managed:
+                    url = self.kubelet_url or "off (healthzPort 0)"
+                    log.info("kubelet health endpoint", url=url)
             self.kubelet_probe.url = self.kubelet_url or ""
         return self._managed
 
