@@ -379,8 +379,13 @@ class HealthCheckController:
         loop = asyncio.get_running_loop()
         try:
             while True:
-                await self.check_once()
-                self.ctx.health.progress("health-check")
+                try:
+                    await self.check_once()
+                except NodeAgentError as exc:  # e.g. the applied OSC unreadable: next period
+                    log.warning("health checks not done", error=str(exc))
+                    self.ctx.health.error("health-check", str(exc))
+                else:
+                    self.ctx.health.progress("health-check")
                 deadline = loop.time() + period
                 while (left := deadline - loop.time()) > 0:
                     with contextlib.suppress(TimeoutError):

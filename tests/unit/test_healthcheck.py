@@ -4,6 +4,8 @@ and the wire bytes of the containerd call."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import struct
 from collections.abc import Sequence
 from pathlib import Path
@@ -25,6 +27,7 @@ from node_agent.controllers.healthcheck import (
     managed_units,
     node_ready,
 )
+from node_agent.errors import HostError
 from node_agent.host.fs import HostFS
 from node_agent.host.state import StateStore
 from node_agent.osc.applied import Applied, AppliedUnit
@@ -377,6 +380,35 @@ async def test_disabled_checks_do_nothing(tmp_path: Path) -> None:
     assert bed.kubelet.calls == 0
     assert bed.events() == []
     assert bed.controller.view().enabled is False
+
+
+async def test_an_unreadable_applied_osc_does_not_end_the_checks(tmp_path: Path) -> None:
+    bed = Bed(tmp_path, kubelet_unit(), health={"syncPeriod": "10ms"})
+    reads = 0
+
+    def unreadable() -> Applied:
+        nonlocal reads
+        reads += 1
+        bed.source.checksum += "+"  # read again next time
+        if reads < 3:
+            raise HostError("disk on fire")
+        return Applied(units={"kubelet.service": kubelet_unit()})
+
+    bed.source.last_applied = unreadable  # type: ignore[method-assign]
+    task = asyncio.create_task(bed.controller.run())
+    try:
+        for _ in range(500):
+            if bed.kubelet.calls:
+                break
+            await asyncio.sleep(0.01)
+        assert not task.done()
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    assert bed.kubelet.calls >= 1  # checked once the OSC could be read
+    errors = [e for e in bed.ctx.health.errors if e["source"] == "health-check"]
+    assert [e["error"] for e in errors] == ["disk on fire", "disk on fire"]
 
 
 # --- the Node's readiness flapping ---------------------------------------------------------------
