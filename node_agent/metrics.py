@@ -44,7 +44,7 @@ def _bound(value: float) -> str:
 
 def _histogram(name: str, help_text: str, hist: HistogramView) -> HistogramMetricFamily:
     buckets = [(_bound(b), c) for b, c in zip(hist.buckets, hist.counts, strict=True)]
-    buckets.append(("+Inf", hist.count))
+    buckets.append(("+Inf", hist.observed))
     return HistogramMetricFamily(name, help_text, buckets=buckets, sum_value=hist.total)
 
 

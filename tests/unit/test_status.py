@@ -518,3 +518,34 @@ async def test_the_status_command_against_a_running_agent_stays_lean(tmp_path: P
     assert "node_agent" in imported  # the listing works
     heavy = {"aiohttp", "prometheus_client", "kubernetes_asyncio", "pydantic", "yaml", "structlog"}
     assert imported & heavy == set()
+
+
+async def test_the_view_before_the_controllers_exist(tmp_path: Path) -> None:
+    """Right after the start nothing but the context is wired: every reader still answers, with
+    zeros and nulls where a part is missing."""
+    from node_agent.metrics import AgentMetrics
+    from node_agent.view import Sources
+
+    ctx = make_ctx(tmp_path)
+    ctx.health.sources = Sources(watches=tuple)  # as the daemon has it before build_agent()
+    view = read(ctx)()
+    assert view.lease is None
+    assert view.certificate is None
+    assert (view.osc.applies, view.osc.failures, view.osc.desired_checksum) == (0, 0, None)
+    assert view.osc.up_to_date is None
+    assert view.watches == ()
+    assert not view.health.ready.ok
+    server = status_server.StatusServer(ctx, read(ctx))
+    doc = await server.document()
+    assert doc["lease"] == {"name": None, "last_renew_time": None, "renewals": 0, "failures": 0}
+    assert doc["certificate"] is None
+    assert doc["endpoints"] == {
+        "health": None,
+        "metrics": None,
+        "status_socket": str(status.socket_path(tmp_path)),
+    }
+    assert list(doc) == list(status.skeleton())
+    assert "Lease:        not yet: renewed never; 0 renewals, 0 failures" in status.render(doc)
+    text = AgentMetrics(read(ctx)).render()
+    assert "node_agent_lease_renewals_total 0.0" in text
+    assert "# TYPE node_agent_watch_reconnects_total counter" in text
