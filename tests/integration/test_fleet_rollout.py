@@ -1,0 +1,364 @@
+"""Rollout coordination of a pool on the real test bed: three agents (their OSC controllers, in
+this process), each on a throwaway node with real systemd, share one OSC Secret on the real
+kube-apiserver, with the least-privilege RBAC Gardener grants node agents for Leases.
+
+``kubelet.service`` is a stand-in: a oneshot that logs ``start <version> <time>``, sleeps, and
+logs ``end <version> <time>``; a change to it is disruptive (a kubelet restart). The restart job
+ends with the oneshot, so each node's start..end interval is the window in which it applied.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import hashlib
+import itertools
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+import yaml
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client import ApiClient
+
+from node_agent.kube.client import KubeClient
+from node_agent.kube.watch import list_watch
+from node_agent.osc import pacing
+from tests.testbed.agent_harness import (
+    NS,
+    OSCAgent,
+    inline_file,
+    osc_document,
+    unique,
+    wait_for,
+)
+from tests.testbed.controlplane import ControlPlane
+from tests.testbed.node_status import grant_node_status
+from tests.testbed.systemd_ns import IsolatedSystemd
+
+pytestmark = pytest.mark.integration
+
+N = 3
+LOG = "/var/lib/fleet/kubelet.log"
+SERIAL_SECONDS = 6  # the serial Lease's duration here (Gardener: 600 s)
+SERIAL = {"reconciliation.osc.node-agent.gardener.cloud/serial": "true"}
+NODE_AGENT = {
+    "healthGate": {"enabled": False},
+    "rollout": {
+        "serialLeaseDuration": f"{SERIAL_SECONDS}s",
+        "recheckMin": "300ms",
+        "recheckMax": "800ms",
+    },
+}
+
+
+def kubelet(version: str, seconds: float = 1.5, *, fails: bool = False) -> dict[str, Any]:
+    stamp = "$$(date +%%s.%%N)"
+    body = f'echo "start {version} {stamp}" >> {LOG}; '
+    body += "exit 1" if fails else f'sleep {seconds}; echo "end {version} {stamp}" >> {LOG}'
+    text = (
+        "[Unit]\nDescription=kubelet stand-in\n\n[Service]\nType=oneshot\nRemainAfterExit=yes\n"
+        f"ExecStartPre=/bin/mkdir -p /var/lib/fleet\nExecStart=/bin/sh -c '{body}'\n\n"
+        "[Install]\nWantedBy=multi-user.target\n"
+    )
+    return {"name": "kubelet.service", "content": text, "command": "restart", "enable": True}
+
+
+def osc(version: str, **kw: Any) -> dict[str, Any]:
+    return osc_document([inline_file("/etc/fleet/version", version)], [kubelet(version, **kw)])
+
+
+class Fleet:
+    def __init__(self, admin: ApiClient, control_plane: ControlPlane, agents: list[OSCAgent]):
+        self.admin, self.control_plane, self.agents = admin, control_plane, agents
+        self.secret = agents[0].secret_name
+
+    async def publish(self, doc: dict[str, Any], annotations: dict[str, str]) -> str:
+        """The OSC Secret as Gardener writes it, with the rollout annotations."""
+        raw = yaml.safe_dump(doc).encode()
+        digest = hashlib.sha256(raw).hexdigest()
+        body = client.V1Secret(
+            metadata=client.V1ObjectMeta(
+                name=self.secret,
+                namespace=NS,
+                labels={"gardener.cloud/role": "operating-system-config"},
+                annotations={"checksum/data-script": digest, **annotations},
+            ),
+            data={"osc.yaml": base64.b64encode(raw).decode()},
+        )
+        core = client.CoreV1Api(self.admin)
+        try:
+            await core.create_namespaced_secret(NS, body)
+        except client.ApiException as exc:
+            if exc.status != 409:
+                raise
+            await core.replace_namespaced_secret(self.secret, NS, body)
+        return digest
+
+    async def converge(self, checksum: str, timeout: float = 90.0, only: Any = None) -> None:
+        await asyncio.gather(*(a.wait_applied(checksum, timeout) for a in (only or self.agents)))
+
+    async def lease(self) -> dict[str, Any]:
+        lease = await client.CoordinationV1Api(self.admin).read_namespaced_lease(self.secret, NS)
+        return dict(self.admin.sanitize_for_serialization(lease))
+
+    async def ledger(self) -> pacing.Ledger:
+        annotations = (await self.lease())["metadata"].get("annotations") or {}
+        return pacing.Ledger.load(annotations.get(pacing.ANNOTATION_LEDGER))
+
+    async def condition(self, agent: OSCAgent) -> dict[str, Any] | None:
+        node = await client.CoreV1Api(self.admin).read_node(agent.node_name)
+        for c in node.status.conditions or []:
+            if c.type == "OSCRollout":
+                return {"status": c.status, "reason": c.reason, "message": c.message}
+        return None
+
+
+def runs(agent: OSCAgent, version: str) -> list[tuple[float, float]]:
+    """The (start, end) times of ``version``'s kubelet runs on the agent's node (end = inf
+    while running or when it failed)."""
+    path = agent.node.path(LOG)
+    lines = path.read_text().splitlines() if path.exists() else []
+    out: list[tuple[float, float]] = []
+    for line in lines:
+        what, ver, at = line.split()
+        if ver != version:
+            continue
+        if what == "start":
+            out.append((float(at), float("inf")))
+        elif out:
+            out[-1] = (out[-1][0], float(at))
+    return out
+
+
+def overlapping(intervals: list[tuple[float, float]]) -> int:
+    """The most intervals that overlap at one moment."""
+    edges = sorted([(s, 1) for s, _ in intervals] + [(e, -1) for _, e in intervals])
+    most = level = 0
+    for _, step in edges:
+        level += step
+        most = max(most, level)
+    return most
+
+
+class LeaseRecorder:
+    """Every write of the Lease, as its watch delivers them, in order."""
+
+    def __init__(self, control_plane: ControlPlane, name: str) -> None:
+        self.kube = KubeClient.from_kubeconfig(control_plane.admin_kubeconfig)
+        self.name = name
+        self.specs: list[dict[str, Any]] = []
+        self._task: asyncio.Task[None] | None = None
+
+    async def _run(self) -> None:
+        events = list_watch(self.kube.leases(NS), field_selector=f"metadata.name={self.name}")
+        async with events:
+            async for event in events:
+                if event.object is not None and event.type in ("SYNC", "ADDED", "MODIFIED"):
+                    spec = dict(event.object.get("spec") or {})
+                    if not self.specs or self.specs[-1] != spec:
+                        self.specs.append(spec)
+
+    def holders(self) -> list[str | None]:
+        out: list[str | None] = []
+        for spec in self.specs:
+            holder = spec.get("holderIdentity")
+            if not out or out[-1] != holder:
+                out.append(holder)
+        return out
+
+    async def __aenter__(self) -> LeaseRecorder:
+        self._task = asyncio.create_task(self._run())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._task is not None
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+        await self.kube.close()
+
+
+@pytest.fixture
+def nodes(workdir: Path) -> Iterator[list[IsolatedSystemd]]:
+    """N throwaway nodes (real systemd on an overlay of the host's root each)."""
+    with contextlib.ExitStack() as stack:
+        yield [
+            stack.enter_context(IsolatedSystemd(workdir / "fleet-nodes", overlay=True))
+            for _ in range(N)
+        ]
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def fleet(
+    admin_api: ApiClient, control_plane: ControlPlane, nodes: list[IsolatedSystemd], tmp_path: Path
+) -> AsyncIterator[Fleet]:
+    """N agents sharing one OSC Secret; all have applied version v1 (a first apply: never
+    paced) before the test starts."""
+    secret = unique("osc-pool")
+    agents = [
+        OSCAgent(admin_api, control_plane, n, tmp_path, secret_name=secret, node_agent=NODE_AGENT)
+        for n in nodes
+    ]
+    async with contextlib.AsyncExitStack() as stack:
+        for agent in agents:
+            await agent.setup()
+            assert agent.creds is not None
+            # Gardener lets an agent write its own Node's status (the OSCRollout condition)
+            await grant_node_status(admin_api, agent.creds.service_account, agent.node_name)
+            await agent.start()
+            stack.push_async_callback(agent.stop)
+        pool = Fleet(admin_api, control_plane, agents)
+        v1 = await pool.publish(osc("v1", seconds=0), {})
+        await pool.converge(v1)
+        yield pool
+
+
+async def test_serial_one_holder_at_a_time_released_after_each_apply(fleet: Fleet) -> None:
+    async with LeaseRecorder(fleet.control_plane, fleet.secret) as lease:
+        v2 = await fleet.publish(osc("v2"), SERIAL)
+        await fleet.converge(v2)
+        await wait_for(lambda: lease.holders()[-1:] == [None], 15, "the last holder released")
+    holders = lease.holders()
+    print("serial Lease holders:", holders)
+    names = {a.node_name for a in fleet.agents}
+    assert {h for h in holders if h} == names
+    # between two holders the Lease was always released: never handed over while held
+    for before, after in itertools.pairwise(holders):
+        assert before is None or after is None, holders
+    taken = [s for s in lease.specs if s.get("holderIdentity")]
+    assert all(s["leaseDurationSeconds"] == SERIAL_SECONDS for s in taken)
+    assert all(s["holderIdentity"] in names for s in taken)
+    intervals = [r for a in fleet.agents for r in runs(a, "v2")]
+    assert len(intervals) == N
+    assert overlapping(intervals) == 1, intervals
+    lease_obj = await fleet.lease()
+    owner = lease_obj["metadata"]["ownerReferences"][0]
+    assert (owner["kind"], owner["name"], owner["controller"]) == ("Secret", fleet.secret, True)
+    for agent in fleet.agents:
+        condition = await fleet.condition(agent)
+        assert condition is not None
+        assert condition["reason"] == "RolloutApplied", condition
+
+
+async def test_serial_crashed_holder_lease_expires_and_the_next_proceeds(fleet: Fleet) -> None:
+    async with LeaseRecorder(fleet.control_plane, fleet.secret) as lease:
+        v2 = await fleet.publish(osc("v2", seconds=4), SERIAL)
+        await wait_for(lambda: any(s.get("holderIdentity") for s in lease.specs), 60, "a holder")
+        first = next(s for s in lease.specs if s.get("holderIdentity"))
+        crashed = next(a for a in fleet.agents if a.node_name == first["holderIdentity"])
+        await crashed.stop()  # killed mid-apply: no release
+        others = [a for a in fleet.agents if a is not crashed]
+        await fleet.converge(v2, timeout=120, only=others)
+    holders = lease.holders()
+    print("serial Lease holders:", holders)
+    assert holders[0] in (None, crashed.node_name)
+    after = holders[holders.index(crashed.node_name) + 1]
+    assert after is not None, holders  # taken over, never released by the crashed holder
+    assert after != crashed.node_name, holders
+    taken = next(s for s in lease.specs if s.get("holderIdentity") == after)
+    expired_at = pacing.parse_micro_time(first["renewTime"])
+    acquired_at = pacing.parse_micro_time(taken["acquireTime"])
+    assert expired_at is not None
+    assert acquired_at is not None
+    assert acquired_at >= expired_at + SERIAL_SECONDS - 0.5, (first, taken)
+    assert v2 != (await crashed.node_annotations()).get("checksum/cloud-config-data")
+
+
+async def test_paced_never_more_than_k(fleet: Fleet) -> None:
+    policy = {
+        pacing.ANNOTATION_MAX_PARALLEL: "1",
+        pacing.ANNOTATION_SLOT_TTL: "30s",
+    }
+    v2 = await fleet.publish(osc("v2"), policy)
+    await fleet.converge(v2)
+    intervals = [r for a in fleet.agents for r in runs(a, "v2")]
+    print("v2 applied in", sorted(intervals))
+    assert len(intervals) == N
+    assert overlapping(intervals) == 1, intervals
+    ledger = await fleet.ledger()
+    assert ledger.checksum == v2
+    assert ledger.slots == ()
+    assert set(ledger.healthy) == {a.node_name for a in fleet.agents}
+    waited = [e for a in fleet.agents for e in await a.events() if e.reason == "WaitingForSlot"]
+    assert waited, "no node ever waited for a slot"
+
+    # a change that restarts no kubelet/containerd is not paced: no slot taken
+    v3 = await fleet.publish(
+        osc_document([inline_file("/etc/fleet/version", "v3")], [kubelet("v2")]), policy
+    )
+    await fleet.converge(v3)
+    ledger = await fleet.ledger()
+    assert ledger.checksum == v2  # nobody asked for a slot for v3
+
+
+async def test_canary_applies_first_and_the_rest_waits_for_the_soak(fleet: Fleet) -> None:
+    soak = 5.0
+    policy = {
+        pacing.ANNOTATION_MAX_PARALLEL: "2",
+        pacing.ANNOTATION_CANARIES: "1",
+        pacing.ANNOTATION_SOAK: f"{soak:g}s",
+        pacing.ANNOTATION_SLOT_TTL: "30s",
+    }
+    v2 = await fleet.publish(osc("v2"), policy)
+    await fleet.converge(v2)
+    ledger = await fleet.ledger()
+    assert len(ledger.canaries) == 1
+    canary = next(a for a in fleet.agents if a.node_name == ledger.canaries[0])
+    (c_start, c_end) = runs(canary, "v2")[0]
+    rest = [r for a in fleet.agents if a is not canary for r in runs(a, "v2")]
+    print(f"canary {c_start:.2f}..{c_end:.2f}; the rest: {sorted(rest)}")
+    assert len(rest) == N - 1
+    assert all(start >= c_end + soak - 0.5 for start, _ in rest), (c_end, rest)
+    assert overlapping([*rest, (c_start, c_end)]) <= 2
+    reasons = {e.reason for a in fleet.agents if a is not canary for e in await a.events()}
+    assert "WaitingForCanaries" in reasons, reasons
+
+
+async def test_breaker_holds_the_pool_until_the_secret_changes(fleet: Fleet) -> None:
+    policy = {
+        pacing.ANNOTATION_MAX_PARALLEL: "1",
+        pacing.ANNOTATION_MAX_FAILURES: "1",
+        pacing.ANNOTATION_SLOT_TTL: "30s",
+    }
+    bad = await fleet.publish(osc("bad", fails=True), policy)
+
+    async def held() -> bool:
+        reasons = [(await fleet.condition(a) or {}).get("reason") for a in fleet.agents]
+        return reasons.count(pacing.REASON_BREAKER) == N - 1
+
+    await wait_for(held, 90, "the rest of the pool held by the breaker")
+    tried = [a for a in fleet.agents if runs(a, "bad")]
+    assert len(tried) == 1, [a.node_name for a in tried]  # F + K - 1 = 1
+    failed = tried[0]
+    ledger = await fleet.ledger()
+    assert list(ledger.failed) == [failed.node_name]
+    for agent in fleet.agents:
+        if agent is failed:
+            continue
+        condition = await fleet.condition(agent)
+        assert condition is not None
+        assert condition["status"] == "False"
+        assert "circuit breaker open" in condition["message"]
+        assert failed.node_name in condition["message"]
+        events = [e for e in await agent.events() if e.reason == pacing.REASON_BREAKER]
+        assert len(events) == 1
+        assert events[0].type == "Warning"
+        assert (await agent.node_annotations()).get("checksum/cloud-config-data") != bad
+    # held, not just slow: a few more rechecks later still nobody else tried
+    await asyncio.sleep(3)
+    assert [a for a in fleet.agents if runs(a, "bad")] == [failed]
+
+    good = await fleet.publish(osc("v3"), policy)
+    await fleet.converge(good, timeout=120)
+    ledger = await fleet.ledger()
+    assert ledger.checksum == good
+    assert ledger.failed == {}
+    intervals = [r for a in fleet.agents for r in runs(a, "v3")]
+    assert overlapping(intervals) == 1, intervals
+    for agent in fleet.agents:
+        condition = await fleet.condition(agent)
+        assert condition is not None
+        assert condition["reason"] == "RolloutApplied", condition
