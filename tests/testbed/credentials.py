@@ -99,6 +99,8 @@ def node_agent_rules(
     ]
     cluster = [
         _rule([""], ["nodes"], ["get", "list", "watch", "patch", "update"], [node_name]),
+        # its Node's conditions (SystemdUnitsReady), as Gardener's node-agent authorizer allows
+        _rule([""], ["nodes/status"], ["get", "patch", "update"], [node_name]),
         _rule(["", "events.k8s.io"], ["events"], ["create", "patch"]),
     ]
     return namespaced, cluster
