@@ -105,7 +105,7 @@ def build_agent(
     node.observers.append(health.node_seen)  # the Node's Ready condition, from its watch
     sources = ctx.health.sources  # what status, health and metrics read
     sources.osc, sources.lease, sources.node = osc, lease, node
-    unitcheck = UnitCheckController(ctx, applier)
+    unitcheck = UnitCheckController(ctx, applier, guard=guard)
     return Agent(ctx, applier, osc, lease, node, token, health, unitcheck)
 
 

@@ -38,6 +38,14 @@ class HeldUnit:
             f"{window}; not restarted again until the OSC changes ({self.last_error})"
         )
 
+    def reason(self) -> str:
+        """Why the unit is degraded, short (for the SystemdUnitsReady message)."""
+        window = format_duration(timedelta(seconds=self.window_seconds))
+        return (
+            f"node-agent stopped restarting it after {self.failures} failed restarts within "
+            f"{window}, until the OSC changes"
+        )
+
 
 @dataclass
 class RestartGuard:

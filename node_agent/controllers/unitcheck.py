@@ -49,6 +49,7 @@ from node_agent.errors import (
 )
 from node_agent.log import get_logger
 from node_agent.osc.applied import Applied, AppliedUnit
+from node_agent.restart_guard import RestartGuard
 from node_agent.systemd import UnitState
 
 if TYPE_CHECKING:
@@ -148,8 +149,10 @@ def check_units(
     states: Mapping[str, UnitState],
     now: datetime,
     stuck_threshold: timedelta,
+    held: Mapping[str, str] | None = None,
 ) -> UnitCheck:
-    """Judge each expected unit by its state (a unit without a state is skipped)."""
+    """Judge each expected unit by its state (a unit without a state is skipped). ``held``:
+    units the restart-storm guard stopped restarting, with why; their message says so."""
     unhealthy: list[str] = []
     progressing: list[str] = []
     for unit in expected:
@@ -183,7 +186,14 @@ def check_units(
             if sub == "dead" and (state.service_type == "oneshot" or state.triggered_by):
                 continue
             unhealthy.append(f"{name}: inactive but should be enabled")
+    if held:
+        unhealthy = [_degraded(message, held) for message in unhealthy]
     return UnitCheck(tuple(unhealthy), tuple(progressing))
+
+
+def _degraded(message: str, held: Mapping[str, str]) -> str:
+    name = message.split(": ", 1)[0]
+    return f"{message} (degraded: {held[name]})" if name in held else message
 
 
 @dataclass(frozen=True)
@@ -251,9 +261,12 @@ class UnitCheckController:
         *,
         clock: Callable[[], datetime] = report.now,
         apply_poll: float = APPLY_POLL,
+        guard: RestartGuard | None = None,
     ) -> None:
         self.ctx = ctx
         self.applier = applier
+        #: the restart-storm guard: a unit it holds is reported degraded
+        self.guard = guard
         self.clock = clock
         config = ctx.config.controllers.systemd_unit_check
         self.period = max(MIN_PERIOD, config.sync_period.total_seconds())
@@ -297,7 +310,9 @@ class UnitCheckController:
             if expected is None:
                 return self._view  # nothing applied yet: no condition (like upstream)
             states = await self._states([u.name for u in expected])
-            verdict = check_units(expected, states, self.clock(), self.stuck_threshold)
+            guard = self.guard
+            held = {h.unit: h.reason() for h in guard.view()} if guard is not None else {}
+            verdict = check_units(expected, states, self.clock(), self.stuck_threshold, held)
             condition = verdict.condition
             self._update(
                 condition=condition,

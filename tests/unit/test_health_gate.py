@@ -7,7 +7,7 @@ tests/integration/test_health_gate.py and test_apply_faults.py (finding 4).
 from __future__ import annotations
 
 import asyncio
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from hypothesis import given
@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from node_agent.config import HealthGateConfig
 from node_agent.controllers.health_gate import GateRecord, HealthGate
+from node_agent.controllers.unitcheck import ExpectedUnit, check_units
 from node_agent.executor import ApplyReport
 from node_agent.host.fs import HostFS
 from node_agent.host.state import LastApplied, StateStore
@@ -271,3 +272,20 @@ def test_guard_never_holds_a_unit_before_max_failures_in_the_window(
         assert len(tail) == limit
         assert all(not good for _, good in tail)
         assert tail[-1][0] - tail[0][0] < 120.0
+
+
+def test_a_held_unit_is_reported_degraded_in_the_condition_message() -> None:
+    now = [0.0]
+    guard = RestartGuard(max_restarts=2, window=600.0, clock=lambda: now[0])
+    guard.record("x.service", ok=False)
+    guard.record("x.service", ok=False)
+    held = {h.unit: h.reason() for h in guard.view()}
+    expected = [ExpectedUnit("x.service", "running"), ExpectedUnit("y.service", "running")]
+    states = {"x.service": state("x.service", "failed"), "y.service": state("y.service", "failed")}
+    verdict = check_units(expected, states, datetime.now(UTC), timedelta(minutes=5), held)
+    assert verdict.unhealthy == (
+        "x.service: failed (degraded: node-agent stopped restarting it after 2 failed restarts "
+        "within 10m, until the OSC changes)",
+        "y.service: failed",
+    )
+    assert verdict.condition.status == "False"
