@@ -60,6 +60,8 @@ import yaml
 from kubernetes_asyncio import client, watch
 from kubernetes_asyncio.client import ApiClient
 
+from node_agent.osc import pacing
+from node_agent.report import ANNOTATION_SERIAL
 from tests.conftest import api_client_from, cache_dir
 from tests.testbed.agent_harness import (
     NS,
@@ -92,40 +94,13 @@ rules:
 - level: None
 """
 
-#: Pacing: annotations on the OSC Secret (``node-agent.gardener.cloud/`` space), read from the
-#: product when it has them (``node_agent.osc.pacing``); see ``pacing_annotations``.
-PACING_FALLBACK = {
-    "parallel": "node-agent.gardener.cloud/rollout-parallel",
-    "canaries": "node-agent.gardener.cloud/rollout-canaries",
-    "soak": "node-agent.gardener.cloud/rollout-soak",
-    "breaker": "node-agent.gardener.cloud/rollout-max-failures",
-}
 
-
-def pacing_available() -> bool:
-    try:
-        import node_agent.osc.pacing  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def pacing_annotations(k: int, *, breaker: int | None, soak: str = "0s") -> dict[str, str]:
-    """The Secret annotations asking for K parallel slots (and the breaker at F)."""
-    names = dict(PACING_FALLBACK)
-    with contextlib.suppress(ImportError):
-        from node_agent.osc import pacing  # type: ignore[attr-defined,unused-ignore]
-
-        for key, attr in (
-            ("parallel", "ANNOTATION_PARALLEL"),
-            ("canaries", "ANNOTATION_CANARIES"),
-            ("soak", "ANNOTATION_SOAK"),
-            ("breaker", "ANNOTATION_BREAKER"),
-        ):
-            names[key] = getattr(pacing, attr, names[key])
-    out = {names["parallel"]: str(k), names["canaries"]: "0", names["soak"]: soak}
+def pacing_annotations(k: int, *, breaker: int | None) -> dict[str, str]:
+    """The Secret annotations asking for K parallel slots, no canaries (and the breaker at F;
+    without it the product's default applies)."""
+    out = {pacing.ANNOTATION_MAX_PARALLEL: str(k), pacing.ANNOTATION_CANARIES: "0"}
     if breaker is not None:
-        out[names["breaker"]] = str(breaker)
+        out[pacing.ANNOTATION_MAX_FAILURES] = str(breaker)
     return out
 
 
@@ -374,6 +349,7 @@ class AuditFigures:
     users: set[str] = field(default_factory=set)
     watches_open: Counter[str] = field(default_factory=Counter)
     watch_users: set[str] = field(default_factory=set)
+    codes: Counter[int] = field(default_factory=Counter)
 
 
 def audit_window(path: Path, users: set[str], start: float, end: float) -> AuditFigures:
@@ -400,6 +376,8 @@ def audit_window(path: Path, users: set[str], start: float, end: float) -> Audit
             figures.requests += 1
             figures.users.add(user)
             figures.by_kind[f"{first['verb']} {resource_of(first)}"] += 1
+            if done:
+                figures.codes[int((done[0].get("responseStatus") or {}).get("code", 0))] += 1
     return figures
 
 
@@ -455,6 +433,7 @@ class Fleet:
     rows: list[Row] = field(default_factory=list)
     watcher: NodeWatch | None = None
     version: int = 0
+    audit_log: Path = Path()
 
     @property
     def names(self) -> list[str]:
@@ -586,23 +565,44 @@ async def steady(fleet: Fleet, audit_log: Path) -> None:
     )
 
 
-async def rollout(fleet: Fleet, label: str, annotations: dict[str, str], within: float) -> None:
+async def api_note(fleet: Fleet, start: float, end: float) -> str:
+    """The agents' requests in a window, per node, with the conflicts (compare-and-swap)."""
+    await asyncio.sleep(1.5)  # the audit batch of the window's last second is written
+    users = {m.user for m in fleet.members}
+    figures = audit_window(fleet.audit_log, users, start, end)
+    n = len(fleet.members)
+    top = ", ".join(f"{k} {v / n:.1f}" for k, v in figures.by_kind.most_common(4))
+    return (
+        f"{figures.requests / n:.1f} agent requests / node ({top}); "
+        f"409 conflicts {figures.codes.get(409, 0)}"
+    )
+
+
+async def rollout(
+    fleet: Fleet, label: str, k: int | None, within: float, *, serial: bool = False
+) -> None:
+    """One Secret update (kubelet changed) until every Node reports it. ``k``: paced with K
+    slots; ``serial``: Gardener's serial mode (one node at a time on the Lease spec)."""
     assert fleet.watcher is not None
+    annotations = pacing_annotations(k, breaker=None) if k is not None else {}
+    if serial:
+        annotations[ANNOTATION_SERIAL] = "true"
+        k = 1
     tag = fleet.next_tag()
     nodes = fleet.names
     pid = fleet.cp.apiserver.popen.pid  # type: ignore[union-attr]
     print(f"{label}: publishing {tag} {annotations or '(no pacing)'}", flush=True)
-    since = time.time()
     with CpuSampler(pid) as cpu:
         t0 = time.time()
         checksum = await publish(fleet.admin, fleet.secret, fleet_osc(tag), annotations)
         done = await fleet.watcher.wait_all(nodes, checksum, within, progress=label)
-        elapsed = time.time() - t0
+        t1 = time.time()
+    elapsed = t1 - t0
     converged = sorted(
         fleet.watcher.seen[(n, checksum)] - t0 for n in nodes if (n, checksum) in fleet.watcher.seen
     )
-    spans = [s for m in fleet.members for s in outages(read_marks(m.node), since)]
-    restarted = sum(1 for m in fleet.members if outages(read_marks(m.node), since))
+    per_node = [outages(read_marks(m.node), t0) for m in fleet.members]
+    spans = [s for node_spans in per_node for s in node_spans]
     peak = max_overlap(spans)
     state = "" if done else f" NOT CONVERGED ({len(converged)}/{len(nodes)} after {within:.0f}s)"
     fleet.row(
@@ -610,30 +610,40 @@ async def rollout(fleet: Fleet, label: str, annotations: dict[str, str], within:
         f"{elapsed:.1f} s{state}",
         f"p50 node {statistics.median(converged):.1f} s" if converged else "",
     )
-    bound = annotations and next(iter(annotations.values()))
+    verdict = "unpaced" if k is None else f"K = {k}: {'ok' if peak <= k else 'ABOVE K'}"
     fleet.row(
         f"{label}: max disruptive restarts at once",
         f"{peak}",
-        f"{restarted} nodes restarted kubelet; "
-        + (f"K = {bound}: {'ok' if peak <= int(bound) else 'ABOVE K'}" if bound else "unpaced"),
+        f"{sum(1 for p in per_node if p)} nodes restarted kubelet ({len(spans)} restarts, "
+        f"outage p50 {statistics.median([b - a for a, b in spans]) if spans else 0:.1f} s); "
+        f"{verdict}",
     )
     fleet.row(
         f"{label}: kube-apiserver CPU",
         f"mean {cpu.total / cpu.wall * 100:.0f} %, busiest second "
         f"{max(cpu.samples, default=0) * 100:.0f} % of a core",
-        f"{cpu.total:.1f} CPU s over {cpu.wall:.1f} s",
+        f"{cpu.total:.1f} CPU s over {cpu.wall:.1f} s; " + await api_note(fleet, t0, t1),
     )
+
+
+async def ledger(fleet: Fleet) -> pacing.Ledger:
+    """The pool's rollout ledger (on the Lease named like the Secret), read as admin."""
+    try:
+        lease = await client.CoordinationV1Api(fleet.admin).read_namespaced_lease(fleet.secret, NS)
+    except client.ApiException:
+        return pacing.Ledger()
+    return pacing.Ledger.load((lease.metadata.annotations or {}).get(pacing.ANNOTATION_LEDGER))
 
 
 async def breaker(fleet: Fleet, k: int, f: int, within: float) -> None:
     """A bad OSC with the breaker at F: count the nodes that applied it (started bad kubelet)."""
     assert fleet.watcher is not None
     tag = fleet.next_tag() + "-bad"
-    since = time.time()
     annotations = pacing_annotations(k, breaker=f)
     print(f"breaker: publishing {tag} (kubelet exits at once) {annotations}", flush=True)
     with CpuSampler(fleet.cp.apiserver.popen.pid) as cpu:  # type: ignore[union-attr]
-        await publish(fleet.admin, fleet.secret, fleet_osc(tag, bad=True), annotations)
+        t0 = time.time()
+        checksum = await publish(fleet.admin, fleet.secret, fleet_osc(tag, bad=True), annotations)
         # until no node has started the bad kubelet for a while (the breaker holds the rest)
         quiet_for, last_count, deadline = 0.0, -1, time.monotonic() + within
         while time.monotonic() < deadline and quiet_for < fleet.args.breaker_quiet:
@@ -641,17 +651,27 @@ async def breaker(fleet: Fleet, k: int, f: int, within: float) -> None:
             count = sum(
                 1
                 for m in fleet.members
-                if any(w == "pre" and t == tag and at >= since for w, t, at in read_marks(m.node))
+                if any(w == "pre" and t == tag and at >= t0 for w, t, at in read_marks(m.node))
             )
             quiet_for = 0.0 if count != last_count else quiet_for + 2
             last_count = count
+        t1 = time.time()
     applied = max(last_count, 0)
     limit = f + k - 1
+    record = await ledger(fleet)
+    on_bad = fleet.watcher.count(fleet.names, checksum)
     fleet.row(
         f"breaker F={f}, K={k}: nodes that applied the bad OSC",
         f"{applied}",
-        f"bound F + K - 1 = {limit}: {'ok' if applied <= limit else 'ABOVE'}; "
-        f"kube-apiserver {cpu.total:.1f} CPU s over {cpu.wall:.0f} s",
+        f"bound F + K - 1 = {limit}: {'ok' if applied <= limit else 'ABOVE'}; ledger: "
+        f"{len(record.failed)} failed, {len(record.slots)} slots held, breaker "
+        f"{'open' if len(record.failed) >= f else 'closed'}; Nodes reporting it {on_bad}",
+    )
+    fleet.row(
+        f"breaker F={f}, K={k}: kube-apiserver CPU",
+        f"mean {cpu.total / cpu.wall * 100:.0f} %",
+        f"{cpu.total:.1f} CPU s over {cpu.wall:.0f} s (incl. {fleet.args.breaker_quiet:g} s "
+        f"quiet); " + await api_note(fleet, t0, t1),
     )
 
 
@@ -661,13 +681,6 @@ async def run(args: argparse.Namespace) -> None:
     audit_log, policy = work / "audit.log", work / "audit-policy.yaml"
     policy.write_text(AUDIT_POLICY)
     scenarios = args.scenarios.split(",")
-    paced = [s for s in scenarios if s.startswith("k") or s == "breaker"]
-    if paced and not pacing_available():
-        print(
-            f"pacing is not in the product (node_agent.osc.pacing): skipping {','.join(paced)}",
-            flush=True,
-        )
-        scenarios = [s for s in scenarios if s not in paced]
     old_inotify = raise_inotify(args.agents)
     cp = ControlPlane(work / "cp")
     cp.apiserver.argv += [
@@ -691,7 +704,7 @@ async def run(args: argparse.Namespace) -> None:
         print(f"{args.agents} nodes booted in {time.monotonic() - started:.1f} s", flush=True)
         async with await api_client_from(cp.admin_kubeconfig) as admin:
             secret = f"gardener-node-agent-pool-a-{uuid.uuid4().hex[:16]}"
-            fleet = Fleet(args, work, cp, admin, secret, members)
+            fleet = Fleet(args, work, cp, admin, secret, members, audit_log=audit_log)
             await client.CoreV1Api(admin).create_namespaced_secret(
                 NS,
                 client.V1Secret(
@@ -724,12 +737,12 @@ async def run(args: argparse.Namespace) -> None:
                 if scenario == "steady":
                     await steady(fleet, audit_log)
                 elif scenario == "unpaced":
-                    await rollout(fleet, "unpaced", {}, args.timeout)
+                    await rollout(fleet, "unpaced", None, args.timeout)
+                elif scenario == "serial":
+                    await rollout(fleet, "serial", None, args.timeout, serial=True)
                 elif scenario.startswith("k"):
                     k = int(scenario[1:])
-                    await rollout(
-                        fleet, f"K={k}", pacing_annotations(k, breaker=None), args.timeout
-                    )
+                    await rollout(fleet, f"K={k}", k, args.timeout)
                 elif scenario == "breaker":
                     await breaker(fleet, args.breaker_k, args.breaker, args.timeout)
                 else:
@@ -788,8 +801,8 @@ def main() -> None:
     parser.add_argument(
         "--scenarios",
         default="steady,unpaced,k1,k5,k10,breaker",
-        help="comma-separated: steady, unpaced, k<K>, breaker (paced ones need the product's "
-        "pacing)",
+        help="comma-separated: steady, unpaced, k<K> (K parallel slots), breaker, serial "
+        "(Gardener's serial mode)",
     )
     parser.add_argument("--breaker", type=int, default=3, help="F: failures that stop a rollout")
     parser.add_argument("--breaker-k", type=int, default=5, help="K during the breaker scenario")
