@@ -101,7 +101,7 @@ def build_agent(
     lease = LeaseController(ctx)  # its own client and connection pool (see the module)
     node = NodeController(ctx, on_recreated=osc.node_recreated)
     token = TokenController(ctx)
-    health = HealthCheckController(ctx, applier)
+    health = HealthCheckController(ctx, applier, applying=lambda: osc.applying, guard=guard)
     node.observers.append(health.node_seen)  # the Node's Ready condition, from its watch
     sources = ctx.health.sources  # what status, health and metrics read
     sources.osc, sources.lease, sources.node = osc, lease, node

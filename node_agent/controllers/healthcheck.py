@@ -63,6 +63,7 @@ from node_agent.context import AgentContext
 from node_agent.errors import NodeAgentError
 from node_agent.log import get_logger
 from node_agent.osc.applied import Applied, AppliedUnit
+from node_agent.restart_guard import RestartGuard
 from node_agent.systemd import JobResult, UnitState
 
 log = get_logger("node-agent.healthcheck")
@@ -73,6 +74,7 @@ KUBELET_HEALTHZ_ADDRESS, KUBELET_HEALTHZ_PORT = "127.0.0.1", 10248  # kubelet's 
 _KUBELET_FLAG = re.compile(r"--(config|healthz-port|healthz-bind-address)(?:=|\s+)(\S+)")
 CONTAINERD_UNIT = "containerd.service"
 REASON_RESTART = report.REASON_UNIT_COMMAND["restart"]
+REASON_RESTARTS_SUSPENDED = report.REASON_RESTARTS_SUSPENDED
 #: An unfinished apply older than this no longer defers restarts: it is stuck retrying, and a
 #: hung kubelet must not wait for it forever.
 STUCK_APPLY_SECONDS = 600.0
@@ -339,6 +341,7 @@ class HealthCheckController:
         *,
         probes: Mapping[str, Probe] | None = None,
         applying: Callable[[], bool] | None = None,
+        guard: RestartGuard | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
     ) -> None:
@@ -361,6 +364,9 @@ class HealthCheckController:
         self.toggles = ReadyToggles()
         self.checks = 0
         self._applying = applying
+        #: the restart-storm guard shared with the applier: a restart that did not heal the
+        #: component counts as failed, and a held unit is not restarted
+        self.guard = guard
         self._clock, self._wall = clock, wall
         self._managed: frozenset[str] = frozenset()
         #: kubelet's /healthz: configured, or derived from the applied OSC (None: switched off)
@@ -464,6 +470,8 @@ class HealthCheckController:
             )
         elif verdict is Verdict.RECOVERED:
             log.info("healthy again", component=component.name)
+            if self.guard is not None:
+                self.guard.record(component.unit, ok=True)
             await self.ctx.event(component.name, f"{component.title} is healthy")
         elif verdict is Verdict.RESTART_DUE:
             if await self.apply_in_progress():
@@ -494,6 +502,17 @@ class HealthCheckController:
             log.warning("restart refused: unit not in the applied OSC", unit=component.unit)
             return None
         tracker = self.trackers[component.name]
+        if self.guard is not None:
+            since, last = tracker.failing_since, tracker.last_restart
+            if since is not None and last is not None and last >= since:
+                # still failing since the last restart: that restart did not heal it
+                held = self.guard.record(component.unit, ok=False, error=error)
+                if held is not None:
+                    await self.ctx.event(REASON_RESTARTS_SUSPENDED, held.describe(), warning=True)
+            if not self.guard.allows(component.unit):
+                log.warning("restart suspended by the restart-storm guard", unit=component.unit)
+                tracker.restarted(self._clock())  # ask again only after restart_after
+                return None
         after = _duration(tracker.restart_after)
         log.warning("restarting an unhealthy unit", unit=component.unit, error=error)
         await self.ctx.event(
@@ -513,6 +532,10 @@ class HealthCheckController:
         tracker.restarted(self._clock())
         if not ok:
             log.warning("restart failed", unit=component.unit, detail=text)
+            if self.guard is not None:
+                held = self.guard.record(component.unit, ok=False, error=text)
+                if held is not None:
+                    await self.ctx.event(REASON_RESTARTS_SUSPENDED, held.describe(), warning=True)
         await self.ctx.event(REASON_RESTART, text, warning=not ok)
         return result
 

@@ -117,6 +117,13 @@ class OSCController:
         self._quarantine_logged: str | None = None
         #: serial mode and the paced rollout of the pool (the Lease <secretName>)
         self.rollout = Rollout(ctx, self._wake.set)
+        self._applying = 0  # applies (and rollbacks, drift repairs) running now
+
+    @property
+    def applying(self) -> bool:
+        """Whether the controller is changing the host now (an apply, a rollback, a drift
+        repair, or the settle window after an update): the health checks hold their restarts."""
+        return self._applying > 0
 
     @property
     def latest_secret(self) -> JSON | None:
@@ -259,6 +266,13 @@ class OSCController:
         self._wake.set()
 
     async def reconcile(self, secret: JSON, *, resync: bool = False) -> Outcome | None:
+        self._applying += 1
+        try:
+            return await self._reconcile(secret, resync=resync)
+        finally:
+            self._applying -= 1
+
+    async def _reconcile(self, secret: JSON, *, resync: bool = False) -> Outcome | None:
         self.reconciles += 1
         meta = secret.get("metadata") or {}
         if self._rejected is not None and str(meta.get("resourceVersion")) == self._rejected:
