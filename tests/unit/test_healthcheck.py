@@ -31,6 +31,7 @@ from node_agent.errors import HostError
 from node_agent.host.fs import HostFS
 from node_agent.host.state import StateStore
 from node_agent.osc.applied import Applied, AppliedUnit
+from node_agent.restart_guard import RestartGuard
 from node_agent.systemd import UnitState
 from tests.unit.fakes import ACTIVE, FakeKube, FakeSystemd
 
@@ -114,6 +115,7 @@ class Bed:
         *units: AppliedUnit,
         health: dict[str, Any] | None = None,
         failing: Sequence[str] = (),
+        guard_limit: int | None = None,
     ) -> None:
         self.kube = FakeKube()
         self.systemd = InvocationSystemd(
@@ -143,11 +145,17 @@ class Bed:
         self.kubelet, self.containerd = Probe(), Probe()
         self.source = Source(*units)
         self.applying = False
+        self.guard = (
+            RestartGuard(max_restarts=guard_limit, window=600.0, clock=self.clock)
+            if guard_limit is not None
+            else None
+        )
         self.controller = HealthCheckController(
             self.ctx,
             self.source,
             probes={"kubelet": self.kubelet, "containerd": self.containerd},
             applying=lambda: self.applying,
+            guard=self.guard,
             clock=self.clock,
             wall=lambda: 1_800_000_000.0 + self.clock.now,
         )
@@ -272,6 +280,27 @@ async def test_a_unit_that_stays_unhealthy_is_restarted_every_period_not_every_c
     )
     assert view.failing_since is not None
     assert view.failing_since.timestamp() == 1_800_000_000.0 + 1000.0
+
+
+async def test_restarts_that_do_not_heal_are_limited_by_the_restart_storm_guard(
+    tmp_path: Path,
+) -> None:
+    bed = Bed(tmp_path, kubelet_unit(), containerd_unit(), guard_limit=2)
+    bed.containerd.error = "no answer"
+    for second in range(0, 320, 20):
+        await bed.at(second)
+    # Restarted at 60 and 120; at 180 the second restart had not healed it either: held.
+    assert bed.restarts() == ["containerd.service"] * 2
+    suspended = [m for _, reason, m in bed.events() if reason == "UnitRestartsSuspended"]
+    assert len(suspended) == 1, bed.events()
+    assert suspended[0].startswith("containerd.service: failed after 2 restarts by node-agent")
+    assert bed.guard is not None
+    assert [h.unit for h in bed.guard.view()] == ["containerd.service"]
+    # Healthy again (e.g. fixed by hand): the count is cleared, the hold stays until a new OSC.
+    bed.containerd.error = None
+    await bed.at(340)
+    assert bed.guard.held("containerd.service") is not None
+    assert bed.guard.osc("another") == ["containerd.service"]
 
 
 async def test_only_units_of_the_applied_osc_are_checked_or_restarted(tmp_path: Path) -> None:
