@@ -18,12 +18,13 @@ import asyncio
 import contextlib
 import random
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from node_agent import report
 from node_agent.errors import KubeConflict, KubeError, KubeNotFound
+from node_agent.kube.watch import list_watch
 from node_agent.log import get_logger
 from node_agent.osc import pacing
 from node_agent.osc.pacing import Decision, Ledger, Policy
@@ -38,6 +39,9 @@ JSON = dict[str, Any]
 T = TypeVar("T")
 
 CAS_ATTEMPTS = 8
+#: a waiting node that sees the Lease change looks again after a random delay up to this (so a
+#: freed slot is not raced for by the whole pool in the same instant)
+WATCH_SPREAD = 1.0
 State = Literal["idle", "waiting", "applying", "applied", "failed"]
 
 
@@ -98,6 +102,7 @@ class Rollout:
         self._announced: tuple[str, str] | None = None  # (reason, checksum) of the last Event
         self._problems_logged: tuple[str, ...] = ()
         self._owner: Mapping[str, Any] = {}  # the Secret: the owner of a Lease we create
+        self._watcher: asyncio.Task[None] | None = None  # the Lease's watch, while waiting
 
     @property
     def config(self) -> Any:
@@ -150,6 +155,7 @@ class Rollout:
             checksum=checksum,
         )
         if not policy.active:
+            self._stop_watch()
             self._set(state="idle", reason=None, message="", holders=(), canary=False)
             return Permit(checksum)
         permit = Permit(checksum)
@@ -230,6 +236,7 @@ class Rollout:
         await self._drop_permit()
         if self._view.state == "waiting":
             self._stop_timer()
+            self._stop_watch()
             message = f"OSC {checksum[:12]} is applied"
             self._set(state="applied", reason=report.REASON_ROLLOUT_APPLIED, message=message)
             await self._condition("True", report.REASON_ROLLOUT_APPLIED, message)
@@ -321,13 +328,37 @@ class Rollout:
         log.info("rollout slot released", checksum=checksum, ok=ok)
 
     def _start_renewer(self, checksum: str, ttl: float) -> asyncio.Task[None]:
-        task = asyncio.create_task(self._renew(checksum, ttl), name="rollout-slot-renewer")
-        owner = asyncio.current_task()
-        if owner is not None:
-            # The renewer lives no longer than the loop that took the slot: a killed agent's
-            # slot must expire.
-            owner.add_done_callback(lambda _t: task.cancel())
-        return task
+        # The renewer lives no longer than the loop that took the slot: a killed agent's slot
+        # must expire.
+        return _bound(self._renew(checksum, ttl), "rollout-slot-renewer")
+
+    def _watch_while_waiting(self) -> None:
+        """Watch the Lease while this node waits: a released Lease, a freed slot, a canary's
+        result or a reset ledger wakes the loop soon (Gardener's agent watches its serial Lease
+        for releases the same way); the jittered re-check stays as the fallback."""
+        if self._watcher is None or self._watcher.done():
+            self._watcher = _bound(self._watch_lease(), "rollout-lease-watch")
+
+    def _stop_watch(self) -> None:
+        watcher, self._watcher = self._watcher, None
+        if watcher is not None:
+            watcher.cancel()
+
+    async def _watch_lease(self) -> None:
+        events = list_watch(
+            self.ctx.kube.leases(report.NAMESPACE),
+            field_selector=f"metadata.name={self.lease_name}",
+        )
+        first = True
+        async with events:
+            async for event in events:
+                if self._view.state != "waiting":
+                    return
+                if first and event.type == "SYNC":
+                    first = False
+                    continue
+                first = False
+                self._schedule_sooner(self._rng.uniform(0.0, WATCH_SPREAD))
 
     async def _renew(self, checksum: str, ttl: float) -> None:
         host = self.ctx.host_name
@@ -425,6 +456,7 @@ class Rollout:
         if retry_in is not None:
             delay = min(delay, max(retry_in, 0.0) + self._rng.uniform(0.05, 0.5))
         self._schedule(delay)
+        self._watch_while_waiting()
         first = self._view.state != "waiting" or self._view.reason != reason
         self._set(
             state="waiting",
@@ -446,6 +478,7 @@ class Rollout:
         await self._condition("False", reason, message)
 
     async def _proceed(self, checksum: str, message: str, *, canary: bool) -> None:
+        self._stop_watch()
         if self._view.state == "waiting":
             self._announced = None
             await self.ctx.event(report.REASON_ROLLOUT_APPLYING, message)
@@ -461,6 +494,11 @@ class Rollout:
     def _schedule(self, delay: float) -> None:
         self._stop_timer()
         self._timer = asyncio.get_running_loop().call_later(delay, self._wake)
+
+    def _schedule_sooner(self, delay: float) -> None:
+        loop = asyncio.get_running_loop()
+        if self._timer is None or self._timer.when() > loop.time() + delay:
+            self._schedule(delay)
 
     def _stop_timer(self) -> None:
         if self._timer is not None:
@@ -535,3 +573,18 @@ def _ledger_of(lease: Mapping[str, Any]) -> Ledger:
 
 def _put_ledger(lease: JSON, ledger: Ledger) -> None:
     lease["metadata"]["annotations"][pacing.ANNOTATION_LEDGER] = ledger.dump()
+
+
+def _bound(coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+    """A task that ends with the task creating it (the reconcile loop): cancelling the agent
+    never leaves it behind renewing a slot or watching."""
+    task = asyncio.create_task(coro, name=name)
+    owner = asyncio.current_task()
+    if owner is not None:
+
+        def cancel(_owner: asyncio.Task[Any]) -> None:
+            task.cancel()
+
+        owner.add_done_callback(cancel)
+        task.add_done_callback(lambda _t: owner.remove_done_callback(cancel))
+    return task

@@ -66,16 +66,17 @@ class Pool:
         self.kube = FakeKube()
         self.clock = Clock()
         self.woken: list[str] = []
+        self.woke = asyncio.Event()
         self.tmp = tmp_path
 
-    def node(self, name: str) -> Rollout:
+    def node(self, name: str, recheck: tuple[str, str] = ("50ms", "100ms")) -> Rollout:
         self.kube.nodes().put(
             {"metadata": {"name": name, "uid": f"{name}-uid", "resourceVersion": "1"}}
         )
         config = NodeAgentConfiguration.model_validate(
             {
                 "controllers": {"operatingSystemConfig": {"secretName": SECRET}},
-                "nodeAgent": {"rollout": {"recheckMin": "50ms", "recheckMax": "100ms"}},
+                "nodeAgent": {"rollout": {"recheckMin": recheck[0], "recheckMax": recheck[1]}},
             }
         )
         ctx = AgentContext(
@@ -89,7 +90,12 @@ class Pool:
             node_name=name,
             node_uid=f"{name}-uid",
         )
-        return Rollout(ctx, lambda: self.woken.append(name), clock=self.clock)
+
+        def wake() -> None:
+            self.woken.append(name)
+            self.woke.set()
+
+        return Rollout(ctx, wake, clock=self.clock)
 
     def lease(self) -> dict[str, Any]:
         return self.kube.leases(NS).items[SECRET]
@@ -320,3 +326,16 @@ async def test_up_to_date_releases_a_forgotten_permit(pool: Pool) -> None:
     assert pool.ledger().holders() == ()
     assert "a" in pool.ledger().healthy
     assert a.view().state == "applied"
+
+
+async def test_a_waiting_node_is_woken_when_the_lease_changes(pool: Pool) -> None:
+    a, b = pool.node("a"), pool.node("b", recheck=("60s", "60s"))
+    permit = await a.admit(secret(SERIAL), CS, retrying=False, plan=KUBELET)
+    assert await b.admit(secret(SERIAL), CS, retrying=False, plan=KUBELET) is None
+    await asyncio.sleep(0.2)
+    assert pool.woken == []  # the re-check is a minute away
+    await a.succeeded(permit)  # released: b's watch sees it
+    await asyncio.wait_for(pool.woke.wait(), 5)
+    assert pool.woken == ["b"]
+    assert await b.admit(secret(SERIAL), CS, retrying=False, plan=KUBELET) is not None
+    assert b._watcher is None  # stopped once the node goes ahead
