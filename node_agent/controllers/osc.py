@@ -321,9 +321,18 @@ class OSCController:
         except ApplyError as exc:
             # A partly failed update may have broken a running unit too (its restart failed).
             partial = exc.report if isinstance(exc.report, ApplyReport) else None
+            finished = report.now()
             broke = await self._gate_watch(gate, partial)
             await self._history(
-                trigger, applied, checksum, started, partial, None, str(exc), rollback=broke
+                trigger,
+                applied,
+                checksum,
+                started,
+                partial,
+                None,
+                str(exc),
+                rollback=broke,
+                finished=finished,
             )
             if gate is not None and broke is not None:
                 try:
@@ -338,9 +347,17 @@ class OSCController:
         for _unit, result in sorted(outcome.report.results.items()):
             reason = report.REASON_UNIT_COMMAND.get(result.action, "SystemDUnitRestart")
             await self.ctx.event(reason, result.describe(), warning=not result.ok)
+        finished = report.now()  # the apply's duration, without the settle window
         broke = await self._gate_watch(gate, outcome.report)
         await self._history(
-            trigger, applied, checksum, started, outcome.report, outcome.change_set, rollback=broke
+            trigger,
+            applied,
+            checksum,
+            started,
+            outcome.report,
+            outcome.change_set,
+            rollback=broke,
+            finished=finished,
         )
         if gate is not None and broke is not None:
             try:
@@ -511,6 +528,7 @@ class OSCController:
         error: str | None = None,
         *,
         rollback: Evidence | HistoryRollback | None = None,
+        finished: datetime | None = None,
     ) -> None:
         """One entry of the apply history (``node-agent status --history``). ``rollback``: the
         evidence that got this update rolled back, or (the rollback's own apply) what it
@@ -524,7 +542,7 @@ class OSCController:
                 from_checksum=checksum_to,
                 to_checksum=checksum_from or None,
             )
-        finished = report.now()
+        finished = finished or report.now()
         entry = HistoryEntry(
             started_at=started,
             finished_at=finished,

@@ -57,15 +57,15 @@ def active(node: IsolatedSystemd, unit: str) -> str:
     return node.run(["systemctl", "is-active", unit], check=False).stdout.strip()
 
 
-async def history(root: Path) -> list[dict[str, Any]]:
-    """``node-agent status --history --json``, newest first."""
+async def history_output(root: Path, *flags: str) -> str:
+    """What ``node-agent status --history`` prints, run as an operator would."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
         "node_agent",
         "status",
         "--history",
-        "--json",
+        *flags,
         "--root",
         str(root),
         cwd=REPO,
@@ -73,7 +73,12 @@ async def history(root: Path) -> list[dict[str, Any]]:
     )
     out, _ = await proc.communicate()
     assert proc.returncode == 0, out
-    entries: list[dict[str, Any]] = json.loads(out)["history"]
+    return out.decode()
+
+
+async def history(root: Path) -> list[dict[str, Any]]:
+    """``node-agent status --history --json``, newest first."""
+    entries: list[dict[str, Any]] = json.loads(await history_output(root, "--json"))["history"]
     return entries
 
 
@@ -167,6 +172,21 @@ async def test_bad_update_is_rolled_back_quarantined_and_a_good_one_applies(
     assert node.path(CONF).read_text() == "good 3\n"
     assert active(node, "web.service") == "active"
     assert [e.reason for e in await agent.events()].count("OSCRolledBack") == 1
+
+    # Someone edits the config on the host: the periodic check repairs it (trigger drift).
+    node.path(CONF).write_text("good by hand\n")
+    agent.controller.request_resync()
+    await agent.wait_event("OSCDriftRepaired", CONF, timeout=30)
+    await wait_for(lambda: node.path(CONF).read_text() == "good 3\n", 10, "config repaired")
+    entries = await history(node.root)
+    assert [(e["trigger"], e["result"]) for e in entries[:5]] == [
+        ("drift", "succeeded"),
+        ("secret", "succeeded"),
+        ("rollback", "succeeded"),
+        ("secret", "rolled-back"),
+        ("secret", "succeeded"),
+    ], entries
+    print(await history_output(node.root))
 
 
 async def test_agent_killed_during_the_settle_window_still_rolls_back(agent: OSCAgent) -> None:
