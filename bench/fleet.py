@@ -13,6 +13,7 @@ share one OSC Secret, as the nodes of a worker pool do. Prints one table:
   ``checksum/cloud-config-data`` names it: unpaced, and paced with K = 1, 5, 10 parallel slots.
   Per scenario: time to the last node, the largest number of disruptive restarts seen at once,
   kube-apiserver's CPU during the rollout (``/proc/<pid>/stat``, mean and busiest second);
+  ``serial``: Gardener's serial mode the same way;
 - the breaker: a deliberately bad OSC (kubelet exits at once: the health gate rolls each node
   back) with the breaker at F; how many nodes applied it (must be <= F + K - 1).
 
@@ -22,13 +23,13 @@ Concurrency is counted from outside the agents: the stand-in ``kubelet.service``
 [down, up] and the figure is the largest number of overlapping outages.
 
 One systemd per agent fits this machine: an instance (systemd, dbus-daemon, journald) is ~5 MiB
-PSS and 4 inotify instances, an agent ~70 MiB; the only limit hit is
+PSS and 4 inotify instances, an agent ~53 MiB; the only limit hit is
 ``fs.inotify.max_user_instances`` (128 on this host), raised for the run to fit N * 4 and put
 back afterwards. Nodes share the host's network, so each agent's health and metrics ports are
 port 0 on 127.0.0.1 and the kubelet health check is off (the stand-in serves no /healthz).
 
     .venv/bin/python -m bench.fleet [--agents 100] [--quick] [--idle-minutes 5]
-        [--scenarios steady,unpaced,k1,k5,k10,breaker] [--breaker 3] [--keep]
+        [--scenarios steady,unpaced,k10,k5,breaker,k1,serial] [--breaker 3] [--keep]
 
 Run as root from the repository root. ``--quick``: 10 agents, 1 min idle.
 """
@@ -174,6 +175,14 @@ def cpu_seconds(pid: int) -> float:
     """utime + stime of a process, in seconds."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def sum_cpu(pids: Iterable[int]) -> float:
+    total = 0.0
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            total += cpu_seconds(pid)
+    return total
 
 
 def tree_pids(pid: int) -> list[int]:
@@ -350,6 +359,8 @@ class AuditFigures:
     watches_open: Counter[str] = field(default_factory=Counter)
     watch_users: set[str] = field(default_factory=set)
     codes: Counter[int] = field(default_factory=Counter)
+    #: [received, ended] of every watch that was open at some time in the window
+    watch_spans: list[tuple[float, float]] = field(default_factory=list)
 
 
 def audit_window(path: Path, users: set[str], start: float, end: float) -> AuditFigures:
@@ -369,6 +380,8 @@ def audit_window(path: Path, users: set[str], start: float, end: float) -> Audit
         done = [e for e in events if e["stage"] == "ResponseComplete"]
         if first["verb"] == "watch" and received < end:
             ended = parse_time(done[0]["stageTimestamp"]) if done else None
+            if ended is None or ended >= start:
+                figures.watch_spans.append((max(received, start), min(ended or end, end)))
             if ended is None or ended > end:
                 figures.watches_open[resource_of(first)] += 1
                 figures.watch_users.add(user)
@@ -524,10 +537,13 @@ async def steady(fleet: Fleet, audit_log: Path) -> None:
     users = {m.user for m in fleet.members}
     gauge_before = watch_gauge(fleet.cp)
     api_cpu0 = cpu_seconds(fleet.cp.apiserver.popen.pid)  # type: ignore[union-attr]
+    agents = [p for m in fleet.members if m.proc for p in tree_pids(m.proc.pid)]
+    agents_cpu0 = sum_cpu(agents)
     start = time.time()
     await asyncio.sleep(minutes * 60)
     end = time.time()
     api_cpu = cpu_seconds(fleet.cp.apiserver.popen.pid) - api_cpu0  # type: ignore[union-attr]
+    agents_cpu = sum_cpu(agents) - agents_cpu0
     gauge_after = watch_gauge(fleet.cp)
     await asyncio.sleep(2)  # the audit backend has written the window's events
     figures = audit_window(audit_log, users, start, end)
@@ -555,6 +571,11 @@ async def steady(fleet: Fleet, audit_log: Path) -> None:
         f"{api_cpu / (end - start) * 100:.1f} % of a core",
         "idle fleet, incl. the bench's Node watch",
     )
+    fleet.row(
+        "steady: CPU per agent",
+        f"{agents_cpu / len(fleet.members) / (end - start) * 100:.2f} % of a core",
+        f"main process + systemd worker; fleet total {agents_cpu / (end - start) * 100:.1f} %",
+    )
     agent_pss = [sum(pss_kib(p) for p in tree_pids(m.proc.pid)) for m in fleet.members if m.proc]
     node_pss = [sum(pss_kib(p) for p in m.node._cgroup_pids()) for m in fleet.members]
     fleet.row(
@@ -574,7 +595,8 @@ async def api_note(fleet: Fleet, start: float, end: float) -> str:
     top = ", ".join(f"{k} {v / n:.1f}" for k, v in figures.by_kind.most_common(4))
     return (
         f"{figures.requests / n:.1f} agent requests / node ({top}); "
-        f"409 conflicts {figures.codes.get(409, 0)}"
+        f"409 conflicts {figures.codes.get(409, 0)}; agents' watches open at once: peak "
+        f"{max_overlap(figures.watch_spans)}"
     )
 
 
@@ -800,7 +822,7 @@ def main() -> None:
     parser.add_argument("--idle-minutes", type=float, default=5.0)
     parser.add_argument(
         "--scenarios",
-        default="steady,unpaced,k1,k5,k10,breaker",
+        default="steady,unpaced,k10,k5,breaker,k1",
         help="comma-separated: steady, unpaced, k<K> (K parallel slots), breaker, serial "
         "(Gardener's serial mode)",
     )
