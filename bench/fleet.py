@@ -807,7 +807,7 @@ def print_table(fleet: Fleet, wall: float) -> None:
     print(
         f"fleet: {len(fleet.members)} agents (one real systemd each), one kube-apiserver; "
         f"2 cores; load average at the end {load[0]:.1f}/{load[1]:.1f}/{load[2]:.1f}; "
-        f"bench wall {wall / 60:.1f} min"
+        f"bench wall {wall / 60:.1f} min; health gate settle window {fleet.args.settle:g} s"
     )
     width = max(len(r.figure) for r in fleet.rows)
     vwidth = max(len(r.value) for r in fleet.rows)
