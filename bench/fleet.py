@@ -675,19 +675,28 @@ async def breaker(fleet: Fleet, k: int, f: int, within: float) -> None:
                 for m in fleet.members
                 if any(w == "pre" and t == tag and at >= t0 for w, t, at in read_marks(m.node))
             )
-            quiet_for = 0.0 if count != last_count else quiet_for + 2
+            # the quiet countdown starts with the first bad start
+            quiet_for = 0.0 if count != last_count or count == 0 else quiet_for + 2
             last_count = count
         t1 = time.time()
     applied = max(last_count, 0)
     limit = f + k - 1
     record = await ledger(fleet)
     on_bad = fleet.watcher.count(fleet.names, checksum)
+    spans = [s for m in fleet.members for s in outages(read_marks(m.node), t0)]
+    peak = max_overlap(spans)
     fleet.row(
         f"breaker F={f}, K={k}: nodes that applied the bad OSC",
         f"{applied}",
         f"bound F + K - 1 = {limit}: {'ok' if applied <= limit else 'ABOVE'}; ledger: "
         f"{len(record.failed)} failed, {len(record.slots)} slots held, breaker "
         f"{'open' if len(record.failed) >= f else 'closed'}; Nodes reporting it {on_bad}",
+    )
+    fleet.row(
+        f"breaker F={f}, K={k}: max disruptive restarts at once",
+        f"{peak}",
+        f"bad starts and rollbacks, {len(spans)} outages; K = {k}: "
+        f"{'ok' if peak <= k else 'ABOVE K'}",
     )
     fleet.row(
         f"breaker F={f}, K={k}: kube-apiserver CPU",
