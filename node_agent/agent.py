@@ -106,6 +106,8 @@ def build_agent(
     sources = ctx.health.sources  # what status, health and metrics read
     sources.osc, sources.lease, sources.node = osc, lease, node
     unitcheck = UnitCheckController(ctx, applier, guard=guard)
+    sources.unitcheck, sources.healthcheck = unitcheck, health
+    sources.gate, sources.guard = osc.gate, guard
     return Agent(ctx, applier, osc, lease, node, token, health, unitcheck)
 
 

@@ -65,6 +65,9 @@ class AgentCollector(Collector):
             self.api,
             self.http,
             self.health,
+            self.units_check,
+            self.health_checks,
+            self.safety,
         )
 
     def collect(self) -> Iterator[Metric]:
@@ -194,6 +197,62 @@ class AgentCollector(Collector):
 
     def health(self, view: AgentView) -> Metrics:
         yield _gauge("node_agent_ready", "1 if /readyz passes, else 0.", view.health.ready.ok)
+
+    def units_check(self, view: AgentView) -> Metrics:
+        check = view.units_check
+        condition = check.condition if check is not None else None
+        if check is None or condition is None:
+            return
+        yield _gauge(
+            "node_agent_systemd_units_ready",
+            "1 if the SystemdUnitsReady condition is True, else 0.",
+            condition.status == "True",
+        )
+        yield _gauge(
+            "node_agent_systemd_units_unhealthy",
+            "Units of the applied OSC the last check found unhealthy.",
+            len(check.unhealthy),
+        )
+
+    def health_checks(self, view: AgentView) -> Metrics:
+        checks = view.health_checks
+        if checks is None or not checks.enabled:
+            return
+        healthy = GaugeMetricFamily(
+            "node_agent_component_healthy",
+            "1 if the component (kubelet, containerd) passed its last health check, else 0.",
+            labels=("component",),
+        )
+        restarts = CounterMetricFamily(
+            "node_agent_component_restarts",
+            "Restarts of the component's unit by its health check.",
+            labels=("component",),
+        )
+        for comp in checks.components:
+            if comp.managed and comp.healthy is not None:
+                healthy.add_metric((comp.name,), comp.healthy)
+            restarts.add_metric((comp.name,), comp.restarts)
+        yield healthy
+        yield restarts
+
+    def safety(self, view: AgentView) -> Metrics:
+        gate = view.gate
+        if gate is not None:
+            yield _counter(
+                "node_agent_osc_rollbacks",
+                "Updates the health gate rolled back to the last-known-good OSC.",
+                gate.rollbacks,
+            )
+            yield _gauge(
+                "node_agent_osc_quarantined",
+                "1 while an OSC checksum is quarantined after a rollback, else 0.",
+                gate.quarantined is not None,
+            )
+        yield _gauge(
+            "node_agent_units_restarts_suspended",
+            "Units the restart-storm guard no longer lets the agent restart.",
+            len(view.held_units),
+        )
 
 
 class AgentMetrics:

@@ -162,6 +162,9 @@ def skeleton() -> dict[str, Any]:
         "inventory": None,
         "health": None,
         "endpoints": None,
+        "units_check": None,
+        "health_checks": None,
+        "health_gate": None,
     }
 
 
@@ -507,6 +510,69 @@ def _render_errors(out: _Lines, doc: Mapping[str, Any], now: float) -> None:
             out.add(f"  {err.get('at')} {err.get('source')}: {err.get('error')}")
 
 
+def _render_units_check(out: _Lines, doc: Mapping[str, Any], now: float) -> None:
+    check = doc.get("units_check")
+    if not check or not check.get("condition"):
+        return
+    cond = check["condition"]
+    out.row(
+        "Units ready",
+        f"{cond.get('status')} ({cond.get('reason')}), checked {_ago(check.get('checked_at'), now)}"
+        + ("" if check.get("reported") else "; not on the Node yet"),
+    )
+    for message in (check.get("unhealthy") or []) + (check.get("progressing") or []):
+        out.add(f"  {message}")
+
+
+def _render_health_checks(out: _Lines, doc: Mapping[str, Any], now: float) -> None:
+    checks = doc.get("health_checks")
+    if not checks or not checks.get("enabled"):
+        return
+    for comp in checks.get("components") or []:
+        if not comp.get("managed"):
+            continue
+        if comp.get("healthy") is None:
+            state = "not checked yet"
+        elif comp.get("healthy"):
+            state = "healthy"
+        else:
+            state = (
+                f"UNHEALTHY since {_ago(comp.get('failing_since'), now)}: {comp.get('last_error')}"
+            )
+        restarts = comp.get("restarts") or 0
+        out.row(
+            str(comp.get("name")),
+            state + (f"; restarted {restarts} times by node-agent" if restarts else ""),
+        )
+    if checks.get("reboot_suggested"):
+        out.row("  node readiness", f"flapping ({checks.get('ready_toggles')} toggles): reboot?")
+
+
+def _render_health_gate(out: _Lines, doc: Mapping[str, Any], now: float) -> None:
+    gate = doc.get("health_gate")
+    if gate is None:
+        return
+    if not gate.get("enabled"):
+        out.row("Health gate", "off")
+    else:
+        text = f"on (settle window {human_duration(gate.get('settle_window_seconds') or 0)})"
+        if gate.get("watching"):
+            units = ", ".join(gate.get("watched_units") or []) or "the restarted units"
+            text += f"; watching {units} after {_short(gate['watching'])}"
+        out.row("Health gate", text)
+    if gate.get("quarantined"):
+        out.row("  quarantined", f"{_short(gate['quarantined'])} (until the Secret changes)")
+    last = gate.get("last_rollback")
+    if last:
+        out.row(
+            "  rolled back",
+            f"{_short(last.get('checksum'))} -> {_short(last.get('to_checksum'))} "
+            f"{_ago(last.get('at'), now)}: {last.get('unit')}: {last.get('evidence')}",
+        )
+    for held in gate.get("held_units") or []:
+        out.row("Held unit", str(held.get("describe")))
+
+
 #: The text of ``node-agent status``, section by section, in this order. A new section of the
 #: document gets one renderer here (it must cope with ``null``: an older agent, or not running).
 RENDERERS: tuple[Renderer, ...] = (
@@ -518,6 +584,9 @@ RENDERERS: tuple[Renderer, ...] = (
     _render_last_apply,
     _render_change,
     _render_units,
+    _render_units_check,
+    _render_health_checks,
+    _render_health_gate,
     _render_health,
     _render_inventory,
     _render_errors,

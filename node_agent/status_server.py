@@ -19,6 +19,7 @@ import socket
 import stat
 import time
 from collections.abc import Callable, Mapping
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -120,6 +121,37 @@ def endpoints_section(view: AgentView) -> dict[str, Any]:
     return out
 
 
+def _jsonable(value: Any) -> Any:
+    """A view record as JSON values: datetimes as RFC 3339, dataclasses and tuples unfolded."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, datetime):
+        return iso(value)
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def units_check_section(view: AgentView) -> dict[str, Any] | None:
+    return _jsonable(view.units_check) if view.units_check is not None else None
+
+
+def health_checks_section(view: AgentView) -> dict[str, Any] | None:
+    return _jsonable(view.health_checks) if view.health_checks is not None else None
+
+
+def health_gate_section(view: AgentView) -> dict[str, Any] | None:
+    """The health gate and the restart-storm guard: what protects the node from a bad update."""
+    if view.gate is None:
+        return None
+    out: dict[str, Any] = _jsonable(view.gate)
+    out["held_units"] = [
+        {**_jsonable(held), "since": iso(held.since), "describe": held.describe()}
+        for held in view.held_units
+    ]
+    return out
+
+
 #: Document key -> its builder from the view. A new section of the view gets one entry here (and
 #: its key in ``status.skeleton()``, its lines in ``status.render``).
 SECTIONS: Mapping[str, Callable[[AgentView], Any]] = {
@@ -131,6 +163,9 @@ SECTIONS: Mapping[str, Callable[[AgentView], Any]] = {
     "errors": errors_section,
     "health": health_section,
     "endpoints": endpoints_section,
+    "units_check": units_check_section,
+    "health_checks": health_checks_section,
+    "health_gate": health_gate_section,
 }
 
 

@@ -39,11 +39,15 @@ from node_agent import __version__
 if TYPE_CHECKING:
     from node_agent.context import AgentContext
     from node_agent.controllers.certificate import CertificateView
+    from node_agent.controllers.health_gate import GateView
+    from node_agent.controllers.healthcheck import HealthCheckView
     from node_agent.controllers.lease import LeaseStats
     from node_agent.controllers.node import NodeStats
+    from node_agent.controllers.unitcheck import UnitCheckView
     from node_agent.kube.watch import WatchStats
     from node_agent.observations import ApplyObservations
     from node_agent.probes import Probes
+    from node_agent.restart_guard import HeldUnit
 
 #: Progress marks that mean "a request to the API server succeeded just now".
 API_SUCCESS_MARKS = ("lease", "osc-watch", "node-watch")
@@ -94,6 +98,30 @@ class CertificateSource(Protocol):
     def view(self) -> CertificateView: ...
 
 
+class UnitCheckSource(Protocol):
+    """The unit check (``SystemdUnitsReady``): a frozen view of its last check."""
+
+    def view(self) -> UnitCheckView: ...
+
+
+class HealthCheckSource(Protocol):
+    """The kubelet and containerd health checks."""
+
+    def view(self) -> HealthCheckView: ...
+
+
+class GateSource(Protocol):
+    """The health gate of updates (watching, quarantine, last rollback)."""
+
+    def view(self) -> GateView: ...
+
+
+class GuardSource(Protocol):
+    """The restart-storm guard: the units it holds."""
+
+    def view(self) -> tuple[HeldUnit, ...]: ...
+
+
 class WatchSource(Protocol):
     """A list+watch (``node_agent.kube.watch.ListWatch``): its kind and counters."""
 
@@ -131,6 +159,10 @@ class Sources:
     lease: LeaseSource | None = None
     node: NodeSource | None = None
     certificate: CertificateSource | None = None
+    unitcheck: UnitCheckSource | None = None
+    healthcheck: HealthCheckSource | None = None
+    gate: GateSource | None = None
+    guard: GuardSource | None = None
     #: The list+watches alive in this process (their counters are summed by kind).
     watches: Callable[[], Iterable[WatchSource]] = field(default=_live_watches, repr=False)
     #: The HTTP endpoints (set when they are started).
@@ -242,6 +274,12 @@ class AgentView(NamedTuple):
     endpoints: tuple[EndpointView, ...]
     health: HealthView
     errors: tuple[ErrorView, ...]
+    #: the SystemdUnitsReady check, the kubelet/containerd checks, the health gate, and the
+    #: units the restart-storm guard holds (None / empty until those parts are built)
+    units_check: UnitCheckView | None = None
+    health_checks: HealthCheckView | None = None
+    gate: GateView | None = None
+    held_units: tuple[HeldUnit, ...] = ()
 
 
 def reader(
@@ -308,6 +346,10 @@ def read_view(ctx: AgentContext, observations: ApplyObservations, probes: Probes
         endpoints=tuple(sources.endpoints()),
         health=HealthView(live=probes.live(), ready=probes.ready()),
         errors=errors,
+        units_check=sources.unitcheck.view() if sources.unitcheck is not None else None,
+        health_checks=sources.healthcheck.view() if sources.healthcheck is not None else None,
+        gate=sources.gate.view() if sources.gate is not None else None,
+        held_units=sources.guard.view() if sources.guard is not None else (),
     )
 
 

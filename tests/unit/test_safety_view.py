@@ -1,0 +1,123 @@
+"""The health sections of the read side: the SystemdUnitsReady check, the kubelet/containerd
+checks, the health gate and the restart-storm guard, in ``node-agent status`` (document and text)
+and in the metrics."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from node_agent import report, status, status_server
+from node_agent.config import HealthGateConfig
+from node_agent.controllers.health_gate import GateView, HealthGate, Rollback
+from node_agent.controllers.healthcheck import ComponentHealth, HealthCheckView
+from node_agent.controllers.unitcheck import UnitCheckView
+from node_agent.metrics import AgentMetrics
+from node_agent.restart_guard import RestartGuard
+from tests.unit.fakes import FakeSystemd
+from tests.unit.test_metrics import _samples
+from tests.unit.test_status import make_ctx, read
+
+NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
+
+
+class Fixed:
+    def __init__(self, view: object) -> None:
+        self._view = view
+
+    def view(self) -> object:
+        return self._view
+
+
+def _gate(tmp_path: Path) -> HealthGate:
+    gate = HealthGate(FakeSystemd(), make_ctx(tmp_path).state, HealthGateConfig(), agent_unit="a")
+    gate.rollbacks = 1
+    gate.last_rollback = Rollback("b" * 64, "a" * 64, "web.service", "failed after the apply", NOW)
+    return gate
+
+
+def test_health_sections_in_the_document_the_text_and_the_metrics(tmp_path: Path) -> None:
+    ctx = make_ctx(tmp_path)
+    guard = RestartGuard(max_restarts=1, window=600.0)
+    guard.record("x.service", ok=False, error="restart x.service: failed")
+    sources = ctx.health.sources
+    sources.unitcheck = Fixed(  # type: ignore[assignment]
+        UnitCheckView(
+            condition=report.units_condition(("x.service: failed",), ()),
+            checked_at=NOW,
+            unhealthy=("x.service: failed",),
+            units=3,
+            reported=True,
+        )
+    )
+    sources.healthcheck = Fixed(  # type: ignore[assignment]
+        HealthCheckView(
+            enabled=True,
+            components=(
+                ComponentHealth("kubelet", "kubelet.service", True, False, NOW, "500", 1, NOW, NOW),
+                ComponentHealth(
+                    "containerd", "containerd.service", True, True, None, None, 0, None, NOW
+                ),
+            ),
+            ready_toggles=0,
+            reboot_suggested=False,
+        )
+    )
+    sources.gate, sources.guard = _gate(tmp_path), guard
+
+    view = read(ctx)()
+    doc = {key: section(view) for key, section in status_server.SECTIONS.items()}
+    assert doc["units_check"]["condition"] == {
+        "status": "False",
+        "reason": "UnhealthyUnits",
+        "message": "x.service: failed",
+    }
+    assert doc["units_check"]["checked_at"] == "2026-11-22T12:00:00Z"
+    assert doc["health_checks"]["components"][0]["failing_since"] == "2026-11-22T12:00:00Z"
+    gate = doc["health_gate"]
+    assert gate["enabled"] is True
+    assert gate["last_rollback"]["unit"] == "web.service"
+    assert gate["held_units"][0]["unit"] == "x.service"
+    assert gate["held_units"][0]["describe"].startswith("x.service: failed after 1 restarts")
+
+    full = status.skeleton() | doc
+    text = status.render(full, now=NOW.timestamp() + 60)
+    assert (
+        "SystemdUnitsReady     False (UnhealthyUnits)" in text or "False (UnhealthyUnits)" in text
+    )
+    assert "x.service: failed" in text
+    assert "UNHEALTHY since" in text
+    assert "restarted 1 times by node-agent" in text
+    assert "Health gate" in text
+    assert "web.service: failed after the apply" in text
+    assert "Held unit:    x.service" in text
+
+    samples = _samples(AgentMetrics(read(ctx)).render())
+    assert samples["node_agent_systemd_units_ready"] == 0
+    assert samples["node_agent_systemd_units_unhealthy"] == 1
+    assert samples['node_agent_component_healthy{component="kubelet"}'] == 0
+    assert samples['node_agent_component_healthy{component="containerd"}'] == 1
+    assert samples['node_agent_component_restarts_total{component="kubelet"}'] == 1
+    assert samples["node_agent_osc_rollbacks_total"] == 1
+    assert samples["node_agent_osc_quarantined"] == 0
+    assert samples["node_agent_units_restarts_suspended"] == 1
+
+
+def test_health_sections_are_null_before_the_parts_exist(tmp_path: Path) -> None:
+    ctx = make_ctx(tmp_path)
+    view = read(ctx)()
+    assert status_server.units_check_section(view) is None
+    assert status_server.health_gate_section(view) is None
+    text = status.render(status.skeleton())
+    assert "Health gate" not in text
+    samples = _samples(AgentMetrics(read(ctx)).render())
+    assert samples["node_agent_units_restarts_suspended"] == 0
+    assert "node_agent_osc_rollbacks_total" not in samples
+
+
+def test_gate_view_while_watching(tmp_path: Path) -> None:
+    view = GateView(True, 30.0, "c" * 64, ("web.service",), None, None, 0)
+    doc = status.skeleton()
+    doc["health_gate"] = {**status_server._jsonable(view), "held_units": []}
+    text = status.render(doc, now=(NOW + timedelta(seconds=5)).timestamp())
+    assert "watching web.service after cccccccccccc" in text
