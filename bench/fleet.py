@@ -197,6 +197,14 @@ def tree_pids(pid: int) -> list[int]:
     return pids
 
 
+def rss_mib(pid: int) -> float:
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
 def pss_kib(pid: int) -> int:
     with contextlib.suppress(OSError):
         for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
@@ -572,6 +580,11 @@ async def steady(fleet: Fleet, audit_log: Path) -> None:
         "idle fleet, incl. the bench's Node watch",
     )
     fleet.row(
+        "steady: kube-apiserver RSS",
+        f"{rss_mib(fleet.cp.apiserver.popen.pid):.0f} MiB",  # type: ignore[union-attr]
+        f"etcd {rss_mib(fleet.cp.etcd.popen.pid):.0f} MiB",  # type: ignore[union-attr]
+    )
+    fleet.row(
         "steady: CPU per agent",
         f"{agents_cpu / len(fleet.members) / (end - start) * 100:.2f} % of a core",
         f"main process + systemd worker; fleet total {agents_cpu / (end - start) * 100:.1f} %",
@@ -758,10 +771,11 @@ async def run(args: argparse.Namespace) -> None:
             if not ok:
                 raise SystemExit(f"the fleet did not converge on the first OSC in {first:.0f} s")
             load = os.getloadavg()
-            print(
-                f"{args.agents} agents spawned and applied the first OSC in {first:.1f} s "
-                f"(load average {load[0]:.1f})",
-                flush=True,
+            fleet.row(
+                "first OSC on fresh agents",
+                f"{first:.1f} s",
+                f"{args.agents} agents spawned {args.spawn_gap:g} s apart, until every Node "
+                f"reported it (load average {load[0]:.1f})",
             )
             await asyncio.sleep(args.settle + 10)  # first applies' history, conditions, Events
             for scenario in scenarios:
@@ -778,7 +792,7 @@ async def run(args: argparse.Namespace) -> None:
                     await breaker(fleet, args.breaker_k, args.breaker, args.timeout)
                 else:
                     raise SystemExit(f"unknown scenario {scenario!r}")
-                if fleet.alive() != len(members):
+                if fleet.alive() != len(members):  # an agent that died is a finding
                     print(f"WARNING: {len(members) - fleet.alive()} agents exited", flush=True)
             await fleet.watcher.stop()
         print_table(fleet, time.monotonic() - started)
@@ -817,6 +831,18 @@ def print_table(fleet: Fleet, wall: float) -> None:
         f"fleet: {len(fleet.members)} agents (one real systemd each), one kube-apiserver; "
         f"2 cores; load average at the end {load[0]:.1f}/{load[1]:.1f}/{load[2]:.1f}; "
         f"bench wall {wall / 60:.1f} min; health gate settle window {fleet.args.settle:g} s"
+    )
+    levels: Counter[str] = Counter()
+    for member in fleet.members:
+        with contextlib.suppress(OSError):
+            assert member.log is not None
+            for line in member.log.read_text(errors="replace").splitlines():
+                found = re.search(r"\[(warning|error|critical)\s*\]", line)
+                if found:
+                    levels[found.group(1)] += 1
+    print(
+        f"agents running at the end: {fleet.alive()}/{len(fleet.members)}; their log lines: "
+        f"{dict(levels) or 'no warning or error'}"
     )
     width = max(len(r.figure) for r in fleet.rows)
     vwidth = max(len(r.value) for r in fleet.rows)
