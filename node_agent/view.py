@@ -30,7 +30,8 @@ import hashlib
 import os
 import platform
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import weakref
+from collections.abc import Callable, Iterable, Mapping, MutableSet, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
@@ -132,12 +133,6 @@ class WatchSource(Protocol):
     def stats(self) -> WatchStats: ...
 
 
-def _live_watches() -> Iterable[WatchSource]:
-    from node_agent.kube.watch import live_watches
-
-    return live_watches()
-
-
 class EndpointView(NamedTuple):
     """One HTTP endpoint: where it listens and what it closed unserved."""
 
@@ -163,8 +158,9 @@ class Sources:
     healthcheck: HealthCheckSource | None = None
     gate: GateSource | None = None
     guard: GuardSource | None = None
-    #: The list+watches alive in this process (their counters are summed by kind).
-    watches: Callable[[], Iterable[WatchSource]] = field(default=_live_watches, repr=False)
+    #: The agent's live list+watches (their counters are summed by kind); the controllers hand
+    #: it to ``list_watch(registry=...)``, and a watch that is gone drops out (weak references).
+    watches: MutableSet[Any] = field(default_factory=weakref.WeakSet, repr=False)
     #: The HTTP endpoints (set when they are started).
     endpoints: Callable[[], Sequence[EndpointView]] = field(default=tuple, repr=False)
 
@@ -342,7 +338,7 @@ def read_view(ctx: AgentContext, observations: ApplyObservations, probes: Probes
             annotation_restarts=len(node.stats.restarts) if node is not None else 0,
             missing=node.missing if node is not None else None,
         ),
-        watches=_watches(sources.watches()),
+        watches=_watches(tuple(sources.watches)),
         endpoints=tuple(sources.endpoints()),
         health=HealthView(live=probes.live(), ready=probes.ready()),
         errors=errors,

@@ -121,7 +121,9 @@ class NodeController:
     async def _watch(self) -> None:
         assert self.ctx.node_name is not None
         events = list_watch(
-            self.ctx.kube.nodes(), field_selector=f"metadata.name={self.ctx.node_name}"
+            self.ctx.kube.nodes(),
+            field_selector=f"metadata.name={self.ctx.node_name}",
+            registry=self.ctx.health.sources.watches,
         )
         async with events:
             async for event in events:

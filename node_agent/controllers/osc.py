@@ -138,7 +138,9 @@ class OSCController:
     async def _watch(self) -> None:
         name = self.ctx.secret_name
         events = list_watch(
-            self.ctx.kube.secrets(NAMESPACE), field_selector=f"metadata.name={name}"
+            self.ctx.kube.secrets(NAMESPACE),
+            field_selector=f"metadata.name={name}",
+            registry=self.ctx.health.sources.watches,
         )
         async with events:
             async for event in events:

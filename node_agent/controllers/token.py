@@ -92,7 +92,9 @@ class TokenSync:
 
     async def _watch(self) -> None:
         events = list_watch(
-            self.ctx.kube.secrets(NAMESPACE), field_selector=f"metadata.name={self.secret_name}"
+            self.ctx.kube.secrets(NAMESPACE),
+            field_selector=f"metadata.name={self.secret_name}",
+            registry=self.ctx.health.sources.watches,
         )
         async with events:
             async for event in events:

@@ -27,8 +27,7 @@ import contextlib
 import logging
 import random
 import time
-import weakref
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, MutableSet
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
@@ -40,10 +39,9 @@ log = logging.getLogger(__name__)
 
 JSON = dict[str, Any]
 EventType = Literal["SYNC", "ADDED", "MODIFIED", "DELETED"]
+
+
 #: Every live ListWatch, so metrics can read their counters without each controller exposing them.
-_LIVE: weakref.WeakSet[ListWatch] = weakref.WeakSet()
-
-
 class Watchable(Protocol):
     """A collection that can be listed and watched (``node_agent.kube.client.Resource``)."""
 
@@ -119,7 +117,10 @@ class ListWatch:
         backoff: Backoff | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         rng: random.Random | None = None,
+        registry: MutableSet[ListWatch] | None = None,
     ) -> None:
+        """``registry``: where the agent keeps its live watches for the read side (a WeakSet
+        on the agent's ``Sources``: a watch that is gone drops out of it)."""
         self._resource = resource
         self._field_selector = field_selector
         self._label_selector = label_selector
@@ -135,7 +136,8 @@ class ListWatch:
         if field_selector and field_selector.startswith("metadata.name="):
             name = field_selector.removeprefix("metadata.name=")
         self._ref = resource.ref("watch", name)
-        _LIVE.add(self)
+        if registry is not None:
+            registry.add(self)
 
     @property
     def kind(self) -> str:
@@ -236,11 +238,6 @@ class ListWatch:
             except KubeError as exc:
                 self.stats.reconnects += 1
                 await self._pause(exc, f"watch for {self._ref}")
-
-
-def live_watches() -> list[ListWatch]:
-    """The ListWatches currently alive in this process (for metrics and ``node-agent status``)."""
-    return list(_LIVE)
 
 
 def list_watch(

@@ -4,6 +4,7 @@ rules, and the probe and metrics HTTP server."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import socket
 import time
 from collections.abc import Callable
@@ -19,7 +20,7 @@ from node_agent.context import AgentContext
 from node_agent.host.fs import HostFS
 from node_agent.host.state import ApplyRecord, ItemFailure
 from node_agent.http_server import MAX_HEADER_BYTES, HttpEndpoint
-from node_agent.kube.watch import list_watch, live_watches
+from node_agent.kube.watch import list_watch
 from node_agent.metrics import AgentMetrics
 from node_agent.observability import Observability
 from node_agent.observations import ApplyObservations, ObservedStateStore
@@ -134,14 +135,22 @@ async def test_watch_counters_are_summed_by_kind(tmp_path: Path) -> None:
 
             return ObjectRef(verb, "Secret", "kube-system", name)
 
-    watches = [list_watch(Res(), field_selector=f"metadata.name=s{i}") for i in range(2)]  # type: ignore[arg-type]
+    ctx = make_ctx(tmp_path)
+    registry = ctx.health.sources.watches
+    watches = [
+        list_watch(Res(), field_selector=f"metadata.name=s{i}", registry=registry)  # type: ignore[arg-type]
+        for i in range(2)
+    ]
+    list_watch(Res(), field_selector="metadata.name=other")  # type: ignore[arg-type]  # not the agent's
     watches[0].stats.reconnects, watches[1].stats.reconnects = 2, 3
     watches[1].stats.relists = 1
-    assert {id(w) for w in watches} <= {id(w) for w in live_watches()}
-    ctx = make_ctx(tmp_path)
     samples = _samples(render_metrics(ctx))
-    assert samples['node_agent_watch_reconnects_total{resource="Secret"}'] >= 5
-    assert samples['node_agent_watch_relists_total{resource="Secret"}'] >= 1
+    assert samples['node_agent_watch_reconnects_total{resource="Secret"}'] == 5
+    assert samples['node_agent_watch_relists_total{resource="Secret"}'] == 1
+    del watches
+    gc.collect()
+    samples = _samples(render_metrics(ctx))
+    assert 'node_agent_watch_reconnects_total{resource="Secret"}' not in samples
 
 
 def test_label_values_are_escaped(tmp_path: Path) -> None:

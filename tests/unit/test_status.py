@@ -527,7 +527,7 @@ async def test_the_view_before_the_controllers_exist(tmp_path: Path) -> None:
     from node_agent.view import Sources
 
     ctx = make_ctx(tmp_path)
-    ctx.health.sources = Sources(watches=tuple)  # as the daemon has it before build_agent()
+    ctx.health.sources = Sources()  # as the daemon has it before build_agent()
     view = read(ctx)()
     assert view.lease is None
     assert view.certificate is None
