@@ -116,6 +116,17 @@ class Rollout:
     def view(self) -> RolloutView:
         return self._view
 
+    async def close(self) -> None:
+        """Stop the timer, the Lease's watch and a slot's renewer (the slot then lapses)."""
+        self._stop_timer()
+        watcher, self._watcher = self._watcher, None
+        for task in (watcher, self._permit.renewer if self._permit else None):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._permit = None
+
     @staticmethod
     def policy(secret: Mapping[str, Any]) -> Policy:
         return pacing.parse_policy((secret.get("metadata") or {}).get("annotations"))
@@ -139,7 +150,14 @@ class Rollout:
         node is already in the middle of it, and was counted), but serial mode renews its Lease
         on every try, as Gardener's agent does."""
         self._stop_timer()
-        await self._drop_permit()
+        # A retry after an error we were not told about (the apply did not end in success or
+        # failure): the slot taken for this checksum is still ours and still renewed.
+        kept = self._permit
+        if kept is not None and kept.checksum == checksum and retrying:
+            self._permit = None
+        else:
+            kept = None
+            await self._drop_permit()
         policy = self.policy(secret)
         self._owner = secret
         if policy.problems != self._problems_logged:
@@ -154,14 +172,18 @@ class Rollout:
             problems=policy.problems,
             checksum=checksum,
         )
+        permit = Permit(checksum)
+        if kept is not None and kept.slot:
+            permit.slot, permit.canary, permit.renewer = True, kept.canary, kept.renewer
         if not policy.active:
             self._stop_watch()
+            await self._stop_renewer(permit)
             self._set(state="idle", reason=None, message="", holders=(), canary=False)
             return Permit(checksum)
-        permit = Permit(checksum)
         if policy.serial:
             waited = await self._serial_acquire(checksum)
             if waited:
+                await self._stop_renewer(permit)  # the slot lapses (counted as lost)
                 return None
             permit.serial = True
         if policy.pacing is not None and not retrying:
@@ -263,7 +285,7 @@ class Rollout:
         self._set(holders=(step.holder or "",))
         message = (
             f"serial rollout: node {step.holder} holds Lease {report.NAMESPACE}/"
-            f"{self.lease_name} (expires in {step.expires_in:.0f}s)"
+            f"{self.lease_name} (until {pacing.utc(now + step.expires_in)} unless released)"
         )
         await self._wait(pacing.REASON_SERIAL, message, checksum, step.expires_in)
         return True

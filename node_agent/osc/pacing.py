@@ -184,6 +184,11 @@ def micro_time(at: float) -> str:
     return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
+def utc(at: float) -> str:
+    """A moment for messages: fixed (not a countdown), so a message changes only with facts."""
+    return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def parse_micro_time(value: object) -> float | None:
     if not isinstance(value, str) or not value:
         return None
@@ -367,7 +372,7 @@ def decide(pacing: Pacing, ledger: Ledger, host: str, checksum: str, now: float)
         if now < soaked:
             message = (
                 f"canaries {', '.join(active)} applied OSC {short}; soaking for "
-                f"{pacing.soak:g}s ({soaked - now:.0f}s left)"
+                f"{pacing.soak:g}s (until {utc(soaked)})"
             )
             return Decision("wait", ledger, REASON_CANARIES, message, retry_in=soaked - now)
     slot = Slot(host, checksum, now, pacing.slot_ttl)

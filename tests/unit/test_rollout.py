@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import pytest_asyncio
 
 from node_agent import report
 from node_agent.config import AgentSettings, NodeAgentConfiguration
@@ -67,6 +69,7 @@ class Pool:
         self.clock = Clock()
         self.woken: list[str] = []
         self.woke = asyncio.Event()
+        self.nodes: list[Rollout] = []
         self.tmp = tmp_path
 
     def node(self, name: str, recheck: tuple[str, str] = ("50ms", "100ms")) -> Rollout:
@@ -95,7 +98,9 @@ class Pool:
             self.woken.append(name)
             self.woke.set()
 
-        return Rollout(ctx, wake, clock=self.clock)
+        rollout = Rollout(ctx, wake, clock=self.clock)
+        self.nodes.append(rollout)
+        return rollout
 
     def lease(self) -> dict[str, Any]:
         return self.kube.leases(NS).items[SECRET]
@@ -120,9 +125,12 @@ class Pool:
         ]
 
 
-@pytest.fixture
-def pool(tmp_path: Path) -> Pool:
-    return Pool(tmp_path)
+@pytest_asyncio.fixture
+async def pool(tmp_path: Path) -> AsyncIterator[Pool]:
+    pool = Pool(tmp_path)
+    yield pool
+    for node in pool.nodes:
+        await node.close()
 
 
 async def test_no_policy_no_lease(pool: Pool) -> None:
@@ -339,3 +347,21 @@ async def test_a_waiting_node_is_woken_when_the_lease_changes(pool: Pool) -> Non
     assert pool.woken == ["b"]
     assert await b.admit(secret(SERIAL), CS, retrying=False, plan=KUBELET) is not None
     assert b._watcher is None  # stopped once the node goes ahead
+
+
+async def test_a_retry_after_an_unreported_error_keeps_its_slot(pool: Pool) -> None:
+    a, b = pool.node("a"), pool.node("b")
+    first = await a.admit(secret(paced()), CS, retrying=False, plan=KUBELET)
+    assert first is not None
+    assert first.renewer is not None
+    # the reconcile ended by an error before the apply's verdict; the loop retries
+    again = await a.admit(secret(paced()), CS, retrying=True, plan=KUBELET)
+    assert again is not None
+    assert again.slot
+    assert again.renewer is first.renewer
+    assert not first.renewer.done()
+    assert pool.ledger().holders() == ("a",)
+    assert await b.admit(secret(paced()), CS, retrying=False, plan=KUBELET) is None
+    await a.succeeded(again)
+    assert pool.ledger().healthy == {"a": pool.clock.now}
+    assert again.renewer is None
