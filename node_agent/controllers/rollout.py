@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from node_agent import report
+from node_agent.config import RolloutConfig
 from node_agent.errors import KubeConflict, KubeError, KubeNotFound
 from node_agent.kube.watch import list_watch
 from node_agent.log import get_logger
@@ -105,7 +106,7 @@ class Rollout:
         self._watcher: asyncio.Task[None] | None = None  # the Lease's watch, while waiting
 
     @property
-    def config(self) -> Any:
+    def config(self) -> RolloutConfig:
         return self.ctx.config.node_agent.rollout
 
     @property
@@ -206,6 +207,13 @@ class Rollout:
                     units=disruptive,
                     holders=decision.ledger.holders(),
                 )
+        elif policy.pacing is not None and not permit.slot:
+            # resuming after the agent restarted mid-apply: a slot still ours is taken up again
+            slot = await self._readopt(checksum)
+            if slot is not None:
+                permit.slot, permit.canary = True, slot.canary
+                permit.renewer = self._start_renewer(checksum, policy.pacing.slot_ttl)
+                log.info("rollout slot taken up again", checksum=checksum)
         self._permit = permit
         message = f"applying OSC {checksum[:12]}"
         if permit.canary:
@@ -326,6 +334,21 @@ class Rollout:
             breaker_open=ledger.breaker_open(policy),
         )
         return decision
+
+    async def _readopt(self, checksum: str) -> pacing.Slot | None:
+        host = self.ctx.host_name
+
+        def change(lease: JSON) -> tuple[bool, pacing.Slot | None]:
+            renewed = pacing.renew(_ledger_of(lease), host, checksum, self.clock())
+            if renewed is None:
+                return False, None
+            _put_ledger(lease, renewed)
+            return True, renewed.slot_of(host)
+
+        try:
+            return await self._update(change, create=False)
+        except KubeNotFound:
+            return None
 
     async def _finish(self, checksum: str, *, ok: bool, why: str) -> None:
         host = self.ctx.host_name

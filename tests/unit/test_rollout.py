@@ -47,6 +47,10 @@ def paced(k: int = 1, **more: str) -> dict[str, str]:
     return {"node-agent.gardener.cloud/rollout-max-parallel": str(k), **more}
 
 
+def paced_with(k: int, more: dict[str, str]) -> dict[str, str]:
+    return {**paced(k), **more}
+
+
 def plan_of(*units: str) -> Any:
     change_set = ChangeSet(
         unit_commands=tuple(
@@ -365,3 +369,40 @@ async def test_a_retry_after_an_unreported_error_keeps_its_slot(pool: Pool) -> N
     await a.succeeded(again)
     assert pool.ledger().healthy == {"a": pool.clock.now}
     assert again.renewer is None
+
+
+async def test_an_agent_restarted_mid_apply_takes_its_slot_up_again(pool: Pool) -> None:
+    a = pool.node("a")
+    first = await a.admit(secret(paced()), CS, retrying=False, plan=KUBELET)
+    assert first is not None
+    await a.close()  # killed: the renewer is gone, the slot is still in the ledger
+    restarted = pool.node("a")
+    pool.clock.now += 5
+    resumed = await restarted.admit(secret(paced()), CS, retrying=True, plan=KUBELET)
+    assert resumed is not None
+    assert resumed.slot
+    assert resumed.renewer is not None
+    assert pool.ledger().slots[0].renewed == pool.clock.now
+    await restarted.succeeded(resumed)
+    assert pool.ledger().failed == {}
+    assert set(pool.ledger().healthy) == {"a"}
+    # too late: the slot lapsed and another node took the place (b counts as lost); the
+    # resume goes on without a slot (it is not paced again)
+    b = pool.node("b")
+    pb = await b.admit(secret(paced()), CS2, retrying=False, plan=KUBELET)
+    assert pb is not None
+    await b.close()
+    pool.clock.now += 601
+    other = pool.node("c")
+    pc = await other.admit(
+        secret(paced_with(1, {"node-agent.gardener.cloud/rollout-max-failures": "2"})),
+        CS2,
+        retrying=False,
+        plan=KUBELET,
+    )
+    assert pc is not None
+    assert pool.ledger().failed == {"b": pacing.LOST}
+    again = await pool.node("b").admit(secret(paced()), CS2, retrying=True, plan=KUBELET)
+    assert again is not None
+    assert not again.slot
+    assert pool.ledger().holders() == ("c",)
