@@ -176,15 +176,17 @@ class Rollout:
         permit = Permit(checksum)
         if kept is not None and kept.slot:
             permit.slot, permit.canary, permit.renewer = True, kept.canary, kept.renewer
+        # held from here on, so that an API error below leaves nothing running unaccounted
+        self._permit = permit
         if not policy.active:
             self._stop_watch()
-            await self._stop_renewer(permit)
+            await self._drop_permit()
             self._set(state="idle", reason=None, message="", holders=(), canary=False)
             return Permit(checksum)
         if policy.serial:
             waited = await self._serial_acquire(checksum)
             if waited:
-                await self._stop_renewer(permit)  # the slot lapses (counted as lost)
+                await self._drop_permit()  # a kept slot lapses (counted as lost)
                 return None
             permit.serial = True
         if policy.pacing is not None and not retrying:
@@ -192,6 +194,7 @@ class Rollout:
             if disruptive:
                 decision = await self._take_slot(policy.pacing, checksum)
                 if decision.action == "wait":
+                    await self._drop_permit()
                     if permit.serial:
                         await self._serial_release()
                     await self._wait(
@@ -214,7 +217,6 @@ class Rollout:
                 permit.slot, permit.canary = True, slot.canary
                 permit.renewer = self._start_renewer(checksum, policy.pacing.slot_ttl)
                 log.info("rollout slot taken up again", checksum=checksum)
-        self._permit = permit
         message = f"applying OSC {checksum[:12]}"
         if permit.canary:
             message += " as a canary"
