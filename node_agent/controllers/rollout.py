@@ -104,6 +104,8 @@ class Rollout:
         self._problems_logged: tuple[str, ...] = ()
         self._owner: Mapping[str, Any] = {}  # the Secret: the owner of a Lease we create
         self._watcher: asyncio.Task[None] | None = None  # the Lease's watch, while waiting
+        self._decided_on: str | None = None  # resourceVersion of the Lease last read/written
+        self._watched: str | None = None  # resourceVersion the watch last showed
 
     @property
     def config(self) -> RolloutConfig:
@@ -396,16 +398,18 @@ class Rollout:
             self.ctx.kube.leases(report.NAMESPACE),
             field_selector=f"metadata.name={self.lease_name}",
         )
-        first = True
         async with events:
             async for event in events:
                 if self._view.state != "waiting":
                     return
-                if first and event.type == "SYNC":
-                    first = False
-                    continue
-                first = False
-                self._schedule_sooner(self._rng.uniform(0.0, WATCH_SPREAD))
+                self._watched = _resource_version(event.object)
+                if self._changed_since_decision():
+                    self._schedule_sooner(self._rng.uniform(0.0, WATCH_SPREAD))
+
+    def _changed_since_decision(self) -> bool:
+        """The watch has shown a Lease other than the one the last decision read or wrote
+        (also a change that came while deciding, or before the watch started)."""
+        return self._watched != self._decided_on
 
     async def _renew(self, checksum: str, ttl: float) -> None:
         host = self.ctx.host_name
@@ -475,18 +479,22 @@ class Rollout:
                 lease = await kube.get_lease(report.NAMESPACE, self.lease_name)
                 exists = True
             except KubeNotFound:
+                self._decided_on = None
                 if not create:
                     raise
                 lease, exists = self._new_lease(), False
+            if exists:
+                self._decided_on = _resource_version(lease)
             body = _copy(lease)
             write, result = change(body)
             if not write:
                 return result
             try:
                 if exists:
-                    await kube.update_lease(report.NAMESPACE, self.lease_name, body)
+                    written = await kube.update_lease(report.NAMESPACE, self.lease_name, body)
                 else:
-                    await kube.create_lease(report.NAMESPACE, body)
+                    written = await kube.create_lease(report.NAMESPACE, body)
+                self._decided_on = _resource_version(written)
                 return result
             except KubeConflict:  # also AlreadyExists: someone else wrote first
                 if attempt + 1 == CAS_ATTEMPTS:
@@ -502,6 +510,12 @@ class Rollout:
         delay = self._rng.uniform(low, high)
         if retry_in is not None:
             delay = min(delay, max(retry_in, 0.0) + self._rng.uniform(0.05, 0.5))
+        if (
+            self._watcher is not None
+            and not self._watcher.done()
+            and self._changed_since_decision()
+        ):
+            delay = min(delay, self._rng.uniform(0.0, WATCH_SPREAD))
         self._schedule(delay)
         self._watch_while_waiting()
         first = self._view.state != "waiting" or self._view.reason != reason
@@ -635,3 +649,10 @@ def _bound(coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
         owner.add_done_callback(cancel)
         task.add_done_callback(lambda _t: owner.remove_done_callback(cancel))
     return task
+
+
+def _resource_version(obj: Mapping[str, Any] | None) -> str | None:
+    if not obj:
+        return None
+    value = (obj.get("metadata") or {}).get("resourceVersion")
+    return str(value) if value else None

@@ -406,3 +406,13 @@ async def test_an_agent_restarted_mid_apply_takes_its_slot_up_again(pool: Pool) 
     assert again is not None
     assert not again.slot
     assert pool.ledger().holders() == ("c",)
+
+
+async def test_a_release_before_the_watch_started_is_not_missed(pool: Pool) -> None:
+    a, b = pool.node("a"), pool.node("b", recheck=("60s", "60s"))
+    permit = await a.admit(secret(SERIAL), CS, retrying=False, plan=KUBELET)
+    assert await b.admit(secret(SERIAL), CS, retrying=False, plan=KUBELET) is None
+    # released before b's watch made its first list (the fake answers without yielding)
+    await a.succeeded(permit)
+    await asyncio.wait_for(pool.woke.wait(), 5)
+    assert pool.woken == ["b"]
