@@ -107,7 +107,7 @@ def build_agent(
     sources.osc, sources.lease, sources.node = osc, lease, node
     unitcheck = UnitCheckController(ctx, applier, guard=guard)
     sources.unitcheck, sources.healthcheck = unitcheck, health
-    sources.gate, sources.guard = osc.gate, guard
+    sources.gate, sources.guard, sources.rollout = osc.gate, guard, osc.rollout
     return Agent(ctx, applier, osc, lease, node, token, health, unitcheck)
 
 

@@ -68,6 +68,7 @@ class AgentCollector(Collector):
             self.units_check,
             self.health_checks,
             self.safety,
+            self.rollout,
         )
 
     def collect(self) -> Iterator[Metric]:
@@ -252,6 +253,27 @@ class AgentCollector(Collector):
             "node_agent_units_restarts_suspended",
             "Units the restart-storm guard no longer lets the agent restart.",
             len(view.held_units),
+        )
+
+    def rollout(self, view: AgentView) -> Metrics:
+        rollout = view.rollout
+        if rollout is None:
+            return
+        yield _gauge(
+            "node_agent_rollout_waiting",
+            "1 while this node waits for its turn in the pool's rollout (serial Lease, slot, "
+            "canaries), else 0.",
+            rollout.state == "waiting",
+        )
+        yield _gauge(
+            "node_agent_rollout_breaker_open",
+            "1 while the pool's circuit breaker holds the rollout of the current OSC, else 0.",
+            rollout.breaker_open,
+        )
+        yield _counter(
+            "node_agent_rollout_waits",
+            "Times this node had to wait for its turn in a rollout.",
+            rollout.waits,
         )
 
 

@@ -165,6 +165,7 @@ def skeleton() -> dict[str, Any]:
         "units_check": None,
         "health_checks": None,
         "health_gate": None,
+        "rollout": None,
     }
 
 
@@ -573,6 +574,25 @@ def _render_health_gate(out: _Lines, doc: Mapping[str, Any], now: float) -> None
         out.row("Held unit", str(held.get("describe")))
 
 
+def _render_rollout(out: _Lines, doc: Mapping[str, Any], now: float) -> None:
+    rollout = doc.get("rollout")
+    if not rollout or (not rollout.get("serial") and not rollout.get("pacing")):
+        return
+    mode = ", ".join(
+        part
+        for part in ("serial" if rollout.get("serial") else "", rollout.get("pacing") or "")
+        if part
+    )
+    out.row("Rollout", f"{mode}: {rollout.get('state')}")
+    if rollout.get("reason"):
+        text = f"{rollout.get('reason')} since {_ago(rollout.get('since'), now)}"
+        out.row("  why", text + (f": {rollout['message']}" if rollout.get("message") else ""))
+    if rollout.get("holders"):
+        out.row("  holders", ", ".join(rollout["holders"]))
+    if rollout.get("breaker_open"):
+        out.row("  breaker", f"OPEN after {rollout.get('failures')} failed nodes")
+
+
 #: The text of ``node-agent status``, section by section, in this order. A new section of the
 #: document gets one renderer here (it must cope with ``null``: an older agent, or not running).
 RENDERERS: tuple[Renderer, ...] = (
@@ -587,6 +607,7 @@ RENDERERS: tuple[Renderer, ...] = (
     _render_units_check,
     _render_health_checks,
     _render_health_gate,
+    _render_rollout,
     _render_health,
     _render_inventory,
     _render_errors,

@@ -152,6 +152,15 @@ def health_gate_section(view: AgentView) -> dict[str, Any] | None:
     return out
 
 
+def rollout_section(view: AgentView) -> dict[str, Any] | None:
+    rollout = view.rollout
+    if rollout is None:
+        return None
+    out: dict[str, Any] = _jsonable(rollout)
+    out["since"] = iso(rollout.since)
+    return out
+
+
 #: Document key -> its builder from the view. A new section of the view gets one entry here (and
 #: its key in ``status.skeleton()``, its lines in ``status.render``).
 SECTIONS: Mapping[str, Callable[[AgentView], Any]] = {
@@ -166,6 +175,7 @@ SECTIONS: Mapping[str, Callable[[AgentView], Any]] = {
     "units_check": units_check_section,
     "health_checks": health_checks_section,
     "health_gate": health_gate_section,
+    "rollout": rollout_section,
 }
 
 

@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from node_agent.controllers.healthcheck import HealthCheckView
     from node_agent.controllers.lease import LeaseStats
     from node_agent.controllers.node import NodeStats
+    from node_agent.controllers.rollout import RolloutView
     from node_agent.controllers.unitcheck import UnitCheckView
     from node_agent.kube.watch import WatchStats
     from node_agent.observations import ApplyObservations
@@ -117,6 +118,12 @@ class GateSource(Protocol):
     def view(self) -> GateView: ...
 
 
+class RolloutSource(Protocol):
+    """Serial mode and the paced rollout of the pool."""
+
+    def view(self) -> RolloutView: ...
+
+
 class GuardSource(Protocol):
     """The restart-storm guard: the units it holds."""
 
@@ -158,6 +165,7 @@ class Sources:
     healthcheck: HealthCheckSource | None = None
     gate: GateSource | None = None
     guard: GuardSource | None = None
+    rollout: RolloutSource | None = None
     #: The agent's live list+watches (their counters are summed by kind); the controllers hand
     #: it to ``list_watch(registry=...)``, and a watch that is gone drops out (weak references).
     watches: MutableSet[Any] = field(default_factory=weakref.WeakSet, repr=False)
@@ -276,6 +284,7 @@ class AgentView(NamedTuple):
     health_checks: HealthCheckView | None = None
     gate: GateView | None = None
     held_units: tuple[HeldUnit, ...] = ()
+    rollout: RolloutView | None = None
 
 
 def reader(
@@ -346,6 +355,7 @@ def read_view(ctx: AgentContext, observations: ApplyObservations, probes: Probes
         health_checks=sources.healthcheck.view() if sources.healthcheck is not None else None,
         gate=sources.gate.view() if sources.gate is not None else None,
         held_units=sources.guard.view() if sources.guard is not None else (),
+        rollout=sources.rollout.view() if sources.rollout is not None else None,
     )
 
 

@@ -11,6 +11,7 @@ from node_agent import report, status, status_server
 from node_agent.config import HealthGateConfig
 from node_agent.controllers.health_gate import GateView, HealthGate, Rollback
 from node_agent.controllers.healthcheck import ComponentHealth, HealthCheckView
+from node_agent.controllers.rollout import RolloutView
 from node_agent.controllers.unitcheck import UnitCheckView
 from node_agent.metrics import AgentMetrics
 from node_agent.restart_guard import RestartGuard
@@ -121,3 +122,33 @@ def test_gate_view_while_watching(tmp_path: Path) -> None:
     doc["health_gate"] = {**status_server._jsonable(view), "held_units": []}
     text = status.render(doc, now=(NOW + timedelta(seconds=5)).timestamp())
     assert "watching web.service after cccccccccccc" in text
+
+
+def test_rollout_section_in_the_document_the_text_and_the_metrics(tmp_path: Path) -> None:
+    ctx = make_ctx(tmp_path)
+    ctx.health.sources.rollout = Fixed(  # type: ignore[assignment]
+        RolloutView(
+            pacing="at most 2 at once, 1 canary, soak 10m, breaker at 1",
+            state="waiting",
+            reason="CircuitBreakerOpen",
+            message="1 node failed OSC bbbbbbbbbbbb",
+            checksum="b" * 64,
+            holders=("node-b",),
+            failures=1,
+            breaker_open=True,
+            since=NOW.timestamp(),
+            waits=4,
+        )
+    )
+    view = read(ctx)()
+    doc = status.skeleton() | {k: s(view) for k, s in status_server.SECTIONS.items()}
+    assert doc["rollout"]["since"] == "2026-11-22T12:00:00Z"
+    assert doc["rollout"]["holders"] == ["node-b"]
+    text = status.render(doc, now=NOW.timestamp() + 30)
+    assert "Rollout:      at most 2 at once, 1 canary, soak 10m, breaker at 1: waiting" in text
+    assert "CircuitBreakerOpen since" in text
+    assert "breaker:    OPEN after 1 failed nodes" in text
+    samples = _samples(AgentMetrics(read(ctx)).render())
+    assert samples["node_agent_rollout_waiting"] == 1
+    assert samples["node_agent_rollout_breaker_open"] == 1
+    assert samples["node_agent_rollout_waits_total"] == 4
