@@ -21,7 +21,7 @@ from node_agent.applier import Applier, Outcome
 from node_agent.config import ZONE_FILE, parse_duration
 from node_agent.context import AgentContext
 from node_agent.controllers.health_gate import GateRecord, HealthGate
-from node_agent.controllers.rollout import Rollout
+from node_agent.controllers.rollout import Permit, Rollout
 from node_agent.errors import (
     ApplyError,
     KubeError,
@@ -337,10 +337,7 @@ class OSCController:
                 finished=finished,
             )
             if gate is not None and broke is not None:
-                try:
-                    await self._roll_back(await self.gate.rolling_back(gate, broke))
-                finally:
-                    await self.rollout.failed(permit, f"rolled back: {broke.describe()}")
+                await self._roll_back_update(gate, broke, permit)
                 return None
             await self.rollout.failed(permit, str(exc))
             raise
@@ -362,10 +359,7 @@ class OSCController:
             finished=finished,
         )
         if gate is not None and broke is not None:
-            try:
-                await self._roll_back(await self.gate.rolling_back(gate, broke))
-            finally:
-                await self.rollout.failed(permit, f"rolled back: {broke.describe()}")
+            await self._roll_back_update(gate, broke, permit)
             return None  # rolled back: the Node keeps the old checksum
         await self._report_applied(osc, checksum)
         await self.rollout.succeeded(permit)
@@ -457,6 +451,15 @@ class OSCController:
         if evidence is None:
             await self.gate.clear()
         return evidence
+
+    async def _roll_back_update(
+        self, record: GateRecord, evidence: Evidence, permit: Permit | None
+    ) -> None:
+        """The update broke a unit: roll it back, and tell the pool's rollout it failed."""
+        try:
+            await self._roll_back(await self.gate.rolling_back(record, evidence))
+        finally:
+            await self.rollout.failed(permit, f"rolled back: {evidence.describe()}")
 
     async def _roll_back(self, record: GateRecord) -> None:
         """Apply the last-known-good OSC again (restoring what the update changed and
