@@ -824,6 +824,10 @@ async def teardown(members: list[Member]) -> None:
         member.node.stop()
 
 
+#: a warning or error line of an agent's text log, and its message
+LOG_LEVEL = re.compile(r"\[(warning|error|critical)\s*\]\s+(.*?)(?:\s{2,}|\s+\w+=|$)")
+
+
 def print_table(fleet: Fleet, wall: float) -> None:
     load = os.getloadavg()
     print()
@@ -837,9 +841,9 @@ def print_table(fleet: Fleet, wall: float) -> None:
         with contextlib.suppress(OSError):
             assert member.log is not None
             for line in member.log.read_text(errors="replace").splitlines():
-                found = re.search(r"\[(warning|error|critical)\s*\]", line)
+                found = LOG_LEVEL.search(line)
                 if found:
-                    levels[found.group(1)] += 1
+                    levels[f"{found.group(1)}: {found.group(2)}"] += 1
     print(
         f"agents running at the end: {fleet.alive()}/{len(fleet.members)}; their log lines: "
         f"{dict(levels) or 'no warning or error'}"
