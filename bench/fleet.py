@@ -455,6 +455,7 @@ class Fleet:
     watcher: NodeWatch | None = None
     version: int = 0
     audit_log: Path = Path()
+    restarts: dict[str, int] = field(default_factory=dict)
 
     @property
     def names(self) -> list[str]:
@@ -509,6 +510,23 @@ class Fleet:
         member.proc = await spawn_agent(
             setup, member.node, member.name, member.log, env=dict(os.environ)
         )
+
+    async def supervise(self) -> None:
+        """Restart an agent that exited, as its unit's ``Restart=always`` (``RestartSec=5``)
+        does on a node; each restart is counted and shown."""
+        while True:
+            await asyncio.sleep(1.0)
+            for member in self.members:
+                if member.proc is None or member.proc.returncode is None:
+                    continue
+                self.restarts[member.name] = self.restarts.get(member.name, 0) + 1
+                print(
+                    f"  agent of {member.name} exited ({member.proc.returncode}); restarting",
+                    flush=True,
+                )
+                member.proc = None
+                await asyncio.sleep(5.0)
+                await self.spawn(member)
 
     def next_tag(self) -> str:
         self.version += 1
@@ -735,6 +753,7 @@ async def run(args: argparse.Namespace) -> None:
         "--audit-log-batch-max-wait=1s",
     ]
     members: list[Member] = []
+    tasks: list[asyncio.Task[None]] = []  # cancelled before the teardown
     started = time.monotonic()
     try:
         cp.start()
@@ -760,6 +779,8 @@ async def run(args: argparse.Namespace) -> None:
             await gather_limited(8, [lambda m=m: fleet.register(m) for m in members])
             fleet.watcher = NodeWatch(admin)
             fleet.watcher.start()
+            supervisor = asyncio.get_running_loop().create_task(fleet.supervise())
+            tasks.append(supervisor)
             t0 = time.monotonic()
             for member in members:
                 await fleet.spawn(member)
@@ -795,8 +816,13 @@ async def run(args: argparse.Namespace) -> None:
                 if fleet.alive() != len(members):  # an agent that died is a finding
                     print(f"WARNING: {len(members) - fleet.alive()} agents exited", flush=True)
             await fleet.watcher.stop()
+            supervisor.cancel()
+            await asyncio.gather(supervisor, return_exceptions=True)
         print_table(fleet, time.monotonic() - started)
     finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         await teardown(members)
         cp.stop()
         if old_inotify is not None:
@@ -845,7 +871,9 @@ def print_table(fleet: Fleet, wall: float) -> None:
                 if found:
                     levels[f"{found.group(1)}: {found.group(2)}"] += 1
     print(
-        f"agents running at the end: {fleet.alive()}/{len(fleet.members)}; their log lines: "
+        f"agents running at the end: {fleet.alive()}/{len(fleet.members)}; restarted after "
+        f"exiting: {sum(fleet.restarts.values())} times ({len(fleet.restarts)} agents); "
+        "their log lines: "
         f"{dict(levels) or 'no warning or error'}"
     )
     width = max(len(r.figure) for r in fleet.rows)
@@ -871,7 +899,7 @@ def main() -> None:
         "--breaker-quiet", type=float, default=60.0, help="s without a new bad start: done"
     )
     parser.add_argument("--settle", type=float, default=5.0, help="health gate settle window, s")
-    parser.add_argument("--spawn-gap", type=float, default=0.3, help="s between agent spawns")
+    parser.add_argument("--spawn-gap", type=float, default=1.0, help="s between agent spawns")
     parser.add_argument("--timeout", type=float, default=1800.0, help="s per rollout")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
     args = parser.parse_args()
