@@ -43,6 +43,10 @@ CAS_ATTEMPTS = 8
 #: a waiting node that sees the Lease change looks again after a random delay up to this (so a
 #: freed slot is not raced for by the whole pool in the same instant)
 WATCH_SPREAD = 1.0
+#: A condition whose status and reason stay the same is rewritten for a new message (the holders
+#: changed, the soak went on) at most this often: each holder change wakes every waiting node,
+#: and a write per wake-up made a paced rollout cost each node ~100 extra API requests.
+MESSAGE_REFRESH = 60.0
 State = Literal["idle", "waiting", "applying", "applied", "failed"]
 
 
@@ -100,6 +104,7 @@ class Rollout:
         self._timer: asyncio.TimerHandle | None = None
         self._view = RolloutView()
         self._reported: tuple[str, str, str] | None = None  # condition last written
+        self._reported_at = 0.0  # when (time.monotonic)
         self._announced: tuple[str, str] | None = None  # (reason, checksum) of the last Event
         self._problems_logged: tuple[str, ...] = ()
         self._owner: Mapping[str, Any] = {}  # the Secret: the owner of a Lease we create
@@ -577,6 +582,9 @@ class Rollout:
         wanted = (status, reason, message)
         if name is None or self._reported == wanted:
             return
+        same = self._reported is not None and self._reported[:2] == wanted[:2]
+        if same and time.monotonic() - self._reported_at < MESSAGE_REFRESH:
+            return  # only the message changed, and it was written less than a minute ago
         try:
             for attempt in range(CAS_ATTEMPTS):
                 node = await self.ctx.kube.get_node(name)
@@ -614,7 +622,7 @@ class Rollout:
                     if attempt + 1 == CAS_ATTEMPTS:
                         raise
                     continue
-                self._reported = wanted
+                self._reported, self._reported_at = wanted, time.monotonic()
                 return
         except KubeError as exc:
             log.warning("rollout condition not written", error=str(exc))

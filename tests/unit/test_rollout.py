@@ -416,3 +416,21 @@ async def test_a_release_before_the_watch_started_is_not_missed(pool: Pool) -> N
     await a.succeeded(permit)
     await asyncio.wait_for(pool.woke.wait(), 5)
     assert pool.woken == ["b"]
+
+
+async def test_a_waiting_condition_is_rewritten_for_a_new_message_at_most_once_a_minute(
+    pool: Pool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    node = pool.node("a")
+    now = [1000.0]
+    monkeypatch.setattr("node_agent.controllers.rollout.time.monotonic", lambda: now[0])
+    for holder in ("b", "c", "d"):
+        await node._condition("False", "WaitingForSlot", f"slots held by {holder}")
+    assert len(pool.kube.writes("patch_node_status")) == 1
+    assert pool.condition("a")["message"] == "slots held by b"  # type: ignore[index]
+    await node._condition("False", "CircuitBreakerOpen", "open")  # a new reason: at once
+    assert len(pool.kube.writes("patch_node_status")) == 2
+    now[0] += 61
+    await node._condition("False", "CircuitBreakerOpen", "open, 2 failed")
+    assert len(pool.kube.writes("patch_node_status")) == 3
+    assert pool.condition("a")["message"] == "open, 2 failed"  # type: ignore[index]
