@@ -38,9 +38,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
 import contextlib
-import hashlib
 import json
 import os
 import re
@@ -69,6 +67,7 @@ from tests.testbed.agent_harness import (
     inline_file,
     osc_document,
     prepare_agent,
+    publish_osc,
     service,
     spawn_agent,
 )
@@ -146,28 +145,7 @@ async def publish(
     admin: ApiClient, name: str, osc: dict[str, Any], annotations: dict[str, str]
 ) -> str:
     """Replace the pool's OSC Secret (create it the first time); returns the checksum."""
-    raw = yaml.safe_dump(osc).encode()
-    digest = hashlib.sha256(raw).hexdigest()
-    body = client.V1Secret(
-        metadata=client.V1ObjectMeta(
-            name=name,
-            namespace=NS,
-            labels={
-                "gardener.cloud/role": "operating-system-config",
-                "worker.gardener.cloud/pool": "pool-a",
-            },
-            annotations={"checksum/data-script": digest, **annotations},
-        ),
-        data={"osc.yaml": base64.b64encode(raw).decode()},
-    )
-    core = client.CoreV1Api(admin)
-    try:
-        await core.create_namespaced_secret(NS, body)
-    except client.ApiException as exc:
-        if exc.status != 409:
-            raise
-        await core.replace_namespaced_secret(name, NS, body)
-    return digest
+    return await publish_osc(admin, name, osc, annotations=annotations)
 
 
 # -- measuring from outside ---------------------------------------------------------------------

@@ -10,9 +10,7 @@ ends with the oneshot, so each node's start..end interval is the window in which
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
-import hashlib
 import itertools
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -21,7 +19,6 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
-import yaml
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client import ApiClient
 
@@ -33,6 +30,7 @@ from tests.testbed.agent_harness import (
     OSCAgent,
     inline_file,
     osc_document,
+    publish_osc,
     unique,
     wait_for,
 )
@@ -81,25 +79,7 @@ class Fleet:
 
     async def publish(self, doc: dict[str, Any], annotations: dict[str, str]) -> str:
         """The OSC Secret as Gardener writes it, with the rollout annotations."""
-        raw = yaml.safe_dump(doc).encode()
-        digest = hashlib.sha256(raw).hexdigest()
-        body = client.V1Secret(
-            metadata=client.V1ObjectMeta(
-                name=self.secret,
-                namespace=NS,
-                labels={"gardener.cloud/role": "operating-system-config"},
-                annotations={"checksum/data-script": digest, **annotations},
-            ),
-            data={"osc.yaml": base64.b64encode(raw).decode()},
-        )
-        core = client.CoreV1Api(self.admin)
-        try:
-            await core.create_namespaced_secret(NS, body)
-        except client.ApiException as exc:
-            if exc.status != 409:
-                raise
-            await core.replace_namespaced_secret(self.secret, NS, body)
-        return digest
+        return await publish_osc(self.admin, self.secret, doc, annotations=annotations)
 
     async def converge(self, checksum: str, timeout: float = 90.0, only: Any = None) -> None:
         await asyncio.gather(*(a.wait_applied(checksum, timeout) for a in (only or self.agents)))

@@ -143,11 +143,17 @@ async def put_secret(admin: ApiClient, name: str, data: dict[str, bytes]) -> Non
 
 
 async def publish_osc(
-    admin: ApiClient, secret_name: str, osc: dict[str, Any] | bytes, *, checksum: str | None = None
+    admin: ApiClient,
+    secret_name: str,
+    osc: dict[str, Any] | bytes,
+    *,
+    checksum: str | None = None,
+    annotations: Mapping[str, str] | None = None,
 ) -> str:
     """Create or replace the OSC Secret the way Gardener does; return the checksum.
 
-    ``checksum`` overrides the annotation (a mismatch the agent must refuse)."""
+    ``checksum`` overrides the annotation (a mismatch the agent must refuse); ``annotations``
+    are added to the Secret's (e.g. serial mode, the paced rollout)."""
     dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
     raw = osc if isinstance(osc, bytes) else yaml.dump(osc, Dumper=dumper).encode()
     digest = hashlib.sha256(raw).hexdigest() if checksum is None else checksum
@@ -161,7 +167,7 @@ async def publish_osc(
                     "gardener.cloud/role": "operating-system-config",
                     "worker.gardener.cloud/pool": "pool-a",
                 },
-                annotations={"checksum/data-script": digest},
+                annotations={"checksum/data-script": digest, **(annotations or {})},
             ),
             data={"osc.yaml": base64.b64encode(raw).decode()},
         ),
