@@ -42,7 +42,7 @@ from tests.testbed.agent_harness import (
 )
 from tests.testbed.controlplane import ControlPlane
 from tests.testbed.credentials import node_agent_credentials
-from tests.testbed.node_status import grant_node_status, units_ready
+from tests.testbed.node_status import units_ready
 from tests.testbed.systemd_ns import IsolatedSystemd
 
 UPSTREAM_PER_MINUTE = 9.5
@@ -154,7 +154,6 @@ async def main(args: argparse.Namespace) -> None:
                 node_name=name,
                 secret_names=[osc_secret],
             )
-            await grant_node_status(admin, creds.service_account, name)
             user = f"system:serviceaccount:kube-system:{creds.service_account}"
             prepared = prepare_agent(node.root, cp, creds, osc_secret=osc_secret)
             doc = yaml.safe_load(prepared.config_file.read_text())

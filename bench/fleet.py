@@ -73,7 +73,6 @@ from tests.testbed.agent_harness import (
 )
 from tests.testbed.controlplane import ControlPlane
 from tests.testbed.credentials import NodeAgentCredentials, node_agent_credentials
-from tests.testbed.node_status import grant_node_status
 from tests.testbed.systemd_ns import IsolatedSystemd
 
 APPLIED = "checksum/cloud-config-data"
@@ -459,7 +458,6 @@ class Fleet:
             node_name=member.name,
             secret_names=[self.secret, TOKEN_SECRET],
         )
-        await grant_node_status(self.admin, member.creds.service_account, member.name)
 
     async def spawn(self, member: Member) -> None:
         assert member.creds is not None

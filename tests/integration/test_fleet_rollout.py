@@ -35,7 +35,6 @@ from tests.testbed.agent_harness import (
     wait_for,
 )
 from tests.testbed.controlplane import ControlPlane
-from tests.testbed.node_status import grant_node_status
 from tests.testbed.systemd_ns import IsolatedSystemd
 
 pytestmark = pytest.mark.integration
@@ -189,8 +188,6 @@ async def fleet(
         for agent in agents:
             await agent.setup()
             assert agent.creds is not None
-            # Gardener lets an agent write its own Node's status (the OSCRollout condition)
-            await grant_node_status(admin_api, agent.creds.service_account, agent.node_name)
             await agent.start()
             stack.push_async_callback(agent.stop)
         pool = Fleet(admin_api, control_plane, agents)

@@ -35,7 +35,7 @@ from tests.testbed.agent_harness import (
     wait_applied,
     wait_for,
 )
-from tests.testbed.node_status import grant_node_status, units_ready
+from tests.testbed.node_status import units_ready
 from tests.testbed.systemd_ns import IsolatedSystemd
 
 pytestmark = pytest.mark.integration
@@ -144,7 +144,6 @@ async def test_systemd_units_ready_condition_on_a_real_node(
 ) -> None:
     prepared = await make_prepared_agent(node.root)
     name = prepared.name
-    await grant_node_status(admin_api, prepared.creds.service_account, name)
     setup = prepared.setup.with_config(config_doc(prepared.setup.config_file))
     # the distribution's unit that the OS extension only adds a drop-in to
     node.path("/etc/systemd/system/uc-os.service").write_text(OS_UNIT)
