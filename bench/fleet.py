@@ -59,8 +59,8 @@ import yaml
 from kubernetes_asyncio import client, watch
 from kubernetes_asyncio.client import ApiClient
 
-from node_agent.osc import pacing
-from node_agent.report import ANNOTATION_SERIAL
+from node_agent.controllers.osc import pacing
+from node_agent.kube.report import ANNOTATION_SERIAL
 from tests.conftest import api_client_from, cache_dir
 from tests.testbed.agent_harness import (
     NS,

@@ -22,7 +22,12 @@ from typing import Any
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 #: What ``node-agent run`` imports before its loop starts (cli, then the agent it runs).
-DAEMON_MODULES = ("node_agent.cli", "node_agent.log", "node_agent.agent", "node_agent.kube.client")
+DAEMON_MODULES = (
+    "node_agent.cli",
+    "node_agent.base.log",
+    "node_agent.agent",
+    "node_agent.kube.client",
+)
 
 
 def rss() -> int:

@@ -26,7 +26,7 @@ from typing import Any
 
 import yaml
 
-from node_agent.errors import OSCError
+from node_agent.base.errors import OSCError
 from node_agent.osc.decode import MAX_OSC_BYTES, decode_osc
 
 REALISTIC = Path(__file__).resolve().parents[1] / "tests/unit/data/osc-realistic.yaml"

@@ -21,7 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from node_agent import __version__
-from node_agent.applier import Applier
+from node_agent.apply.applier import Applier
+from node_agent.apply.restart_guard import RestartGuard
+from node_agent.base.errors import KubeError, KubeNotFound
+from node_agent.base.log import get_logger
+from node_agent.base.sdnotify import Notifier
+from node_agent.base.selfexe import own_executable
 from node_agent.config import AgentSettings, NodeAgentConfiguration
 from node_agent.containerd.expand import ContainerdExpander
 from node_agent.containerd.images import CtrImages, ImageStore
@@ -31,18 +36,13 @@ from node_agent.controllers.healthcheck import HealthCheckController
 from node_agent.controllers.lease import LeaseController
 from node_agent.controllers.lifecycle import HostnameChanged, watch_hostname, watchdog_pings
 from node_agent.controllers.node import NodeController
-from node_agent.controllers.osc import OSCController
+from node_agent.controllers.osc.controller import OSCController
 from node_agent.controllers.token import TokenController
 from node_agent.controllers.unitcheck import UnitCheckController
-from node_agent.errors import KubeError, KubeNotFound
 from node_agent.host.fs import HostFS
 from node_agent.host.state import StateStore
-from node_agent.log import get_logger
-from node_agent.observability import Observability
-from node_agent.observations import ApplyObservations, ObservedStateStore
-from node_agent.restart_guard import RestartGuard
-from node_agent.sdnotify import Notifier
-from node_agent.selfexe import own_executable
+from node_agent.observe.observations import ApplyObservations, ObservedStateStore
+from node_agent.observe.readside import Observability
 from node_agent.systemd import SystemdSeam
 from node_agent.systemd.client import EarlySystemd, start_early
 

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from node_agent import __version__
 
 if TYPE_CHECKING:
-    from node_agent.applier import Applier
+    from node_agent.apply.applier import Applier
     from node_agent.config import AgentSettings, NodeAgentConfiguration
     from node_agent.osc.models import OperatingSystemConfig
 
@@ -149,8 +149,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "reset":
         return _reset(args)
 
-    from node_agent import log
-    from node_agent.errors import NodeAgentError
+    from node_agent.base import log
+    from node_agent.base.errors import NodeAgentError
 
     try:
         if args.command == "run":
@@ -159,7 +159,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return asyncio.run(_run(args, settings, config))
         if args.command == "bootstrap":
             log.configure(args.log_level or "warning", args.log_format or "text", stream=sys.stderr)
-            from node_agent.bootstrap import run_bootstrap
+            from node_agent.commands.bootstrap import run_bootstrap
 
             config_file = _config_path(args)
             report = asyncio.run(
@@ -221,7 +221,7 @@ def _gardener_exec_start(args: argparse.Namespace) -> str | None:
     that directory, as upstream's unit does; otherwise the shipped unit is used as it is."""
     if not args.config_dir:
         return None
-    from node_agent.selfexe import own_executable
+    from node_agent.base.selfexe import own_executable
 
     binary = own_executable() or os.path.abspath(sys.argv[0])
     return f"{binary} --config-dir={args.config_dir}"
@@ -243,10 +243,10 @@ def _config_path(args: argparse.Namespace) -> Path | None:
 
 def _reset(args: argparse.Namespace) -> int:
     """``reset``: one line per action on stdout; the config is not needed (nor read)."""
-    from node_agent import log
+    from node_agent.base import log
+    from node_agent.base.errors import NodeAgentError
+    from node_agent.commands.reset import reset_node
     from node_agent.config import AgentSettings
-    from node_agent.errors import NodeAgentError
-    from node_agent.reset import reset_node
     from node_agent.systemd import Systemd
 
     log.configure(args.log_level or "warning", args.log_format or "text", stream=sys.stderr)
@@ -275,7 +275,7 @@ def _reset(args: argparse.Namespace) -> int:
 
 
 def _read_osc(path: Path) -> tuple[bytes, OperatingSystemConfig]:
-    from node_agent.errors import OSCDecodeError
+    from node_agent.base.errors import OSCDecodeError
     from node_agent.osc.decode import parse_osc
 
     try:
@@ -376,10 +376,10 @@ async def _from_api(
     osc: OperatingSystemConfig | None = None,
 ) -> tuple[bytes, OperatingSystemConfig, dict[str, bytes]]:
     """Read the node's OSC Secret (``secret=True``) and resolve secretRefs through the API."""
-    from node_agent.controllers.osc import DATA_KEY, resolve_secret_refs, secret_bytes
+    from node_agent.controllers.osc.controller import DATA_KEY, resolve_secret_refs, secret_bytes
     from node_agent.kube.client import KubeClient
+    from node_agent.kube.report import ANNOTATION_SECRET_CHECKSUM, NAMESPACE
     from node_agent.osc.decode import decode_osc
-    from node_agent.report import ANNOTATION_SECRET_CHECKSUM, NAMESPACE
 
     kubeconfig = settings.root / config.client_connection.kubeconfig.lstrip("/")
     async with KubeClient.from_kubeconfig(kubeconfig) as kube:
@@ -398,8 +398,8 @@ async def _from_api(
 
 def _status(args: argparse.Namespace) -> int:
     """``node-agent status``: asks the agent over its socket; reads files if it is not running."""
-    from node_agent.errors import ConfigError
-    from node_agent.status import DEFAULT_CONFIG, run_status
+    from node_agent.base.errors import ConfigError
+    from node_agent.commands.status import DEFAULT_CONFIG, run_status
 
     try:
         chosen = _config_path(args)
@@ -415,6 +415,6 @@ def _status(args: argparse.Namespace) -> int:
 def _status_history(args: argparse.Namespace) -> int:
     """``node-agent status --history``: read from the state directory under --root, so the
     same with or without a running agent."""
-    from node_agent.status_history import run_history
+    from node_agent.commands.show_history import run_history
 
     return run_history(args.root, as_json=args.json)

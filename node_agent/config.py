@@ -16,78 +16,24 @@ from typing import Annotated, Any
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
-from node_agent.errors import ConfigError
-from node_agent.layout import BASE_DIR as BASE_DIR
-from node_agent.layout import BOOTSTRAP_TOKEN_FILE as BOOTSTRAP_TOKEN_FILE
-from node_agent.layout import CREDENTIALS_DIR as CREDENTIALS_DIR
-from node_agent.layout import KUBECONFIG_FILE as KUBECONFIG_FILE
-from node_agent.layout import TOKEN_FILE as TOKEN_FILE
-from node_agent.osc.plan import AGENT_UNIT
+from node_agent.base.durations import format_duration, parse_duration
+from node_agent.base.errors import ConfigError
+from node_agent.base.layout import AGENT_UNIT
+from node_agent.base.layout import BASE_DIR as BASE_DIR
+from node_agent.base.layout import BOOTSTRAP_TOKEN_FILE as BOOTSTRAP_TOKEN_FILE
+from node_agent.base.layout import CREDENTIALS_DIR as CREDENTIALS_DIR
+from node_agent.base.layout import KUBECONFIG_FILE as KUBECONFIG_FILE
+from node_agent.base.layout import TOKEN_FILE as TOKEN_FILE
 
 API_VERSION = "nodeagent.config.gardener.cloud/v1alpha1"
 KIND = "NodeAgentConfiguration"
 
 # Upstream's on-disk layout; every path is relative to the --root prefix. The agent's own
-# directory and credentials are defined in node_agent.layout (re-exported above).
+# directory and credentials are defined in node_agent.base.layout (re-exported above).
 CLUSTER_CA_FILE = f"{BASE_DIR}/cluster-ca.crt"
 MACHINE_NAME_FILE = f"{BASE_DIR}/machine-name"
 ZONE_FILE = f"{BASE_DIR}/zone"
 CONFIG_FILE = f"{BASE_DIR}/config.yaml"
-
-_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
-_UNIT_SECONDS = {
-    "ns": 1e-9,
-    "us": 1e-6,
-    "µs": 1e-6,
-    "ms": 1e-3,
-    "s": 1.0,
-    "m": 60.0,
-    "h": 3600.0,
-}
-
-
-def parse_duration(value: object) -> timedelta:
-    """Parse a Go duration (``1m30s``, ``10m``, ``1h``, ``250ms``) or a number of seconds."""
-    if isinstance(value, timedelta):
-        return value
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return timedelta(seconds=float(value))
-    if not isinstance(value, str) or not value.strip():
-        raise ValueError(f"not a duration: {value!r}")
-    text = value.strip()
-    sign = -1.0 if text.startswith("-") else 1.0
-    text = text.lstrip("+-")
-    if text == "0":
-        return timedelta(0)
-    pos, seconds = 0, 0.0
-    for match in _DURATION_PART.finditer(text):
-        if match.start() != pos:
-            break
-        seconds += float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
-        pos = match.end()
-    if pos != len(text) or pos == 0:
-        raise ValueError(f"not a Go duration: {value!r} (examples: 30s, 1m30s, 10m, 1h)")
-    return timedelta(seconds=sign * seconds)
-
-
-def format_duration(value: timedelta) -> str:
-    """The shortest Go-style spelling of a duration, e.g. ``1m30s``."""
-    total = value.total_seconds()
-    if total == 0:
-        return "0s"
-    sign = "-" if total < 0 else ""
-    total = abs(total)
-    hours, rest = divmod(total, 3600)
-    minutes, seconds = divmod(rest, 60)
-    out = ""
-    if hours:
-        out += f"{int(hours)}h"
-    if minutes:
-        out += f"{int(minutes)}m"
-    if seconds or not out:
-        out += f"{seconds:g}s"
-    return sign + out
-
 
 Duration = Annotated[timedelta, BeforeValidator(parse_duration)]
 

@@ -12,14 +12,14 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from node_agent import report
+from node_agent.base.errors import KubeError
+from node_agent.base.log import get_logger
 from node_agent.config import AgentSettings, NodeAgentConfiguration
-from node_agent.errors import KubeError
 from node_agent.host.fs import HostFS
 from node_agent.host.state import StateStore
-from node_agent.log import get_logger
+from node_agent.kube import report
+from node_agent.observe.view import Sources
 from node_agent.systemd import SystemdSeam
-from node_agent.view import Sources
 
 if TYPE_CHECKING:
     from node_agent.kube.seam import KubeSeam
@@ -30,7 +30,7 @@ log = get_logger("node-agent")
 @dataclass
 class Health:
     """Progress marks the health endpoints, the watchdog and ``node-agent status`` read, and the
-    agent's parts they read (``sources``, typed; see :mod:`node_agent.view`)."""
+    agent's parts they read (``sources``, typed; see :mod:`node_agent.observe.view`)."""
 
     started: float = field(default_factory=time.time)
     last_progress: dict[str, float] = field(default_factory=dict)

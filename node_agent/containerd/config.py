@@ -21,9 +21,9 @@ from tomlkit.container import Container
 from tomlkit.exceptions import TOMLKitError
 from tomlkit.items import InlineTable, Item, Table
 
-from node_agent import layout
+from node_agent.base import layout
+from node_agent.base.errors import HostError
 from node_agent.containerd.spec import ContainerdCRI
-from node_agent.errors import HostError
 
 CONFIG_FILE = "/etc/containerd/config.toml"
 BASE_DIR = "/etc/containerd"

@@ -13,6 +13,7 @@ import base64
 import subprocess
 from collections.abc import Callable
 
+from node_agent.base.log import get_logger
 from node_agent.containerd.config import (
     BASE_DIR,
     CERTS_DIR,
@@ -29,7 +30,6 @@ from node_agent.containerd.registries import (
 )
 from node_agent.containerd.spec import ContainerdCRI, RegistryConfig, containerd_cri
 from node_agent.host.fs import HostFS
-from node_agent.log import get_logger
 from node_agent.osc.models import (
     DropIn,
     File,

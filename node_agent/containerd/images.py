@@ -34,9 +34,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from node_agent import layout
-from node_agent.errors import ImageError
-from node_agent.log import get_logger
+from node_agent.base import layout
+from node_agent.base.errors import ImageError
+from node_agent.base.log import get_logger
 
 log = get_logger("node-agent.images")
 

@@ -22,7 +22,7 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
-from node_agent.errors import OSCValidationError
+from node_agent.base.errors import OSCValidationError
 from node_agent.osc.models import CRIConfig
 
 CRI_NAME_CONTAINERD = "containerd"

@@ -27,14 +27,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from node_agent import retry
+from node_agent.base import retry
+from node_agent.base.errors import CertificateError, ConfigError, KubeError
+from node_agent.base.layout import BOOTSTRAP_TOKEN_FILE
+from node_agent.base.log import get_logger
 from node_agent.config import MACHINE_NAME_FILE, AgentSettings, NodeAgentConfiguration
-from node_agent.errors import CertificateError, ConfigError, KubeError
 from node_agent.host.fs import HostFS
 from node_agent.kube import certificates
 from node_agent.kube.certificates import CertificateInfo
-from node_agent.layout import BOOTSTRAP_TOKEN_FILE
-from node_agent.log import get_logger
 
 if TYPE_CHECKING:
     from node_agent.kube.client import KubeClient

@@ -56,14 +56,15 @@ from typing import Any, Protocol
 
 import yaml
 
-from node_agent import report
-from node_agent.config import HealthCheckConfig, format_duration
+from node_agent.apply.restart_guard import RestartGuard
+from node_agent.base.durations import format_duration
+from node_agent.base.errors import NodeAgentError
+from node_agent.base.log import get_logger
+from node_agent.config import HealthCheckConfig
 from node_agent.containerd.ping import PingError, containerd_version
 from node_agent.context import AgentContext
-from node_agent.errors import NodeAgentError
-from node_agent.log import get_logger
+from node_agent.kube import report
 from node_agent.osc.applied import Applied, AppliedUnit
-from node_agent.restart_guard import RestartGuard
 from node_agent.systemd import JobResult, UnitState
 
 log = get_logger("node-agent.healthcheck")

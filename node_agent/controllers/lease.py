@@ -8,7 +8,7 @@ one period, and after a transport failure the client is thrown away so the next 
 fresh connection. Ticks follow a fixed schedule (``next = previous + period``), so a slow call
 never makes the heartbeat drift; after a failure an extra attempt follows 2.5 s later, so a
 recovered API server sees a renewal within seconds. This is deliberately not the agent's backoff
-policy (``node_agent.retry``): a heartbeat must keep its pace whatever happened before, and the
+policy (``node_agent.base.retry``): a heartbeat must keep its pace whatever happened before, and the
 schedule already bounds the load to at most two requests per period.
 
 Normally one request per tick: a compare-and-swap PUT of the last Lease written. A 409 re-reads
@@ -25,16 +25,16 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from node_agent.context import AgentContext
-from node_agent.errors import (
+from node_agent.base.errors import (
     KubeAlreadyExists,
     KubeConflict,
     KubeError,
     KubeNotFound,
     KubeTransportError,
 )
-from node_agent.log import get_logger
-from node_agent.report import NAMESPACE
+from node_agent.base.log import get_logger
+from node_agent.context import AgentContext
+from node_agent.kube.report import NAMESPACE
 
 if TYPE_CHECKING:
     from node_agent.kube.client import KubeClient, Timeouts

@@ -22,7 +22,7 @@ import socket
 import time
 from collections.abc import Callable, Mapping
 
-from node_agent.log import get_logger
+from node_agent.base.log import get_logger
 
 log = get_logger("node-agent.lifecycle")
 

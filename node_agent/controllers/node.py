@@ -12,7 +12,7 @@
 The own Node is list+watched by name; events only wake the worker, which always acts on the
 latest Node, one request at a time. A restart list that was acted on but whose annotation could
 not be removed yet is remembered, so a retry only removes it and never restarts units twice.
-A failed request is retried after the agent's one backoff policy (``node_agent.retry.API``).
+A failed request is retried after the agent's one backoff policy (``node_agent.base.retry.API``).
 
 A deleted Node (a ``DELETED`` event, a re-list without it, or a 404 on a request) is an error
 that shows: it is logged and recorded once, and :attr:`NodeController.missing` makes ``/readyz``
@@ -28,15 +28,15 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from node_agent import report
+from node_agent.base.errors import ConfigError, HostError, KubeNotFound, NodeAgentError
+from node_agent.base.log import get_logger
+from node_agent.base.retry import API, Backoff
 from node_agent.config import parse_config
 from node_agent.context import AgentContext
-from node_agent.errors import ConfigError, HostError, KubeNotFound, NodeAgentError
 from node_agent.host.history import history_entry
 from node_agent.host.state import ItemFailure
+from node_agent.kube import report
 from node_agent.kube.watch import list_watch
-from node_agent.log import get_logger
-from node_agent.retry import API, Backoff
 
 log = get_logger("node-agent.node")
 

@@ -12,7 +12,7 @@ into the applier because it also covers anyone else deleting the file and costs 
 Writes go through ``HostFS.write_atomic`` (temp file + rename, mode exactly 0640, parents 0755),
 which writes nothing when the bytes and mode already match. A failed write (a full or read-only
 disk) is retried from the last known token on the agent's one backoff policy
-(``node_agent.retry.API``), not only at the next resync an hour later. A Secret that is missing
+(``node_agent.base.retry.API``), not only at the next resync an hour later. A Secret that is missing
 or has no ``token`` key is logged; the file is left alone (a stale token beats none).
 """
 
@@ -23,14 +23,14 @@ import base64
 import binascii
 from dataclasses import dataclass
 
+from node_agent.base.errors import HostError, KubeError, KubeNotFound
+from node_agent.base.log import get_logger
+from node_agent.base.retry import API, Backoff
 from node_agent.config import TokenSyncConfig
 from node_agent.context import AgentContext
-from node_agent.errors import HostError, KubeError, KubeNotFound
 from node_agent.host.fs import WriteResult
+from node_agent.kube.report import NAMESPACE
 from node_agent.kube.watch import list_watch
-from node_agent.log import get_logger
-from node_agent.report import NAMESPACE
-from node_agent.retry import API, Backoff
 
 log = get_logger("node-agent.token")
 

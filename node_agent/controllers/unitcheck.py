@@ -39,21 +39,21 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
-from node_agent import report
-from node_agent.errors import (
+from node_agent.apply.restart_guard import RestartGuard
+from node_agent.base.errors import (
     KubeConflict,
     KubeNotFound,
     NodeAgentError,
     SystemdCallError,
     SystemdError,
 )
-from node_agent.log import get_logger
+from node_agent.base.log import get_logger
+from node_agent.kube import report
 from node_agent.osc.applied import Applied, AppliedUnit
-from node_agent.restart_guard import RestartGuard
 from node_agent.systemd import UnitState
 
 if TYPE_CHECKING:
-    from node_agent.applier import Applier
+    from node_agent.apply.applier import Applier
     from node_agent.context import AgentContext
 
 log = get_logger("node-agent.unitcheck")

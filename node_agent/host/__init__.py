@@ -1,5 +1,5 @@
-"""The host seam: file-system access under a root prefix (``fs``), the agent's persisted state
-(``state``) and the journal's step ids (``steps``), kept apart from the planner so the planner
+"""The host seam: file-system access under a root prefix (``fs``) and the agent's persisted state
+(``state``, ``history``), kept apart from the planner so the planner
 stays pure and every host write goes through one small, tested place."""
 
 from node_agent.host.fs import TEMP_PREFIX, HostFS, WriteResult, host_parts
@@ -12,7 +12,6 @@ from node_agent.host.state import (
     StateStore,
     claims_for,
 )
-from node_agent.host.steps import step_ids
 
 __all__ = [
     "TEMP_PREFIX",
@@ -26,5 +25,4 @@ __all__ = [
     "WriteResult",
     "claims_for",
     "host_parts",
-    "step_ids",
 ]

@@ -46,7 +46,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path, PurePath
 
-from node_agent.errors import HostIOError, UnsafePathError
+from node_agent.base.errors import HostIOError, UnsafePathError
 
 TEMP_PREFIX = ".node-agent-tmp-"
 # Parent symlinks a distribution legitimately has (merged /usr, /var/run -> /run); with

@@ -31,7 +31,7 @@ from pydantic import (
     model_validator,
 )
 
-from node_agent import layout
+from node_agent.base import layout
 from node_agent.host.state import ItemFailure
 
 #: The history's file name in the state directory (defined with the other state files).

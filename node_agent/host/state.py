@@ -64,12 +64,12 @@ from pydantic import (
     ValidationError,
 )
 
-from node_agent import layout
-from node_agent.errors import HostError
+from node_agent.base import layout
+from node_agent.base.errors import HostError
 from node_agent.host.fs import TEMP_PREFIX, HostFS
-from node_agent.host.steps import dropin_step, file_step, step_ids, unit_step
 from node_agent.osc.applied import Applied
 from node_agent.osc.plan import ChangeSet
+from node_agent.osc.steps import dropin_step, file_step, step_ids, unit_step
 
 if TYPE_CHECKING:
     from node_agent.host.history import HistoryEntry, HistoryLog

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from node_agent.errors import CertificateError, KubeAlreadyExists
+from node_agent.base.errors import CertificateError, KubeAlreadyExists
 
 if TYPE_CHECKING:
     from node_agent.kube.seam import KubeSeam

@@ -6,7 +6,7 @@ connection stalls a controller for hours), ``ApiException`` carries no notion of
 failed, and deserializing into generated models costs CPU for nothing. So this module builds one
 explicit ``Configuration`` + ``ApiClient`` and talks to it through ``ApiClient.call_api`` with
 ``_preload_content=False``; answers are plain JSON dicts (the wire shape, cheap), errors are the
-``KubeError`` subclasses of :mod:`node_agent.errors`.
+``KubeError`` subclasses of :mod:`node_agent.base.errors`.
 
 - The bearer token is re-read from its file when the file's inode, size, mtime or ctime change
   (one ``stat`` per request, through ``refresh_api_key_hook``); a 401 forces a re-read and the
@@ -37,9 +37,9 @@ import aiohttp
 import yaml
 
 from node_agent import __version__
-from node_agent.errors import KubeConfigError, KubeError, KubeTimeout, KubeTransportError
+from node_agent.base.errors import KubeConfigError, KubeError, KubeTimeout, KubeTransportError
 from node_agent.kube import lean
-from node_agent.kube.status import ObjectRef, status_from_body
+from node_agent.kube.api_errors import ObjectRef, status_from_body
 
 if TYPE_CHECKING:
     from node_agent.kube.watch import Watchable
@@ -442,7 +442,7 @@ class KubeClient:
         return await self.leases(namespace).replace(name, body)
 
     async def create_event(self, body: Mapping[str, Any]) -> JSON:
-        """Create a core/v1 Event (e.g. from ``node_agent.report.node_event``).
+        """Create a core/v1 Event (e.g. from ``node_agent.kube.report.node_event``).
 
         It goes to the body's ``metadata.namespace``: the involved object's namespace, which is
         ``default`` for cluster-scoped objects such as the Node (the default here too).

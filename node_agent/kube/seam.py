@@ -38,7 +38,7 @@ class ResourceSeam(Watchable, Protocol):
 
 
 class KubeSeam(Protocol):
-    """What node-agent needs from the API server. Errors are ``node_agent.errors.KubeError``s;
+    """What node-agent needs from the API server. Errors are ``node_agent.base.errors.KubeError``s;
     answers are the wire's JSON objects."""
 
     @property

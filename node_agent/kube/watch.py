@@ -12,7 +12,7 @@ reflector loop of client-go, reduced to what a node agent needs:
 4. 410 Gone — as HTTP status or as an ``ERROR`` event — → **re-list** (never re-watch a stale RV);
 5. anything else (dropped connection, timeout, 5xx, 401/403 after the client's own retry) →
    re-watch from the last resourceVersion after the agent's one backoff policy
-   (``node_agent.retry.WATCH``: jittered, exponential, cap 30 s), reset once a watch makes
+   (``node_agent.base.retry.WATCH``: jittered, exponential, cap 30 s), reset once a watch makes
    progress.
 
 Events carry plain JSON dicts (the wire shape): cheaper than kubernetes-asyncio models and the same
@@ -31,9 +31,9 @@ from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, 
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from node_agent.errors import KubeError, KubeGone
-from node_agent.kube.status import ObjectRef, status_from_object
-from node_agent.retry import WATCH, Backoff
+from node_agent.base.errors import KubeError, KubeGone
+from node_agent.base.retry import WATCH, Backoff
+from node_agent.kube.api_errors import ObjectRef, status_from_object
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from node_agent.errors import SecretRefError
+from node_agent.base.errors import SecretRefError
 from node_agent.osc.decode import decode_inline
 from node_agent.osc.merge import osc_files, osc_units
 from node_agent.osc.models import File, ImageRefContent, OperatingSystemConfig, Unit

@@ -2,9 +2,9 @@
 
 Upstream trusts both the checksum annotation and the content, and finds bad input only halfway
 through applying it, leaving a half-written node. Here everything is checked before anything is
-planned: the checksum, the size, the shape of the YAML, the type, and every path, unit name,
-drop-in name, encoding and mode. Each failure is a typed error (see ``node_agent.errors``) naming
-the offending item, in one line.
+planned: the checksum, the size, the shape of the YAML, the type, and every path, unit name, drop-in
+name, encoding and mode. Each failure is a typed error (see ``node_agent.base.errors``) naming the
+offending item, in one line.
 
 The YAML is read the way upstream's decoder reads it (``sigs.k8s.io/yaml`` on go-yaml v2, then a
 typed JSON decode): ``y``/``n`` are booleans, ``0o644`` is an octal integer, base-60 numbers and
@@ -49,8 +49,8 @@ from yaml.events import (
 )
 from yaml.nodes import MappingNode, Node
 
-from node_agent import layout
-from node_agent.errors import OSCChecksumError, OSCDecodeError, OSCValidationError
+from node_agent.base import layout
+from node_agent.base.errors import OSCChecksumError, OSCDecodeError, OSCValidationError
 from node_agent.osc.models import (
     API_VERSION,
     KIND,

@@ -27,6 +27,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, PlainSerializer
 
+from node_agent.base.layout import AGENT_UNIT
 from node_agent.osc.applied import (
     DEFAULT_FILE_MODE,
     Applied,
@@ -39,7 +40,6 @@ from node_agent.osc.decode import decode_inline
 from node_agent.osc.merge import osc_files, osc_units
 from node_agent.osc.models import File, ImageRefContent, OperatingSystemConfig
 
-AGENT_UNIT = "gardener-node-agent.service"
 __all__ = ["AGENT_UNIT", "DEFAULT_FILE_MODE", "Applied", "ChangeSet", "UnitCommand", "plan"]
 
 UnitAction = Literal["restart", "stop"]

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
-from node_agent.host import steps as S
+from node_agent.osc import steps as S
 from node_agent.osc.applied import Applied, AppliedUnit, Owed
 from node_agent.osc.plan import ChangeSet
 

@@ -46,7 +46,7 @@ def __getattr__(name: str) -> Any:
 
 @runtime_checkable
 class SystemdSeam(Protocol):
-    """What node-agent needs from systemd. Errors are ``node_agent.errors.SystemdError``s."""
+    """What node-agent needs from systemd. Errors are ``node_agent.base.errors.SystemdError``s."""
 
     async def start(self) -> None:
         """Connect (the real adapter spawns its worker)."""

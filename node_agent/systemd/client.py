@@ -22,7 +22,7 @@ from typing import Any
 
 import structlog
 
-from node_agent.errors import (
+from node_agent.base.errors import (
     SystemdCallError,
     SystemdError,
     SystemdTimeout,

@@ -94,7 +94,7 @@ def test_user_data_installs_and_runs_the_single_file(
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("usage: gardener-node-agent "), out.stdout
     # The agent knows the single file it was started from (for self-update).
-    out = sh(node, "/opt/bin/gardener-node-agent -m node_agent.selfexe")
+    out = sh(node, "/opt/bin/gardener-node-agent -m node_agent.base.selfexe")
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "/opt/bin/gardener-node-agent"
 

@@ -25,7 +25,7 @@ import pytest
 import pytest_asyncio
 from kubernetes_asyncio.client import ApiClient
 
-from node_agent.executor import CRASH_HOOK_ENV
+from node_agent.apply.executor import CRASH_HOOK_ENV
 from tests.testbed.agent_harness import (
     AgentProcess,
     OSCAgent,

@@ -24,10 +24,10 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client import ApiClient
 
-from node_agent import status
+from node_agent.base.layout import BASE_DIR, BOOTSTRAP_TOKEN_FILE, KUBECONFIG_FILE
+from node_agent.commands import status
 from node_agent.config import AgentSettings, parse_config
 from node_agent.kube import certificates
-from node_agent.layout import BASE_DIR, BOOTSTRAP_TOKEN_FILE, KUBECONFIG_FILE
 from tests.conftest import SigningDurationSetter
 from tests.testbed.agent_harness import (
     AgentSetup,

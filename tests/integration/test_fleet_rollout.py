@@ -22,9 +22,9 @@ import pytest_asyncio
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client import ApiClient
 
+from node_agent.controllers.osc import pacing
 from node_agent.kube.client import KubeClient
 from node_agent.kube.watch import list_watch
-from node_agent.osc import pacing
 from tests.testbed.agent_harness import (
     NS,
     OSCAgent,

@@ -11,7 +11,7 @@ import stat
 
 import pytest
 
-from node_agent.errors import UnsafePathError
+from node_agent.base.errors import UnsafePathError
 from node_agent.host.fs import HostFS
 from node_agent.host.state import (
     UNIT_FILE_MODE,

@@ -20,8 +20,8 @@ import pytest
 import yaml
 from kubernetes_asyncio.client import ApiClient
 
-from node_agent import status
-from node_agent.http_server import HEAD_TIMEOUT, MAX_CONNECTIONS
+from node_agent.commands import status
+from node_agent.observe.http_ports import HEAD_TIMEOUT, MAX_CONNECTIONS
 from tests.conftest import PreparedAgentFactory
 from tests.testbed.agent_harness import running_agent, wait_for
 from tests.testbed.systemd_ns import IsolatedSystemd

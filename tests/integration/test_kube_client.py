@@ -20,7 +20,7 @@ import pytest_asyncio
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client import ApiClient
 
-from node_agent.errors import (
+from node_agent.base.errors import (
     KubeAlreadyExists,
     KubeConfigError,
     KubeConflict,
@@ -31,7 +31,7 @@ from node_agent.errors import (
     KubeUnauthorized,
 )
 from node_agent.kube.client import KubeClient, Timeouts, file_signature
-from node_agent.report import node_event
+from node_agent.kube.report import node_event
 from tests.conftest import CredentialsFactory
 from tests.testbed.agent_harness import create_node, unique, wait_token_rejected
 from tests.testbed.controlplane import ControlPlane, write_kubeconfig

@@ -20,9 +20,9 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client import ApiClient
 from structlog.testing import capture_logs
 
-from node_agent import status
+from node_agent.commands import status
 from node_agent.config import parse_config
-from node_agent.report import ANNOTATION_APPLIED_CHECKSUM
+from node_agent.kube.report import ANNOTATION_APPLIED_CHECKSUM
 from tests.conftest import PreparedAgentFactory
 from tests.testbed.agent_harness import (
     create_node,

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from node_agent import layout
+from node_agent.base import layout
 from tests.testbed.agent_harness import inline_file, osc_document, service
 from tests.testbed.systemd_ns import IsolatedSystemd
 

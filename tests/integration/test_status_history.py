@@ -170,7 +170,7 @@ def test_the_command_loads_no_api_client(tmp_path: Path) -> None:
         check=True,
     )
     modules = [line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines()]
-    assert "node_agent.status_history" in modules
+    assert "node_agent.commands.show_history" in modules
     assert not [m for m in modules if m.startswith(("kubernetes_asyncio", "aiohttp"))]
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from node_agent.errors import (
+from node_agent.base.errors import (
     SystemdCallError,
     SystemdTimeout,
     SystemdUnavailable,

@@ -37,6 +37,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client import ApiClient
 
 from node_agent.agent import build_agent
+from node_agent.base.errors import KubeUnauthorized
 from node_agent.config import (
     CONFIG_FILE,
     KUBECONFIG_FILE,
@@ -48,8 +49,7 @@ from node_agent.config import (
 from node_agent.containerd.expand import ContainerdExpander
 from node_agent.containerd.images import ImageStore
 from node_agent.context import AgentContext
-from node_agent.controllers.osc import OSCController
-from node_agent.errors import KubeUnauthorized
+from node_agent.controllers.osc.controller import OSCController
 from node_agent.host.fs import HostFS
 from node_agent.host.state import StateStore
 from node_agent.kube.client import ClientStats, KubeClient

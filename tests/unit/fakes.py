@@ -15,9 +15,9 @@ import base64
 from collections.abc import AsyncGenerator, Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from node_agent.errors import KubeAlreadyExists, KubeConflict, KubeError, KubeNotFound
+from node_agent.base.errors import KubeAlreadyExists, KubeConflict, KubeError, KubeNotFound
+from node_agent.kube.api_errors import ObjectRef
 from node_agent.kube.client import ClientStats
-from node_agent.kube.status import ObjectRef
 from node_agent.systemd import JobAction, JobResult, UnitFileChange, UnitState
 
 if TYPE_CHECKING:

@@ -41,9 +41,9 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from node_agent import executor
-from node_agent.applier import Applier
-from node_agent.errors import ApplyError, HostIOError, SystemdCallError
+from node_agent.apply import executor
+from node_agent.apply.applier import Applier
+from node_agent.base.errors import ApplyError, HostIOError, SystemdCallError
 from node_agent.host.fs import TEMP_PREFIX, HostFS, HostPath, WriteResult
 from node_agent.host.state import (
     CHANGES,
@@ -55,10 +55,10 @@ from node_agent.host.state import (
     dropin_path,
     unit_path,
 )
-from node_agent.host.steps import cmd_step
 from node_agent.osc.decode import decode_osc, sha256_hex
 from node_agent.osc.merge import osc_files, osc_units
 from node_agent.osc.models import OperatingSystemConfig, Unit
+from node_agent.osc.steps import cmd_step
 from node_agent.systemd.types import JobAction, JobResult, UnitFileChange, UnitState
 
 HOST = "node-a"

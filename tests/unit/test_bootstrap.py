@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from node_agent.bootstrap import (
+from node_agent.base.errors import ConfigError
+from node_agent.commands.bootstrap import (
     KUBELET_BOOTSTRAP_KUBECONFIG,
     KUBELET_CLIENT_CERT,
     KUBELET_KUBECONFIG,
@@ -20,7 +21,6 @@ from node_agent.bootstrap import (
     write_kubelet_bootstrap_kubeconfig,
 )
 from node_agent.config import BOOTSTRAP_TOKEN_FILE, AgentSettings, parse_config
-from node_agent.errors import ConfigError
 from node_agent.host.fs import HostFS
 
 CONFIG = b"""apiVersion: nodeagent.config.gardener.cloud/v1alpha1

@@ -18,12 +18,12 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from node_agent.base.errors import ConfigError
+from node_agent.base.layout import BOOTSTRAP_TOKEN_FILE, KUBECONFIG_FILE
 from node_agent.config import AgentSettings, NodeAgentConfiguration
 from node_agent.controllers.certificate import CertificateController
-from node_agent.errors import ConfigError
 from node_agent.host.fs import HostFS
 from node_agent.kube import certificates
-from node_agent.layout import BOOTSTRAP_TOKEN_FILE, KUBECONFIG_FILE
 from tests.unit.fakes import FakeKube, issue_certificates
 
 CA_KEY = ec.generate_private_key(ec.SECP256R1())

@@ -15,7 +15,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from node_agent.errors import CertificateError
+from node_agent.base.errors import CertificateError
 from node_agent.kube import certificates
 from node_agent.kube.client import parse_kubeconfig
 

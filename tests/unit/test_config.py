@@ -10,6 +10,7 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
+from node_agent.base.errors import ConfigError
 from node_agent.config import (
     config_version_key,
     find_config,
@@ -17,7 +18,6 @@ from node_agent.config import (
     parse_config,
     parse_duration,
 )
-from node_agent.errors import ConfigError
 
 GARDENER_CONFIG = """\
 apiVersion: nodeagent.config.gardener.cloud/v1alpha1

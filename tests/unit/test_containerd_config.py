@@ -12,6 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from node_agent.base.errors import HostError, OSCValidationError
 from node_agent.containerd.config import (
     CERTS_DIR,
     CNI_BIN_DIR,
@@ -21,7 +22,6 @@ from node_agent.containerd.config import (
     patch_config,
 )
 from node_agent.containerd.spec import ContainerdCRI, containerd_cri
-from node_agent.errors import HostError, OSCValidationError
 from node_agent.osc.models import CRIConfig
 
 DATA = Path(__file__).parent / "data" / "containerd"

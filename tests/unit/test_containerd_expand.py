@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from node_agent.base.errors import OSCValidationError
 from node_agent.containerd.config import CERTS_DIR, CONFIG_FILE, IMPORTS_GLOB, ContainerdConfigError
 from node_agent.containerd.expand import (
     DIRECTORIES,
@@ -20,7 +21,6 @@ from node_agent.containerd.expand import (
     env_drop_in,
 )
 from node_agent.containerd.spec import RegistryConfig
-from node_agent.errors import OSCValidationError
 from node_agent.host.fs import HostFS
 from node_agent.osc.applied import Applied
 from node_agent.osc.models import File, OperatingSystemConfig

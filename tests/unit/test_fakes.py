@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from node_agent.errors import KubeAlreadyExists, KubeConflict, KubeNotFound, KubeTransportError
+from node_agent.base.errors import KubeAlreadyExists, KubeConflict, KubeNotFound, KubeTransportError
 from node_agent.kube.watch import list_watch
 from node_agent.systemd import SystemdSeam
 from tests.unit.fakes import ACTIVE, FakeKube, FakeSystemd

@@ -13,14 +13,11 @@ from pathlib import Path
 from hypothesis import given
 from hypothesis import strategies as st
 
+from node_agent.apply.executor import ApplyReport
+from node_agent.apply.restart_guard import RestartGuard
+from node_agent.base.layout import HEALTH_GATE
 from node_agent.config import HealthGateConfig
-from node_agent.controllers.health_gate import GateRecord, HealthGate
-from node_agent.controllers.unitcheck import ExpectedUnit, check_units
-from node_agent.executor import ApplyReport
-from node_agent.host.fs import HostFS
-from node_agent.host.state import LastApplied, StateStore
-from node_agent.layout import HEALTH_GATE
-from node_agent.osc.breakage import (
+from node_agent.controllers.osc.breakage import (
     RESTART_LOOP,
     first_evidence,
     ran_before,
@@ -28,7 +25,10 @@ from node_agent.osc.breakage import (
     unit_evidence,
     watched_units,
 )
-from node_agent.restart_guard import RestartGuard
+from node_agent.controllers.osc.health_gate import GateRecord, HealthGate
+from node_agent.controllers.unitcheck import ExpectedUnit, check_units
+from node_agent.host.fs import HostFS
+from node_agent.host.state import LastApplied, StateStore
 from node_agent.systemd.types import JobResult, UnitState
 from tests.unit.fakes import FakeSystemd
 

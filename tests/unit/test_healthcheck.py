@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 
+from node_agent.apply.restart_guard import RestartGuard
+from node_agent.base.errors import HostError
 from node_agent.config import AgentSettings, NodeAgentConfiguration
 from node_agent.containerd import ping
 from node_agent.context import AgentContext
@@ -27,11 +29,9 @@ from node_agent.controllers.healthcheck import (
     managed_units,
     node_ready,
 )
-from node_agent.errors import HostError
 from node_agent.host.fs import HostFS
 from node_agent.host.state import StateStore
 from node_agent.osc.applied import Applied, AppliedUnit
-from node_agent.restart_guard import RestartGuard
 from node_agent.systemd import UnitState
 from tests.unit.fakes import ACTIVE, FakeKube, FakeSystemd
 

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 from structlog.testing import capture_logs
 
+from node_agent.commands.show_history import history_document, render_history
 from node_agent.host.fs import TEMP_PREFIX, HostFS
 from node_agent.host.history import (
     HISTORY,
@@ -32,7 +33,6 @@ from node_agent.host.history import (
     history_entry,
 )
 from node_agent.host.state import CORRUPT_SUFFIX, STATE_DIR, ItemFailure, StateStore
-from node_agent.status_history import history_document, render_history
 
 T0 = datetime(2026, 11, 20, 10, 0, 0, tzinfo=UTC)
 A, B = "a" * 64, "b" * 64

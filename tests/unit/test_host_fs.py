@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from node_agent.errors import HostError, HostIOError, UnsafePathError
+from node_agent.base.errors import HostError, HostIOError, UnsafePathError
 from node_agent.host.fs import TEMP_PREFIX, HostFS, WriteResult
 
 

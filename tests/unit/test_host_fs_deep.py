@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from node_agent.errors import HostIOError
+from node_agent.base.errors import HostIOError
 from node_agent.host import fs as fs_module
 from node_agent.host.fs import TEMP_PREFIX, HostFS
 

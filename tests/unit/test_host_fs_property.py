@@ -12,7 +12,7 @@ from pathlib import Path
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from node_agent.errors import UnsafePathError
+from node_agent.base.errors import UnsafePathError
 from node_agent.host.fs import TEMP_PREFIX, HostFS, WriteResult
 
 # Files are always named a/b, directories d..h, so no path is ever both.

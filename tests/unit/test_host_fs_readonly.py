@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from node_agent.errors import HostIOError
+from node_agent.base.errors import HostIOError
 from node_agent.host.fs import HostFS
 
 

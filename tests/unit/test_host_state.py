@@ -29,7 +29,6 @@ from node_agent.host.state import (
     dropin_path,
     unit_path,
 )
-from node_agent.host.steps import RELOAD, RELOAD_AFTER_DELETE, step_ids
 from node_agent.osc.plan import (
     ChangeSet,
     DropInDelete,
@@ -40,6 +39,7 @@ from node_agent.osc.plan import (
     UnitDelete,
     UnitWrite,
 )
+from node_agent.osc.steps import RELOAD, RELOAD_AFTER_DELETE, step_ids
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from node_agent.errors import HostError
+from node_agent.base.errors import HostError
 from node_agent.host.fs import TEMP_PREFIX, HostFS
 from node_agent.host.state import (
     CORRUPT_SUFFIX,

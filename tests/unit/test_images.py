@@ -12,7 +12,9 @@ from typing import Any
 import pytest
 import yaml
 
-from node_agent.applier import Applier
+from node_agent.apply.applier import Applier
+from node_agent.apply.executor import ApplyReport
+from node_agent.base.errors import ApplyError, ImageError
 from node_agent.containerd.images import (
     CtrImages,
     ctr_reason,
@@ -20,8 +22,6 @@ from node_agent.containerd.images import (
     parse_images_ls,
     resolve_in_image,
 )
-from node_agent.errors import ApplyError, ImageError
-from node_agent.executor import ApplyReport
 from node_agent.host.fs import HostFS
 from node_agent.host.state import StateStore, sha256_hex
 from node_agent.osc import plan

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from node_agent.errors import (
+from node_agent.base.errors import (
     KubeAlreadyExists,
     KubeConflict,
     KubeError,
@@ -21,7 +21,7 @@ from node_agent.errors import (
     KubeUnauthorized,
     KubeUnavailable,
 )
-from node_agent.kube.status import ObjectRef, status_error, status_from_body, status_from_object
+from node_agent.kube.api_errors import ObjectRef, status_error, status_from_body, status_from_object
 
 REF = ObjectRef("get", "Secret", "kube-system", "osc")
 

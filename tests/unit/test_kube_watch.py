@@ -15,16 +15,16 @@ from typing import Any
 
 import pytest
 
-from node_agent.errors import (
+from node_agent.base.errors import (
     KubeForbidden,
     KubeGone,
     KubeServerError,
     KubeTimeout,
     KubeTransportError,
 )
-from node_agent.kube.status import ObjectRef
+from node_agent.base.retry import Backoff
+from node_agent.kube.api_errors import ObjectRef
 from node_agent.kube.watch import ListWatch, Watchable, WatchEvent, list_watch
-from node_agent.retry import Backoff
 
 JSON = dict[str, Any]
 Script = list[JSON | Exception] | Exception

@@ -94,7 +94,7 @@ class _HangingThenWorking:
     async def get_lease(self, namespace: str, name: str) -> dict[str, object]:
         if self.hang:
             await asyncio.sleep(3600)
-        from node_agent.errors import KubeNotFound
+        from node_agent.base.errors import KubeNotFound
 
         raise KubeNotFound("missing", status=404)
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from node_agent import log
+from node_agent.base import log
 
 
 def _emit(monkeypatch: pytest.MonkeyPatch, journal: bool, **fields: object) -> str:

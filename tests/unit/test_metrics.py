@@ -14,18 +14,18 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from node_agent import status_server
 from node_agent.config import ServerConfiguration
 from node_agent.context import AgentContext
 from node_agent.host.fs import HostFS
 from node_agent.host.state import ApplyRecord, ItemFailure
-from node_agent.http_server import MAX_HEADER_BYTES, HttpEndpoint
 from node_agent.kube.watch import list_watch
-from node_agent.metrics import AgentMetrics
-from node_agent.observability import Observability
-from node_agent.observations import ApplyObservations, ObservedStateStore
-from node_agent.probes import FAILURE_STREAK, Probes
-from node_agent.view import EndpointView
+from node_agent.observe import unix_socket
+from node_agent.observe.http_ports import MAX_HEADER_BYTES, HttpEndpoint
+from node_agent.observe.metrics import AgentMetrics
+from node_agent.observe.observations import ApplyObservations, ObservedStateStore
+from node_agent.observe.probes import FAILURE_STREAK, Probes
+from node_agent.observe.readside import Observability
+from node_agent.observe.view import EndpointView
 from tests.unit.test_status import FakeLease, FakeNode, FakeOSC, make_ctx, osc_yaml, read
 
 
@@ -131,7 +131,7 @@ def test_render_metrics_text_format(tmp_path: Path) -> None:
 async def test_watch_counters_are_summed_by_kind(tmp_path: Path) -> None:
     class Res:
         def ref(self, verb: str, name: str | None = None) -> object:
-            from node_agent.kube.status import ObjectRef
+            from node_agent.kube.api_errors import ObjectRef
 
             return ObjectRef(verb, "Secret", "kube-system", name)
 
@@ -355,7 +355,7 @@ async def test_the_probe_and_metrics_ports_of_an_agent(tmp_path: Path) -> None:
     observability = Observability(ctx, ApplyObservations())
     await observability.start()
     try:
-        doc = await status_server.StatusServer(ctx, observability.read).document()
+        doc = await unix_socket.StatusServer(ctx, observability.read).document()
         health, metrics = doc["endpoints"]["health"], doc["endpoints"]["metrics"]
         assert health != metrics
         assert await _get(health, "/healthz") == (200, b"ok\n")
@@ -382,7 +382,7 @@ async def test_the_same_port_for_probes_and_metrics_serves_both(tmp_path: Path) 
     observability = Observability(ctx, ApplyObservations())
     await observability.start()
     try:
-        doc = await status_server.StatusServer(ctx, observability.read).document()
+        doc = await unix_socket.StatusServer(ctx, observability.read).document()
         assert doc["endpoints"]["health"] == doc["endpoints"]["metrics"] == f"127.0.0.1:{port}"
         address = doc["endpoints"]["health"]
         assert await _get(address, "/healthz") == (200, b"ok\n")

@@ -12,15 +12,15 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from node_agent import report
+from node_agent.base.errors import KubeTransportError
+from node_agent.base.retry import API, Backoff
 from node_agent.config import AgentSettings, NodeAgentConfiguration, parse_config
 from node_agent.context import AgentContext
 from node_agent.controllers.node import NodeController, restart_units
-from node_agent.errors import KubeTransportError
 from node_agent.host.fs import HostFS
-from node_agent.observations import ApplyObservations
-from node_agent.probes import Probes
-from node_agent.retry import API, Backoff
+from node_agent.kube import report
+from node_agent.observe.observations import ApplyObservations
+from node_agent.observe.probes import Probes
 from tests.unit.fakes import FakeKube, FakeSystemd
 
 OWN = "gardener-node-agent.service"

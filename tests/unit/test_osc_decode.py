@@ -13,14 +13,14 @@ from typing import Any
 import pytest
 import yaml
 
-from node_agent import layout
-from node_agent.config import BOOTSTRAP_TOKEN_FILE, KUBECONFIG_FILE, TOKEN_FILE
-from node_agent.errors import (
+from node_agent.base import layout
+from node_agent.base.errors import (
     OSCChecksumError,
     OSCDecodeError,
     OSCError,
     OSCValidationError,
 )
+from node_agent.config import BOOTSTRAP_TOKEN_FILE, KUBECONFIG_FILE, TOKEN_FILE
 from node_agent.osc import decode, decode_osc, osc_files, osc_units, parse_osc, plan, secret_refs
 from node_agent.osc.decode import MAX_OSC_BYTES, decode_inline, validate_osc
 from node_agent.osc.models import InlineContent, OperatingSystemConfig

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from node_agent.errors import SecretRefError
+from node_agent.base.errors import SecretRefError
 from node_agent.osc import osc_files, osc_units, plan
 from node_agent.osc.models import OperatingSystemConfig, Unit
 from node_agent.osc.plan import AGENT_UNIT, ChangeSet

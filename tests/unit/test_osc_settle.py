@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from node_agent.host.steps import step_ids
 from node_agent.osc.applied import Applied, Owed, adopt
 from node_agent.osc.models import OperatingSystemConfig
 from node_agent.osc.plan import plan
 from node_agent.osc.settle import settle
+from node_agent.osc.steps import step_ids
 
 HOST = "node-1"
 CONF = "/etc/app/app.conf"

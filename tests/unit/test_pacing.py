@@ -8,8 +8,16 @@ from dataclasses import dataclass, field
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from node_agent.osc import pacing
-from node_agent.osc.pacing import Ledger, Pacing, Slot, decide, finish, parse_policy, renew
+from node_agent.controllers.osc import pacing
+from node_agent.controllers.osc.pacing import (
+    Ledger,
+    Pacing,
+    Slot,
+    decide,
+    finish,
+    parse_policy,
+    renew,
+)
 
 CS = "a" * 64
 CS2 = "b" * 64

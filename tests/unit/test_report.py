@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from node_agent import report
+from node_agent.kube import report
 
 
 def test_applied_patch_sets_checksum_version_role_and_zone() -> None:

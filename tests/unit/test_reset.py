@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from node_agent import layout
-from node_agent.errors import SystemdError
+from node_agent.base import layout
+from node_agent.base.errors import SystemdError
+from node_agent.commands.reset import NOTHING_TO_DO, reset_node
 from node_agent.host.fs import HostFS
 from node_agent.host.state import Claim, StateStore
-from node_agent.reset import NOTHING_TO_DO, reset_node
 from tests.unit.fakes import ACTIVE, FakeSystemd
 
 

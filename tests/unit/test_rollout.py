@@ -12,13 +12,13 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from node_agent import report
+from node_agent.base.errors import KubeConflict
 from node_agent.config import AgentSettings, NodeAgentConfiguration
 from node_agent.context import AgentContext
-from node_agent.controllers.rollout import Permit, Rollout
-from node_agent.errors import KubeConflict
+from node_agent.controllers.osc import pacing
+from node_agent.controllers.osc.rollout import Permit, Rollout
 from node_agent.host.fs import HostFS
-from node_agent.osc import pacing
+from node_agent.kube import report
 from node_agent.osc.plan import ChangeSet, UnitCommand
 from tests.unit.fakes import FakeKube, FakeSystemd
 
@@ -423,7 +423,7 @@ async def test_a_waiting_condition_is_rewritten_for_a_new_message_at_most_once_a
 ) -> None:
     node = pool.node("a")
     now = [1000.0]
-    monkeypatch.setattr("node_agent.controllers.rollout.time.monotonic", lambda: now[0])
+    monkeypatch.setattr("node_agent.controllers.osc.rollout.time.monotonic", lambda: now[0])
     for holder in ("b", "c", "d"):
         await node._condition("False", "WaitingForSlot", f"slots held by {holder}")
     assert len(pool.kube.writes("patch_node_status")) == 1

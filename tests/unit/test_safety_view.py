@@ -7,14 +7,16 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from node_agent import report, status, status_server
+from node_agent.apply.restart_guard import RestartGuard
+from node_agent.commands import status
 from node_agent.config import HealthGateConfig
-from node_agent.controllers.health_gate import GateView, HealthGate, Rollback
 from node_agent.controllers.healthcheck import ComponentHealth, HealthCheckView
-from node_agent.controllers.rollout import RolloutView
+from node_agent.controllers.osc.health_gate import GateView, HealthGate, Rollback
+from node_agent.controllers.osc.rollout import RolloutView
 from node_agent.controllers.unitcheck import UnitCheckView
-from node_agent.metrics import AgentMetrics
-from node_agent.restart_guard import RestartGuard
+from node_agent.kube import report
+from node_agent.observe import unix_socket
+from node_agent.observe.metrics import AgentMetrics
 from tests.unit.fakes import FakeSystemd
 from tests.unit.test_metrics import _samples
 from tests.unit.test_status import make_ctx, read
@@ -67,7 +69,7 @@ def test_health_sections_in_the_document_the_text_and_the_metrics(tmp_path: Path
     sources.gate, sources.guard = _gate(tmp_path), guard
 
     view = read(ctx)()
-    doc = {key: section(view) for key, section in status_server.SECTIONS.items()}
+    doc = {key: section(view) for key, section in unix_socket.SECTIONS.items()}
     assert doc["units_check"]["condition"] == {
         "status": "False",
         "reason": "UnhealthyUnits",
@@ -107,8 +109,8 @@ def test_health_sections_in_the_document_the_text_and_the_metrics(tmp_path: Path
 def test_health_sections_are_null_before_the_parts_exist(tmp_path: Path) -> None:
     ctx = make_ctx(tmp_path)
     view = read(ctx)()
-    assert status_server.units_check_section(view) is None
-    assert status_server.health_gate_section(view) is None
+    assert unix_socket.units_check_section(view) is None
+    assert unix_socket.health_gate_section(view) is None
     text = status.render(status.skeleton())
     assert "Health gate" not in text
     samples = _samples(AgentMetrics(read(ctx)).render())
@@ -119,7 +121,7 @@ def test_health_sections_are_null_before_the_parts_exist(tmp_path: Path) -> None
 def test_gate_view_while_watching(tmp_path: Path) -> None:
     view = GateView(True, 30.0, "c" * 64, ("web.service",), None, None, 0)
     doc = status.skeleton()
-    doc["health_gate"] = {**status_server._jsonable(view), "held_units": []}
+    doc["health_gate"] = {**unix_socket._jsonable(view), "held_units": []}
     text = status.render(doc, now=(NOW + timedelta(seconds=5)).timestamp())
     assert "watching web.service after cccccccccccc" in text
 
@@ -141,7 +143,7 @@ def test_rollout_section_in_the_document_the_text_and_the_metrics(tmp_path: Path
         )
     )
     view = read(ctx)()
-    doc = status.skeleton() | {k: s(view) for k, s in status_server.SECTIONS.items()}
+    doc = status.skeleton() | {k: s(view) for k, s in unix_socket.SECTIONS.items()}
     assert doc["rollout"]["since"] == "2026-11-22T12:00:00Z"
     assert doc["rollout"]["holders"] == ["node-b"]
     text = status.render(doc, now=NOW.timestamp() + 30)

@@ -19,20 +19,21 @@ from typing import Any
 import pytest
 import yaml
 
-from node_agent import status, status_server
+from node_agent.base.errors import UnsafePathError
+from node_agent.commands import status
 from node_agent.config import CONFIG_FILE, AgentSettings, NodeAgentConfiguration
 from node_agent.context import AgentContext
 from node_agent.controllers.lease import LeaseStats
 from node_agent.controllers.node import NodeStats
-from node_agent.errors import UnsafePathError
 from node_agent.host.fs import HostFS
 from node_agent.host.state import ApplyRecord, ItemFailure, StateStore, claims_for
 from node_agent.kube.client import ClientStats
-from node_agent.observations import ApplyObservations
+from node_agent.observe import unix_socket
+from node_agent.observe.observations import ApplyObservations
+from node_agent.observe.probes import Probes
+from node_agent.observe.view import AgentView, EndpointView, reader
 from node_agent.osc.decode import parse_osc
 from node_agent.osc.plan import plan
-from node_agent.probes import Probes
-from node_agent.view import AgentView, EndpointView, reader
 from tests.unit.fakes import ACTIVE, FakeKube, FakeSystemd
 
 SECRET = "gardener-node-agent-pool-a-0123456789abcdef"
@@ -125,11 +126,11 @@ def _applied(ctx: AgentContext, units: list[str]) -> str:
     return last.checksum
 
 
-async def _server(ctx: AgentContext) -> status_server.StatusServer:
+async def _server(ctx: AgentContext) -> unix_socket.StatusServer:
     ctx.health.sources.endpoints = lambda: (
         EndpointView("health", "127.0.0.1:1", serves=("health",)),
     )
-    server = status_server.StatusServer(ctx, read(ctx))
+    server = unix_socket.StatusServer(ctx, read(ctx))
     await server.start()
     return server
 
@@ -439,7 +440,7 @@ async def test_a_symlinked_socket_directory_is_refused(tmp_path: Path) -> None:
     link.parent.mkdir(parents=True)
     link.symlink_to(elsewhere)
     ctx = make_ctx(root)
-    server = status_server.StatusServer(ctx, read(ctx))
+    server = unix_socket.StatusServer(ctx, read(ctx))
     with pytest.raises(UnsafePathError, match="is a symlink"):
         await server.start()
     assert stat.S_IMODE(elsewhere.stat().st_mode) == 0o755  # the target was not chmodded
@@ -453,7 +454,7 @@ async def test_a_socket_directory_that_is_a_file_is_refused(tmp_path: Path) -> N
     path.write_text("not a directory")
     ctx = make_ctx(tmp_path)
     with pytest.raises(UnsafePathError, match="is not a directory"):
-        await status_server.StatusServer(ctx, read(ctx)).start()
+        await unix_socket.StatusServer(ctx, read(ctx)).start()
     assert path.read_text() == "not a directory"
 
 
@@ -477,10 +478,10 @@ async def test_a_socket_directory_of_another_owner_is_refused(
     path = _socket_dir(tmp_path)
     path.mkdir(parents=True, mode=0o700)
     owner = path.stat().st_uid
-    monkeypatch.setattr(status_server.os, "geteuid", lambda: owner + 1)
+    monkeypatch.setattr(unix_socket.os, "geteuid", lambda: owner + 1)
     ctx = make_ctx(tmp_path)
     with pytest.raises(UnsafePathError, match=f"owned by uid {owner}"):
-        await status_server.StatusServer(ctx, read(ctx)).start()
+        await unix_socket.StatusServer(ctx, read(ctx)).start()
     assert list(path.iterdir()) == []
 
 
@@ -523,8 +524,8 @@ async def test_the_status_command_against_a_running_agent_stays_lean(tmp_path: P
 async def test_the_view_before_the_controllers_exist(tmp_path: Path) -> None:
     """Right after the start nothing but the context is wired: every reader still answers, with
     zeros and nulls where a part is missing."""
-    from node_agent.metrics import AgentMetrics
-    from node_agent.view import Sources
+    from node_agent.observe.metrics import AgentMetrics
+    from node_agent.observe.view import Sources
 
     ctx = make_ctx(tmp_path)
     ctx.health.sources = Sources()  # as the daemon has it before build_agent()
@@ -535,7 +536,7 @@ async def test_the_view_before_the_controllers_exist(tmp_path: Path) -> None:
     assert view.osc.up_to_date is None
     assert view.watches == ()
     assert not view.health.ready.ok
-    server = status_server.StatusServer(ctx, read(ctx))
+    server = unix_socket.StatusServer(ctx, read(ctx))
     doc = await server.document()
     assert doc["lease"] == {"name": None, "last_renew_time": None, "renewals": 0, "failures": 0}
     assert doc["certificate"] is None

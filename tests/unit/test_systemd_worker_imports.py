@@ -52,7 +52,7 @@ def test_worker_imports_no_asyncio_structlog_pydantic_or_kube_client() -> None:
     # pystemd's object layer and the agent's asyncio client stay out.
     assert "pystemd.systemd1" not in modules
     assert "node_agent.systemd.client" not in modules
-    assert "node_agent.log" not in modules
+    assert "node_agent.base.log" not in modules
 
 
 def test_package_still_exports_the_adapter_lazily() -> None:

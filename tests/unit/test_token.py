@@ -9,11 +9,11 @@ import os
 from pathlib import Path
 from typing import Any
 
+from node_agent.base.retry import Backoff
 from node_agent.config import AgentSettings, NodeAgentConfiguration, TokenSyncConfig
 from node_agent.context import AgentContext
 from node_agent.controllers.token import TokenSync, token_bytes
 from node_agent.host.fs import HostFS
-from node_agent.retry import Backoff
 from tests.unit.fakes import FakeKube, FakeResource
 
 

@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
-from node_agent import report
+from node_agent.base.errors import KubeConflict, KubeForbidden, SystemdCallError
 from node_agent.config import AgentSettings, NodeAgentConfiguration
 from node_agent.context import AgentContext
 from node_agent.controllers.unitcheck import (
@@ -26,8 +26,8 @@ from node_agent.controllers.unitcheck import (
     go_seconds,
     is_template,
 )
-from node_agent.errors import KubeConflict, KubeForbidden, SystemdCallError
 from node_agent.host.fs import HostFS
+from node_agent.kube import report
 from node_agent.osc.applied import Applied, AppliedUnit
 from node_agent.systemd import UnitState
 from tests.unit.fakes import FakeKube, FakeSystemd
@@ -263,7 +263,7 @@ def test_go_seconds(seconds: float, text: str) -> None:
 
 @given(st.integers(min_value=0, max_value=10**7))
 def test_go_seconds_round_trips(total: int) -> None:
-    from node_agent.config import parse_duration
+    from node_agent.base.durations import parse_duration
 
     assert parse_duration(go_seconds(timedelta(seconds=total))) == timedelta(seconds=total)
 

@@ -1,5 +1,6 @@
-"""``/metrics``: every metric of the agent, pulled from one :class:`~node_agent.view.AgentView` at
-scrape time (the controllers keep their counters anyway and need no metrics code).
+"""``/metrics``: every metric of the agent, pulled from one
+:class:`~node_agent.observe.view.AgentView` at scrape time (the controllers keep their counters
+anyway and need no metrics code).
 
 :class:`AgentCollector` is a ``prometheus_client`` custom collector in a private registry (not
 the library's global one, and without its process and platform collectors): one method per
@@ -21,7 +22,7 @@ from prometheus_client.core import (
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from node_agent.view import AgentView, HistogramView
+from node_agent.observe.view import AgentView, HistogramView
 
 #: The text format the agent has always served (Prometheus reads it; so does everything else).
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4

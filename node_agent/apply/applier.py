@@ -20,10 +20,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import NoReturn
 
+from node_agent.apply.executor import ApplyReport, Executor
+from node_agent.apply.restart_guard import RestartGuard
+from node_agent.base.errors import ApplyError, HostError, NodeAgentError, SystemdCallError
+from node_agent.base.log import get_logger
 from node_agent.containerd.images import ImageStore
-from node_agent.errors import ApplyError, HostError, NodeAgentError, SystemdCallError
-from node_agent.executor import ApplyReport, Executor
-from node_agent.host import steps
 from node_agent.host.fs import HostFS
 from node_agent.host.state import (
     UNIT_DIR,
@@ -36,14 +37,13 @@ from node_agent.host.state import (
     unit_path,
     write_claims,
 )
-from node_agent.log import get_logger
+from node_agent.osc import steps
 from node_agent.osc.applied import Applied, Owed, adopt
 from node_agent.osc.decode import parse_osc, sha256_hex
 from node_agent.osc.merge import osc_units
 from node_agent.osc.models import OperatingSystemConfig
 from node_agent.osc.plan import ChangeSet, UnitCommand, plan
 from node_agent.osc.settle import settle
-from node_agent.restart_guard import RestartGuard
 from node_agent.systemd import JobResult, SystemdSeam
 
 log = get_logger("node-agent.apply")

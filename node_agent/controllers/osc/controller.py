@@ -16,13 +16,11 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from node_agent import report, retry
-from node_agent.applier import Applier, Outcome
-from node_agent.config import ZONE_FILE, parse_duration
-from node_agent.context import AgentContext
-from node_agent.controllers.health_gate import GateRecord, HealthGate
-from node_agent.controllers.rollout import Permit, Rollout
-from node_agent.errors import (
+from node_agent.apply.applier import Applier, Outcome
+from node_agent.apply.executor import ApplyReport
+from node_agent.base import retry
+from node_agent.base.durations import parse_duration
+from node_agent.base.errors import (
     ApplyError,
     KubeError,
     KubeNotFound,
@@ -31,18 +29,22 @@ from node_agent.errors import (
     OSCError,
     SecretRefError,
 )
-from node_agent.executor import ApplyReport
+from node_agent.base.layout import BOOTSTRAP_TOKEN_FILE, KUBELET_BOOTSTRAP_KUBECONFIG
+from node_agent.base.log import get_logger
+from node_agent.base.retry import Backoff
+from node_agent.config import ZONE_FILE
+from node_agent.context import AgentContext
+from node_agent.controllers.osc.breakage import Evidence
+from node_agent.controllers.osc.health_gate import GateRecord, HealthGate
+from node_agent.controllers.osc.rollout import Permit, Rollout
 from node_agent.host.history import HistoryEntry, HistoryRollback, Result, Trigger
+from node_agent.kube import report
+from node_agent.kube.report import NAMESPACE
 from node_agent.kube.watch import list_watch
-from node_agent.layout import BOOTSTRAP_TOKEN_FILE, KUBELET_BOOTSTRAP_KUBECONFIG
-from node_agent.log import get_logger
-from node_agent.osc.breakage import Evidence
 from node_agent.osc.decode import decode_osc, parse_osc, sha256_hex
 from node_agent.osc.merge import osc_files, secret_refs
 from node_agent.osc.models import OperatingSystemConfig
 from node_agent.osc.plan import ChangeSet
-from node_agent.report import NAMESPACE
-from node_agent.retry import Backoff
 
 if TYPE_CHECKING:
     from node_agent.kube.seam import KubeSeam

@@ -1,11 +1,13 @@
 """Starts and stops the agent's read side: the health probe and metrics ports
-(:mod:`node_agent.http_server`) and the status socket (:mod:`node_agent.status_server`), all
-reading the agent through one :class:`~node_agent.view.AgentView` (:mod:`node_agent.view`).
+(:mod:`node_agent.observe.http_ports`) and the status socket
+(:mod:`node_agent.observe.unix_socket`), all reading the agent through one
+:class:`~node_agent.observe.view.AgentView` (:mod:`node_agent.observe.view`).
 
-What is where: :mod:`node_agent.view` (the typed, read-only view and what it is read from),
-:mod:`node_agent.probes` (liveness and readiness), :mod:`node_agent.observations` (apply
-durations, observed as they are persisted), :mod:`node_agent.metrics` (the metrics, pulled from
-the view at scrape time), :mod:`node_agent.status` (the status document, its client and text).
+What is where: :mod:`node_agent.observe.view` (the typed, read-only view and what it is read from),
+:mod:`node_agent.observe.probes` (liveness and readiness), :mod:`node_agent.observe.observations`
+(apply durations, observed as they are persisted), :mod:`node_agent.observe.metrics` (the metrics,
+pulled from the view at scrape time), :mod:`node_agent.commands.status` (the status document, its
+client and text).
 """
 
 from __future__ import annotations
@@ -15,18 +17,18 @@ import contextlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from node_agent.errors import NodeAgentError
-from node_agent.http_server import Handler, HttpEndpoint
-from node_agent.log import get_logger
-from node_agent.observations import ApplyObservations
-from node_agent.probes import Probes
-from node_agent.view import AgentView, EndpointView, Verdict, reader
+from node_agent.base.errors import NodeAgentError
+from node_agent.base.log import get_logger
+from node_agent.observe.http_ports import Handler, HttpEndpoint
+from node_agent.observe.observations import ApplyObservations
+from node_agent.observe.probes import Probes
+from node_agent.observe.view import AgentView, EndpointView, Verdict, reader
 
 if TYPE_CHECKING:
     from node_agent.config import ServerEndpoint
     from node_agent.context import AgentContext
-    from node_agent.metrics import AgentMetrics
-    from node_agent.status_server import StatusServer
+    from node_agent.observe.metrics import AgentMetrics
+    from node_agent.observe.unix_socket import StatusServer
 
 log = get_logger("node-agent.observability")
 
@@ -52,7 +54,7 @@ class Observability:
         sources.endpoints = self.endpoint_views
 
     async def start(self) -> None:
-        from node_agent.status_server import StatusServer
+        from node_agent.observe.unix_socket import StatusServer
 
         for endpoint, conf in self.endpoints():
             try:
@@ -126,7 +128,7 @@ class Observability:
 
     async def _metrics(self) -> tuple[int, str, str]:
         # prometheus_client is imported at the first scrape, not on the way to READY.
-        from node_agent.metrics import CONTENT_TYPE, AgentMetrics
+        from node_agent.observe.metrics import CONTENT_TYPE, AgentMetrics
 
         if self._metrics_exposition is None:
             self._metrics_exposition = AgentMetrics(self.read)

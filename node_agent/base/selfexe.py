@@ -26,5 +26,5 @@ def own_executable() -> str | None:
     return executable
 
 
-if __name__ == "__main__":  # `gardener-node-agent -m node_agent.selfexe`: what the agent sees
+if __name__ == "__main__":  # `gardener-node-agent -m node_agent.base.selfexe`: what the agent sees
     print(own_executable() or "")

@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from node_agent.errors import (
+from node_agent.base.errors import (
     KubeAlreadyExists,
     KubeConflict,
     KubeForbidden,

@@ -11,8 +11,9 @@ file contents, Secret data or tokens: only names, checksums, counts, times, unit
 messages (scrubbed of anything that looks like a credential).
 
 This module is the client half (and the document's shape and its rendering): the CLI imports it on
-every ``node-agent status``, so it stays free of pydantic, aiohttp, the kube client and systemd,
-and the command starts in tens of milliseconds. The server half is :mod:`node_agent.status_server`.
+every ``node-agent status``, so it stays free of pydantic, aiohttp, the kube client and systemd, and
+the command starts in tens of milliseconds. The server half is
+:mod:`node_agent.observe.unix_socket`.
 """
 
 from __future__ import annotations
@@ -244,7 +245,7 @@ def offline_document(root: Path, config_file: Path | None, reason: str) -> dict[
         JournalProgress,
         sha256_hex,
     )
-    from node_agent.host.steps import step_ids
+    from node_agent.osc.steps import step_ids
 
     doc = skeleton()
     doc["agent"]["not_running_reason"] = reason

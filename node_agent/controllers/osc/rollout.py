@@ -1,9 +1,9 @@
 """Rollout coordination of the OSC controller: serial mode and the paced rollout, on the Lease.
 
-The decisions are :mod:`node_agent.osc.pacing`'s; this module reads and writes the one Lease
-``kube-system/<secretName>`` (the only shared object Gardener lets a node agent write), reports
-where the node stands (Node condition ``OSCRollout``, an Event per change, logs, :meth:`view`)
-and wakes the reconcile loop when a waiting node should look again.
+The decisions are :mod:`node_agent.controllers.osc.pacing`'s; this module reads and writes the one
+Lease ``kube-system/<secretName>`` (the only shared object Gardener lets a node agent write),
+reports where the node stands (Node condition ``OSCRollout``, an Event per change, logs,
+:meth:`view`) and wakes the reconcile loop when a waiting node should look again.
 
 The OSC controller asks :meth:`Rollout.admit` before it applies an update; ``None`` means wait
 (the loop is woken later, with jitter, or at once when the Secret changes). A :class:`Permit`
@@ -22,13 +22,13 @@ from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
-from node_agent import report
+from node_agent.base.errors import KubeConflict, KubeError, KubeNotFound
+from node_agent.base.log import get_logger
 from node_agent.config import RolloutConfig
-from node_agent.errors import KubeConflict, KubeError, KubeNotFound
+from node_agent.controllers.osc import pacing
+from node_agent.controllers.osc.pacing import Decision, Ledger, Policy
+from node_agent.kube import report
 from node_agent.kube.watch import list_watch
-from node_agent.log import get_logger
-from node_agent.osc import pacing
-from node_agent.osc.pacing import Decision, Ledger, Policy
 
 if TYPE_CHECKING:
     from node_agent.context import AgentContext

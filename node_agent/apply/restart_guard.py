@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from node_agent.config import format_duration
+from node_agent.base.durations import format_duration
 
 
 @dataclass(frozen=True)

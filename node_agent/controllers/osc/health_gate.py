@@ -1,13 +1,12 @@
 """The health gate of an update: watch the units it restarted, and roll back one that broke them.
 
-No peer protects a node from the most common bad day: a config update that breaks kubelet on
-every node it reaches. Here, before an update (not the first apply) the gate notes which of the
-applied OSC's units are running; after the apply it watches the ones the apply started or
-restarted for a settle window (``nodeAgent.healthGate.settleWindow``, 30 s). When one of them
-breaks (rules in ``node_agent.osc.breakage``), the OSC controller applies the last-known-good
-OSC again, which restores that unit's files, unit file and drop-ins and restarts it once, keeps
-the Node annotation at the old checksum and quarantines the new checksum until the Secret
-changes.
+No peer protects a node from the most common bad day: a config update that breaks kubelet on every
+node it reaches. Here, before an update (not the first apply) the gate notes which of the applied
+OSC's units are running; after the apply it watches the ones the apply started or restarted for a
+settle window (``nodeAgent.healthGate.settleWindow``, 30 s). When one of them breaks (rules in
+``node_agent.controllers.osc.breakage``), the OSC controller applies the last-known-good OSC again,
+which restores that unit's files, unit file and drop-ins and restarts it once, keeps the Node
+annotation at the old checksum and quarantines the new checksum until the Secret changes.
 
 The gate's record is persisted before the apply (``health-gate.json``, 0600: it holds the
 previous OSC and its resolved secretRef contents), so a kill -9 at any point resumes: during
@@ -26,12 +25,12 @@ from typing import Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict
 
+from node_agent.apply.executor import ApplyReport
+from node_agent.base.layout import HEALTH_GATE
+from node_agent.base.log import get_logger
 from node_agent.config import HealthGateConfig
-from node_agent.executor import ApplyReport
+from node_agent.controllers.osc.breakage import Evidence, first_evidence, ran_before, watched_units
 from node_agent.host.state import Base64Bytes, Document, LastApplied, StateStore
-from node_agent.layout import HEALTH_GATE
-from node_agent.log import get_logger
-from node_agent.osc.breakage import Evidence, first_evidence, ran_before, watched_units
 from node_agent.systemd import JobResult, SystemdSeam
 from node_agent.systemd.types import UnitState
 

@@ -25,8 +25,8 @@ from typing import Any
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
-from node_agent.log import get_logger
-from node_agent.view import EndpointView
+from node_agent.base.log import get_logger
+from node_agent.observe.view import EndpointView
 
 log = get_logger("node-agent.observability")
 
@@ -50,7 +50,7 @@ REFUSED_WARNING_INTERVAL = 60.0
 
 #: aiohttp's own log of requests it could not parse (a traceback each): a client's error, not the
 #: agent's, and a flood of them must not flood the journal.
-_AIOHTTP_LOG = logging.getLogger("node_agent.http_server.aiohttp")
+_AIOHTTP_LOG = logging.getLogger("node_agent.observe.http_ports.aiohttp")
 _AIOHTTP_LOG.addHandler(logging.NullHandler())
 _AIOHTTP_LOG.propagate = False
 

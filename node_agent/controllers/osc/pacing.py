@@ -24,8 +24,8 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from node_agent.config import parse_duration
-from node_agent.report import ANNOTATION_SERIAL
+from node_agent.base.durations import parse_duration
+from node_agent.kube.report import ANNOTATION_SERIAL
 
 PREFIX = "node-agent.gardener.cloud/"
 #: K: how many nodes of the pool may apply a disruptive change at once; setting it turns pacing on

@@ -31,9 +31,11 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
+from node_agent.apply.restart_guard import HeldUnit, RestartGuard
+from node_agent.base.errors import HostError, ImageError, SystemdCallError
+from node_agent.base.layout import CONTAINERD_CERTS_DIR
+from node_agent.base.log import get_logger
 from node_agent.containerd.images import ImagePull, ImageStore
-from node_agent.errors import HostError, ImageError, SystemdCallError
-from node_agent.host import steps as S
 from node_agent.host.fs import HostFS
 from node_agent.host.state import (
     UNIT_FILE_MODE,
@@ -45,11 +47,9 @@ from node_agent.host.state import (
     sha256_hex,
     unit_path,
 )
-from node_agent.layout import CONTAINERD_CERTS_DIR
-from node_agent.log import get_logger
+from node_agent.osc import steps as S
 from node_agent.osc.models import ImageRefContent
 from node_agent.osc.plan import ChangeSet, DropInWrite, FileWrite, UnitCommand, UnitWrite
-from node_agent.restart_guard import HeldUnit, RestartGuard
 from node_agent.systemd import JobResult, SystemdSeam
 
 CRASH_HOOK_ENV = "NODE_AGENT_TEST_CRASH_AFTER"

@@ -11,7 +11,8 @@ Two halves:
   (``NamedTuple``: a sixth of a frozen dataclass's class-creation cost, and this module is on the
   way to READY), one per section, taken in one go on the event loop (no I/O, no awaits), so every
   reader sees one consistent moment. The status socket turns it into JSON
-  (:mod:`node_agent.status_server`), the metrics collector into samples (:mod:`node_agent.metrics`).
+  (:mod:`node_agent.observe.unix_socket`), the metrics collector into samples
+  (:mod:`node_agent.observe.metrics`).
 
 Nothing here may hold a secret: names, counts, times and checksums only. Importing this module is
 cheap (the CLI's ``status`` client may read its types): no pydantic, no kube client.
@@ -38,18 +39,18 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 from node_agent import __version__
 
 if TYPE_CHECKING:
+    from node_agent.apply.restart_guard import HeldUnit
     from node_agent.context import AgentContext
     from node_agent.controllers.certificate import CertificateView
-    from node_agent.controllers.health_gate import GateView
     from node_agent.controllers.healthcheck import HealthCheckView
     from node_agent.controllers.lease import LeaseStats
     from node_agent.controllers.node import NodeStats
-    from node_agent.controllers.rollout import RolloutView
+    from node_agent.controllers.osc.health_gate import GateView
+    from node_agent.controllers.osc.rollout import RolloutView
     from node_agent.controllers.unitcheck import UnitCheckView
     from node_agent.kube.watch import WatchStats
-    from node_agent.observations import ApplyObservations
-    from node_agent.probes import Probes
-    from node_agent.restart_guard import HeldUnit
+    from node_agent.observe.observations import ApplyObservations
+    from node_agent.observe.probes import Probes
 
 #: Progress marks that mean "a request to the API server succeeded just now".
 API_SUCCESS_MARKS = ("lease", "osc-watch", "node-watch")
@@ -59,7 +60,7 @@ API_SUCCESS_MARKS = ("lease", "osc-watch", "node-watch")
 
 
 class OSCSource(Protocol):
-    """The OSC controller (``node_agent.controllers.osc.OSCController``)."""
+    """The OSC controller (``node_agent.controllers.osc.controller.OSCController``)."""
 
     @property
     def applies(self) -> int: ...
@@ -238,7 +239,7 @@ class HistogramView(NamedTuple):
 
 
 class AppliesView(NamedTuple):
-    """What the applier's records told since the start (see ``node_agent.observations``)."""
+    """What the applier's records told since the start (see ``node_agent.observe.observations``)."""
 
     durations: HistogramView
     restarts: int  # units restarted by applies

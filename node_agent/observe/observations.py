@@ -1,6 +1,6 @@
 """What must be observed as it happens rather than read at scrape time: every apply's duration
 and outcome. :class:`ObservedStateStore` hands each ``ApplyRecord`` the applier persists to
-:class:`ApplyObservations`; the read side (:mod:`node_agent.view`) reads the totals."""
+:class:`ApplyObservations`; the read side (:mod:`node_agent.observe.view`) reads the totals."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from node_agent.base.log import get_logger
 from node_agent.host.state import ApplyRecord, StateStore
-from node_agent.log import get_logger
 
 if TYPE_CHECKING:
     from node_agent.host.fs import HostFS

@@ -1,10 +1,10 @@
 """The server half of ``node-agent status``: the agent's unix socket and the live status document.
 
-The document is the read side's :class:`~node_agent.view.AgentView` as JSON (one builder per
+The document is the read side's :class:`~node_agent.observe.view.AgentView` as JSON (one builder per
 section in :data:`SECTIONS`), plus what only the disk and systemd know (the last apply record, a
 change set in progress, the inventory, the units' states), read per request without blocking the
-loop. Field names and order are ``status.skeleton()``'s; see :mod:`node_agent.status` for the
-protocol and the client.
+loop. Field names and order are ``status.skeleton()``'s; see :mod:`node_agent.commands.status` for
+the protocol and the client.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from node_agent.errors import NodeAgentError, UnsafePathError
-from node_agent.log import get_logger
-from node_agent.status import (
+from node_agent.base.errors import NodeAgentError, UnsafePathError
+from node_agent.base.log import get_logger
+from node_agent.commands.status import (
     CLIENT_TIMEOUT,
     REQUEST,
     apply_entry,
@@ -36,7 +36,7 @@ from node_agent.status import (
     skeleton,
     socket_path,
 )
-from node_agent.view import AgentView, ErrorView
+from node_agent.observe.view import AgentView, ErrorView
 
 if TYPE_CHECKING:
     from node_agent.context import AgentContext
@@ -286,7 +286,7 @@ class StatusServer:
             writer.close()
 
     async def document(self) -> dict[str, Any]:
-        """The live status document (see :mod:`node_agent.status` for the rules)."""
+        """The live status document (see :mod:`node_agent.commands.status` for the rules)."""
         state = self.ctx.state
         await state.applied_checksum_async()  # known in memory after this: no re-read
         view = self.read()

@@ -17,9 +17,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from node_agent.commands.status import human_duration
 from node_agent.host.history import HISTORY, HISTORY_LIMIT, HistoryEntry, HistoryLog
 from node_agent.host.state import STATE_DIR
-from node_agent.status import human_duration
 
 EXIT_UNREADABLE = 1
 NAMES_SHOWN = 8  # changed items named per entry, the rest counted

@@ -67,6 +67,9 @@ RESERVED_FILES = frozenset(
 # Directories holding reserved files: an OSC file there would have to replace the directory.
 RESERVED_DIRS = frozenset({BASE_DIR, CREDENTIALS_DIR})
 
+# The agent's own unit: restarted last, after everything else of an apply.
+AGENT_UNIT = "gardener-node-agent.service"
+
 
 def unit_path(unit: str) -> str:
     """The unit file of ``unit``."""

@@ -8,11 +8,11 @@ import time
 from typing import TYPE_CHECKING
 
 from node_agent.controllers.lifecycle import watchdog_ok
-from node_agent.view import Verdict, applied_and_desired
+from node_agent.observe.view import Verdict, applied_and_desired
 
 if TYPE_CHECKING:
     from node_agent.context import AgentContext
-    from node_agent.observations import ApplyObservations
+    from node_agent.observe.observations import ApplyObservations
 
 #: The OSC controller failing this many times in a row, while the node is not converged, makes the
 #: agent not ready (a single transient failure is retried within seconds and must not flap).

@@ -33,6 +33,9 @@ from pathlib import Path
 import yaml
 
 import node_agent
+from node_agent.base.errors import ConfigError, HostError, NodeAgentError
+from node_agent.base.layout import KUBELET_BOOTSTRAP_KUBECONFIG
+from node_agent.base.log import get_logger
 from node_agent.config import (
     BASE_DIR,
     BOOTSTRAP_TOKEN_FILE,
@@ -40,11 +43,8 @@ from node_agent.config import (
     NodeAgentConfiguration,
     parse_config,
 )
-from node_agent.errors import ConfigError, HostError, NodeAgentError
 from node_agent.host.fs import HostFS, WriteResult
 from node_agent.host.state import UNIT_DIR, Claim, StateStore
-from node_agent.layout import KUBELET_BOOTSTRAP_KUBECONFIG
-from node_agent.log import get_logger
 from node_agent.osc.decode import sha256_hex
 from node_agent.systemd import JobAction, SystemdSeam
 

@@ -27,8 +27,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
-from node_agent import layout
-from node_agent.errors import HostError, SystemdError
+from node_agent.base import layout
+from node_agent.base.errors import HostError, SystemdError
 from node_agent.host.fs import HostFS
 from node_agent.host.state import OwnedEntry, StateStore
 from node_agent.osc.plan import AGENT_UNIT
