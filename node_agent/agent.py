@@ -43,6 +43,7 @@ from node_agent.host.fs import HostFS
 from node_agent.host.state import StateStore
 from node_agent.observe.observations import ApplyObservations, ObservedStateStore
 from node_agent.observe.readside import Observability
+from node_agent.observe.view import Sources
 from node_agent.systemd import SystemdSeam
 from node_agent.systemd.client import EarlySystemd, start_early
 
@@ -74,6 +75,7 @@ class Agent:
     token: TokenController
     health: HealthCheckController  # kubelet's and containerd's health checks
     unitcheck: UnitCheckController  # the SystemdUnitsReady condition
+    sources: Sources  # what status, health and metrics read of them
 
 
 def build_agent(
@@ -81,10 +83,12 @@ def build_agent(
     *,
     images: ImageStore | None,
     expander: Callable[[HostFS], ContainerdExpander] | None = ContainerdExpander,
+    sources: Sources | None = None,
 ) -> Agent:
     """The applier and the controllers on ``ctx``'s seams. ``images``: where imageRef files come
     from (the daemon: the node's containerd through ``ctr``); ``expander``: what the agent
-    derives from an OSC (containerd's config from ``criConfig``), None for the OSC as it is."""
+    derives from an OSC (containerd's config from ``criConfig``), None for the OSC as it is;
+    ``sources``: the read side's registry, filled in with the controllers (a new one if None)."""
     limits = ctx.config.node_agent.restart_guard
     guard = RestartGuard(max_restarts=limits.max_restarts, window=limits.window.total_seconds())
     applier = build_applier(
@@ -103,12 +107,13 @@ def build_agent(
     token = TokenController(ctx)
     health = HealthCheckController(ctx, applier, applying=lambda: osc.applying, guard=guard)
     node.observers.append(health.node_seen)  # the Node's Ready condition, from its watch
-    sources = ctx.health.sources  # what status, health and metrics read
+    if sources is None:
+        sources = Sources(watches=ctx.watches)
     sources.osc, sources.lease, sources.node = osc, lease, node
     unitcheck = UnitCheckController(ctx, applier, guard=guard)
     sources.unitcheck, sources.healthcheck = unitcheck, health
     sources.gate, sources.guard, sources.rollout = osc.gate, guard, osc.rollout
-    return Agent(ctx, applier, osc, lease, node, token, health, unitcheck)
+    return Agent(ctx, applier, osc, lease, node, token, health, unitcheck, sources)
 
 
 def build_applier(
@@ -220,7 +225,8 @@ async def run_agent(
         kube=kube,
         host_name=host_name or socket.gethostname(),
     )
-    ctx.health.sources.certificate = certs
+    # What the read side reads: the certificate controller now, the others once built.
+    sources = Sources(watches=ctx.watches, certificate=certs)
 
     stop = asyncio.Event()
     guards: list[threading.Timer] = []
@@ -250,7 +256,7 @@ async def run_agent(
             await token_client.close()
         else:
             certs.settle()
-        agent = build_agent(ctx, images=CtrImages(root=settings.root))
+        agent = build_agent(ctx, images=CtrImages(root=settings.root), sources=sources)
         osc, lease, node, token = agent.osc, agent.lease, agent.node, agent.token
         async with asyncio.TaskGroup() as tasks:
             tasks.create_task(find_node_then(osc.node_recreated), name="find-node")
@@ -292,7 +298,8 @@ async def run_agent(
         root=str(settings.root),
         credentials="bootstrap token" if bootstrapping else "kubeconfig",
     )
-    observability = Observability(ctx, observations)  # /healthz, /readyz, /metrics, status socket
+    # /healthz, /readyz, /metrics, status socket
+    observability = Observability(ctx, sources, observations)
     await observability.start()
     try:
         async with asyncio.TaskGroup() as tasks:

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import time
+import weakref
 from collections import deque
+from collections.abc import MutableSet
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -18,7 +20,6 @@ from node_agent.config import AgentSettings, NodeAgentConfiguration
 from node_agent.host.fs import HostFS
 from node_agent.host.state import StateStore
 from node_agent.kube import report
-from node_agent.observe.view import Sources
 from node_agent.systemd import SystemdSeam
 
 if TYPE_CHECKING:
@@ -29,13 +30,11 @@ log = get_logger("node-agent")
 
 @dataclass
 class Health:
-    """Progress marks the health endpoints, the watchdog and ``node-agent status`` read, and the
-    agent's parts they read (``sources``, typed; see :mod:`node_agent.observe.view`)."""
+    """Progress marks the health endpoints, the watchdog and ``node-agent status`` read."""
 
     started: float = field(default_factory=time.time)
     last_progress: dict[str, float] = field(default_factory=dict)
     errors: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=20))
-    sources: Sources = field(default_factory=Sources)
 
     def progress(self, loop_name: str) -> None:
         self.last_progress[loop_name] = time.monotonic()
@@ -57,6 +56,9 @@ class AgentContext:
     node_uid: str | None = None
     health: Health = field(default_factory=Health)
     node_known: asyncio.Event = field(default_factory=asyncio.Event)
+    #: The agent's live list+watches, for the read side to count (weak: a watch that is gone
+    #: drops out); the controllers hand it to ``list_watch(registry=...)``.
+    watches: MutableSet[Any] = field(default_factory=weakref.WeakSet, repr=False)
 
     @property
     def secret_name(self) -> str:

@@ -25,12 +25,11 @@ from node_agent.apply.restart_guard import RestartGuard
 from node_agent.base.errors import ApplyError, HostError, NodeAgentError, SystemdCallError
 from node_agent.base.log import get_logger
 from node_agent.containerd.images import ImageStore
+from node_agent.host.documents import ApplyRecord, Pending
 from node_agent.host.fs import HostFS
 from node_agent.host.state import (
     UNIT_DIR,
     UNIT_FILE_MODE,
-    ApplyRecord,
-    Pending,
     StateStore,
     claims_for,
     dropin_path,

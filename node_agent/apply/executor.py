@@ -36,17 +36,9 @@ from node_agent.base.errors import HostError, ImageError, SystemdCallError
 from node_agent.base.layout import CONTAINERD_CERTS_DIR
 from node_agent.base.log import get_logger
 from node_agent.containerd.images import ImagePull, ImageStore
+from node_agent.host.documents import Claim, ItemFailure, Pending
 from node_agent.host.fs import HostFS
-from node_agent.host.state import (
-    UNIT_FILE_MODE,
-    Claim,
-    ItemFailure,
-    Pending,
-    StateStore,
-    dropin_path,
-    sha256_hex,
-    unit_path,
-)
+from node_agent.host.state import UNIT_FILE_MODE, StateStore, dropin_path, sha256_hex, unit_path
 from node_agent.osc import steps as S
 from node_agent.osc.models import ImageRefContent
 from node_agent.osc.plan import ChangeSet, DropInWrite, FileWrite, UnitCommand, UnitWrite

@@ -43,8 +43,9 @@ from node_agent.config import (
     NodeAgentConfiguration,
     parse_config,
 )
+from node_agent.host.documents import Claim
 from node_agent.host.fs import HostFS, WriteResult
-from node_agent.host.state import UNIT_DIR, Claim, StateStore
+from node_agent.host.state import UNIT_DIR, StateStore
 from node_agent.osc.decode import sha256_hex
 from node_agent.systemd import JobAction, SystemdSeam
 

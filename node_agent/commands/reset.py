@@ -29,8 +29,9 @@ from typing import Protocol
 
 from node_agent.base import layout
 from node_agent.base.errors import HostError, SystemdError
+from node_agent.host.documents import OwnedEntry
 from node_agent.host.fs import HostFS
-from node_agent.host.state import OwnedEntry, StateStore
+from node_agent.host.state import StateStore
 from node_agent.osc.plan import AGENT_UNIT
 from node_agent.systemd.types import JobResult, UnitFileChange, UnitState
 

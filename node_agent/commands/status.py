@@ -232,6 +232,7 @@ def offline_document(root: Path, config_file: Path | None, reason: str) -> dict[
     """The status from files under ``root`` only: no API server, no systemd, no writes."""
     from pydantic import ValidationError
 
+    from node_agent.host.documents import ApplyRecord, Inventory, JournalDoc, JournalProgress
     from node_agent.host.state import (
         CHANGES,
         CHANGES_DONE,
@@ -239,10 +240,6 @@ def offline_document(root: Path, config_file: Path | None, reason: str) -> dict[
         LAST_APPLIED_OSC,
         STATE_DIR,
         STATUS,
-        ApplyRecord,
-        Inventory,
-        JournalDoc,
-        JournalProgress,
         sha256_hex,
     )
     from node_agent.osc.steps import step_ids

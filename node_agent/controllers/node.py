@@ -33,8 +33,8 @@ from node_agent.base.log import get_logger
 from node_agent.base.retry import API, Backoff
 from node_agent.config import parse_config
 from node_agent.context import AgentContext
+from node_agent.host.documents import ItemFailure
 from node_agent.host.history import history_entry
-from node_agent.host.state import ItemFailure
 from node_agent.kube import report
 from node_agent.kube.watch import list_watch
 
@@ -123,7 +123,7 @@ class NodeController:
         events = list_watch(
             self.ctx.kube.nodes(),
             field_selector=f"metadata.name={self.ctx.node_name}",
-            registry=self.ctx.health.sources.watches,
+            registry=self.ctx.watches,
         )
         async with events:
             async for event in events:

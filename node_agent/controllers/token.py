@@ -94,7 +94,7 @@ class TokenSync:
         events = list_watch(
             self.ctx.kube.secrets(NAMESPACE),
             field_selector=f"metadata.name={self.secret_name}",
-            registry=self.ctx.health.sources.watches,
+            registry=self.ctx.watches,
         )
         async with events:
             async for event in events:

@@ -2,16 +2,9 @@
 (``state``, ``history``), kept apart from the planner so the planner
 stays pure and every host write goes through one small, tested place."""
 
+from node_agent.host.documents import ApplyRecord, Claim, Inventory, LastApplied, Pending
 from node_agent.host.fs import TEMP_PREFIX, HostFS, WriteResult, host_parts
-from node_agent.host.state import (
-    ApplyRecord,
-    Claim,
-    Inventory,
-    LastApplied,
-    Pending,
-    StateStore,
-    claims_for,
-)
+from node_agent.host.state import StateStore, claims_for
 
 __all__ = [
     "TEMP_PREFIX",

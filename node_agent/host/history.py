@@ -32,7 +32,7 @@ from pydantic import (
 )
 
 from node_agent.base import layout
-from node_agent.host.state import ItemFailure
+from node_agent.host.documents import ItemFailure
 
 #: The history's file name in the state directory (defined with the other state files).
 HISTORY = layout.HISTORY

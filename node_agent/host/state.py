@@ -39,33 +39,37 @@ idempotent) and towards deleting nothing.
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import errno
 import hashlib
 import os
 import uuid
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, replace
-from dataclasses import field as dataclass_field
+from dataclasses import replace
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Annotated, Literal, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import aiofiles
 import aiofiles.os
 import structlog
 from pydantic import (
-    AwareDatetime,
     BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    PlainSerializer,
     ValidationError,
 )
 
 from node_agent.base import layout
 from node_agent.base.errors import HostError
+from node_agent.host.documents import (
+    ApplyRecord,
+    Claim,
+    Inventory,
+    JournalDoc,
+    JournalProgress,
+    LastApplied,
+    LastAppliedMeta,
+    OwnedEntry,
+    Pending,
+)
 from node_agent.host.fs import TEMP_PREFIX, HostFS
 from node_agent.osc.applied import Applied
 from node_agent.osc.plan import ChangeSet
@@ -87,9 +91,6 @@ CORRUPT_SUFFIX = layout.CORRUPT_SUFFIX
 SECRET_MODE = 0o600
 PUBLIC_MODE = 0o644
 UNIT_FILE_MODE = 0o600  # as upstream: a unit's Environment= often holds credentials
-SCHEMA_VERSION: Literal[1] = 1
-
-EntryKind = Literal["file", "unit", "dropin"]
 
 _log = structlog.get_logger(__name__)
 
@@ -112,145 +113,6 @@ def sha256_hex(data: bytes) -> str:
 
 def _now() -> datetime:
     return datetime.now(UTC)
-
-
-def _from_base64(value: object) -> object:
-    return base64.b64decode(value, validate=True) if isinstance(value, str) else value
-
-
-# Secret bytes as standard base64 in JSON (``base64 -d`` reads them back).
-_B64 = Annotated[
-    bytes,
-    BeforeValidator(_from_base64),
-    PlainSerializer(lambda data: base64.b64encode(data).decode(), when_used="json"),
-]
-
-
-#: bytes as standard base64 in JSON, for documents of other modules
-Base64Bytes = _B64
-
-
-class _Doc(BaseModel):
-    """A persisted document; ``version`` makes a newer format fail validation, not misparse."""
-
-    model_config = ConfigDict(frozen=True, extra="ignore")
-
-    version: Literal[1] = SCHEMA_VERSION
-
-
-Document = _Doc  # the base of every persisted state document
-
-
-class LastAppliedMeta(_Doc):
-    checksum: str  # sha256 hex of last-applied-osc.yaml
-    applied_at: AwareDatetime
-    resolved: dict[str, _B64] = Field(default_factory=dict)  # secretRef file path -> bytes
-    #: what this OSC put on the host, item by item, derived items (e.g. from criConfig) included;
-    #: the next plan starts from it (None: written by an older agent, derive it from the OSC)
-    applied: Applied | None = None
-
-
-class JournalDoc(_Doc):
-    id: str
-    osc_checksum: str
-    started_at: AwareDatetime
-    change_set: ChangeSet
-    #: what was applied before this change set and what it aims at, item by item (None in a
-    #: journal written by an older agent: then the last applied OSC is the base)
-    base: Applied | None = None
-    target: Applied | None = None
-    #: paths written by this change set that existed before and were not the agent's
-    preexisting: tuple[str, ...] = ()
-
-
-class JournalProgress(_Doc):
-    id: str
-    done: tuple[str, ...] = ()
-    failed: dict[str, str] = Field(default_factory=dict)  # step id -> why, from the last attempt
-
-
-class OwnedEntry(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="ignore")
-
-    kind: EntryKind
-    created: bool  # False: the path existed before the agent first wrote it
-    sha256: str | None = None  # None: content not known up front (imageRef files)
-    mode: int | None = None
-
-
-class Inventory(_Doc):
-    entries: dict[str, OwnedEntry] = Field(default_factory=dict)  # host path -> entry
-
-    def owns(self, path: str) -> bool:
-        entry = self.entries.get(path)
-        return entry is not None and entry.created
-
-
-class ItemFailure(BaseModel):
-    """One item of an apply that did not reach its desired state; the others went on."""
-
-    model_config = ConfigDict(frozen=True, extra="ignore")
-
-    #: what failed: ``file``, ``unit``, ``dropin``, ``enable``, ``disable``, ``reload``,
-    #: ``command`` (a start/stop/restart job), ``delete`` or ``blocked`` (not attempted because
-    #: something it depends on failed)
-    kind: str
-    item: str  # the host path or unit name
-    error: str  # one line, naming the cause (systemd's reason, the OS error)
-
-
-class ApplyRecord(_Doc):
-    osc_checksum: str | None = None
-    started_at: AwareDatetime
-    finished_at: AwareDatetime
-    duration_seconds: float
-    result: Literal["succeeded", "failed"]
-    steps: int = 0
-    restarted_units: tuple[str, ...] = ()
-    stopped_units: tuple[str, ...] = ()
-    error: str | None = None
-    failures: tuple[ItemFailure, ...] = ()  # per item; empty when the apply succeeded
-
-
-@dataclass(frozen=True)
-class LastApplied:
-    raw: bytes  # the osc.yaml bytes
-    checksum: str  # sha256 hex of raw, = the Secret's checksum/data-script
-    applied_at: datetime | None
-    resolved: dict[str, bytes] | None  # None: unknown (no or mismatching meta)
-    applied: Applied | None = None  # None: unknown (no or mismatching meta, older agent)
-
-
-@dataclass(frozen=True)
-class Pending:
-    """A change set that was begun and not finished: resume it by running ``remaining()``."""
-
-    id: str
-    change_set: ChangeSet
-    osc_checksum: str
-    started_at: datetime
-    done: frozenset[str]
-    base: Applied | None = None
-    target: Applied | None = None
-    preexisting: frozenset[str] = frozenset()
-    failed: Mapping[str, str] = dataclass_field(default_factory=dict)
-
-    @property
-    def steps(self) -> tuple[str, ...]:
-        return step_ids(self.change_set)
-
-    def remaining(self) -> tuple[str, ...]:
-        return tuple(s for s in self.steps if s not in self.done)
-
-
-@dataclass(frozen=True)
-class Claim:
-    """A path the agent is about to write; recorded in the inventory first."""
-
-    kind: EntryKind
-    path: str
-    sha256: str | None
-    mode: int | None
 
 
 def write_claims(cs: ChangeSet) -> dict[str, Claim]:

@@ -120,7 +120,7 @@ class ListWatch:
         registry: MutableSet[ListWatch] | None = None,
     ) -> None:
         """``registry``: where the agent keeps its live watches for the read side (a WeakSet
-        on the agent's ``Sources``: a watch that is gone drops out of it)."""
+        on the agent's context: a watch that is gone drops out of it)."""
         self._resource = resource
         self._field_selector = field_selector
         self._label_selector = label_selector

@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from node_agent.base.log import get_logger
-from node_agent.host.state import ApplyRecord, StateStore
+from node_agent.host.documents import ApplyRecord
+from node_agent.host.state import StateStore
 
 if TYPE_CHECKING:
     from node_agent.host.fs import HostFS

@@ -8,7 +8,7 @@ import time
 from typing import TYPE_CHECKING
 
 from node_agent.controllers.lifecycle import watchdog_ok
-from node_agent.observe.view import Verdict, applied_and_desired
+from node_agent.observe.view import Sources, Verdict, applied_and_desired
 
 if TYPE_CHECKING:
     from node_agent.context import AgentContext
@@ -26,8 +26,11 @@ MAX_LOOP_LAG = 5.0
 class Probes:
     """Liveness and readiness of the agent behind ``ctx``."""
 
-    def __init__(self, ctx: AgentContext, observations: ApplyObservations) -> None:
+    def __init__(
+        self, ctx: AgentContext, sources: Sources, observations: ApplyObservations
+    ) -> None:
         self.ctx = ctx
+        self.sources = sources
         self.observations = observations
         self.started = time.monotonic()
         self.loop_lag = 0.0
@@ -52,12 +55,12 @@ class Probes:
         return Verdict(ok, () if ok else (why,))
 
     def failure_streak(self) -> int:
-        osc = self.ctx.health.sources.osc
+        osc = self.sources.osc
         failures = osc.failures if osc is not None else 0
         return max(0, failures - self.observations.failures_at_success)
 
     def converged(self) -> bool:
-        applied, desired = applied_and_desired(self.ctx)
+        applied, desired = applied_and_desired(self.ctx, self.sources)
         return bool(applied) and applied == desired and self.ctx.state.pending() is None
 
     def ready(self) -> Verdict:
@@ -66,7 +69,7 @@ class Probes:
         reasons: list[str] = []
         now = time.monotonic()
         marks = self.ctx.health.last_progress
-        node = self.ctx.health.sources.node
+        node = self.sources.node
         missing = node.missing if node is not None else None
         if not self.ctx.node_known.is_set():
             reasons.append(f"node {self.ctx.host_name.lower()} not found yet")

@@ -22,7 +22,7 @@ from node_agent.base.log import get_logger
 from node_agent.observe.http_ports import Handler, HttpEndpoint
 from node_agent.observe.observations import ApplyObservations
 from node_agent.observe.probes import Probes
-from node_agent.observe.view import AgentView, EndpointView, Verdict, reader
+from node_agent.observe.view import AgentView, EndpointView, Sources, Verdict, reader
 
 if TYPE_CHECKING:
     from node_agent.config import ServerEndpoint
@@ -40,13 +40,14 @@ class Observability:
     the agent's job on the node matters more than its reporting.
     """
 
-    def __init__(self, ctx: AgentContext, observations: ApplyObservations) -> None:
+    def __init__(
+        self, ctx: AgentContext, sources: Sources, observations: ApplyObservations
+    ) -> None:
         self.ctx = ctx
         self.observations = observations
-        sources = ctx.health.sources
         observations.failure_count = lambda: sources.osc.failures if sources.osc else 0
-        self.probes = Probes(ctx, observations)
-        self.read: Callable[[], AgentView] = reader(ctx, observations, self.probes)
+        self.probes = Probes(ctx, sources, observations)
+        self.read: Callable[[], AgentView] = reader(ctx, sources, observations, self.probes)
         self._metrics_exposition: AgentMetrics | None = None  # built at the first scrape
         self._ticker: asyncio.Task[None] | None = None
         self._status: StatusServer | None = None

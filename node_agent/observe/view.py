@@ -50,7 +50,6 @@ if TYPE_CHECKING:
     from node_agent.controllers.unitcheck import UnitCheckView
     from node_agent.kube.watch import WatchStats
     from node_agent.observe.observations import ApplyObservations
-    from node_agent.observe.probes import Probes
 
 #: Progress marks that mean "a request to the API server succeeded just now".
 API_SUCCESS_MARKS = ("lease", "osc-watch", "node-watch")
@@ -129,6 +128,14 @@ class GuardSource(Protocol):
     """The restart-storm guard: the units it holds."""
 
     def view(self) -> tuple[HeldUnit, ...]: ...
+
+
+class ProbeSource(Protocol):
+    """The liveness and readiness probes (``node_agent.observe.probes.Probes``)."""
+
+    def live(self) -> Verdict: ...
+
+    def ready(self) -> Verdict: ...
 
 
 class WatchSource(Protocol):
@@ -289,19 +296,20 @@ class AgentView(NamedTuple):
 
 
 def reader(
-    ctx: AgentContext, observations: ApplyObservations, probes: Probes
+    ctx: AgentContext, sources: Sources, observations: ApplyObservations, probes: ProbeSource
 ) -> Callable[[], AgentView]:
     """``read_view`` bound to one agent: what the servers call per request."""
-    return lambda: read_view(ctx, observations, probes)
+    return lambda: read_view(ctx, sources, observations, probes)
 
 
-def read_view(ctx: AgentContext, observations: ApplyObservations, probes: Probes) -> AgentView:
+def read_view(
+    ctx: AgentContext, sources: Sources, observations: ApplyObservations, probes: ProbeSource
+) -> AgentView:
     """The view of the agent behind ``ctx`` now (cheap: memory only, called per request)."""
-    sources = ctx.health.sources
     errors = tuple(_error(e) for e in ctx.health.errors)
     api_errors = [e for e in errors if _is_api_error(e)]
     stats = ctx.kube.stats
-    applied, desired = applied_and_desired(ctx)
+    applied, desired = applied_and_desired(ctx, sources)
     osc, lease, node = sources.osc, sources.lease, sources.node
     last = observations.last
     hist = observations.durations
@@ -388,11 +396,11 @@ def _mono_to_wall(mark: float | None) -> float | None:
     return time.time() - (time.monotonic() - mark)
 
 
-def applied_and_desired(ctx: AgentContext) -> tuple[str, str | None]:
+def applied_and_desired(ctx: AgentContext, sources: Sources) -> tuple[str, str | None]:
     """The applied checksum ('' if none) and the checksum of the Secret's ``osc.yaml`` as last
     seen by the watch (None if not seen)."""
     applied = ctx.state.applied_checksum()  # in memory: no read, no hashing per request
-    osc = ctx.health.sources.osc
+    osc = sources.osc
     if osc is None:
         return applied, None
     desired: str | None = None

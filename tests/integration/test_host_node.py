@@ -13,13 +13,7 @@ import pytest
 
 from node_agent.base.errors import UnsafePathError
 from node_agent.host.fs import HostFS
-from node_agent.host.state import (
-    UNIT_FILE_MODE,
-    StateStore,
-    claims_for,
-    dropin_path,
-    unit_path,
-)
+from node_agent.host.state import UNIT_FILE_MODE, StateStore, claims_for, dropin_path, unit_path
 from node_agent.osc.plan import ChangeSet, DropInWrite, UnitWrite
 from tests.testbed.systemd_ns import IsolatedSystemd
 

@@ -20,9 +20,10 @@ import pytest
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client import ApiClient
 
+from node_agent.host.documents import ItemFailure
 from node_agent.host.fs import HostFS
 from node_agent.host.history import HISTORY, HistoryRollback, history_entry
-from node_agent.host.state import STATE_DIR, ItemFailure, StateStore
+from node_agent.host.state import STATE_DIR, StateStore
 from tests.conftest import PreparedAgentFactory
 from tests.testbed.agent_harness import (
     REPO,

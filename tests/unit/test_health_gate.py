@@ -27,8 +27,9 @@ from node_agent.controllers.osc.breakage import (
 )
 from node_agent.controllers.osc.health_gate import GateRecord, HealthGate
 from node_agent.controllers.unitcheck import ExpectedUnit, check_units
+from node_agent.host.documents import LastApplied
 from node_agent.host.fs import HostFS
-from node_agent.host.state import LastApplied, StateStore
+from node_agent.host.state import StateStore
 from node_agent.systemd.types import JobResult, UnitState
 from tests.unit.fakes import FakeSystemd
 

@@ -22,6 +22,7 @@ from pydantic import ValidationError
 from structlog.testing import capture_logs
 
 from node_agent.commands.show_history import history_document, render_history
+from node_agent.host.documents import ItemFailure
 from node_agent.host.fs import TEMP_PREFIX, HostFS
 from node_agent.host.history import (
     HISTORY,
@@ -32,7 +33,7 @@ from node_agent.host.history import (
     HistoryRollback,
     history_entry,
 )
-from node_agent.host.state import CORRUPT_SUFFIX, STATE_DIR, ItemFailure, StateStore
+from node_agent.host.state import CORRUPT_SUFFIX, STATE_DIR, StateStore
 
 T0 = datetime(2026, 11, 20, 10, 0, 0, tzinfo=UTC)
 A, B = "a" * 64, "b" * 64

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from node_agent.host.documents import ApplyRecord, Claim
 from node_agent.host.fs import HostFS
 from node_agent.host.state import (
     CHANGES,
@@ -22,8 +23,6 @@ from node_agent.host.state import (
     LAST_APPLIED_OSC,
     STATE_DIR,
     STATUS,
-    ApplyRecord,
-    Claim,
     StateStore,
     claims_for,
     dropin_path,

@@ -15,15 +15,9 @@ from pathlib import Path
 import pytest
 
 from node_agent.base.errors import HostError
+from node_agent.host.documents import ApplyRecord, Claim
 from node_agent.host.fs import TEMP_PREFIX, HostFS
-from node_agent.host.state import (
-    CORRUPT_SUFFIX,
-    STATE_DIR,
-    STATUS,
-    ApplyRecord,
-    Claim,
-    StateStore,
-)
+from node_agent.host.state import CORRUPT_SUFFIX, STATE_DIR, STATUS, StateStore
 from node_agent.osc.plan import ChangeSet, FileWrite
 
 

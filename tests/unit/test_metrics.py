@@ -15,9 +15,8 @@ import pytest
 from structlog.testing import capture_logs
 
 from node_agent.config import ServerConfiguration
-from node_agent.context import AgentContext
+from node_agent.host.documents import ApplyRecord, ItemFailure
 from node_agent.host.fs import HostFS
-from node_agent.host.state import ApplyRecord, ItemFailure
 from node_agent.kube.watch import list_watch
 from node_agent.observe import unix_socket
 from node_agent.observe.http_ports import MAX_HEADER_BYTES, HttpEndpoint
@@ -26,22 +25,22 @@ from node_agent.observe.observations import ApplyObservations, ObservedStateStor
 from node_agent.observe.probes import FAILURE_STREAK, Probes
 from node_agent.observe.readside import Observability
 from node_agent.observe.view import EndpointView
-from tests.unit.test_status import FakeLease, FakeNode, FakeOSC, make_ctx, osc_yaml, read
+from tests.unit.test_status import FakeLease, FakeNode, FakeOSC, ReadCtx, make_ctx, osc_yaml, read
 
 
 def render_metrics(
-    ctx: AgentContext,
+    ctx: ReadCtx,
     observations: ApplyObservations | None = None,
     endpoints: tuple[EndpointView, ...] = (),
 ) -> str:
     """One scrape of the agent behind ``ctx``."""
     if endpoints:
-        ctx.health.sources.endpoints = lambda: endpoints
+        ctx.sources.endpoints = lambda: endpoints
     return AgentMetrics(read(ctx, observations)).render()
 
 
-def _osc(ctx: AgentContext) -> FakeOSC:
-    osc = ctx.health.sources.osc
+def _osc(ctx: ReadCtx) -> FakeOSC:
+    osc = ctx.sources.osc
     assert isinstance(osc, FakeOSC)
     return osc
 
@@ -86,7 +85,7 @@ def test_render_metrics_text_format(tmp_path: Path) -> None:
     ctx = make_ctx(tmp_path)
     osc = _osc(ctx)
     osc.applies, osc.failures = 3, 1
-    lease, node = ctx.health.sources.lease, ctx.health.sources.node
+    lease, node = ctx.sources.lease, ctx.sources.node
     assert isinstance(lease, FakeLease)
     assert isinstance(node, FakeNode)
     lease.stats.renewals = 12
@@ -136,7 +135,7 @@ async def test_watch_counters_are_summed_by_kind(tmp_path: Path) -> None:
             return ObjectRef(verb, "Secret", "kube-system", name)
 
     ctx = make_ctx(tmp_path)
-    registry = ctx.health.sources.watches
+    registry = ctx.sources.watches
     watches = [
         list_watch(Res(), field_selector=f"metadata.name=s{i}", registry=registry)  # type: ignore[arg-type]
         for i in range(2)
@@ -164,7 +163,7 @@ def test_readiness_rules(tmp_path: Path) -> None:
     obs = ApplyObservations()
     osc = _osc(ctx)
     obs.failure_count = lambda: osc.failures
-    probes = Probes(ctx, obs)
+    probes = Probes(ctx, ctx.sources, obs)
     verdict = probes.ready()
     assert not verdict.ok
     assert verdict.reasons == ("node node-a not found yet", f"secret {_secret()} not listed yet")
@@ -197,7 +196,7 @@ def _secret() -> str:
 
 def test_liveness_needs_the_lease_loop_and_a_responsive_event_loop(tmp_path: Path) -> None:
     ctx = make_ctx(tmp_path)
-    probes = Probes(ctx, ApplyObservations())
+    probes = Probes(ctx, ctx.sources, ApplyObservations())
     assert probes.live().ok  # grace period from the start
     ctx.health.last_progress["lease-tick"] = time.monotonic() - 60
     assert not probes.live().ok
@@ -327,7 +326,7 @@ async def _until(done: Callable[[], object], timeout: float = 5.0) -> None:
             await asyncio.sleep(0.01)
 
 
-def _with_ports(ctx: AgentContext, health: int, metrics: int) -> AgentContext:
+def _with_ports(ctx: ReadCtx, health: int, metrics: int) -> ReadCtx:
     server = ServerConfiguration.model_validate(
         {
             "healthProbes": {"bindAddress": "127.0.0.1", "port": health},
@@ -352,7 +351,7 @@ async def _get(address: str, path: str) -> tuple[int, bytes]:
 
 async def test_the_probe_and_metrics_ports_of_an_agent(tmp_path: Path) -> None:
     ctx = _with_ports(make_ctx(tmp_path), 0, 0)  # two free ports
-    observability = Observability(ctx, ApplyObservations())
+    observability = Observability(ctx, ctx.sources, ApplyObservations())
     await observability.start()
     try:
         doc = await unix_socket.StatusServer(ctx, observability.read).document()
@@ -379,7 +378,7 @@ async def test_the_probe_and_metrics_ports_of_an_agent(tmp_path: Path) -> None:
 async def test_the_same_port_for_probes_and_metrics_serves_both(tmp_path: Path) -> None:
     port = _free_port()
     ctx = _with_ports(make_ctx(tmp_path), port, port)
-    observability = Observability(ctx, ApplyObservations())
+    observability = Observability(ctx, ctx.sources, ApplyObservations())
     await observability.start()
     try:
         doc = await unix_socket.StatusServer(ctx, observability.read).document()

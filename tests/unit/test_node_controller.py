@@ -21,6 +21,7 @@ from node_agent.host.fs import HostFS
 from node_agent.kube import report
 from node_agent.observe.observations import ApplyObservations
 from node_agent.observe.probes import Probes
+from node_agent.observe.view import Sources
 from tests.unit.fakes import FakeKube, FakeSystemd
 
 OWN = "gardener-node-agent.service"
@@ -157,12 +158,11 @@ def _ready_ctx(tmp_path: Path) -> tuple[AgentContext, NodeController, Probes]:
     """A context whose readiness only depends on the Node (lease renewed, Secret listed)."""
     ctx = _ctx(tmp_path, _node())
     controller = NodeController(ctx)
-    ctx.health.sources.node = controller
     ctx.state = type("NoState", (), {"pending": lambda self: None})()  # type: ignore[assignment]
     ctx.node_known.set()
     ctx.health.progress("lease")
     ctx.health.progress("osc-watch")
-    return ctx, controller, Probes(ctx, ApplyObservations())
+    return ctx, controller, Probes(ctx, Sources(node=controller), ApplyObservations())
 
 
 def _uid(uid: str, annotations: dict[str, str] | None = None) -> Any:

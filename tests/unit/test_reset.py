@@ -9,8 +9,9 @@ import pytest
 from node_agent.base import layout
 from node_agent.base.errors import SystemdError
 from node_agent.commands.reset import NOTHING_TO_DO, reset_node
+from node_agent.host.documents import Claim
 from node_agent.host.fs import HostFS
-from node_agent.host.state import Claim, StateStore
+from node_agent.host.state import StateStore
 from tests.unit.fakes import ACTIVE, FakeSystemd
 
 

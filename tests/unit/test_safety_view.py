@@ -43,7 +43,7 @@ def test_health_sections_in_the_document_the_text_and_the_metrics(tmp_path: Path
     ctx = make_ctx(tmp_path)
     guard = RestartGuard(max_restarts=1, window=600.0)
     guard.record("x.service", ok=False, error="restart x.service: failed")
-    sources = ctx.health.sources
+    sources = ctx.sources
     sources.unitcheck = Fixed(  # type: ignore[assignment]
         UnitCheckView(
             condition=report.units_condition(("x.service: failed",), ()),
@@ -128,7 +128,7 @@ def test_gate_view_while_watching(tmp_path: Path) -> None:
 
 def test_rollout_section_in_the_document_the_text_and_the_metrics(tmp_path: Path) -> None:
     ctx = make_ctx(tmp_path)
-    ctx.health.sources.rollout = Fixed(  # type: ignore[assignment]
+    ctx.sources.rollout = Fixed(  # type: ignore[assignment]
         RolloutView(
             pacing="at most 2 at once, 1 canary, soak 10m, breaker at 1",
             state="waiting",

@@ -25,13 +25,14 @@ from node_agent.config import CONFIG_FILE, AgentSettings, NodeAgentConfiguration
 from node_agent.context import AgentContext
 from node_agent.controllers.lease import LeaseStats
 from node_agent.controllers.node import NodeStats
+from node_agent.host.documents import ApplyRecord, ItemFailure
 from node_agent.host.fs import HostFS
-from node_agent.host.state import ApplyRecord, ItemFailure, StateStore, claims_for
+from node_agent.host.state import StateStore, claims_for
 from node_agent.kube.client import ClientStats
 from node_agent.observe import unix_socket
 from node_agent.observe.observations import ApplyObservations
 from node_agent.observe.probes import Probes
-from node_agent.observe.view import AgentView, EndpointView, reader
+from node_agent.observe.view import AgentView, EndpointView, Sources, reader
 from node_agent.osc.decode import parse_osc
 from node_agent.osc.plan import plan
 from tests.unit.fakes import ACTIVE, FakeKube, FakeSystemd
@@ -80,12 +81,19 @@ class FakeNode:
     missing: str | None = None
 
 
-def make_ctx(root: Path, systemd: FakeSystemd | None = None, **settings: Any) -> AgentContext:
+@dataclass
+class ReadCtx(AgentContext):
+    """A context with the read side's sources beside it, as the agent's wiring keeps them."""
+
+    sources: Sources = field(default_factory=Sources)
+
+
+def make_ctx(root: Path, systemd: FakeSystemd | None = None, **settings: Any) -> ReadCtx:
     fs = HostFS(root)
     config = NodeAgentConfiguration.model_validate(
         {"controllers": {"operatingSystemConfig": {"secretName": SECRET}}}
     )
-    ctx = AgentContext(
+    ctx = ReadCtx(
         settings=AgentSettings(root=root, **settings),
         config=config,
         fs=fs,
@@ -94,17 +102,14 @@ def make_ctx(root: Path, systemd: FakeSystemd | None = None, **settings: Any) ->
         kube=FakeKube(server="https://api.example:6443", stats=ClientStats(requests=7, timeouts=1)),
         host_name="Node-A",
     )
-    sources = ctx.health.sources
-    sources.osc, sources.lease, sources.node = FakeOSC(), FakeLease(), FakeNode()
+    ctx.sources = Sources(watches=ctx.watches, osc=FakeOSC(), lease=FakeLease(), node=FakeNode())
     return ctx
 
 
-def read(
-    ctx: AgentContext, observations: ApplyObservations | None = None
-) -> Callable[[], AgentView]:
+def read(ctx: ReadCtx, observations: ApplyObservations | None = None) -> Callable[[], AgentView]:
     """The view of ``ctx`` as the agent's servers read it."""
     observations = observations or ApplyObservations()
-    return reader(ctx, observations, Probes(ctx, observations))
+    return reader(ctx, ctx.sources, observations, Probes(ctx, ctx.sources, observations))
 
 
 def _record(checksum: str, restarted: tuple[str, ...] = ("a.service",)) -> ApplyRecord:
@@ -126,10 +131,8 @@ def _applied(ctx: AgentContext, units: list[str]) -> str:
     return last.checksum
 
 
-async def _server(ctx: AgentContext) -> unix_socket.StatusServer:
-    ctx.health.sources.endpoints = lambda: (
-        EndpointView("health", "127.0.0.1:1", serves=("health",)),
-    )
+async def _server(ctx: ReadCtx) -> unix_socket.StatusServer:
+    ctx.sources.endpoints = lambda: (EndpointView("health", "127.0.0.1:1", serves=("health",)),)
     server = unix_socket.StatusServer(ctx, read(ctx))
     await server.start()
     return server
@@ -143,7 +146,7 @@ def test_defaults_match_the_settings() -> None:
 async def test_the_running_agent_answers_over_a_0600_socket(tmp_path: Path) -> None:
     ctx = make_ctx(tmp_path, FakeSystemd({"a.service": ACTIVE}))
     checksum = _applied(ctx, ["a.service", "b.service"])
-    osc = ctx.health.sources.osc
+    osc = ctx.sources.osc
     assert isinstance(osc, FakeOSC)
     osc.latest_secret = {"data": {"osc.yaml": _b64(osc_yaml(["a.service", "b.service"]))}}
     ctx.node_name = "node-a"
@@ -412,7 +415,7 @@ async def test_a_deleted_node_is_shown(tmp_path: Path) -> None:
     ctx.health.progress("lease")
     ctx.health.progress("osc-watch")
     why = "node node-a not found (deleted from the API server); waiting for it"
-    node = ctx.health.sources.node
+    node = ctx.sources.node
     assert isinstance(node, FakeNode)
     node.missing = why
     ctx.health.error("node", why)
@@ -525,10 +528,9 @@ async def test_the_view_before_the_controllers_exist(tmp_path: Path) -> None:
     """Right after the start nothing but the context is wired: every reader still answers, with
     zeros and nulls where a part is missing."""
     from node_agent.observe.metrics import AgentMetrics
-    from node_agent.observe.view import Sources
 
     ctx = make_ctx(tmp_path)
-    ctx.health.sources = Sources()  # as the daemon has it before build_agent()
+    ctx.sources = Sources()  # as the daemon has it before build_agent()
     view = read(ctx)()
     assert view.lease is None
     assert view.certificate is None

@@ -142,7 +142,7 @@ class OSCController:
         events = list_watch(
             self.ctx.kube.secrets(NAMESPACE),
             field_selector=f"metadata.name={name}",
-            registry=self.ctx.health.sources.watches,
+            registry=self.ctx.watches,
         )
         async with events:
             async for event in events:

@@ -402,7 +402,7 @@ class Rollout:
         events = list_watch(
             self.ctx.kube.leases(report.NAMESPACE),
             field_selector=f"metadata.name={self.lease_name}",
-            registry=self.ctx.health.sources.watches,
+            registry=self.ctx.watches,
         )
         async with events:
             async for event in events:
