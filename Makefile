@@ -57,7 +57,7 @@ lint: venv
 	shellcheck init/node-agent-init.sh packaging/build.sh
 
 typecheck: venv
-	$(BIN)/mypy node_agent tests/unit/fakes.py
+	$(BIN)/mypy node_agent tests
 
 unit: venv
 	$(BIN)/pytest tests/unit $(PYTEST_ARGS)

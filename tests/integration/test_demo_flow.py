@@ -66,13 +66,13 @@ async def test_demo_flow(demo: Demo) -> None:
     assert env.stdout.strip() == "MODE=tour"
 
     # The Lease is renewed by the service.
-    first = None
+    first: datetime | None = None
     deadline = time.monotonic() + 30
     while first is None and time.monotonic() < deadline:
         first = await lease_renew_time(demo)
         await asyncio.sleep(0.5)
     assert first is not None, "no Lease"
-    renewed = first
+    renewed: datetime | None = first
     while renewed == first and time.monotonic() < deadline:
         await asyncio.sleep(0.5)
         renewed = await lease_renew_time(demo)

@@ -125,7 +125,7 @@ def build_info_version(port: int) -> str | None:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=3) as resp:
         for line in resp.read().decode().splitlines():
             if line.startswith("node_agent_build_info{"):
-                return line.split('version="', 1)[1].split('"', 1)[0]
+                return str(line.split('version="', 1)[1].split('"', 1)[0])
     return None
 
 

@@ -335,7 +335,7 @@ async def test_nothing_is_logged_at_debug_by_the_library(
     root = logging.getLogger()
     records: list[logging.LogRecord] = []
     handler = logging.Handler(logging.DEBUG)
-    handler.emit = records.append  # type: ignore[method-assign]
+    handler.emit = records.append  # type: ignore[method-assign,assignment]
     old_level = root.level
     root.addHandler(handler)
     root.setLevel(logging.DEBUG)

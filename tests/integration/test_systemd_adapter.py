@@ -358,15 +358,15 @@ async def test_concurrent_calls_are_matched(systemd: IsolatedSystemd, adapter: S
     for name in names:
         write_unit(systemd, name, SLEEPER)
     await adapter.daemon_reload()
-    calls = [adapter.start_unit(name) for name in names] + [
-        adapter.unit_states([name]) for name in names
-    ]
-    outcomes = await asyncio.gather(*calls)
-    for name, job in zip(names, outcomes[: len(names)], strict=True):
+    jobs, states = await asyncio.gather(
+        asyncio.gather(*(adapter.start_unit(name) for name in names)),
+        asyncio.gather(*(adapter.unit_states([name]) for name in names)),
+    )
+    for name, job in zip(names, jobs, strict=True):
         assert job.unit == name
         assert job.ok
-    for name, states in zip(names, outcomes[len(names) :], strict=True):
-        assert list(states) == [name]  # type: ignore[arg-type]
+    for name, state in zip(names, states, strict=True):
+        assert list(state) == [name]
     results = await adapter.run_jobs([(name, "stop") for name in names])
     assert all(r.ok for r in results.values())
 

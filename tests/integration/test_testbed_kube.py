@@ -69,8 +69,8 @@ async def test_least_privilege_credentials_are_enforced(
     allowed, forbidden = f"osc-{uuid.uuid4().hex[:8]}", f"foreign-{uuid.uuid4().hex[:8]}"
     for secret in (allowed, forbidden):
         await core.create_namespaced_secret(NS, _secret(secret, b"x"))
-    for node in ("node-a", "node-b"):
-        await core.create_node(client.V1Node(metadata=client.V1ObjectMeta(name=node)))
+    for name in ("node-a", "node-b"):
+        await core.create_node(client.V1Node(metadata=client.V1ObjectMeta(name=name)))
 
     creds = await make_node_agent_credentials("node-a", [allowed])
     async with await api_client_from(creds.kubeconfig) as agent_api:

@@ -247,7 +247,7 @@ async def wait_lease_renewed_after(
         lease = await read_lease(admin, node)
         renew = lease.spec.renew_time if lease is not None else None
         if renew is not None and renew > after:
-            return renew  # type: ignore[no-any-return]
+            return renew
         if loop.time() > deadline:
             raise AssertionError(f"lease of {node} not renewed after {after} within {timeout}s")
         await asyncio.sleep(0.25)

@@ -13,7 +13,7 @@ CONDITION = "SystemdUnitsReady"
 
 async def units_ready(admin: ApiClient, node: str) -> dict[str, Any] | None:
     """The Node's SystemdUnitsReady condition as on the wire (camelCase keys), or None."""
-    obj = await client.CoreV1Api(admin).read_node_status(node, _preload_content=False)
+    obj: Any = await client.CoreV1Api(admin).read_node_status(node, _preload_content=False)
     body = await obj.json()
     for condition in (body.get("status") or {}).get("conditions") or []:
         if condition.get("type") == CONDITION:

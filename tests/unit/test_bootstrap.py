@@ -10,8 +10,8 @@ import pytest
 import yaml
 
 from node_agent.base.errors import ConfigError
+from node_agent.base.layout import KUBELET_BOOTSTRAP_KUBECONFIG
 from node_agent.commands.bootstrap import (
-    KUBELET_BOOTSTRAP_KUBECONFIG,
     KUBELET_CLIENT_CERT,
     KUBELET_KUBECONFIG,
     kubelet_bootstrap_kubeconfig,

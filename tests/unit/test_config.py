@@ -10,14 +10,9 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
+from node_agent.base.durations import format_duration, parse_duration
 from node_agent.base.errors import ConfigError
-from node_agent.config import (
-    config_version_key,
-    find_config,
-    format_duration,
-    parse_config,
-    parse_duration,
-)
+from node_agent.config import config_version_key, find_config, parse_config
 
 GARDENER_CONFIG = """\
 apiVersion: nodeagent.config.gardener.cloud/v1alpha1

@@ -286,7 +286,7 @@ def test_plugin_add_merges_into_what_is_there_and_remove_deletes() -> None:
         "  SystemdCgroup = false\n"
     )
     runc = [CRI_V2, "containerd", "runtimes", "runc"]
-    plugins = [
+    plugins: list[dict[str, Any]] = [
         {"path": runc, "values": {"options": {"BinaryName": "/opt/runc"}, "privileged": True}},
         {"path": ["io.containerd.tracing.processor.v1.otlp"]},  # no values: the table only
         {"op": "remove", "path": [*runc, "options", "NoPivotRoot"]},  # absent: nothing to do

@@ -87,7 +87,7 @@ def test_paths() -> None:
     assert ca_path("docker.io", "/etc/ca.crt") == "/etc/ca.crt"
 
 
-_text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=20)
+_text = st.text(st.characters(exclude_categories=["Cs"]), max_size=20)
 
 
 @given(

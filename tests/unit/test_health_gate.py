@@ -139,7 +139,7 @@ class Clock:
 
 
 def gate(tmp_path: Path, systemd: FakeSystemd, clock: Clock, window: float = 30.0) -> HealthGate:
-    config = HealthGateConfig(settle_window=timedelta(seconds=window))
+    config = HealthGateConfig(settleWindow=timedelta(seconds=window))
     return HealthGate(
         systemd,
         StateStore(HostFS(tmp_path)),

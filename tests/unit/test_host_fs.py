@@ -576,7 +576,7 @@ def test_removing_what_is_gone_makes_no_write_syscall(
     from node_agent.host import fs as fs_module
 
     for name in ("unlink", "rmdir", "mkdir", "rename", "fsync"):
-        monkeypatch.setattr(fs_module.os, name, refuse)
+        monkeypatch.setattr(f"{fs_module.__name__}.os.{name}", refuse)
     assert fs.remove("/etc/missing") is False
     assert fs.remove("/no/such/dir/f") is False
     assert fs.remove("/file/f") is False

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -43,7 +44,7 @@ def test_new_lease_has_the_wire_fields() -> None:
 
 
 def test_update_keeps_resource_version_and_foreign_fields_and_repairs_ours() -> None:
-    current = {
+    current: dict[str, Any] = {
         "metadata": {
             "name": "gardener-node-agent-n1",
             "namespace": "kube-system",

@@ -158,7 +158,7 @@ def _ready_ctx(tmp_path: Path) -> tuple[AgentContext, NodeController, Probes]:
     """A context whose readiness only depends on the Node (lease renewed, Secret listed)."""
     ctx = _ctx(tmp_path, _node())
     controller = NodeController(ctx)
-    ctx.state = type("NoState", (), {"pending": lambda self: None})()  # type: ignore[assignment]
+    ctx.state = type("NoState", (), {"pending": lambda self: None})()
     ctx.node_known.set()
     ctx.health.progress("lease")
     ctx.health.progress("osc-watch")

@@ -46,8 +46,8 @@ def apply(host: Host, changes: ChangeSet) -> Host:
         out.units[u.name] = u.content
     for d in changes.dropins_to_write:
         out.dropins[(d.unit, d.name)] = d.content
-    for d in changes.dropins_to_delete:
-        del out.dropins[(d.unit, d.name)]  # deleting something absent would be a planner bug
+    for gone in changes.dropins_to_delete:
+        del out.dropins[(gone.unit, gone.name)]  # deleting something absent would be a planner bug
     out.enabled |= set(changes.units_to_enable)
     out.enabled -= set(changes.units_to_disable)
     for ud in changes.units_to_delete:

@@ -481,7 +481,7 @@ async def test_a_socket_directory_of_another_owner_is_refused(
     path = _socket_dir(tmp_path)
     path.mkdir(parents=True, mode=0o700)
     owner = path.stat().st_uid
-    monkeypatch.setattr(unix_socket.os, "geteuid", lambda: owner + 1)
+    monkeypatch.setattr(f"{unix_socket.__name__}.os.geteuid", lambda: owner + 1)
     ctx = make_ctx(tmp_path)
     with pytest.raises(UnsafePathError, match=f"owned by uid {owner}"):
         await unix_socket.StatusServer(ctx, read(ctx)).start()

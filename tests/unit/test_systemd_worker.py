@@ -103,7 +103,7 @@ def replies(read_fd: int) -> list[dict[str, Any]]:
 
 
 def make_worker(bus: FakeBus, write_fd: int) -> Worker:
-    worker = Worker(bus, write_fd)  # type: ignore[arg-type]
+    worker = Worker(bus, write_fd)
     worker.subscribe()
     return worker
 

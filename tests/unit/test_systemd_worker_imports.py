@@ -61,7 +61,7 @@ def test_package_still_exports_the_adapter_lazily() -> None:
 
     assert seam.Systemd is Systemd
     with pytest.raises(AttributeError):
-        _ = seam.NoSuchThing  # type: ignore[attr-defined]
+        _ = seam.NoSuchThing
 
 
 def test_binding_loaded_bare_serves_the_worker() -> None:
