@@ -23,14 +23,11 @@ import asyncio
 import os
 import random
 import time
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
-import pytest_asyncio
-from kubernetes_asyncio.client import ApiClient
 
 from node_agent.apply.executor import CRASH_HOOK_ENV
 from node_agent.host.fs import HostFS
@@ -46,7 +43,6 @@ from tests.testbed.agent_harness import (
     wait_for,
     warning_messages,
 )
-from tests.testbed.controlplane import ControlPlane
 from tests.testbed.systemd_ns import IsolatedSystemd
 
 pytestmark = pytest.mark.integration
@@ -491,15 +487,6 @@ class Campaign:
                         print(
                             f"    last kills: {[f'{t:.3f}' for t in self.figures.kill_times[-4:]]}"
                         )
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def harness(
-    admin_api: ApiClient, control_plane: ControlPlane, node: IsolatedSystemd, tmp_path: Path
-) -> AsyncIterator[OSCAgent]:
-    agent = OSCAgent(admin_api, control_plane, node, tmp_path)
-    await agent.setup()
-    yield agent
 
 
 @pytest.mark.timeout(900)

@@ -17,13 +17,10 @@ import asyncio
 import os
 import stat
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import pytest_asyncio
-from kubernetes_asyncio.client import ApiClient
 
 from node_agent.apply.executor import CRASH_HOOK_ENV
 from tests.testbed.agent_harness import (
@@ -38,7 +35,6 @@ from tests.testbed.agent_harness import (
     status_json,
     wait_for,
 )
-from tests.testbed.controlplane import ControlPlane
 from tests.testbed.systemd_ns import IsolatedSystemd
 
 pytestmark = pytest.mark.integration
@@ -96,25 +92,6 @@ def assert_failed_naming(doc: dict[str, Any], checksum: str, *items: str) -> Non
     listed = failed_items(doc)
     for item in items:
         assert any(item in entry for entry in listed), f"{item} not among failures {listed}"
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def agent(
-    admin_api: ApiClient, control_plane: ControlPlane, node: IsolatedSystemd, tmp_path: Path
-) -> AsyncIterator[OSCAgent]:
-    """The OSC controller of a throwaway node, in this process."""
-    async with OSCAgent(admin_api, control_plane, node, tmp_path).running() as harness:
-        yield harness
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def harness(
-    admin_api: ApiClient, control_plane: ControlPlane, node: IsolatedSystemd, tmp_path: Path
-) -> AsyncIterator[OSCAgent]:
-    """A registered Node and credentials, for ``node-agent run`` as a process."""
-    agent = OSCAgent(admin_api, control_plane, node, tmp_path)
-    await agent.setup()
-    yield agent
 
 
 # --- finding 1 --------------------------------------------------------------------------------

@@ -10,18 +10,13 @@ import asyncio
 import hashlib
 import subprocess
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import pytest_asyncio
 import yaml
-from kubernetes_asyncio.client import ApiClient
 
 from tests.testbed.agent_harness import AgentProcess, OSCAgent, inline_file, osc_document, service
-from tests.testbed.controlplane import ControlPlane
-from tests.testbed.systemd_ns import IsolatedSystemd
 
 pytestmark = pytest.mark.integration
 
@@ -163,15 +158,6 @@ def test_apply_refuses_a_unit_name_too_long_for_its_drop_ins(tmp_path: Path) -> 
 
 
 # --- the same input as the node's Secret, to the running agent --------------------------------
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def harness(
-    admin_api: ApiClient, control_plane: ControlPlane, node: IsolatedSystemd, tmp_path: Path
-) -> AsyncIterator[OSCAgent]:
-    agent = OSCAgent(admin_api, control_plane, node, tmp_path)
-    await agent.setup()
-    yield agent
 
 
 def limits_osc(*extra: dict[str, Any], data: str = "a\n") -> dict[str, Any]:

@@ -7,17 +7,13 @@ first step of that kind, exactly like an OOM kill or a power cut between two ste
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import pytest_asyncio
-from kubernetes_asyncio.client import ApiClient
 
 from node_agent.apply.executor import CRASH_HOOK_ENV
 from tests.testbed.agent_harness import AgentProcess, OSCAgent, inline_file, osc_document, service
-from tests.testbed.controlplane import ControlPlane
 from tests.testbed.systemd_ns import IsolatedSystemd
 
 pytestmark = pytest.mark.integration
@@ -79,15 +75,6 @@ def assert_converged(node: IsolatedSystemd, k: int) -> None:
     ).stdout
     assert leftovers == ""
     assert not node.path(f"{STATE}/last-computed-osc-changes.yaml").exists()
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def harness(
-    admin_api: ApiClient, control_plane: ControlPlane, node: IsolatedSystemd, tmp_path: Path
-) -> AsyncIterator[OSCAgent]:
-    agent = OSCAgent(admin_api, control_plane, node, tmp_path)
-    await agent.setup()
-    yield agent
 
 
 async def test_kill_after_each_step_kind_converges(harness: OSCAgent, tmp_path: Path) -> None:

@@ -13,7 +13,8 @@ from __future__ import annotations
 import asyncio
 import base64
 from collections.abc import AsyncGenerator, Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from node_agent.base.errors import KubeAlreadyExists, KubeConflict, KubeError, KubeNotFound
 from node_agent.kube.api_errors import ObjectRef
@@ -21,6 +22,8 @@ from node_agent.kube.client import ClientStats
 from node_agent.systemd import JobAction, JobResult, UnitFileChange, UnitState
 
 if TYPE_CHECKING:
+    from node_agent.config import NodeAgentConfiguration
+    from node_agent.context import AgentContext
     from node_agent.kube.seam import KubeSeam, ResourceSeam
     from node_agent.systemd import SystemdSeam
 
@@ -421,3 +424,49 @@ if TYPE_CHECKING:
 
     def _resource(resource: FakeResource) -> ResourceSeam:
         return resource
+
+
+_Ctx = TypeVar("_Ctx", bound="AgentContext")
+_KEEP: Any = object()  # "not given": the parameter's default part is built
+
+
+def make_ctx(
+    root: Path,
+    *,
+    config: NodeAgentConfiguration | Mapping[str, Any] | None = None,
+    kube: FakeKube | None = None,
+    systemd: FakeSystemd | None = None,
+    state: Any = _KEEP,
+    host_name: str = "n1",
+    node_name: str | None = "n1",
+    node_uid: str | None = "u1",
+    context_type: type[_Ctx] | None = None,
+    **settings: Any,
+) -> _Ctx:
+    """An ``AgentContext`` on fakes under ``root``: the one way unit tests build one.
+
+    ``config`` is the component config (a mapping is validated as the file would be); ``state``
+    may be any stand-in the code under test reads (default: a real ``StateStore`` under
+    ``root``); ``settings`` go to ``AgentSettings``; ``context_type`` a subclass to build."""
+    from node_agent.config import AgentSettings
+    from node_agent.config import NodeAgentConfiguration as Config
+    from node_agent.context import AgentContext
+    from node_agent.host.fs import HostFS
+    from node_agent.host.state import StateStore
+
+    fs = HostFS(root)
+    if not isinstance(config, Config):
+        config = Config.model_validate(dict(config or {}))
+    build: Any = context_type or AgentContext
+    ctx: _Ctx = build(
+        settings=AgentSettings(root=root, **settings),
+        config=config,
+        fs=fs,
+        state=StateStore(fs) if state is _KEEP else state,
+        systemd=systemd if systemd is not None else FakeSystemd(),
+        kube=kube if kube is not None else FakeKube(),
+        host_name=host_name,
+        node_name=node_name,
+        node_uid=node_uid,
+    )
+    return ctx

@@ -15,7 +15,6 @@ import pytest
 
 from node_agent.apply.restart_guard import RestartGuard
 from node_agent.base.errors import HostError
-from node_agent.config import AgentSettings, NodeAgentConfiguration
 from node_agent.containerd import ping
 from node_agent.context import AgentContext
 from node_agent.controllers.healthcheck import (
@@ -29,11 +28,9 @@ from node_agent.controllers.healthcheck import (
     managed_units,
     node_ready,
 )
-from node_agent.host.fs import HostFS
-from node_agent.host.state import StateStore
 from node_agent.osc.applied import Applied, AppliedUnit
 from node_agent.systemd import UnitState
-from tests.unit.fakes import ACTIVE, FakeKube, FakeSystemd
+from tests.unit.fakes import ACTIVE, FakeKube, FakeSystemd, make_ctx
 
 KUBELET_TEXT = "[Service]\nExecStart=/opt/bin/kubelet --config=/var/lib/kubelet/config/kubelet\n"
 
@@ -123,23 +120,14 @@ class Bed:
             failing=failing,
             calls=self.kube.calls,
         )
-        config = NodeAgentConfiguration.model_validate(
-            {
+        self.ctx: AgentContext = make_ctx(
+            tmp_path,
+            config={
                 "controllers": {"operatingSystemConfig": {"secretName": "osc-a"}},
                 "nodeAgent": {"healthCheck": health or {}},
-            }
-        )
-        fs = HostFS(tmp_path)
-        self.ctx = AgentContext(
-            settings=AgentSettings(root=tmp_path),
-            config=config,
-            fs=fs,
-            state=StateStore(fs),
-            systemd=self.systemd,
+            },
             kube=self.kube,
-            host_name="n1",
-            node_name="n1",
-            node_uid="u1",
+            systemd=self.systemd,
         )
         self.clock = Clock()
         self.kubelet, self.containerd = Probe(), Probe()

@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 
-from node_agent.config import AgentSettings, NodeAgentConfiguration
 from node_agent.context import AgentContext
 from node_agent.controllers.lease import (
     LEASE_DURATION_SECONDS,
@@ -19,6 +18,7 @@ from node_agent.controllers.lease import (
     micro_time,
     next_tick,
 )
+from tests.unit.fakes import make_ctx
 
 
 def test_micro_time_is_utc_with_microseconds_and_z() -> None:
@@ -109,17 +109,7 @@ class _HangingThenWorking:
 async def test_a_hung_connection_is_abandoned_and_the_next_tick_uses_a_fresh_client(
     tmp_path: Path,
 ) -> None:
-    ctx = AgentContext(
-        settings=AgentSettings(root=tmp_path),
-        config=NodeAgentConfiguration(),
-        fs=None,  # type: ignore[arg-type]
-        state=None,  # type: ignore[arg-type]
-        systemd=None,  # type: ignore[arg-type]
-        kube=None,  # type: ignore[arg-type]
-        host_name="n1",
-        node_name="n1",
-        node_uid="u1",
-    )
+    ctx: AgentContext = make_ctx(tmp_path)
     _HangingThenWorking.instances = 0
     made: list[_HangingThenWorking] = []
 

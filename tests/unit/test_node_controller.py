@@ -14,15 +14,14 @@ from structlog.testing import capture_logs
 
 from node_agent.base.errors import KubeTransportError
 from node_agent.base.retry import API, Backoff
-from node_agent.config import AgentSettings, NodeAgentConfiguration, parse_config
+from node_agent.config import parse_config
 from node_agent.context import AgentContext
 from node_agent.controllers.node import NodeController, restart_units
-from node_agent.host.fs import HostFS
 from node_agent.kube import report
 from node_agent.observe.observations import ApplyObservations
 from node_agent.observe.probes import Probes
 from node_agent.observe.view import Sources
-from tests.unit.fakes import FakeKube, FakeSystemd
+from tests.unit.fakes import FakeKube, FakeSystemd, make_ctx
 
 OWN = "gardener-node-agent.service"
 
@@ -30,21 +29,14 @@ OWN = "gardener-node-agent.service"
 def _ctx(tmp_path: Path, node: dict[str, Any], failing: set[str] = frozenset()) -> AgentContext:  # type: ignore[assignment]
     kube = FakeKube()
     kube.nodes().put(node)
-    config = NodeAgentConfiguration.model_validate(
-        {"controllers": {"operatingSystemConfig": {"secretName": "osc-a"}}}
-    )
-    ctx = AgentContext(
-        settings=AgentSettings(root=tmp_path, agent_unit=OWN),
-        config=config,
-        fs=HostFS(tmp_path),
-        state=None,  # type: ignore[arg-type]
-        systemd=FakeSystemd(failing=failing, calls=kube.calls),
+    return make_ctx(
+        tmp_path,
+        config={"controllers": {"operatingSystemConfig": {"secretName": "osc-a"}}},
         kube=kube,
-        host_name="n1",
-        node_name="n1",
-        node_uid="u1",
+        systemd=FakeSystemd(failing=failing, calls=kube.calls),
+        state=None,
+        agent_unit=OWN,
     )
-    return ctx
 
 
 def _kube(ctx: AgentContext) -> FakeKube:

@@ -13,14 +13,12 @@ import pytest
 import pytest_asyncio
 
 from node_agent.base.errors import KubeConflict
-from node_agent.config import AgentSettings, NodeAgentConfiguration
 from node_agent.context import AgentContext
 from node_agent.controllers.osc import pacing
 from node_agent.controllers.osc.rollout import Permit, Rollout
-from node_agent.host.fs import HostFS
 from node_agent.kube import report
 from node_agent.osc.plan import ChangeSet, UnitCommand
-from tests.unit.fakes import FakeKube, FakeSystemd
+from tests.unit.fakes import FakeKube, make_ctx
 
 SECRET = "gardener-node-agent-pool-a"
 NS = "kube-system"
@@ -80,19 +78,14 @@ class Pool:
         self.kube.nodes().put(
             {"metadata": {"name": name, "uid": f"{name}-uid", "resourceVersion": "1"}}
         )
-        config = NodeAgentConfiguration.model_validate(
-            {
+        ctx: AgentContext = make_ctx(
+            self.tmp,
+            config={
                 "controllers": {"operatingSystemConfig": {"secretName": SECRET}},
                 "nodeAgent": {"rollout": {"recheckMin": recheck[0], "recheckMax": recheck[1]}},
-            }
-        )
-        ctx = AgentContext(
-            settings=AgentSettings(root=self.tmp),
-            config=config,
-            fs=HostFS(self.tmp),
-            state=None,  # type: ignore[arg-type]
-            systemd=FakeSystemd(),
+            },
             kube=self.kube,
+            state=None,
             host_name=name,
             node_name=name,
             node_uid=f"{name}-uid",

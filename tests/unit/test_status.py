@@ -21,13 +21,12 @@ import yaml
 
 from node_agent.base.errors import UnsafePathError
 from node_agent.commands import status
-from node_agent.config import CONFIG_FILE, AgentSettings, NodeAgentConfiguration
+from node_agent.config import CONFIG_FILE, AgentSettings
 from node_agent.context import AgentContext
 from node_agent.controllers.lease import LeaseStats
 from node_agent.controllers.node import NodeStats
 from node_agent.host.documents import ApplyRecord, ItemFailure
-from node_agent.host.fs import HostFS
-from node_agent.host.state import StateStore, claims_for
+from node_agent.host.state import claims_for
 from node_agent.kube.client import ClientStats
 from node_agent.observe import unix_socket
 from node_agent.observe.observations import ApplyObservations
@@ -35,6 +34,7 @@ from node_agent.observe.probes import Probes
 from node_agent.observe.view import AgentView, EndpointView, Sources, reader
 from node_agent.osc.decode import parse_osc
 from node_agent.osc.plan import plan
+from tests.unit import fakes
 from tests.unit.fakes import ACTIVE, FakeKube, FakeSystemd
 
 SECRET = "gardener-node-agent-pool-a-0123456789abcdef"
@@ -89,18 +89,16 @@ class ReadCtx(AgentContext):
 
 
 def make_ctx(root: Path, systemd: FakeSystemd | None = None, **settings: Any) -> ReadCtx:
-    fs = HostFS(root)
-    config = NodeAgentConfiguration.model_validate(
-        {"controllers": {"operatingSystemConfig": {"secretName": SECRET}}}
-    )
-    ctx = ReadCtx(
-        settings=AgentSettings(root=root, **settings),
-        config=config,
-        fs=fs,
-        state=StateStore(fs),
-        systemd=systemd or FakeSystemd(),
+    ctx = fakes.make_ctx(
+        root,
+        config={"controllers": {"operatingSystemConfig": {"secretName": SECRET}}},
         kube=FakeKube(server="https://api.example:6443", stats=ClientStats(requests=7, timeouts=1)),
+        systemd=systemd,
         host_name="Node-A",
+        node_name=None,
+        node_uid=None,
+        context_type=ReadCtx,
+        **settings,
     )
     ctx.sources = Sources(watches=ctx.watches, osc=FakeOSC(), lease=FakeLease(), node=FakeNode())
     return ctx

@@ -10,11 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from node_agent.base.retry import Backoff
-from node_agent.config import AgentSettings, NodeAgentConfiguration, TokenSyncConfig
+from node_agent.config import TokenSyncConfig
 from node_agent.context import AgentContext
 from node_agent.controllers.token import TokenSync, token_bytes
-from node_agent.host.fs import HostFS
-from tests.unit.fakes import FakeKube, FakeResource
+from tests.unit.fakes import FakeKube, FakeResource, make_ctx
 
 
 def _secret(token: bytes) -> dict[str, Any]:
@@ -28,15 +27,7 @@ def _secrets(kube: FakeKube) -> FakeResource:
 def _sync(
     tmp_path: Path, kube: FakeKube, check_period: float = 0.02, backoff: Backoff | None = None
 ) -> TokenSync:
-    ctx = AgentContext(
-        settings=AgentSettings(root=tmp_path),
-        config=NodeAgentConfiguration(),
-        fs=HostFS(tmp_path),
-        state=None,  # type: ignore[arg-type]
-        systemd=None,  # type: ignore[arg-type]
-        kube=kube,
-        host_name="n1",
-    )
+    ctx: AgentContext = make_ctx(tmp_path, kube=kube, node_name=None, node_uid=None)
     entry = TokenSyncConfig(secretName="tok", path="/var/lib/x/credentials/token")
     return TokenSync(ctx, entry, sync_period=3600, check_period=check_period, backoff=backoff)
 

@@ -15,7 +15,6 @@ from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
 from node_agent.base.errors import KubeConflict, KubeForbidden, SystemdCallError
-from node_agent.config import AgentSettings, NodeAgentConfiguration
 from node_agent.context import AgentContext
 from node_agent.controllers.unitcheck import (
     ExpectedUnit,
@@ -26,11 +25,10 @@ from node_agent.controllers.unitcheck import (
     go_seconds,
     is_template,
 )
-from node_agent.host.fs import HostFS
 from node_agent.kube import report
 from node_agent.osc.applied import Applied, AppliedUnit
 from node_agent.systemd import UnitState
-from tests.unit.fakes import FakeKube, FakeSystemd
+from tests.unit.fakes import FakeKube, FakeSystemd, make_ctx
 
 NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 STUCK = timedelta(minutes=5)
@@ -336,16 +334,8 @@ def _controller(
     kube.nodes().put(node)
     systemd = FakeSystemd(units)
     state_store = _State()
-    ctx = AgentContext(
-        settings=AgentSettings(root=tmp_path, agent_unit=OWN),
-        config=NodeAgentConfiguration(),
-        fs=HostFS(tmp_path),
-        state=state_store,  # type: ignore[arg-type]
-        systemd=systemd,
-        kube=kube,
-        host_name="n1",
-        node_name="n1",
-        node_uid="u1",
+    ctx: AgentContext = make_ctx(
+        tmp_path, kube=kube, systemd=systemd, state=state_store, agent_unit=OWN
     )
     clock = Clock()
     controller = UnitCheckController(ctx, _Applier(applied), clock=clock)  # type: ignore[arg-type]

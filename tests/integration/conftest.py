@@ -1,0 +1,36 @@
+"""Fixtures shared by the integration tests that drive the OSC controller on a throwaway node.
+
+The session-wide parts (control plane, admin client, registry, systemd nodes) are in
+``tests/conftest.py``; here is the agent harness most apply tests start from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest_asyncio
+from kubernetes_asyncio.client import ApiClient
+
+from tests.testbed.agent_harness import OSCAgent
+from tests.testbed.controlplane import ControlPlane
+from tests.testbed.systemd_ns import IsolatedSystemd
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def agent(
+    admin_api: ApiClient, control_plane: ControlPlane, node: IsolatedSystemd, tmp_path: Path
+) -> AsyncIterator[OSCAgent]:
+    """The OSC controller of a throwaway node, running in this process."""
+    async with OSCAgent(admin_api, control_plane, node, tmp_path).running() as harness:
+        yield harness
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def harness(
+    admin_api: ApiClient, control_plane: ControlPlane, node: IsolatedSystemd, tmp_path: Path
+) -> AsyncIterator[OSCAgent]:
+    """A registered Node and credentials, for ``node-agent run`` as a process."""
+    agent = OSCAgent(admin_api, control_plane, node, tmp_path)
+    await agent.setup()
+    yield agent
