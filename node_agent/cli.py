@@ -288,7 +288,7 @@ def _read_osc(path: Path) -> tuple[bytes, OperatingSystemConfig]:
 
 async def _plan(args: argparse.Namespace) -> int:
     applier, osc, _raw, resolved = await _prepare(args, offline=True)
-    change_set = await applier.plan(osc, resolved)
+    change_set = (await applier.plan(osc, resolved)).change_set
     if args.json:
         print(
             change_set.model_dump_json(

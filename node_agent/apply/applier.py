@@ -48,6 +48,18 @@ from node_agent.systemd import JobResult, SystemdSeam
 log = get_logger("node-agent.apply")
 
 
+@dataclass(frozen=True)
+class Planned:
+    """One plan of an OSC against what is applied now: what the rollout's admission judges and
+    what the apply then runs, so an admitted apply never plans a second time."""
+
+    pending_id: str | None  # the unfinished journal it was planned over (None: none)
+    base: Applied  # what is applied now, item by item (adoptions included)
+    desired: OperatingSystemConfig  # the OSC with what the agent derives from it
+    target: Applied  # what it aims at
+    change_set: ChangeSet
+
+
 @dataclass
 class Outcome:
     checksum: str
@@ -132,14 +144,18 @@ class Applier:
         self._parsed = (last.checksum, osc)
         return osc, last.resolved, last.checksum
 
-    async def plan(self, osc: OperatingSystemConfig, resolved: Mapping[str, bytes]) -> ChangeSet:
+    async def plan(self, osc: OperatingSystemConfig, resolved: Mapping[str, bytes]) -> Planned:
         """What applying ``osc`` now would do (changes nothing, not even the inventory)."""
-        base = await asyncio.to_thread(self.base, await self.state.pending_async(), claim=False)
-        desired = self.expand(osc)
+        pending = await self.state.pending_async()
+        base = await asyncio.to_thread(self.base, pending)
+        desired = await asyncio.to_thread(self.expand, osc)
         target = Applied.of_osc(desired, self.host_name, resolved, required=True)
         running = await self._running(base, target)
-        base = self._adopt(base, target, running)
-        return plan(base, desired, self.host_name, resolved, agent_unit=self.agent_unit)
+        base = await asyncio.to_thread(self._adopt, base, target, running)
+        change_set = await asyncio.to_thread(
+            plan, base, desired, self.host_name, resolved, agent_unit=self.agent_unit
+        )
+        return Planned(pending.id if pending else None, base, desired, target, change_set)
 
     def last_applied(self) -> Applied:
         """The items of the last complete apply, as recorded then (derived items included), or
@@ -155,12 +171,18 @@ class Applier:
         return self.state.applied_checksum()
 
     async def apply(
-        self, raw: bytes, osc: OperatingSystemConfig, checksum: str, resolved: Mapping[str, bytes]
+        self,
+        raw: bytes,
+        osc: OperatingSystemConfig,
+        checksum: str,
+        resolved: Mapping[str, bytes],
+        planned: Planned | None = None,
     ) -> Outcome:
         """Bring the host to ``osc``. Every item gets its own outcome: when some fail, the rest
         is applied, the journal keeps what is left, and ApplyError (with the report) is raised;
         the next call for the same OSC runs only what failed or is pending, and a newer OSC is
-        planned from what is really applied."""
+        planned from what is really applied. ``planned``: this OSC's plan made just before (by
+        :meth:`plan`, for the rollout's admission); used when it was made over the same journal."""
         started = time.monotonic()
         pending = await self.state.pending_async()
         resumed = pending is not None and pending.osc_checksum == checksum
@@ -174,22 +196,20 @@ class Applier:
             if self.prepare is not None:  # a crash may have come before it ran
                 await asyncio.to_thread(self.prepare, await asyncio.to_thread(self.expand, osc))
         else:
-            base = await asyncio.to_thread(self.base, pending)
-            desired = await asyncio.to_thread(self.expand, osc)
-            target = Applied.of_osc(desired, self.host_name, resolved, required=True)
-            running = await self._running(base, target)
-            base = await asyncio.to_thread(self._adopt, base, target, running)
-            change_set = await asyncio.to_thread(
-                plan, base, desired, self.host_name, resolved, agent_unit=self.agent_unit
-            )
+            if planned is None or planned.pending_id != (pending.id if pending else None):
+                planned = await self.plan(osc, resolved)
+            if pending is not None:  # writes of the unfinished journal seen on disk are ours
+                await asyncio.to_thread(self.claim_observed, pending)
             try:
-                await asyncio.to_thread(self.preflight, change_set)
+                await asyncio.to_thread(self.preflight, planned.change_set)
             except HostError as exc:
                 await self._record(checksum, started, error=str(exc))
                 raise
-            pending = await self.state.begin_async(change_set, checksum, base=base, target=target)
+            pending = await self.state.begin_async(
+                planned.change_set, checksum, base=planned.base, target=planned.target
+            )
             if self.prepare is not None:
-                await asyncio.to_thread(self.prepare, desired)
+                await asyncio.to_thread(self.prepare, planned.desired)
         report = await self.executor.execute(pending)
         if not report.complete:
             await self._unfinished(checksum, started, report)
@@ -200,20 +220,23 @@ class Applier:
             raw, osc, applied, checksum, resolved, pending.change_set, report, started, resumed
         )
 
-    def base(self, pending: Pending | None, *, claim: bool = True) -> Applied:
+    def claim_observed(self, pending: Pending) -> None:
+        """Claim in the inventory the writes of an unfinished journal found on disk (a crash
+        kept them from being marked), before a newer change set is begun over it."""
+        observed = self._observed(pending)
+        if observed:
+            writes = write_claims(pending.change_set)
+            self.state.record_written(writes[s] for s in observed if s in writes)
+
+    def base(self, pending: Pending | None) -> Applied:
         """What is applied now, item by item: the last applied OSC, overlaid with whatever an
         unfinished journal already did (its marks, and writes or deletions seen on disk that a
-        crash kept from being marked). With ``claim``, those writes are claimed in the
-        inventory first."""
+        crash kept from being marked; :meth:`claim_observed` claims those writes)."""
         last = self.last_applied()
         if pending is None:
             return last
         cs = pending.change_set
-        observed = self._observed(pending)
-        if observed and claim:
-            writes = write_claims(cs)
-            self.state.record_written(writes[s] for s in observed if s in writes)
-        done = set(pending.done) | observed
+        done = set(pending.done) | self._observed(pending)
         if pending.target is None:  # a journal from an older agent: commands owed, conservatively
             owed = {
                 c.unit: Owed(action=c.action, reasons=c.reasons)

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from node_agent.apply.applier import Applier, Outcome
+from node_agent.apply.applier import Applier, Outcome, Planned
 from node_agent.apply.executor import ApplyReport
 from node_agent.base import retry
 from node_agent.base.durations import parse_duration
@@ -309,11 +309,19 @@ class OSCController:
         if not first_apply and not retrying and not self.rollout.skips_delay(secret):
             await self._reconciliation_delay()
         resolved = await self.resolve(osc)
+        planned: Planned | None = None
+
+        async def plan_once() -> ChangeSet:
+            # Admission asks for the plan only when it must judge what the update disrupts;
+            # the apply below runs that same plan instead of making another.
+            nonlocal planned
+            if planned is None:
+                planned = await self.applier.plan(osc, resolved)
+            return planned.change_set
+
         permit = None
         if not first_apply:
-            permit = await self.rollout.admit(
-                secret, checksum, retrying=retrying, plan=lambda: self.applier.plan(osc, resolved)
-            )
+            permit = await self.rollout.admit(secret, checksum, retrying=retrying, plan=plan_once)
             if permit is None:
                 return None  # held by the pool's rollout; it wakes the loop to look again
         gate = await self._gate_begin(checksum, first_apply=first_apply, retrying=retrying)
@@ -321,7 +329,7 @@ class OSCController:
         started = report.now()
         trigger: Trigger = "resume" if retrying else "secret"
         try:
-            outcome = await self.applier.apply(raw, osc, checksum, resolved)
+            outcome = await self.applier.apply(raw, osc, checksum, resolved, planned)
         except ApplyError as exc:
             # A partly failed update may have broken a running unit too (its restart failed).
             partial = exc.report if isinstance(exc.report, ApplyReport) else None
