@@ -23,19 +23,12 @@ from typing import NoReturn
 from node_agent.apply.executor import ApplyReport, Executor
 from node_agent.apply.restart_guard import RestartGuard
 from node_agent.base.errors import ApplyError, HostError, NodeAgentError, SystemdCallError
+from node_agent.base.layout import drop_in_path, unit_path
 from node_agent.base.log import get_logger
 from node_agent.containerd.images import ImageStore
 from node_agent.host.documents import ApplyRecord, Pending
 from node_agent.host.fs import HostFS
-from node_agent.host.state import (
-    UNIT_DIR,
-    UNIT_FILE_MODE,
-    StateStore,
-    claims_for,
-    dropin_path,
-    unit_path,
-    write_claims,
-)
+from node_agent.host.state import UNIT_DIR, UNIT_FILE_MODE, StateStore, claims_for, write_claims
 from node_agent.osc import steps
 from node_agent.osc.applied import Applied, Owed, adopt
 from node_agent.osc.decode import parse_osc, sha256_hex
@@ -79,7 +72,7 @@ def wanted_paths(applied: Applied) -> set[str]:
     for unit in applied.units.values():
         if unit.content is not None:
             paths.add(unit_path(unit.name))
-        paths |= {dropin_path(unit.name, name) for name in unit.drop_ins}
+        paths |= {drop_in_path(unit.name, name) for name in unit.drop_ins}
     return paths
 
 
@@ -261,7 +254,7 @@ class Applier:
             for name, content in unit.drop_ins.items():
                 if have is not None and name in have.drop_ins:
                     continue
-                path = dropin_path(unit.name, name)
+                path = drop_in_path(unit.name, name)
                 digest = sha256_hex(content.encode())
                 if self.fs.stat_matches(path, sha256=digest, mode=UNIT_FILE_MODE):
                     matching.add(path)
@@ -304,7 +297,7 @@ class Applier:
         deletes = {steps.delete_file_step(f.path): f.path for f in cs.files_to_delete}
         deletes |= {steps.delete_unit_step(u.name): unit_path(u.name) for u in cs.units_to_delete}
         deletes |= {
-            steps.delete_dropin_step(d.unit, d.name): dropin_path(d.unit, d.name)
+            steps.delete_dropin_step(d.unit, d.name): drop_in_path(d.unit, d.name)
             for d in cs.dropins_to_delete
         }
         found |= {s for s, path in deletes.items() if s in todo and not self.fs.exists(path)}
@@ -400,9 +393,9 @@ class Applier:
         half-applied, and the error names the path."""
         writes = [f.path for f in cs.files_to_write]
         writes += [unit_path(u.name) for u in cs.units_to_write]
-        writes += [dropin_path(d.unit, d.name) for d in cs.dropins_to_write]
+        writes += [drop_in_path(d.unit, d.name) for d in cs.dropins_to_write]
         deletes = [f.path for f in cs.files_to_delete]
-        deletes += [dropin_path(d.unit, d.name) for d in cs.dropins_to_delete]
+        deletes += [drop_in_path(d.unit, d.name) for d in cs.dropins_to_delete]
         for path in writes:
             self.fs.check_target(path)
         for path in deletes:
@@ -512,9 +505,9 @@ def drift_change_set(
     rewrite = drifted | mode_only
     files = tuple(f for f in full.files_to_write if f.path in rewrite)
     units = tuple(u for u in full.units_to_write if unit_path(u.name) in rewrite)
-    dropins = tuple(d for d in full.dropins_to_write if dropin_path(d.unit, d.name) in rewrite)
+    dropins = tuple(d for d in full.dropins_to_write if drop_in_path(d.unit, d.name) in rewrite)
     touched = {u.name for u in units if unit_path(u.name) in drifted}
-    touched |= {d.unit for d in dropins if dropin_path(d.unit, d.name) in drifted}
+    touched |= {d.unit for d in dropins if drop_in_path(d.unit, d.name) in drifted}
     changed_files = {f.path for f in files if f.path in drifted}
     touched |= {u.name for u in osc_units(osc) if changed_files & set(u.file_paths)}
     commands = tuple(

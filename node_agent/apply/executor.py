@@ -33,12 +33,12 @@ from dataclasses import dataclass, field
 
 from node_agent.apply.restart_guard import HeldUnit, RestartGuard
 from node_agent.base.errors import HostError, ImageError, SystemdCallError
-from node_agent.base.layout import CONTAINERD_CERTS_DIR
+from node_agent.base.layout import CONTAINERD_CERTS_DIR, drop_in_path, unit_path
 from node_agent.base.log import get_logger
 from node_agent.containerd.images import ImagePull, ImageStore
 from node_agent.host.documents import Claim, ItemFailure, Pending
 from node_agent.host.fs import HostFS
-from node_agent.host.state import UNIT_FILE_MODE, StateStore, dropin_path, sha256_hex, unit_path
+from node_agent.host.state import UNIT_FILE_MODE, StateStore, sha256_hex
 from node_agent.osc import steps as S
 from node_agent.osc.models import ImageRefContent
 from node_agent.osc.plan import ChangeSet, DropInWrite, FileWrite, UnitCommand, UnitWrite
@@ -276,7 +276,7 @@ class Executor:
             await self.fs.write_atomic_async(path, data, UNIT_FILE_MODE)
             rep.units_written.append(item.name)
             return Claim("unit", path, sha256_hex(data), UNIT_FILE_MODE)
-        path = dropin_path(item.unit, item.name)
+        path = drop_in_path(item.unit, item.name)
         await self.fs.write_atomic_async(path, data, UNIT_FILE_MODE)
         return Claim("dropin", path, sha256_hex(data), UNIT_FILE_MODE)
 
@@ -326,7 +326,7 @@ class Executor:
     def _remove(self, kind: str, arg: str, rep: ApplyReport) -> None:
         if kind == "delete-dropin":
             unit, name = arg.split("/", 1)
-            self._delete(dropin_path(unit, name), rep)
+            self._delete(drop_in_path(unit, name), rep)
             self.fs.remove_dir_if_empty(f"{unit_path(unit)}.d")
         elif kind == "delete-unit":
             if self._delete(unit_path(arg), rep):

@@ -8,38 +8,21 @@ being misread.
 
 from __future__ import annotations
 
-import base64
 from collections.abc import Mapping
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
 from datetime import datetime
-from typing import Annotated, Literal
+from typing import Literal
 
-from pydantic import AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 from node_agent.osc.applied import Applied
-from node_agent.osc.plan import ChangeSet
+from node_agent.osc.plan import Base64Bytes, ChangeSet
 from node_agent.osc.steps import step_ids
 
 SCHEMA_VERSION: Literal[1] = 1
 
 EntryKind = Literal["file", "unit", "dropin"]
-
-
-def _from_base64(value: object) -> object:
-    return base64.b64decode(value, validate=True) if isinstance(value, str) else value
-
-
-# Secret bytes as standard base64 in JSON (``base64 -d`` reads them back).
-_B64 = Annotated[
-    bytes,
-    BeforeValidator(_from_base64),
-    PlainSerializer(lambda data: base64.b64encode(data).decode(), when_used="json"),
-]
-
-
-#: bytes as standard base64 in JSON, for documents of other modules
-Base64Bytes = _B64
 
 
 class _Doc(BaseModel):
@@ -56,7 +39,7 @@ Document = _Doc  # the base of every persisted state document
 class LastAppliedMeta(_Doc):
     checksum: str  # sha256 hex of last-applied-osc.yaml
     applied_at: AwareDatetime
-    resolved: dict[str, _B64] = Field(default_factory=dict)  # secretRef file path -> bytes
+    resolved: dict[str, Base64Bytes] = Field(default_factory=dict)  # secretRef file path -> bytes
     #: what this OSC put on the host, item by item, derived items (e.g. from criConfig) included;
     #: the next plan starts from it (None: written by an older agent, derive it from the OSC)
     applied: Applied | None = None

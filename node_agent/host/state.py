@@ -59,6 +59,7 @@ from pydantic import (
 
 from node_agent.base import layout
 from node_agent.base.errors import HostError
+from node_agent.base.layout import drop_in_path, unit_path
 from node_agent.host.documents import (
     ApplyRecord,
     Claim,
@@ -95,18 +96,6 @@ UNIT_FILE_MODE = 0o600  # as upstream: a unit's Environment= often holds credent
 _log = structlog.get_logger(__name__)
 
 
-def unit_path(unit: str) -> str:
-    return f"{UNIT_DIR}/{unit}"
-
-
-def dropin_dir(unit: str) -> str:
-    return f"{UNIT_DIR}/{unit}.d"
-
-
-def dropin_path(unit: str, name: str) -> str:
-    return f"{dropin_dir(unit)}/{name}"
-
-
 def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
@@ -123,7 +112,7 @@ def write_claims(cs: ChangeSet) -> dict[str, Claim]:
         claims[unit_step(u.name)] = Claim("unit", unit_path(u.name), digest, UNIT_FILE_MODE)
     for d in cs.dropins_to_write:
         digest = sha256_hex(d.content.encode())
-        path = dropin_path(d.unit, d.name)
+        path = drop_in_path(d.unit, d.name)
         claims[dropin_step(d.unit, d.name)] = Claim("dropin", path, digest, UNIT_FILE_MODE)
     return claims
 

@@ -12,8 +12,9 @@ import stat
 import pytest
 
 from node_agent.base.errors import UnsafePathError
+from node_agent.base.layout import drop_in_path, unit_path
 from node_agent.host.fs import HostFS
-from node_agent.host.state import UNIT_FILE_MODE, StateStore, claims_for, dropin_path, unit_path
+from node_agent.host.state import UNIT_FILE_MODE, StateStore, claims_for
 from node_agent.osc.plan import ChangeSet, DropInWrite, UnitWrite
 from tests.testbed.systemd_ns import IsolatedSystemd
 
@@ -50,11 +51,11 @@ def test_units_written_through_hostfs_are_loaded_by_systemd(node: IsolatedSystem
     assert env == "FROM_DROPIN=yes"
     assert node.run(["systemctl", "is-active", UNIT]).stdout.strip() == "active"
 
-    dropin_dir = node.path(unit_path(UNIT) + ".d")
-    assert stat.S_IMODE(os.stat(dropin_dir).st_mode) == 0o755
-    assert [p.name for p in dropin_dir.iterdir()] == ["10-env.conf"]  # no temp files
+    drop_in_dir = node.path(unit_path(UNIT) + ".d")
+    assert stat.S_IMODE(os.stat(drop_in_dir).st_mode) == 0o755
+    assert [p.name for p in drop_in_dir.iterdir()] == ["10-env.conf"]  # no temp files
     assert store.owns(unit_path(UNIT))
-    assert store.owns(dropin_path(UNIT, "10-env.conf"))
+    assert store.owns(drop_in_path(UNIT, "10-env.conf"))
 
     # same content again: nothing written, the unit is not touched
     for claim in claims_for(cs):

@@ -44,6 +44,7 @@ from hypothesis.stateful import (
 from node_agent.apply import executor
 from node_agent.apply.applier import Applier
 from node_agent.base.errors import ApplyError, HostIOError, SystemdCallError
+from node_agent.base.layout import drop_in_path, unit_path
 from node_agent.host.fs import TEMP_PREFIX, HostFS, HostPath, WriteResult
 from node_agent.host.state import (
     CHANGES,
@@ -52,8 +53,6 @@ from node_agent.host.state import (
     STATE_DIR,
     UNIT_DIR,
     StateStore,
-    dropin_path,
-    unit_path,
 )
 from node_agent.osc.decode import decode_osc, sha256_hex
 from node_agent.osc.merge import osc_files, osc_units
@@ -84,8 +83,8 @@ DROPIN_TEXT = ("[Service]\nEnvironment=A=1\n", "[Service]\nEnvironment=A=2\n")
 FAULT_PATHS = (
     *FILES,
     *(unit_path(u) for u in OWN_UNITS),
-    dropin_path("a.service", "10-a.conf"),
-    dropin_path("containerd.service", "20-b.conf"),
+    drop_in_path("a.service", "10-a.conf"),
+    drop_in_path("containerd.service", "20-b.conf"),
 )
 FAULT_ERRNOS = (errno.EROFS, errno.ENOSPC)
 SINCE_BOOT = "since boot"  # Definition.enable of a distribution unit nobody restarted yet
@@ -695,7 +694,7 @@ class ApplyMachine(RuleBasedStateMachine):
             if unit.content is not None:
                 want[unit_path(unit.name)] = (unit.content.encode(), 0o600)
             for d in unit.drop_ins:
-                want[dropin_path(unit.name, d.name)] = (d.content.encode(), 0o600)
+                want[drop_in_path(unit.name, d.name)] = (d.content.encode(), 0o600)
         return want
 
     def host_files(self) -> dict[str, FileState]:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from node_agent.base.layout import drop_in_path, unit_path
 from node_agent.host.documents import ApplyRecord, Claim
 from node_agent.host.fs import HostFS
 from node_agent.host.state import (
@@ -25,8 +26,6 @@ from node_agent.host.state import (
     STATUS,
     StateStore,
     claims_for,
-    dropin_path,
-    unit_path,
 )
 from node_agent.osc.plan import (
     ChangeSet,
@@ -323,7 +322,7 @@ def test_claims_describe_what_was_written(store: StateStore, root: Path) -> None
         "/etc/a.conf",
         "/opt/bin/tool",
         unit_path("kubelet.service"),
-        dropin_path("containerd.service", "10-x.conf"),
+        drop_in_path("containerd.service", "10-x.conf"),
     }
     assert inv.entries["/opt/bin/tool"].mode == 0o755
     assert inv.entries["/etc/a.conf"].sha256 == sha(b"a")
@@ -353,7 +352,7 @@ def test_preexisting_paths_are_never_owned(store: StateStore, fs: HostFS, root: 
     fresh = StateStore(HostFS(root))
     assert not fresh.owns("/etc/hosts")
     assert not fresh.owns(unit_path("containerd.service"))  # a distro unit, overwritten
-    assert fresh.owns(dropin_path("containerd.service", "10-x.conf"))
+    assert fresh.owns(drop_in_path("containerd.service", "10-x.conf"))
     assert fresh.owns("/etc/new")
     assert not fresh.owns(unit_path("never-seen.service"))
 

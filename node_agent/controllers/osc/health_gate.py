@@ -30,8 +30,9 @@ from node_agent.base.layout import HEALTH_GATE
 from node_agent.base.log import get_logger
 from node_agent.config import HealthGateConfig
 from node_agent.controllers.osc.breakage import Evidence, first_evidence, ran_before, watched_units
-from node_agent.host.documents import Base64Bytes, Document, LastApplied
+from node_agent.host.documents import Document, LastApplied
 from node_agent.host.state import StateStore
+from node_agent.osc.plan import Base64Bytes
 from node_agent.systemd import JobResult, SystemdSeam
 from node_agent.systemd.types import UnitState
 
