@@ -136,6 +136,8 @@ def build_applier(
         prepare=derive.prepare if derive is not None else None,
         # derived items held back (a mirror not up yet) are checked again sooner
         held_back=(lambda: derive.held_back) if derive is not None else None,
+        # derived files that could not be made (config.toml not TOML): failed items, kept as is
+        not_derived=(lambda: derive.failed) if derive is not None else None,
         keep_previous=own_binaries(settings.root),  # kept as <path>.previous on self-update
         guard=guard,  # the restart-storm guard, shared with the health checks
     )
