@@ -252,7 +252,8 @@ async def run_agent(
             await token_client.close()
         else:
             certs.settle()
-        agent = build_agent(ctx, images=CtrImages(root=settings.root))
+        pull_timeout = config.node_agent.images.pull_timeout.total_seconds()
+        agent = build_agent(ctx, images=CtrImages(root=settings.root, pull_timeout=pull_timeout))
         osc, lease, node, token = agent.osc, agent.lease, agent.node, agent.token
         async with asyncio.TaskGroup() as tasks:
             tasks.create_task(find_node_then(osc.node_recreated), name="find-node")

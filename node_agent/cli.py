@@ -362,7 +362,11 @@ async def _prepare(
         systemd,
         settings,
         host_name=host_name,
-        images=None if offline else CtrImages(root=settings.root),  # offline: imageRef skipped
+        images=None  # offline: imageRef skipped
+        if offline
+        else CtrImages(
+            root=settings.root, pull_timeout=config.node_agent.images.pull_timeout.total_seconds()
+        ),
     )
     return applier, osc, raw, resolved
 
