@@ -141,6 +141,8 @@ def build_applier(
         prepare=derive.prepare if derive is not None else None,
         # derived items held back (a mirror not up yet) are checked again sooner
         held_back=(lambda: derive.held_back) if derive is not None else None,
+        # derived files that could not be made (config.toml not TOML): failed items, kept as is
+        not_derived=(lambda: derive.failed) if derive is not None else None,
         keep_previous=own_binaries(settings.root),  # kept as <path>.previous on self-update
         guard=guard,  # the restart-storm guard, shared with the health checks
     )
@@ -256,7 +258,9 @@ async def run_agent(
             await token_client.close()
         else:
             certs.settle()
-        agent = build_agent(ctx, images=CtrImages(root=settings.root), sources=sources)
+        pull_timeout = config.node_agent.images.pull_timeout.total_seconds()
+        images = CtrImages(root=settings.root, pull_timeout=pull_timeout)
+        agent = build_agent(ctx, images=images, sources=sources)
         osc, lease, node, token = agent.osc, agent.lease, agent.node, agent.token
         async with asyncio.TaskGroup() as tasks:
             tasks.create_task(find_node_then(osc.node_recreated), name="find-node")

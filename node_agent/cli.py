@@ -362,7 +362,11 @@ async def _prepare(
         systemd,
         settings,
         host_name=host_name,
-        images=None if offline else CtrImages(root=settings.root),  # offline: imageRef skipped
+        images=None  # offline: imageRef skipped
+        if offline
+        else CtrImages(
+            root=settings.root, pull_timeout=config.node_agent.images.pull_timeout.total_seconds()
+        ),
     )
     return applier, osc, raw, resolved
 
@@ -376,7 +380,11 @@ async def _from_api(
     osc: OperatingSystemConfig | None = None,
 ) -> tuple[bytes, OperatingSystemConfig, dict[str, bytes]]:
     """Read the node's OSC Secret (``secret=True``) and resolve secretRefs through the API."""
-    from node_agent.controllers.osc.controller import DATA_KEY, resolve_secret_refs, secret_bytes
+    from node_agent.controllers.osc.controller import (
+        DATA_KEY,
+        resolve_secret_refs,
+        secret_bytes,
+    )
     from node_agent.kube.client import KubeClient
     from node_agent.kube.report import ANNOTATION_SECRET_CHECKSUM, NAMESPACE
     from node_agent.osc.decode import decode_osc

@@ -137,6 +137,16 @@ class HealthCheckConfig(_Config):
     restart_after: Duration = Field(default=timedelta(minutes=1), alias="restartAfter")
 
 
+class ImagesConfig(_Config):
+    """Files from container images (imageRef): ``pullTimeout`` bounds one image's pull, after
+    which its files fail (naming the image) and the units that use them are not restarted;
+    nothing else of an OSC waits for a pull."""
+
+    pull_timeout: Duration = Field(
+        default=timedelta(minutes=5), alias="pullTimeout", gt=timedelta(0)
+    )
+
+
 class RolloutConfig(_Config):
     """Rollout coordination of the pool (serial mode, paced rollout): what the Secret's
     annotations do not carry. ``serialLeaseDuration`` is Gardener's fixed 600 s; change it only
@@ -159,6 +169,7 @@ class NodeAgentExtensions(_Config):
     restart_guard: RestartGuardConfig = Field(default=RestartGuardConfig(), alias="restartGuard")
     health_check: HealthCheckConfig = Field(default=HealthCheckConfig(), alias="healthCheck")
     rollout: RolloutConfig = RolloutConfig()
+    images: ImagesConfig = ImagesConfig()
 
     def dump(self) -> dict[str, Any]:
         """camelCase with Go durations, as the file carries it."""

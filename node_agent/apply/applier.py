@@ -26,7 +26,7 @@ from node_agent.base.errors import ApplyError, HostError, NodeAgentError, System
 from node_agent.base.layout import drop_in_path, unit_path
 from node_agent.base.log import get_logger
 from node_agent.containerd.images import ImageStore
-from node_agent.host.documents import ApplyRecord, Pending
+from node_agent.host.documents import ApplyRecord, ItemFailure, Pending
 from node_agent.host.fs import HostFS
 from node_agent.host.state import UNIT_DIR, UNIT_FILE_MODE, StateStore, claims_for, write_claims
 from node_agent.osc import steps
@@ -51,6 +51,8 @@ class Planned:
     desired: OperatingSystemConfig  # the OSC with what the agent derives from it
     target: Applied  # what it aims at
     change_set: ChangeSet
+    #: derived files that could not be made (path -> why): each one failed item of the apply
+    not_derived: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -91,6 +93,7 @@ class Applier:
         prepare: Callable[[OperatingSystemConfig], None] | None = None,
         images: ImageStore | None = None,
         held_back: Callable[[], Mapping[str, str]] | None = None,
+        not_derived: Callable[[], Mapping[str, str]] | None = None,
         keep_previous: Iterable[str] = (),
         guard: RestartGuard | None = None,
     ) -> None:
@@ -105,6 +108,9 @@ class Applier:
         #: derived items the last expansion held back (name -> why), e.g. a registry mirror whose
         #: readiness probe failed; the OSC controller checks again sooner while there are any
         self.held_back = held_back or dict
+        #: derived files the last expansion could not make (path -> why), e.g. a config.toml
+        #: that is not TOML: each is kept as it is on the host and reported as a failed item
+        self.not_derived = not_derived or dict
         self.fs = fs
         self.state = state
         self.systemd = systemd
@@ -142,13 +148,23 @@ class Applier:
         pending = await self.state.pending_async()
         base = await asyncio.to_thread(self.base, pending)
         desired = await asyncio.to_thread(self.expand, osc)
+        not_derived = dict(self.not_derived())
+        # A derived file that could not be made is neither written nor deleted: the plan sees
+        # it on neither side, and the target keeps what was applied for it.
         target = Applied.of_osc(desired, self.host_name, resolved, required=True)
+        target = _keep(target, base, not_derived)
         running = await self._running(base, target)
         base = await asyncio.to_thread(self._adopt, base, target, running)
         change_set = await asyncio.to_thread(
-            plan, base, desired, self.host_name, resolved, agent_unit=self.agent_unit
+            plan,
+            _set_aside(base, not_derived),
+            desired,
+            self.host_name,
+            resolved,
+            agent_unit=self.agent_unit,
         )
-        return Planned(pending.id if pending else None, base, desired, target, change_set)
+        pending_id = pending.id if pending else None
+        return Planned(pending_id, base, desired, target, change_set, not_derived)
 
     def last_applied(self) -> Applied:
         """The items of the last complete apply, as recorded then (derived items included), or
@@ -186,13 +202,16 @@ class Applier:
                 remaining=len(pending.remaining()),
                 failed_before=sorted(pending.failed),
             )
+            desired = await asyncio.to_thread(self.expand, osc)
+            not_derived = dict(self.not_derived())
             if self.prepare is not None:  # a crash may have come before it ran
-                await asyncio.to_thread(self.prepare, await asyncio.to_thread(self.expand, osc))
+                await asyncio.to_thread(self.prepare, desired)
         else:
             if planned is None or planned.pending_id != (pending.id if pending else None):
                 planned = await self.plan(osc, resolved)
             if pending is not None:  # writes of the unfinished journal seen on disk are ours
                 await asyncio.to_thread(self.claim_observed, pending)
+            not_derived = dict(planned.not_derived)
             try:
                 await asyncio.to_thread(self.preflight, planned.change_set)
             except HostError as exc:
@@ -204,6 +223,8 @@ class Applier:
             if self.prepare is not None:
                 await asyncio.to_thread(self.prepare, planned.desired)
         report = await self.executor.execute(pending)
+        for path, why in not_derived.items():
+            report.failures[steps.file_step(path)] = ItemFailure(kind="file", item=path, error=why)
         if not report.complete:
             await self._unfinished(checksum, started, report)
         applied = pending.target
@@ -494,6 +515,22 @@ class Applier:
             )
         except (NodeAgentError, ValueError) as exc:  # status is informational only
             log.warning("apply status not saved", error=str(exc))
+
+
+def _set_aside(applied: Applied, paths: Mapping[str, str]) -> Applied:
+    """``applied`` without the files at ``paths`` (derived files that could not be made)."""
+    if not paths or not paths.keys() & applied.files.keys():
+        return applied
+    files = {p: f for p, f in applied.files.items() if p not in paths}
+    return applied.model_copy(update={"files": files})
+
+
+def _keep(target: Applied, base: Applied, paths: Mapping[str, str]) -> Applied:
+    """``target`` with the applied state of ``paths`` taken over from ``base`` (as they are)."""
+    kept = {p: base.files[p] for p in paths if p in base.files}
+    if not kept:
+        return target
+    return target.model_copy(update={"files": {**target.files, **kept}})
 
 
 def drift_change_set(

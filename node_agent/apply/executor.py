@@ -167,18 +167,66 @@ class Executor:
                 at = next((i for i, s in enumerate(remaining) if s not in before), len(remaining))
                 remaining.insert(at, S.RELOAD)
         failed: dict[str, str] = {}
-        for kind, batch in _batches(remaining):
-            ok, errors = await self._run(kind, batch, pending, report)
+
+        async def record(ok: list[str], errors: dict[str, str]) -> None:
+            nonlocal pending
             failed.update(errors)
             for step, why in errors.items():
                 report.failures[step] = _failure(step, why)
             pending = await self.state.mark_done_async(*ok, failed=failed)
             for step in ok:
                 _crash_hook(step)
+
+        # Files from images are fetched beside everything else, one task per image: a slow or
+        # hanging registry holds only the commands of units whose filePaths name such a file.
+        by_image = self._image_steps(cs, remaining)
+        in_flight = {s for group in by_image.values() for s in group}
+        remaining = [s for s in remaining if s not in in_flight]
+        fetches = [
+            asyncio.create_task(self._run("file", group, pending, report))
+            for group in by_image.values()
+        ]
+
+        async def join() -> None:
+            for ok, errors in await asyncio.gather(*fetches):
+                await record(ok, errors)
+            fetches.clear()
+
+        try:
+            for kind, batch in _batches(remaining):
+                if kind == "cmd" and fetches:
+                    waiting = [s for s in batch if in_flight & set(self._blockers(s, pending))]
+                    now = [s for s in batch if s not in waiting]
+                    if now:
+                        await record(*await self._run(kind, now, pending, report))
+                    await join()
+                    batch = waiting
+                    if not batch:
+                        continue
+                await record(*await self._run(kind, batch, pending, report))
+            await join()
+        finally:
+            for task in fetches:  # only when the apply itself ends early (cancelled, a crash)
+                task.cancel()
+            if fetches:
+                await asyncio.wait(fetches)
         due = [s for s in agent_steps if s not in pending.done]
         report.agent_restart_due = bool(due) and not self._blockers(due[0], pending)
         report.duration = time.monotonic() - started
         return report
+
+    def _image_steps(self, cs: ChangeSet, remaining: Sequence[str]) -> dict[str, list[str]]:
+        """The remaining file steps whose bytes come from an image, grouped by image (each
+        image is pulled once, its files read one after the other)."""
+        if self.images is None:
+            return {}
+        todo = set(remaining)
+        groups: dict[str, list[str]] = {}
+        for f in cs.files_to_write:
+            step = S.file_step(f.path)
+            if f.content is None and f.image_ref is not None and step in todo:
+                groups.setdefault(f.image_ref.image, []).append(step)
+        return groups
 
     def _blockers(self, cmd: str, pending: Pending) -> list[str]:
         """The steps a unit command depends on that are not done: its unit file, drop-ins,

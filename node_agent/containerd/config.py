@@ -6,9 +6,12 @@ assigned or removed, so comments, order and formatting of everything else stay, 
 output again changes nothing at all (the planner compares bytes; an idempotent patch means no
 write and no containerd restart when nothing changed).
 
-Key paths depend on the file's ``version``: 1 and 2 are containerd 1.x
-(``io.containerd.grpc.v1.cri``), 3 and 4 containerd 2.x (``io.containerd.cri.v1.images`` and
-``io.containerd.cri.v1.runtime``).
+Key paths depend on the file's ``version``. containerd 1.x reads a version 1 file (no
+``version`` key) by each plugin's short ID (``[plugins.cri]``) and a version 2 file by its full
+name (``io.containerd.grpc.v1.cri``); containerd 2.x reads versions 3 and 4
+(``io.containerd.cri.v1.images`` and ``io.containerd.cri.v1.runtime``) and refuses version 1.
+Upstream patches a version 1 file under the version 2 names, which containerd 1.x never reads:
+the change is lost without a word; here each version gets the keys its containerd reads.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ CNI_BIN_DIR = "/opt/cni/bin"
 
 Path = tuple[str, ...]
 
+_V1_CRI = ("plugins", "cri")
 _V2_CRI = ("plugins", "io.containerd.grpc.v1.cri")
 _V3_IMAGES = ("plugins", "io.containerd.cri.v1.images")
 _V3_RUNTIME = ("plugins", "io.containerd.cri.v1.runtime")
@@ -41,6 +45,12 @@ _RUNC_OPTIONS = ("containerd", "runtimes", "runc", "options")
 
 # version -> (registry config_path, sandbox image, SystemdCgroup, cni table)
 _PATHS: dict[int, tuple[Path, Path, Path, Path]] = {
+    1: (
+        (*_V1_CRI, "registry", "config_path"),
+        (*_V1_CRI, "sandbox_image"),
+        (*_V1_CRI, *_RUNC_OPTIONS, "SystemdCgroup"),
+        (*_V1_CRI, "cni"),
+    ),
     2: (
         (*_V2_CRI, "registry", "config_path"),
         (*_V2_CRI, "sandbox_image"),
@@ -54,7 +64,6 @@ _PATHS: dict[int, tuple[Path, Path, Path, Path]] = {
         (*_V3_RUNTIME, "cni"),
     ),
 }
-_PATHS[1] = _PATHS[2]  # no version key: containerd 1.x reads it as version 1, same CRI paths
 _PATHS[4] = _PATHS[3]
 
 # Plugin paths written for containerd 1.x that containerd 2.x keeps elsewhere (as upstream maps).
@@ -126,11 +135,23 @@ def apply_cri(config: dict[str, Any], cri: ContainerdCRI) -> None:
 
 
 def _plugin_path(path: Path, version: int) -> Path:
+    """Where containerd of this config ``version`` reads a plugin path written for version 2."""
+    if version == 1:
+        return (path[0], _short_id(path[1]), *path[2:]) if len(path) > 1 else path
     if version >= 3:
         for old, new in _PLUGIN_MOVES:
             if path[: len(old)] == old:
                 return new + path[len(old) :]
     return path
+
+
+def _short_id(name: str) -> str:
+    """A plugin's ID as a version 1 file names it: ``io.containerd.grpc.v1.cri`` -> ``cri``
+    (a full name is ``io.containerd.<type>.<vN>.<id>``); any other key as it is."""
+    parts = name.split(".")
+    if len(parts) > 4 and parts[0] == "io" and parts[1] == "containerd":
+        return ".".join(parts[4:])
+    return name
 
 
 def _find(config: dict[str, Any], path: Path) -> object:

@@ -5,6 +5,11 @@ atomically, restarts and deletes them like the OSC's own: ``config.toml`` is in
 ``containerd.service``'s ``filePaths`` (a real change restarts containerd, nothing else does);
 a registry's ``hosts.toml`` is read by containerd per pull (no restart) and is deleted by the
 planner when the registry leaves the OSC (only files the agent wrote are ever deleted).
+
+A derived file that cannot be made (config.toml that is not TOML or not a regular file, a
+registry whose CA file cannot be read) is one failed item (``failed``): it is left out of the
+expansion, and the applier keeps what is on disk for it and reports it, while everything else
+of the OSC is applied.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import base64
 import subprocess
 from collections.abc import Callable
 
+from node_agent.base.errors import HostError
 from node_agent.base.log import get_logger
 from node_agent.containerd.config import (
     BASE_DIR,
@@ -93,23 +99,38 @@ class ContainerdExpander:
         #: probe failed); empty when every registry's file is as desired. A caller may check
         #: again sooner than its usual period while this is not empty.
         self.held_back: dict[str, str] = {}
+        #: host path -> why the last expansion could not derive that file; the file is left out
+        #: of the expansion (what is on disk stays) and the applier reports it as failed.
+        self.failed: dict[str, str] = {}
 
     def __call__(self, osc: OperatingSystemConfig) -> OperatingSystemConfig:
         cri = containerd_cri(osc.spec.cri_config)
         if cri is None:
+            self.failed = {}
             return osc
         taken = {f.path for f in (*osc.spec.files, *osc.status.extension_files)}
         held: dict[str, str] = {}
+        failed: dict[str, str] = {}
         derived: list[File] = []
         if CONFIG_FILE not in taken:  # the OSC's own config.toml, if it has one, wins
-            derived.append(_file(CONFIG_FILE, self._config(cri)))
+            try:
+                derived.append(_file(CONFIG_FILE, self._config(cri)))
+            except HostError as exc:
+                failed[CONFIG_FILE] = _reason(exc)
         for registry in cri.containerd.registries:
             path = hosts_toml_path(registry.upstream)
             if path not in taken:
-                data = self._hosts_toml(registry, held)
+                try:
+                    data = self._hosts_toml(registry, held)
+                except HostError as exc:
+                    failed[path] = f"registry {registry.upstream}: {_reason(exc)}"
+                    continue
                 if data is not None:
                     derived.append(_file(path, data))
+        for path, reason in failed.items():
+            log.warning("containerd file not derived; left as it is", path=path, reason=reason)
         self.held_back = held
+        self.failed = failed
         unit = Unit(
             name=UNIT,
             drop_ins=(DropIn(name=ENV_DROP_IN, content=env_drop_in(self._service_path)),),
@@ -180,6 +201,11 @@ class ContainerdExpander:
             kept="previous" if on_disk is not None else "none",
         )
         return on_disk
+
+
+def _reason(exc: HostError) -> str:
+    """The cause alone (the failed item's path is named beside it)."""
+    return exc.reason if isinstance(exc, ContainerdConfigError) else str(exc)
 
 
 def _file(path: str, data: bytes) -> File:

@@ -38,6 +38,21 @@ DROP_IN = "/etc/systemd/system/containerd.service.d/30-env_config.conf"
 CRI_V2 = "io.containerd.grpc.v1.cri"
 CONTAINERD = "containerd.service"
 OTHER = "other.service"
+# A version 1 config.toml (no ``version``; plugins by short ID), as containerd 1.x nodes carry.
+CONFIG_V1 = """\
+root = "/var/lib/containerd"
+state = "/run/containerd"
+
+[plugins]
+  [plugins.cri]
+    sandbox_image = "registry.k8s.io/pause:3.6"
+    [plugins.cri.containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins.cri.containerd.runtimes.runc.options]
+        SystemdCgroup = false
+    [plugins.cri.registry]
+      config_path = ""
+"""
 
 
 class Bed:
@@ -85,6 +100,13 @@ class Bed:
 
     def config(self) -> dict[str, Any]:
         return tomllib.loads(self.read(CONFIG).decode())
+
+    def effective_cri(self) -> dict[str, Any]:
+        """The CRI plugin's settings as this containerd reads config.toml (``config dump``
+        decodes each plugin the way the daemon does and prints it under its full name)."""
+        dump = self.node.node.run(["containerd", "config", "dump"], check=True).stdout
+        cri: dict[str, Any] = tomllib.loads(dump)["plugins"][CRI_V2]
+        return cri
 
 
 @pytest_asyncio.fixture(loop_scope="session")
@@ -173,6 +195,33 @@ async def test_cri_config_mirror_and_restarts_only_on_real_changes(bed: Bed) -> 
     assert (await bed.invocations()) == third
 
 
+@pytest.mark.parametrize("version", [1, 2])
+async def test_each_config_version_is_patched_where_this_containerd_reads_it(
+    bed: Bed, version: int
+) -> None:
+    """containerd 1.x reads a version 1 file by short plugin IDs (``[plugins.cri]``) and a
+    version 2 file by full names: the effective settings change, whichever the node has."""
+    if version == 1:
+        bed.node.node.path(CONFIG).write_text(CONFIG_V1)
+        bed.node.systemctl("restart", CONTAINERD)
+        bed.node.wait_ready()
+    before = bed.effective_cri()
+    assert before["sandbox_image"] == "registry.k8s.io/pause:3.6"
+    assert before["containerd"]["runtimes"]["runc"]["options"]["SystemdCgroup"] is False
+    invocation = (await bed.invocations())[CONTAINERD]
+
+    await bed.apply(bed.osc(sandbox="registry.k8s.io/pause:3.10"))
+
+    assert ("version" in bed.config()) == (version == 2)  # the file keeps its version
+    effective = bed.effective_cri()
+    assert effective["sandbox_image"] == "registry.k8s.io/pause:3.10"
+    assert effective["containerd"]["runtimes"]["runc"]["options"]["SystemdCgroup"] is True
+    assert effective["registry"]["config_path"] == "/etc/containerd/certs.d"
+    # containerd restarted on the patched file and runs
+    assert (await bed.invocations())[CONTAINERD] != invocation
+    assert (await bed.agent.unit_states([CONTAINERD]))[CONTAINERD].active_state == "active"
+
+
 async def test_first_apply_on_a_node_already_configured_restarts_nothing(bed: Bed) -> None:
     """A node where containerd already runs with exactly this configuration (e.g. written by
     gardener-node-agent before): the agent adopts it, containerd is not restarted."""
@@ -242,3 +291,59 @@ async def test_a_mirror_that_comes_up_later_is_configured_well_before_the_period
         server.server_close()
     hosts = tomllib.loads(hosts_toml.read_text())
     assert list(hosts["host"]) == [f"http://127.0.0.1:{port}"]
+
+
+@pytest.mark.parametrize("case", ["not TOML", "a directory", "caCerts with .."])
+async def test_a_containerd_item_that_cannot_be_derived_fails_alone_and_the_next_osc_converges(
+    bed: Bed, case: str
+) -> None:
+    """config.toml that cannot be patched, or a registry whose hosts.toml cannot be derived, is
+    one failed item with a Warning naming it: the rest of the OSC is applied, nothing of it is
+    removed or half-written, containerd is not restarted for it; once fixed, the next OSC
+    converges."""
+    await bed.apply(bed.osc(sandbox="registry.k8s.io/pause:3.10"))
+    config = bed.node.node.path(CONFIG)
+    good = config.read_bytes()
+    before = await bed.invocations()
+    hosts_toml = f"/etc/containerd/certs.d/{bed.registry.host}/hosts.toml"
+    hosts_before = bed.read(hosts_toml)
+
+    doc = bed.osc(sandbox="registry.k8s.io/pause:3.11", other="two\n")
+    if case == "not TOML":
+        config.write_bytes(b"[plugins\n")
+        item, why = CONFIG, "not valid TOML"
+    elif case == "a directory":
+        config.unlink()
+        config.mkdir()
+        item, why = CONFIG, "is not a regular file"
+    else:
+        registry = doc["spec"]["criConfig"]["containerd"]["registries"][0]
+        registry["hosts"][0]["caCerts"] = ["../../../../etc/node-agent-test/registry-ca.crt"]
+        item, why = hosts_toml, ".."
+    await bed.agent.publish(doc)
+
+    message = await bed.agent.wait_warning(f"{item}: ", why, timeout=60)
+    assert "\n" not in message
+    await wait_for(lambda: bed.read("/etc/other.conf") == b"two\n", 30, "the rest applied")
+    after = await bed.invocations()
+    assert after[OTHER] != before[OTHER]
+    assert bed.read(hosts_toml) == hosts_before  # never removed or rewritten by the failure
+    if case == "caCerts with ..":
+        # config.toml is an item of its own: the new sandbox image is in, containerd restarted
+        assert b"pause:3.11" in config.read_bytes()
+        assert after[CONTAINERD] != before[CONTAINERD]
+    else:
+        assert after[CONTAINERD] == before[CONTAINERD]
+        assert config.read_bytes() == b"[plugins\n" if case == "not TOML" else config.is_dir()
+
+    # Fixed (the file back, or a caCerts inside certs.d): the next OSC converges.
+    if case == "a directory":
+        config.rmdir()
+    if case != "caCerts with ..":
+        config.write_bytes(good)
+    await bed.apply(bed.osc(sandbox="registry.k8s.io/pause:3.11", other="three\n"))
+    assert bed.config()["plugins"][CRI_V2]["sandbox_image"] == "registry.k8s.io/pause:3.11"
+    assert bed.read(hosts_toml) == hosts_before
+    final = await bed.invocations()
+    assert final[CONTAINERD] != after[CONTAINERD] or case == "caCerts with .."
+    assert (await bed.agent.unit_states([CONTAINERD]))[CONTAINERD].active_state == "active"

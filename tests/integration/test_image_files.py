@@ -8,6 +8,7 @@ runs inside the node (``CtrImages(argv_prefix=nsenter ...)``), so pulls read the
 from __future__ import annotations
 
 import stat
+import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -22,7 +23,8 @@ from tests.testbed import oci, standin
 from tests.testbed.agent_harness import OSCAgent, inline_file, osc_document, service, wait_for
 from tests.testbed.containerd import ContainerdNode
 from tests.testbed.controlplane import ControlPlane, free_port
-from tests.testbed.registry import Registry
+from tests.testbed.pki import CertificateAuthority
+from tests.testbed.registry import Registry, StallingRegistry
 
 pytestmark = pytest.mark.integration
 
@@ -33,9 +35,15 @@ class Bed:
     """The agent on a containerd node, and a hyperkube repository of its own in the registry."""
 
     def __init__(
-        self, agent: OSCAgent, node: ContainerdNode, registry: Registry, mirror: Registry
+        self,
+        agent: OSCAgent,
+        node: ContainerdNode,
+        registry: Registry,
+        mirror: Registry,
+        images: CtrImages,
     ) -> None:
         self.agent = agent
+        self.images = images
         self.node = node
         self.registry = registry
         self.mirror = mirror
@@ -108,7 +116,7 @@ async def bed(
     containerd_node.write_hosts_toml(registry.host, registry.url, [mirror.url])
     agent = OSCAgent(admin_api, control_plane, node, tmp_path, images=images)
     async with agent.running() as harness:
-        yield Bed(harness, containerd_node, registry, mirror)
+        yield Bed(harness, containerd_node, registry, mirror, images)
 
 
 async def test_kubelet_from_image_runs_and_updates_restart_exactly_kubelet(bed: Bed) -> None:
@@ -192,3 +200,56 @@ async def test_failed_image_is_one_warning_naming_it_and_the_rest_applies(
     assert after["kubelet.service"] == before["kubelet.service"]
     assert after["other.service"] != before["other.service"]
     assert await bed.healthz() == (200, b"ok")
+
+
+async def test_a_registry_hanging_mid_blob_holds_only_the_units_of_its_file(
+    bed: Bed, registry_ca: CertificateAuthority
+) -> None:
+    """An image whose registry stops sending in the middle of a layer: the rest of the OSC
+    does not wait for it (an unrelated unit restarts within seconds), the image's file fails
+    after the pull timeout with a Warning naming the image, the unit that uses the file keeps
+    running the old binary; once the registry is healthy, the next OSC converges."""
+    agent = bed.agent
+    await agent.wait_applied(await agent.publish(bed.osc(bed.ref("v1.33.0"))))
+    binary = bed.on_disk(KUBELET)
+    before = await bed.invocations()
+    bed.images.pull_timeout = 20.0
+    # a kubelet of its own (trailing bytes do not keep an ELF binary from running)
+    new_kubelet = standin.kubelet_binary() + b"\nstalling v1.33.2\n"
+    image = oci.build_image({"/kubelet": (new_kubelet, 0o755)})
+    with StallingRegistry(registry_ca, "test/stalling", "v1.33.2", image) as stalling:
+        bed.node.trust(stalling.host)
+        ref = stalling.ref()
+        started = time.monotonic()
+        await agent.publish(bed.osc(ref, other="changed alongside\n"))
+
+        async def other_restarted() -> bool:
+            return (await bed.invocations())["other.service"] != before["other.service"]
+
+        await wait_for(other_restarted, 60, "other.service restarted")
+        took = time.monotonic() - started
+        print(f"other.service restarted {took:.1f}s after the OSC was published")
+        assert took < 10.0, f"an unrelated unit waited {took:.1f}s for a hanging image"
+        assert bed.on_disk("/etc/other.conf")[0] == b"changed alongside\n"
+        assert await agent.warnings(f"{KUBELET}: image {ref}") == []  # still being pulled
+        await wait_for(lambda: stalling.stalled >= 1, 20, "the pull cut off mid-blob")
+
+        message = await agent.wait_warning(f"{KUBELET}: image {ref}: ", timeout=90)
+        assert message.endswith("pull: ctr did not finish within 20s"), message
+        assert time.monotonic() - started >= 20.0
+        blocked = await agent.wait_warning("kubelet.service: not attempted", KUBELET)
+        assert "was not written" in blocked
+        after = await bed.invocations()
+        assert after["kubelet.service"] == before["kubelet.service"]
+        assert bed.on_disk(KUBELET) == binary
+        assert await bed.healthz() == (200, b"ok")
+
+        # The registry recovers: the next OSC converges (kubelet from the image, restarted).
+        stalling.recover()
+        await agent.wait_applied(
+            await agent.publish(bed.osc(ref, other="after recovery\n")), timeout=120
+        )
+        assert bed.on_disk(KUBELET) == (new_kubelet, 0o755)
+        final = await bed.invocations()
+        assert final["kubelet.service"] != after["kubelet.service"]
+        assert await bed.healthz() == (200, b"ok")

@@ -8,10 +8,12 @@ its access log tells which repositories and blobs were fetched through it.
 
 from __future__ import annotations
 
+import http.server
 import os
 import re
 import ssl
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -204,3 +206,105 @@ class Registry:
 
     def log_tail(self, lines: int = 25) -> str:
         return self._proc.tail(lines)
+
+
+class StallingRegistry:
+    """A registry stand-in on loopback (TLS from the test CA) that serves one image's manifest
+    and config, then stalls in the middle of its first layer: the first half of the bytes, then
+    nothing until ``stall`` seconds passed or it is stopped (or made ``healthy``). Plays a
+    registry or network that hangs mid-blob; the real ``Registry`` cannot."""
+
+    def __init__(
+        self,
+        ca: CertificateAuthority,
+        repository: str,
+        tag: str,
+        image: oci.Image,
+        *,
+        stall: float = 120.0,
+    ) -> None:
+        self.repository = repository
+        self.tag = tag
+        self.image = image
+        self.stall = stall
+        #: serve every blob in full (the registry recovered)
+        self.healthy = False
+        self.stalled = 0  # blob downloads that were cut off
+        self._stop = threading.Event()
+        serving = ca.issue("stalling-registry", common_name="stalling", server_ips=("127.0.0.1",))
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(str(serving.cert), str(serving.key))
+        blobs = {b.digest: b for b in (image.config, *image.layers)}
+        owner = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_HEAD(self) -> None:
+                self._answer(body=False)
+
+            def do_GET(self) -> None:
+                self._answer(body=True)
+
+            def _answer(self, *, body: bool) -> None:
+                prefix = f"/v2/{owner.repository}/"
+                path = self.path.split("?", 1)[0]
+                blob: oci.Blob | None = None
+                if path == "/v2/":
+                    blob = oci.Blob("application/json", b"{}")
+                elif path in (
+                    f"{prefix}manifests/{owner.tag}",
+                    f"{prefix}manifests/{owner.image.digest}",
+                ):
+                    blob = owner.image.manifest
+                elif path.startswith(f"{prefix}blobs/"):
+                    blob = blobs.get(path.rsplit("/", 1)[1])
+                if blob is None:
+                    self.send_response(404)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                self.send_response(200)
+                self.send_header("Content-Type", blob.media_type)
+                self.send_header("Content-Length", str(blob.size))
+                self.send_header("Docker-Content-Digest", blob.digest)
+                self.end_headers()
+                if not body:
+                    return
+                cut = blob in owner.image.layers and not owner.healthy
+                if not cut:
+                    self.wfile.write(blob.data)
+                    return
+                owner.stalled += 1
+                self.wfile.write(blob.data[: blob.size // 2])
+                self.wfile.flush()
+                owner._stop.wait(owner.stall)
+                self.close_connection = True
+
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self._server.socket = context.wrap_socket(self._server.socket, server_side=True)
+        self.port = self._server.server_address[1]
+        self.host = f"127.0.0.1:{self.port}"
+        self.url = f"https://{self.host}"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    def ref(self) -> str:
+        return f"{self.host}/{self.repository}:{self.tag}"
+
+    def recover(self) -> None:
+        """Serve everything in full from now on; cut off the stalled downloads."""
+        self.healthy = True
+        self._stop.set()
+
+    def __enter__(self) -> StallingRegistry:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._server.shutdown()
+        self._server.server_close()

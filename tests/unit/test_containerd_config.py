@@ -66,6 +66,30 @@ imports = []
           [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
             SystemdCgroup = false
 """
+# A version 1 file as containerd 1.x nodes still carry: no ``version``, plugins by short ID.
+V1 = """\
+root = "/var/lib/containerd"
+state = "/run/containerd"
+
+[grpc]
+  address = "/run/containerd/containerd.sock"
+
+[plugins]
+  [plugins.cri]
+    sandbox_image = "registry.k8s.io/pause:3.6"
+    max_container_log_line_size = 16384
+    [plugins.cri.containerd]
+      snapshotter = "overlayfs"
+      [plugins.cri.containerd.runtimes.runc]
+        runtime_type = "io.containerd.runc.v2"
+        [plugins.cri.containerd.runtimes.runc.options]
+          SystemdCgroup = false
+    [plugins.cri.cni]
+      bin_dir = "/usr/lib/cni"
+      conf_dir = "/etc/cni/net.d"
+    [plugins.cri.registry]
+      config_path = ""
+"""
 # containerd 2.2 writes the CNI dirs as a list.
 V3_BIN_DIRS = V3.replace("bin_dir = '/opt/cni/bin'", "bin_dirs = ['/opt/cni/bin']")
 
@@ -195,11 +219,83 @@ def test_missing_tables_are_created_and_a_file_without_version_is_version_1() ->
     doc = tomllib.loads(out)
     assert "version" not in doc  # nothing but the needed keys is added
     assert doc["imports"] == [IMPORTS_GLOB]
-    assert at(doc, "plugins", CRI_V2, "registry", "config_path") == CERTS_DIR
-    assert at(doc, "plugins", CRI_V2, "containerd", "runtimes", "runc", "options") == {
+    assert at(doc, "plugins", "cri", "registry", "config_path") == CERTS_DIR
+    assert at(doc, "plugins", "cri", "containerd", "runtimes", "runc", "options") == {
         "SystemdCgroup": True
     }
     assert patch_config(out, cri()) == out
+
+
+# --- containerd 1.x, version 1 (no version key) ----------------------------------------------
+
+
+def test_version_1_is_patched_under_the_short_plugin_ids_containerd_1x_reads() -> None:
+    out = patch_config(V1, cri())
+    doc = tomllib.loads(out)
+    assert "version" not in doc
+    assert list(doc["plugins"]) == ["cri"]  # never the version 2 name, which 1.x ignores here
+    cri_v1 = at(doc, "plugins", "cri")
+    assert cri_v1["sandbox_image"] == "registry.k8s.io/pause:3.10"
+    assert at(cri_v1, "containerd", "runtimes", "runc", "options", "SystemdCgroup") is True
+    assert at(cri_v1, "registry", "config_path") == CERTS_DIR
+    assert at(cri_v1, "cni", "bin_dir") == CNI_BIN_DIR
+    assert cri_v1["max_container_log_line_size"] == 16384
+    assert doc["imports"] == [IMPORTS_GLOB]
+    assert patch_config(out, cri()) == out
+
+
+def test_version_1_takes_plugin_paths_by_their_short_id() -> None:
+    plugin = {
+        "path": [CRI_V2, "containerd", "runtimes", "runsc"],
+        "values": {"runtime_type": "io.containerd.runsc.v1"},
+    }
+    snapshotter = {"path": ["io.containerd.snapshotter.v1.overlayfs"], "values": {"x": 1}}
+    out = patch_config(V1, cri(plugins=[plugin, snapshotter]))
+    doc = tomllib.loads(out)
+    runtimes = at(doc, "plugins", "cri", "containerd", "runtimes")
+    assert runtimes["runsc"] == {"runtime_type": "io.containerd.runsc.v1"}
+    assert at(doc, "plugins", "overlayfs") == {"x": 1}
+    assert sorted(doc["plugins"]) == ["cri", "overlayfs"]
+
+
+@pytest.mark.parametrize(
+    ("version", "sandbox", "cgroup", "registry"),
+    [
+        (
+            "",
+            ("cri", "sandbox_image"),
+            ("cri", "containerd", "runtimes", "runc", "options", "SystemdCgroup"),
+            ("cri", "registry", "config_path"),
+        ),
+        (
+            "version = 2\n",
+            (CRI_V2, "sandbox_image"),
+            (CRI_V2, "containerd", "runtimes", "runc", "options", "SystemdCgroup"),
+            (CRI_V2, "registry", "config_path"),
+        ),
+        *[
+            (
+                f"version = {v}\n",
+                ("io.containerd.cri.v1.images", "pinned_images", "sandbox"),
+                (
+                    "io.containerd.cri.v1.runtime",
+                    *("containerd", "runtimes", "runc", "options", "SystemdCgroup"),
+                ),
+                ("io.containerd.cri.v1.images", "registry", "config_path"),
+            )
+            for v in (3, 4)
+        ],
+    ],
+)
+def test_each_version_gets_its_own_key_paths_and_only_those(
+    version: str, sandbox: tuple[str, ...], cgroup: tuple[str, ...], registry: tuple[str, ...]
+) -> None:
+    doc = tomllib.loads(patch_config(version, cri()))
+    plugins = doc["plugins"]
+    assert at(plugins, *sandbox) == "registry.k8s.io/pause:3.10"
+    assert at(plugins, *cgroup) is True
+    assert at(plugins, *registry) == CERTS_DIR
+    assert set(plugins) == {sandbox[0], cgroup[0], registry[0]}
 
 
 @pytest.mark.parametrize(
@@ -270,7 +366,9 @@ def test_version_3_moves_a_v1_runtime_plugin_path_as_upstream_does() -> None:
     assert runtimes2["runsc"] == {"runtime_type": "io.containerd.runsc.v1"}
 
 
-@pytest.mark.parametrize(("text", "version"), [("", 1), ("version = 2", 2), ("version = 3", 3)])
+@pytest.mark.parametrize(
+    ("text", "version"), [("", 1), ("version = 2", 2), ("version = 3", 3), ("version = 4", 4)]
+)
 def test_config_version(text: str, version: int) -> None:
     assert config_version(tomllib.loads(text)) == version
 
@@ -329,7 +427,11 @@ def test_a_value_of_another_type_is_replaced_even_when_python_calls_it_equal() -
         ("version = 9\n", "unsupported config version 9"),
         ('version = "2"\n', "unsupported config version '2'"),
         ('version = 2\nplugins = "none"\n', "plugins is a string, a table is needed"),
-        ('[plugins."io.containerd.grpc.v1.cri".registry.config_path]\n', "config_path is a table"),
+        (
+            'version = 2\n[plugins."io.containerd.grpc.v1.cri".registry.config_path]\n',
+            "io.containerd.grpc.v1.cri.registry.config_path is a table",
+        ),
+        ("[plugins.cri.registry.config_path]\n", "plugins.cri.registry.config_path is a table"),
     ],
 )
 def test_a_config_that_cannot_be_patched_is_a_host_error_naming_the_file(
@@ -451,8 +553,9 @@ def test_patch_is_idempotent_and_holds_the_needed_keys(
     doc = tomllib.loads(once)  # an independent parser reads it
     assert IMPORTS_GLOB in doc["imports"]
     v3 = doc.get("version") == 3
-    images = ("plugins", "io.containerd.cri.v1.images") if v3 else ("plugins", CRI_V2)
-    runtime = ("plugins", "io.containerd.cri.v1.runtime") if v3 else ("plugins", CRI_V2)
+    cri_name = CRI_V2 if "version" in doc else "cri"  # version 1: the plugin's short ID
+    images = ("plugins", "io.containerd.cri.v1.images") if v3 else ("plugins", cri_name)
+    runtime = ("plugins", "io.containerd.cri.v1.runtime") if v3 else ("plugins", cri_name)
     assert at(doc, *images, "registry", "config_path") == CERTS_DIR
     if sandbox:
         sandbox_key = ("pinned_images", "sandbox") if v3 else ("sandbox_image",)

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from node_agent.base.errors import OSCValidationError
-from node_agent.containerd.config import CERTS_DIR, CONFIG_FILE, IMPORTS_GLOB, ContainerdConfigError
+from node_agent.containerd.config import CERTS_DIR, CONFIG_FILE, IMPORTS_GLOB
 from node_agent.containerd.expand import (
     DIRECTORIES,
     ENV_DROP_IN,
@@ -33,6 +33,10 @@ MIRROR = {
     "server": "https://registry.local:5000",
     "hosts": [{"url": "https://mirror.local:5001", "caCerts": ["/etc/ssl/mirror-ca.crt"]}],
 }
+
+
+HOSTS = f"{CERTS_DIR}/registry.local:5000/hosts.toml"
+PROBED = {**MIRROR, "readinessProbe": True}
 
 
 def osc(
@@ -187,10 +191,51 @@ def test_a_malformed_cri_config_is_refused_by_expand(fs: HostFS) -> None:
     assert err.value.field == "spec.criConfig.containerd.registries[0].upstream"
 
 
-def test_a_config_on_disk_that_is_not_toml_is_a_host_error(fs: HostFS) -> None:
-    fs.write_atomic(CONFIG_FILE, b"[plugins\n", 0o644)
-    with pytest.raises(ContainerdConfigError, match=r"^/etc/containerd/config\.toml: not valid"):
-        ContainerdExpander(fs, default_config=Defaults())(osc(gardener_cri()))
+@pytest.mark.parametrize(
+    ("on_disk", "why"),
+    [
+        (b"[plugins\n", "not valid TOML"),
+        (b"\xff\xfe", "not UTF-8 text"),
+        (b"version = 9\n", "unsupported config version 9"),
+        (None, "is not a regular file"),
+    ],
+)
+def test_a_config_that_cannot_be_patched_is_one_failed_item_and_the_rest_is_derived(
+    fs: HostFS, tmp_path: Path, on_disk: bytes | None, why: str
+) -> None:
+    if on_disk is None:
+        (tmp_path / CONFIG_FILE.lstrip("/")).mkdir(parents=True)
+    else:
+        fs.write_atomic(CONFIG_FILE, on_disk, 0o644)
+    before = osc(gardener_cri(registries=[MIRROR]))
+    expander = ContainerdExpander(fs, default_config=Defaults())
+    out = expander(before)
+    assert list(derived_files(out, before)) == [HOSTS]  # config.toml left out, as it is
+    assert list(expander.failed) == [CONFIG_FILE]
+    assert why in expander.failed[CONFIG_FILE]
+    assert "\n" not in expander.failed[CONFIG_FILE]
+    assert not expander.failed[CONFIG_FILE].startswith(CONFIG_FILE)  # the path is named beside
+    assert [u.name for u in out.status.extension_units] == ["containerd.service"]
+    # fixed on disk: derived again, nothing failed
+    if on_disk is None:
+        (tmp_path / CONFIG_FILE.lstrip("/")).rmdir()
+    fs.write_atomic(CONFIG_FILE, DEFAULT_16, 0o644)
+    assert CONFIG_FILE in derived_files(expander(before), before)
+    assert expander.failed == {}
+
+
+def test_a_registry_whose_ca_cannot_be_read_is_one_failed_item(fs: HostFS) -> None:
+    bad_ca = {
+        **PROBED,
+        "hosts": [{"url": "https://mirror.local:5001", "caCerts": ["../../../../etc/ca.crt"]}],
+    }
+    before = osc(gardener_cri(registries=[bad_ca, {**MIRROR, "upstream": "other"}]))
+    expander = ContainerdExpander(fs, default_config=Defaults())  # the real probe
+    out = expander(before)
+    assert sorted(derived_files(out, before)) == [f"{CERTS_DIR}/other/hosts.toml", CONFIG_FILE]
+    assert list(expander.failed) == [HOSTS]
+    assert expander.failed[HOSTS].startswith("registry registry.local:5000: ")
+    assert "contains '..'" in expander.failed[HOSTS]
 
 
 def test_prepare_creates_the_directories_once(fs: HostFS, tmp_path: Path) -> None:
@@ -228,10 +273,6 @@ class Probe:
     def __call__(self, registry: RegistryConfig, read: Any) -> str | None:
         self.asked.append(registry.upstream)
         return self.reason
-
-
-HOSTS = f"{CERTS_DIR}/registry.local:5000/hosts.toml"
-PROBED = {**MIRROR, "readinessProbe": True}
 
 
 def test_a_reachable_registry_gets_its_hosts_toml(fs: HostFS) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import stat
@@ -552,3 +553,60 @@ def test_plan_shows_each_pull_with_image_target_and_why() -> None:
     ]
     assert lines["/etc/extra.conf"][0] == "write"
     assert plan(second, second, HOST).summary() == "no changes"
+
+
+async def test_a_hanging_pull_holds_only_the_units_of_its_file(
+    tmp_path: Path, images: FakeImages
+) -> None:
+    """The rest of the OSC (files, restarts) goes on while an image is being pulled; the unit
+    whose filePaths name the image's file waits for it and is held back when it fails."""
+    node = Node(tmp_path, images)
+    await node.apply(osc_yaml("r.example/hyperkube:v1"))
+    release = asyncio.Event()
+    pulling = asyncio.Event()
+    pull = images.pull
+
+    async def hanging_pull(image: str) -> str:
+        if image == "r.example/hang:v2":
+            pulling.set()
+            await release.wait()
+            raise ImageError(image, "pull: ctr did not finish within 300s")
+        return await pull(image)
+
+    images.pull = hanging_pull  # type: ignore[method-assign]
+    apply = asyncio.create_task(node.apply(osc_yaml("r.example/hang:v2", extra="b\n")))
+    await asyncio.wait_for(pulling.wait(), 5)
+    for _ in range(500):  # the unrelated unit is restarted while the pull still hangs
+        if ("extra.service", "restart") in node.systemd.jobs:
+            break
+        await asyncio.sleep(0.01)
+    assert node.systemd.jobs == [("extra.service", "restart")]
+    assert node.file("/etc/extra.conf") == (b"b\n", 0o644)
+    assert not apply.done()
+
+    release.set()
+    with pytest.raises(ApplyError) as err:
+        await apply
+    rep = err.value.report
+    assert isinstance(rep, ApplyReport)
+    failures = {f.item: f for f in rep.failure_list()}
+    assert failures["/opt/bin/kubelet"].error == (
+        "image r.example/hang:v2: pull: ctr did not finish within 300s"
+    )
+    assert failures["kubelet.service"].kind == "blocked"
+    assert node.systemd.jobs == [("extra.service", "restart")]
+    assert node.file("/opt/bin/kubelet") == (KUBELET, 0o755)
+
+
+async def test_an_image_file_s_unit_restarts_after_its_pull(
+    tmp_path: Path, images: FakeImages
+) -> None:
+    node = Node(tmp_path, images)
+    await node.apply(osc_yaml("r.example/hyperkube:v1"))
+    outcome = await node.apply(osc_yaml("r.example/hyperkube:v2", extra="b\n"))
+    assert outcome.report.complete
+    assert sorted(node.systemd.jobs) == [
+        ("extra.service", "restart"),
+        ("kubelet.service", "restart"),
+    ]
+    assert node.file("/opt/bin/kubelet") == (KUBELET + b"2", 0o755)
