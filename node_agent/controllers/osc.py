@@ -620,7 +620,14 @@ class OSCController:
         node = await self.ctx.kube.get_node(self.ctx.node_name)
         node_meta = node.get("metadata") or {}
         annotations = node_meta.get("annotations") or {}
+        version = self.ctx.config.controllers.operating_system_config.kubernetes_version
         if only_if_missing and annotations.get(report.ANNOTATION_APPLIED_CHECKSUM) == checksum:
+            # Reported before, maybe by this agent's previous process, from its config: a
+            # Kubernetes update restarts the agent on a new config with a new version.
+            relabel = report.version_label_patch(version, node_meta.get("labels") or {})
+            if relabel is not None:
+                await self.ctx.kube.patch_node(self.ctx.node_name, relabel)
+                log.info("kubernetes version label updated", version=version)
             self._reported = checksum
             await self._drop_bootstrap_credentials()
             return
@@ -631,7 +638,7 @@ class OSCController:
         )
         patch = report.applied_patch(
             checksum=checksum,
-            kubernetes_version=self.ctx.config.controllers.operating_system_config.kubernetes_version,
+            kubernetes_version=version,
             control_plane=control_plane,
             zone=zone or None,
             current_labels=node_meta.get("labels") or {},
