@@ -45,6 +45,8 @@ REASON_OSC_SKIPPED = "OSCItemsSkipped"
 # guard stopped restarting a unit.
 REASON_OSC_ROLLED_BACK = "OSCRolledBack"
 REASON_RESTARTS_SUSPENDED = "UnitRestartsSuspended"
+# Our own: the unit check found a unit of the applied OSC unhealthy (SystemdUnitsReady says so).
+REASON_UNIT_UNHEALTHY = "SystemdUnitUnhealthy"
 REASON_UNIT_COMMAND = {
     "start": "SystemDUnitStart",
     "stop": "SystemDUnitStop",

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -118,6 +118,8 @@ class OSCController:
         #: serial mode and the paced rollout of the pool (the Lease <secretName>)
         self.rollout = Rollout(ctx, self._wake.set)
         self._applying = 0  # applies (and rollbacks, drift repairs) running now
+        #: called after an OSC was applied and reported (the unit check looks at once)
+        self.on_applied: list[Callable[[], None]] = []
 
     @property
     def applying(self) -> bool:
@@ -255,6 +257,11 @@ class OSCController:
         log.info("restarting the agent's own unit last", unit=self.ctx.settings.agent_unit)
         await self.ctx.systemd.restart_unit(self.ctx.settings.agent_unit)
 
+    def retry_now(self) -> None:
+        """What held a retry back is gone (a unit the restart-storm guard held came up by
+        itself): look again now instead of after the backoff."""
+        self._wake.set()
+
     def node_recreated(self) -> None:
         """The Node appeared (registered for the first time, or deleted and registered again):
         report the applied checksum on it anew."""
@@ -362,6 +369,8 @@ class OSCController:
             await self._roll_back_update(gate, broke, permit)
             return None  # rolled back: the Node keeps the old checksum
         await self._report_applied(osc, checksum)
+        for hook in self.on_applied:
+            hook()
         await self.rollout.succeeded(permit)
         if outcome.report.skipped:
             await self.ctx.event(
