@@ -110,7 +110,8 @@ def build_agent(
     if sources is None:
         sources = Sources(watches=ctx.watches)
     sources.osc, sources.lease, sources.node = osc, lease, node
-    unitcheck = UnitCheckController(ctx, applier, guard=guard)
+    unitcheck = UnitCheckController(ctx, applier, guard=guard, on_release=osc.retry_now)
+    osc.on_applied.append(unitcheck.poke)  # units a new OSC (re)started are judged at once
     sources.unitcheck, sources.healthcheck = unitcheck, health
     sources.gate, sources.guard, sources.rollout = osc.gate, guard, osc.rollout
     return Agent(ctx, applier, osc, lease, node, token, health, unitcheck, sources)

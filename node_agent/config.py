@@ -116,7 +116,8 @@ class HealthGateConfig(_Config):
 
 class RestartGuardConfig(_Config):
     """The restart-storm guard (our extension): a unit the agent restarted ``maxRestarts``
-    times within ``window`` and that keeps failing is left alone until the OSC changes."""
+    times within ``window`` and that keeps failing is left alone until the OSC changes or it
+    comes up by itself."""
 
     max_restarts: int = Field(default=3, alias="maxRestarts", ge=1)
     window: Duration = Field(default=timedelta(minutes=10))

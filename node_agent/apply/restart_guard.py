@@ -5,9 +5,10 @@ a drift repair, the Node's restart annotation, a failing health check. When the 
 every time, each of those would restart it again and again, forever, on every node the OSC
 reached. The guard counts the agent's failed restarts per unit; after ``max_restarts`` of them
 within ``window`` the unit is *held*: the agent does not start or restart it any more, and
-reports it degraded (condition message, Event, metric) until the OSC changes. A restart that
-works clears the unit's count. Kept in memory: an agent restart grants one more round of
-tries, which bounds the storm without persisting anything.
+reports it degraded (condition message, Event, metric) until the OSC changes or the unit comes
+up by itself (the unit check sees it running). A restart that works clears the unit's count.
+Kept in memory: an agent restart grants one more round of tries, which bounds the storm without
+persisting anything.
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ class HeldUnit:
         window = format_duration(timedelta(seconds=self.window_seconds))
         return (
             f"{self.unit}: failed after {self.failures} restarts by node-agent within "
-            f"{window}; not restarted again until the OSC changes ({self.last_error})"
+            f"{window}; not restarted again until the OSC changes or it comes up by itself "
+            f"({self.last_error})"
         )
 
     def reason(self) -> str:
@@ -43,7 +45,7 @@ class HeldUnit:
         window = format_duration(timedelta(seconds=self.window_seconds))
         return (
             f"node-agent stopped restarting it after {self.failures} failed restarts within "
-            f"{window}, until the OSC changes"
+            f"{window}, until the OSC changes or it comes up by itself"
         )
 
 
@@ -69,6 +71,12 @@ class RestartGuard:
         self._held.clear()
         self._failures.clear()
         return released
+
+    def release(self, unit: str) -> bool:
+        """``unit`` came up by itself (systemd's ``Restart=``, an operator): the agent may start
+        it again and its count starts afresh. Returns whether it was held."""
+        self._failures.pop(unit, None)
+        return self._held.pop(unit, None) is not None
 
     def allows(self, unit: str) -> bool:
         """May the agent start or restart ``unit`` now? Counts a refusal when not."""

@@ -26,7 +26,14 @@ verdicts were wrong in these cases; ``docs/design.md`` has the table):
   watched); derived units (containerd's drop-in from ``criConfig``) count too;
 - template units (``foo@.service``) cannot be loaded by name and are left out (upstream's whole
   check fails on one);
-- ``lastHeartbeatTime`` moves only when the condition is written (upstream writes every period).
+- ``lastHeartbeatTime`` moves only when the condition is written (upstream writes every period);
+- a service waiting in ``auto-restart`` after failed runs that systemd already restarted is a
+  crash loop (``"<unit>: failed (exit-code), restarting"``; upstream calls every auto-restart
+  normal operation, so a ``Restart=always`` service whose binary is missing looked healthy
+  forever); a unit that turns unhealthy also gets one Warning Event (upstream: none).
+
+The check also lets the restart-storm guard go of a held unit that came up by itself (running
+for ``RELEASE_AFTER`` since after it was held, e.g. through systemd's ``Restart=``).
 """
 
 from __future__ import annotations
@@ -36,7 +43,7 @@ import contextlib
 import dataclasses
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
 from node_agent.apply.restart_guard import RestartGuard
@@ -66,6 +73,9 @@ CONFLICT_ATTEMPTS = 3
 #: How often the loop looks whether a new OSC was applied (a read of memory), so the first
 #: condition and a new OSC's verdict do not wait for the next period.
 APPLY_POLL = 5.0
+#: How long a unit the restart-storm guard holds must have been running for the guard to let
+#: it go (it came up by itself, e.g. through systemd's ``Restart=``).
+RELEASE_AFTER = timedelta(seconds=10)
 
 Want = Literal["running", "stopped", "observed"]
 
@@ -166,8 +176,10 @@ def check_units(
             continue
         if active in ("activating", "deactivating"):
             # Restart=always/on-failure services pass through "activating (auto-restart)"
-            # between runs: normal operation.
+            # between runs: normal operation, unless the runs keep failing.
             if sub == "auto-restart":
+                if unit.want == "running" and crash_looping(state):
+                    unhealthy.append(f"{name}: failed ({state.result}), restarting")
                 continue
             since = state.state_change
             took = now - since if since is not None else timedelta(0)
@@ -189,6 +201,23 @@ def check_units(
     if held:
         unhealthy = [_degraded(message, held) for message in unhealthy]
     return UnitCheck(tuple(unhealthy), tuple(progressing))
+
+
+def crash_looping(state: UnitState) -> bool:
+    """Waiting in auto-restart after a failed run, and systemd restarted it before: a unit
+    whose start job succeeded but which keeps failing after it (e.g. its binary is missing).
+    A unit that failed once and waits for its first restart is given that restart."""
+    return state.result not in (None, "", "success") and (state.n_restarts or 0) >= 1
+
+
+def came_up(state: UnitState | None, now: datetime, up_for: timedelta, held: datetime) -> bool:
+    """Came up after ``held`` and has been running (active) for at least ``up_for``: it came
+    up by itself and stayed up, not a blink of a unit in a restart loop. A unit held while it
+    ran (the health checks' restarts did not heal it) has not come up again."""
+    if state is None or state.active_state != "active":
+        return False
+    since = state.state_change
+    return since is not None and since >= held and now - since >= up_for
 
 
 def _degraded(message: str, held: Mapping[str, str]) -> str:
@@ -262,11 +291,14 @@ class UnitCheckController:
         clock: Callable[[], datetime] = report.now,
         apply_poll: float = APPLY_POLL,
         guard: RestartGuard | None = None,
+        on_release: Callable[[], None] | None = None,
     ) -> None:
         self.ctx = ctx
         self.applier = applier
-        #: the restart-storm guard: a unit it holds is reported degraded
+        #: the restart-storm guard: a unit it holds is reported degraded, and let go once it
+        #: came up by itself; ``on_release`` is then called (the OSC controller retries now)
         self.guard = guard
+        self.on_release = on_release
         self.clock = clock
         config = ctx.config.controllers.systemd_unit_check
         self.period = max(MIN_PERIOD, config.sync_period.total_seconds())
@@ -280,6 +312,8 @@ class UnitCheckController:
         self._seen: _NodeSeen | None = None
         self._view = UnitCheckView()
         self._last_error: str | None = None
+        #: units the last check found unhealthy (a Warning Event when one joins)
+        self._unhealthy: frozenset[str] = frozenset()
 
     def poke(self) -> None:
         """Check again now (e.g. an apply finished: the units and their states changed)."""
@@ -308,11 +342,14 @@ class UnitCheckController:
         try:
             expected = await self._expected_units()
             if expected is None:
+                await self._release_held({})  # a held unit of a first apply that never finished
                 return self._view  # nothing applied yet: no condition (like upstream)
             states = await self._states([u.name for u in expected])
+            await self._release_held(states)
             guard = self.guard
             held = {h.unit: h.reason() for h in guard.view()} if guard is not None else {}
             verdict = check_units(expected, states, self.clock(), self.stuck_threshold, held)
+            await self._warn_newly_unhealthy(verdict.unhealthy)
             condition = verdict.condition
             self._update(
                 condition=condition,
@@ -332,6 +369,36 @@ class UnitCheckController:
         except (NodeAgentError, OSError) as exc:
             self._failed(exc)
         return self._view
+
+    async def _release_held(self, states: Mapping[str, UnitState]) -> None:
+        """Let the restart-storm guard go of held units that came up by themselves. A held
+        unit need not be one of the applied OSC's (its apply may not have finished): its state
+        is read then too (a systemd call only while a unit is held)."""
+        guard = self.guard
+        if guard is None or not guard.view():
+            return
+        missing = [h.unit for h in guard.view() if h.unit not in states]
+        if missing:
+            states = {**states, **await self._states(missing)}
+        now = self.clock()
+        released = [
+            h.unit
+            for h in guard.view()
+            if came_up(states.get(h.unit), now, RELEASE_AFTER, datetime.fromtimestamp(h.since, UTC))
+            and guard.release(h.unit)
+        ]
+        if released:
+            log.info("units came up by themselves; restarts allowed again", units=released)
+            if self.on_release is not None:
+                self.on_release()
+
+    async def _warn_newly_unhealthy(self, unhealthy: Sequence[str]) -> None:
+        """One Warning Event per unit when it turns unhealthy (not on every check)."""
+        by_unit = {message.split(": ", 1)[0]: message for message in unhealthy}
+        new = sorted(set(by_unit) - self._unhealthy)
+        self._unhealthy = frozenset(by_unit)
+        for name in new:
+            await self.ctx.event(report.REASON_UNIT_UNHEALTHY, by_unit[name], warning=True)
 
     # -- reading ----------------------------------------------------------------------------
 

@@ -45,6 +45,8 @@ REASON_OSC_SKIPPED = "OSCItemsSkipped"
 # guard stopped restarting a unit.
 REASON_OSC_ROLLED_BACK = "OSCRolledBack"
 REASON_RESTARTS_SUSPENDED = "UnitRestartsSuspended"
+# Our own: the unit check found a unit of the applied OSC unhealthy (SystemdUnitsReady says so).
+REASON_UNIT_UNHEALTHY = "SystemdUnitUnhealthy"
 REASON_UNIT_COMMAND = {
     "start": "SystemDUnitStart",
     "stop": "SystemDUnitStop",
@@ -99,6 +101,16 @@ def applied_patch(
             "labels": labels,
         }
     }
+
+
+def version_label_patch(
+    kubernetes_version: str | None, current_labels: Mapping[str, str]
+) -> dict[str, Any] | None:
+    """Merge patch that brings the version label to the config's ``kubernetesVersion``, or
+    None when the Node already carries it (or the config names no version)."""
+    if not kubernetes_version or current_labels.get(LABEL_KUBERNETES_VERSION) == kubernetes_version:
+        return None
+    return {"metadata": {"labels": {LABEL_KUBERNETES_VERSION: kubernetes_version}}}
 
 
 def remove_annotation_patch(key: str) -> dict[str, Any]:

@@ -222,6 +222,31 @@ async def test_same_osc_again_touches_nothing(agent: OSCAgent) -> None:
     assert await invocations(agent, ALL_UNITS) == before
 
 
+async def test_version_label_follows_the_config_after_a_restart(agent: OSCAgent) -> None:
+    """A Kubernetes update changes the agent's config file (an OSC file) and restarts the agent:
+    the old process labelled the Node from its old config, and the new one finds the checksum
+    already reported. It must still bring the version label to its own config's version."""
+    label = "worker.gardener.cloud/kubernetes-version"
+    await agent.stop()
+    agent.kubernetes_version = "1.31.3"  # the old process's config
+    await agent.start()
+    checksum = await agent.publish(base_osc())
+    await agent.wait_applied(checksum)
+    assert (await agent.node_labels())[label] == "1.31.3"
+
+    await agent.stop()
+    agent.kubernetes_version = "1.31.4"  # the new process's config; the Node is up to date
+    await agent.start()
+
+    async def relabelled() -> bool:
+        return (await agent.node_labels()).get(label) == "1.31.4"
+
+    await wait_for(relabelled, 20, "the version label of the new config")
+    assert agent.controller is not None
+    assert agent.controller.applies == 0  # nothing was applied again
+    assert (await agent.node_annotations())["checksum/cloud-config-data"] == checksum
+
+
 async def test_drift_on_disk_is_repaired_by_the_periodic_check(agent: OSCAgent) -> None:
     osc = base_osc()
     await agent.wait_applied(await agent.publish(osc))

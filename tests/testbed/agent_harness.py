@@ -453,6 +453,8 @@ class OSCAgent:
     expander: Callable[[HostFS], ContainerdExpander] | None = None
     #: the config's ``nodeAgent`` section (our own settings)
     node_agent: dict[str, Any] = dataclasses.field(default_factory=lambda: TEST_NODE_AGENT)
+    #: the config's ``controllers.operatingSystemConfig.kubernetesVersion``
+    kubernetes_version: str = KUBERNETES_VERSION
     _task: asyncio.Task[None] | None = None
 
     def __post_init__(self) -> None:
@@ -487,7 +489,7 @@ class OSCAgent:
                 "controllers": {
                     "operatingSystemConfig": {
                         "secretName": self.secret_name,
-                        "kubernetesVersion": KUBERNETES_VERSION,
+                        "kubernetesVersion": self.kubernetes_version,
                     }
                 },
                 "nodeAgent": self.node_agent,

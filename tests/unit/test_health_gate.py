@@ -241,6 +241,19 @@ def test_guard_holds_after_max_failed_restarts_within_the_window() -> None:
     assert guard.allows("x.service")
 
 
+def test_a_unit_that_came_up_by_itself_is_released() -> None:
+    guard = RestartGuard(max_restarts=2, window=600.0, clock=lambda: 1.0)
+    guard.osc("c1")
+    guard.record("x.service", ok=False)
+    assert guard.record("x.service", ok=False) is not None
+    assert not guard.release("y.service")  # not held: nothing to release
+    assert guard.release("x.service")
+    assert guard.allows("x.service")
+    assert guard.view() == ()
+    assert guard.record("x.service", ok=False) is None  # counted afresh
+    assert not guard.release("x.service")
+
+
 def test_a_restart_that_works_clears_the_count() -> None:
     guard = RestartGuard(max_restarts=2, window=600.0, clock=lambda: 1.0)
     guard.record("x.service", ok=False)
@@ -286,7 +299,7 @@ def test_a_held_unit_is_reported_degraded_in_the_condition_message() -> None:
     verdict = check_units(expected, states, datetime.now(UTC), timedelta(minutes=5), held)
     assert verdict.unhealthy == (
         "x.service: failed (degraded: node-agent stopped restarting it after 2 failed restarts "
-        "within 10m, until the OSC changes)",
+        "within 10m, until the OSC changes or it comes up by itself)",
         "y.service: failed",
     )
     assert verdict.condition.status == "False"

@@ -35,6 +35,16 @@ def test_control_plane_role_without_version_or_zone() -> None:
     assert patch["metadata"]["labels"] == {"node-role.kubernetes.io/control-plane": ""}
 
 
+def test_version_label_patch_only_when_the_label_differs() -> None:
+    label = "worker.gardener.cloud/kubernetes-version"
+    assert report.version_label_patch("1.31.4", {label: "1.31.3", "x": "y"}) == {
+        "metadata": {"labels": {label: "1.31.4"}}
+    }
+    assert report.version_label_patch("1.31.4", {}) == {"metadata": {"labels": {label: "1.31.4"}}}
+    assert report.version_label_patch("1.31.4", {label: "1.31.4"}) is None
+    assert report.version_label_patch(None, {label: "1.31.3"}) is None  # no version configured
+
+
 def test_units_condition_states() -> None:
     assert report.units_condition({"a.service": "failed"}, {}).status == "False"
     assert report.units_condition({"a.service": "failed"}, {}).reason == "UnhealthyUnits"

@@ -14,11 +14,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
+from node_agent.apply.restart_guard import RestartGuard
 from node_agent.base.errors import KubeConflict, KubeForbidden, SystemdCallError
 from node_agent.context import AgentContext
 from node_agent.controllers.unitcheck import (
+    RELEASE_AFTER,
     ExpectedUnit,
     UnitCheckController,
+    came_up,
     check_units,
     expected_unit,
     expected_units,
@@ -44,6 +47,8 @@ def state(
     changed: datetime | None = None,
     service_type: str = "simple",
     triggered_by: tuple[str, ...] = (),
+    result: str | None = None,
+    n_restarts: int | None = None,
 ) -> UnitState:
     usec = int(changed.timestamp() * 1_000_000) if changed is not None else 0
     return UnitState(
@@ -59,6 +64,8 @@ def state(
         state_change_timestamp=usec,
         service_type=service_type,
         triggered_by=triggered_by,
+        result=result,
+        n_restarts=n_restarts,
     )
 
 
@@ -102,6 +109,39 @@ def test_stuck_exactly_at_threshold_and_deactivating() -> None:
 def test_auto_restart_is_normal_operation() -> None:
     s = state("a.service", "activating", "auto-restart", changed=NOW - timedelta(hours=1))
     assert run("a.service", s) == ((), ())
+
+
+def test_auto_restart_after_failed_runs_is_unhealthy() -> None:
+    """A start job that was done, then a run that failed, again and again (a Type=simple
+    service whose binary is missing): a crash loop, not normal operation."""
+
+    def loop(result: str, restarts: int) -> UnitState:
+        return state("a.service", "activating", "auto-restart", result=result, n_restarts=restarts)
+
+    assert run("a.service", loop("exit-code", 3)) == (
+        ("a.service: failed (exit-code), restarting",),
+        (),
+    )
+    assert run("a.service", loop("signal", 1))[0] == ("a.service: failed (signal), restarting",)
+    assert run("a.service", loop("exit-code", 0)) == ((), ())  # failed once: its first restart
+    assert run("a.service", loop("success", 7)) == ((), ())  # exits 0 and is restarted: normal
+    assert run(ExpectedUnit("a.service", "stopped", "stopped"), loop("exit-code", 3)) == ((), ())
+    assert run(ExpectedUnit("a.service", "observed"), loop("exit-code", 3)) == ((), ())
+
+
+def test_came_up_means_running_for_a_while_since_it_was_held() -> None:
+    held = NOW - timedelta(minutes=1)
+    up = state("a.service", changed=NOW - RELEASE_AFTER)
+    assert came_up(up, NOW, RELEASE_AFTER, held)
+    blink = state("a.service", changed=NOW - timedelta(seconds=1))  # a unit in a restart loop
+    assert not came_up(blink, NOW, RELEASE_AFTER, held)
+    # running since before it was held: the health checks' restarts did not heal it
+    ran = state("a.service", changed=held - timedelta(seconds=1))
+    assert not came_up(ran, NOW, RELEASE_AFTER, held)
+    waiting = state("a.service", "activating", "auto-restart", changed=NOW - timedelta(hours=1))
+    assert not came_up(waiting, NOW, RELEASE_AFTER, NOW - timedelta(days=1))
+    assert not came_up(state("a.service"), NOW, RELEASE_AFTER, held)  # no timestamp: not known
+    assert not came_up(None, NOW, RELEASE_AFTER, held)
 
 
 def test_inactive_enabled_unit() -> None:
@@ -528,3 +568,87 @@ async def _until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
             return
         await asyncio.sleep(0.005)
     raise AssertionError("not reached in time")
+
+
+def _warnings(kube: FakeKube) -> list[str]:
+    return [e["message"] for e in kube.events("default").items.values() if e["type"] == "Warning"]
+
+
+async def test_one_warning_event_when_a_unit_turns_unhealthy(tmp_path: Path) -> None:
+    applied = Applied(units={n: unit(n, enable=True) for n in ("a.service", "b.service")})
+    c, kube, systemd, *_ = _controller(
+        tmp_path, {"a.service": ("failed", "failed"), "b.service": ACTIVE}, applied, _node()
+    )
+    await c.check_once()
+    await c.check_once()
+    assert _warnings(kube) == ["a.service: failed"]
+    systemd.units["b.service"] = ("failed", "failed")
+    await c.check_once()
+    assert _warnings(kube) == ["a.service: failed", "b.service: failed"]
+    systemd.units["a.service"] = ACTIVE  # recovered, then failed again: a new Warning
+    await c.check_once()
+    systemd.units["a.service"] = ("failed", "failed")
+    await c.check_once()
+    assert _warnings(kube) == ["a.service: failed", "b.service: failed", "a.service: failed"]
+
+
+async def test_held_unit_released_once_it_runs_by_itself(tmp_path: Path) -> None:
+    """The restart-storm guard holds a unit whose start jobs failed; systemd's Restart= brings
+    it up later: the guard lets go (the apply's retry may start it again) and says so."""
+    c, _, systemd, clock, _ = _controller(
+        tmp_path, {"a.service": ("activating", "auto-restart")}, APPLIED, _node()
+    )
+    guard = RestartGuard(max_restarts=1, clock=lambda: 0.0, wall=lambda: 0.0)
+    guard.record("a.service", ok=False, error="start a.service: failed")
+    released: list[bool] = []
+    c.guard, c.on_release = guard, lambda: released.append(True)
+    await c.check_once()
+    assert [h.unit for h in guard.view()] == ["a.service"]
+
+    systemd.units["a.service"] = ACTIVE  # came up a second ago: maybe a blink of a loop
+    systemd.props["a.service"] = {"state_change_timestamp": int(clock.now.timestamp() * 1e6)}
+    await c.check_once()
+    assert guard.held("a.service") is not None
+    assert not released
+
+    clock.now += RELEASE_AFTER
+    await c.check_once()
+    assert guard.view() == ()
+    assert guard.allows("a.service")
+    assert released == [True]
+    await c.check_once()
+    assert released == [True]  # once
+
+
+async def test_held_unit_of_an_unfinished_first_apply_is_released(tmp_path: Path) -> None:
+    """Nothing applied yet (the first apply keeps failing on the held unit): no condition, but
+    the held unit is still looked at, and let go once it runs."""
+    c, kube, systemd, clock, state_store = _controller(
+        tmp_path, {"x.service": ACTIVE}, APPLIED, _node()
+    )
+    state_store.checksum = ""
+    guard = RestartGuard(max_restarts=1, clock=lambda: 0.0, wall=lambda: 0.0)
+    guard.record("x.service", ok=False)
+    released: list[bool] = []
+    c.guard, c.on_release = guard, lambda: released.append(True)
+    usec = int((clock.now - RELEASE_AFTER).timestamp() * 1e6)
+    systemd.props["x.service"] = {"state_change_timestamp": usec}
+    await c.check_once()
+    assert guard.view() == ()
+    assert released == [True]
+    assert kube.writes("patch_node_status") == []
+
+
+async def test_unit_held_while_running_is_not_released(tmp_path: Path) -> None:
+    """The health checks hold a unit that runs but stays unhealthy after their restarts: it
+    keeps running, but it did not come up again, so the hold stays."""
+    c, _, systemd, clock, _ = _controller(tmp_path, {"a.service": ACTIVE}, APPLIED, _node())
+    usec = int((clock.now - timedelta(hours=1)).timestamp() * 1e6)  # up for an hour
+    systemd.props["a.service"] = {"state_change_timestamp": usec}
+    guard = RestartGuard(max_restarts=1, clock=lambda: 0.0, wall=clock.now.timestamp)
+    guard.record("a.service", ok=False, error="kubelet is unhealthy")
+    c.guard = guard
+    for _ in range(3):
+        clock.now += timedelta(minutes=1)
+        await c.check_once()
+    assert [h.unit for h in guard.view()] == ["a.service"]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -120,6 +120,8 @@ class OSCController:
         #: serial mode and the paced rollout of the pool (the Lease <secretName>)
         self.rollout = Rollout(ctx, self._wake.set)
         self._applying = 0  # applies (and rollbacks, drift repairs) running now
+        #: called after an OSC was applied and reported (the unit check looks at once)
+        self.on_applied: list[Callable[[], None]] = []
 
     @property
     def applying(self) -> bool:
@@ -257,6 +259,11 @@ class OSCController:
         log.info("restarting the agent's own unit last", unit=self.ctx.settings.agent_unit)
         await self.ctx.systemd.restart_unit(self.ctx.settings.agent_unit)
 
+    def retry_now(self) -> None:
+        """What held a retry back is gone (a unit the restart-storm guard held came up by
+        itself): look again now instead of after the backoff."""
+        self._wake.set()
+
     def node_recreated(self) -> None:
         """The Node appeared (registered for the first time, or deleted and registered again):
         report the applied checksum on it anew."""
@@ -372,6 +379,8 @@ class OSCController:
             await self._roll_back_update(gate, broke, permit)
             return None  # rolled back: the Node keeps the old checksum
         await self._report_applied(osc, checksum)
+        for hook in self.on_applied:
+            hook()
         await self.rollout.succeeded(permit)
         if outcome.report.skipped:
             await self.ctx.event(
@@ -630,7 +639,14 @@ class OSCController:
         node = await self.ctx.kube.get_node(self.ctx.node_name)
         node_meta = node.get("metadata") or {}
         annotations = node_meta.get("annotations") or {}
+        version = self.ctx.config.controllers.operating_system_config.kubernetes_version
         if only_if_missing and annotations.get(report.ANNOTATION_APPLIED_CHECKSUM) == checksum:
+            # Reported before, maybe by this agent's previous process, from its config: a
+            # Kubernetes update restarts the agent on a new config with a new version.
+            relabel = report.version_label_patch(version, node_meta.get("labels") or {})
+            if relabel is not None:
+                await self.ctx.kube.patch_node(self.ctx.node_name, relabel)
+                log.info("kubernetes version label updated", version=version)
             self._reported = checksum
             await self._drop_bootstrap_credentials()
             return
@@ -641,7 +657,7 @@ class OSCController:
         )
         patch = report.applied_patch(
             checksum=checksum,
-            kubernetes_version=self.ctx.config.controllers.operating_system_config.kubernetes_version,
+            kubernetes_version=version,
             control_plane=control_plane,
             zone=zone or None,
             current_labels=node_meta.get("labels") or {},
