@@ -231,6 +231,7 @@ def offline_document(root: Path, config_file: Path | None, reason: str) -> dict[
     """The status from files under ``root`` only: no API server, no systemd, no writes."""
     from pydantic import ValidationError
 
+    from node_agent.errors import HostError
     from node_agent.host.state import (
         CHANGES,
         CHANGES_DONE,
@@ -242,6 +243,7 @@ def offline_document(root: Path, config_file: Path | None, reason: str) -> dict[
         Inventory,
         JournalDoc,
         JournalProgress,
+        read_state_file,
         sha256_hex,
     )
     from node_agent.host.steps import step_ids
@@ -251,9 +253,9 @@ def offline_document(root: Path, config_file: Path | None, reason: str) -> dict[
     state_dir = root / STATE_DIR.lstrip("/")
 
     def read(name: str) -> bytes | None:
-        try:
-            return (state_dir / name).read_bytes()
-        except OSError:
+        try:  # never through a symlink, never blocking on a FIFO, never unbounded
+            return read_state_file(str(state_dir / name))
+        except (OSError, HostError):
             return None
 
     if config_file is not None:

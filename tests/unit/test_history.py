@@ -3,6 +3,7 @@ unreadable file set aside), reading another agent version's file, and the render
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import random
@@ -15,6 +16,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import aiofiles.os
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -164,17 +166,21 @@ async def test_an_unreadable_file_is_set_aside_and_history_starts_empty(tmp_path
     assert StateStore(HostFS(tmp_path)).load_history() == log
 
 
-async def test_a_failed_write_is_logged_and_kept_for_the_next(tmp_path: Path) -> None:
+async def test_a_failed_write_is_logged_and_kept_for_the_next(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     store = StateStore(HostFS(tmp_path))
     await store.append_history_async(_entry(1))
-    path = _file(tmp_path)
-    path.unlink()
-    path.mkdir()  # the rename onto it fails
+
+    async def no_space(*_args: object) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(aiofiles.os, "replace", no_space)
     with capture_logs() as logs:
         log = await store.append_history_async(_entry(2))
     assert len(log.entries) == 2
     assert any(e["event"] == "apply history not written" for e in logs)
-    path.rmdir()
+    monkeypatch.undo()
     await store.append_history_async(_entry(3))
     on_disk = StateStore(HostFS(tmp_path)).load_history()
     assert [e.started_at for e in on_disk.entries] == [_entry(n).started_at for n in (1, 2, 3)]
