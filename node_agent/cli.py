@@ -246,7 +246,7 @@ def _reset(args: argparse.Namespace) -> int:
     from node_agent import log
     from node_agent.config import AgentSettings
     from node_agent.errors import NodeAgentError
-    from node_agent.reset import reset_node
+    from node_agent.reset import reset_lock, reset_node
     from node_agent.systemd import Systemd
 
     log.configure(args.log_level or "warning", args.log_format or "text", stream=sys.stderr)
@@ -266,7 +266,8 @@ def _reset(args: argparse.Namespace) -> int:
             await systemd.close()
 
     try:
-        asyncio.run(go())
+        with reset_lock(settings.root):  # one reset at a time; a second one waits its turn
+            asyncio.run(go())
     except NodeAgentError as exc:
         return _fail(f"{type(exc).__name__}: {exc}")
     except KeyboardInterrupt:
