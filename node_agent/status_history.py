@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import sys
+import unicodedata
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -74,6 +75,17 @@ def _checksums(before: str | None, after: str | None) -> str:
     return f"{_short(before)} -> {_short(after)}"
 
 
+def _escaped(line: str) -> str:
+    """``line`` with control and format characters (ESC, CR, BEL, NUL, C1 controls, bidi
+    overrides) written as ``\\xNN``/``\\uNNNN``: stored errors and unit names come from units'
+    output and the OSC, and must not drive the terminal that shows them."""
+    if all(unicodedata.category(ch) not in ("Cc", "Cf") for ch in line):
+        return line
+    return "".join(
+        ch if unicodedata.category(ch) not in ("Cc", "Cf") else ascii(ch)[1:-1] for ch in line
+    )
+
+
 def _one_line(text: str) -> str:
     line = " ".join(text.split())
     return line if len(line) <= LINE_WIDTH else line[: LINE_WIDTH - 3] + "..."
@@ -125,7 +137,7 @@ def render_entry(entry: HistoryEntry, now: datetime) -> list[str]:
             lines.append(f"    ... {len(evidence) - EVIDENCE_LINES} more lines")
     if entry.error:
         lines.append(f"  error: {_one_line(entry.error)}")
-    return lines
+    return [_escaped(line) for line in lines]
 
 
 def render_history(log: HistoryLog, *, now: datetime | None = None, skipped: int = 0) -> str:

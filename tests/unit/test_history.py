@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import unicodedata
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -314,3 +315,30 @@ def test_json_is_the_stored_entries_newest_first() -> None:
     assert doc["history"][0]["rollback"]["evidence"].endswith("E1120 bad flag")
     stored = json.loads(log.to_json())["entries"]
     assert doc["history"] == stored[::-1]
+
+
+def test_control_characters_from_the_file_are_escaped_in_the_text() -> None:
+    """A stored error or unit name with terminal escapes (ESC, CR, bidi overrides) must not
+    drive the operator's terminal: they are shown as escapes."""
+    entry = history_entry(
+        trigger="secret",
+        result="failed",
+        started_at=T0,
+        finished_at=T0 + timedelta(seconds=1),
+        checksum_to=B,
+        items_changed=["/etc/\x1b[2Jwiped"],
+        restarted_units=["evil\x07.service"],
+        failures=[ItemFailure(kind="command", item="x\x1b]0;title\x07", error="\x1b[31mred\r")],
+        rollback=HistoryRollback(unit="u\x9b.service", evidence="line\x1b[1A\nabc\u202edef"),
+        error="boom\x1b[0m\x00",
+    )
+    text = render_history(HistoryLog(entries=(entry,)), now=T0)
+    for line in text.splitlines():
+        bad = [ch for ch in line if unicodedata.category(ch) in ("Cc", "Cf")]
+        assert bad == [], line
+    assert "\\x1b[2Jwiped" in text
+    assert "evil\\x07.service" in text
+    assert "\\x1b[31mred" in text
+    assert "u\\x9b.service" in text
+    assert "abc\\u202edef" in text
+    assert "boom\\x1b[0m\\x00" in text
