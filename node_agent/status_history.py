@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import sys
-import unicodedata
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -21,7 +20,7 @@ from pydantic import ValidationError
 from node_agent.errors import UnsafePathError
 from node_agent.host.history import HISTORY, HISTORY_LIMIT, HistoryEntry, HistoryLog
 from node_agent.host.state import STATE_DIR, read_state_file
-from node_agent.status import human_duration
+from node_agent.status import escape_controls, human_duration
 
 EXIT_UNREADABLE = 1
 NAMES_SHOWN = 8  # changed items named per entry, the rest counted
@@ -75,17 +74,6 @@ def _checksums(before: str | None, after: str | None) -> str:
     return f"{_short(before)} -> {_short(after)}"
 
 
-def _escaped(line: str) -> str:
-    """``line`` with control and format characters (ESC, CR, BEL, NUL, C1 controls, bidi
-    overrides) written as ``\\xNN``/``\\uNNNN``: stored errors and unit names come from units'
-    output and the OSC, and must not drive the terminal that shows them."""
-    if all(unicodedata.category(ch) not in ("Cc", "Cf") for ch in line):
-        return line
-    return "".join(
-        ch if unicodedata.category(ch) not in ("Cc", "Cf") else ascii(ch)[1:-1] for ch in line
-    )
-
-
 def _one_line(text: str) -> str:
     line = " ".join(text.split())
     return line if len(line) <= LINE_WIDTH else line[: LINE_WIDTH - 3] + "..."
@@ -137,7 +125,7 @@ def render_entry(entry: HistoryEntry, now: datetime) -> list[str]:
             lines.append(f"    ... {len(evidence) - EVIDENCE_LINES} more lines")
     if entry.error:
         lines.append(f"  error: {_one_line(entry.error)}")
-    return [_escaped(line) for line in lines]
+    return [escape_controls(line) for line in lines]
 
 
 def render_history(log: HistoryLog, *, now: datetime | None = None, skipped: int = 0) -> str:
