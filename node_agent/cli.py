@@ -245,7 +245,7 @@ def _reset(args: argparse.Namespace) -> int:
     """``reset``: one line per action on stdout; the config is not needed (nor read)."""
     from node_agent.base import log
     from node_agent.base.errors import NodeAgentError
-    from node_agent.commands.reset import reset_node
+    from node_agent.commands.reset import reset_lock, reset_node
     from node_agent.config import AgentSettings
     from node_agent.systemd import Systemd
 
@@ -266,7 +266,8 @@ def _reset(args: argparse.Namespace) -> int:
             await systemd.close()
 
     try:
-        asyncio.run(go())
+        with reset_lock(settings.root):  # one reset at a time; a second one waits its turn
+            asyncio.run(go())
     except NodeAgentError as exc:
         return _fail(f"{type(exc).__name__}: {exc}")
     except KeyboardInterrupt:

@@ -8,6 +8,7 @@ name, timeouts) live in ``AgentSettings``, each with its default documented next
 
 from __future__ import annotations
 
+import os
 import re
 from datetime import timedelta
 from pathlib import Path
@@ -294,13 +295,17 @@ def find_config(config_dir: Path) -> Path:
     Gardener writes ``config-<gardener version>.yaml``; upstream's binary reads the one named
     after its own version. We carry no Gardener version, so during an upgrade (the new file
     written, the old one not yet deleted) the highest semantic version wins, never a lexical
-    sort. Only regular files count. Without any versioned file, the standalone ``config.yaml``.
+    sort. Only regular files count (a symlink is not followed: nothing planted there decides
+    which config runs). Without any versioned file, the standalone ``config.yaml``.
     """
     try:
-        names = [e.name for e in config_dir.iterdir() if e.is_file()]
+        with os.scandir(config_dir) as entries:
+            found = [(e.name, e.is_file(follow_symlinks=False), e.is_file()) for e in entries]
     except OSError as exc:
         raise ConfigError(f"cannot read config dir {config_dir}: {exc.strerror}") from exc
-    keyed = [(key, name) for name in names if (key := config_version_key(name)) is not None]
+    names = [name for name, _regular, is_file in found if is_file]
+    regular = [name for name, is_regular, _ in found if is_regular]
+    keyed = [(key, name) for name in regular if (key := config_version_key(name)) is not None]
     if keyed:
         return config_dir / max(keyed)[1]
     if "config.yaml" in names:

@@ -34,7 +34,7 @@ from node_agent.osc.applied import Applied, Owed, adopt
 from node_agent.osc.decode import parse_osc, sha256_hex
 from node_agent.osc.merge import osc_units
 from node_agent.osc.models import OperatingSystemConfig
-from node_agent.osc.plan import ChangeSet, UnitCommand, plan
+from node_agent.osc.plan import ChangeSet, UnitCommand, is_template, plan
 from node_agent.osc.settle import settle
 from node_agent.systemd import JobResult, SystemdSeam
 
@@ -291,6 +291,7 @@ class Applier:
             u.name
             for u in target.units.values()
             if u.name not in base.units
+            and not is_template(u.name)  # systemd refuses to look one up by that name
             and u.content is None
             and u.enable is None
             and u.command is None
@@ -455,7 +456,8 @@ class Applier:
             for p in owned
             if p.startswith(UNIT_DIR + "/") and "/" not in p.removeprefix(UNIT_DIR + "/")
         ]
-        units = [u for u in units if u != self.agent_unit]
+        # A template (foo@.service) gets no job: systemd refuses one for a name without instance.
+        units = [u for u in units if u != self.agent_unit and not is_template(u)]
         if units and self.systemd is not None:
             results = await self.systemd.run_jobs([(u, "stop") for u in units], job_timeout=30.0)
             stuck = {u for u, r in results.items() if not r.ok}

@@ -246,3 +246,7 @@ class ApplyError(NodeAgentError):
     def __init__(self, message: str, *, report: object = None) -> None:
         super().__init__(message)
         self.report = report
+
+
+class ResetBusyError(NodeAgentError):
+    """Another ``node-agent reset`` held the node's reset lock for longer than we wait."""

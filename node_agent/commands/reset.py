@@ -15,27 +15,35 @@ drop-ins, or a pre-existing file an OSC overwrote, stays. The order matters:
    rest of that directory unless the inventory says the agent created it.
 
 Every step is idempotent: a second reset finds nothing and says so. A crash part-way leaves the
-inventory in place, so the next reset finishes the job.
+inventory in place, so the next reset finishes the job. Two resets at once take turns
+(``reset_lock``): otherwise both stop and disable the same units, and the slower one fails on a
+unit file the other already deleted.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import os
 import posixpath
 import shutil
 import stat
-from collections.abc import Callable, Mapping, Sequence
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
 from node_agent.base import layout
-from node_agent.base.errors import HostError, SystemdError
+from node_agent.base.errors import HostError, ResetBusyError, SystemdError
+from node_agent.base.layout import AGENT_UNIT
 from node_agent.host.documents import OwnedEntry
 from node_agent.host.fs import HostFS
 from node_agent.host.state import StateStore
-from node_agent.osc.plan import AGENT_UNIT
 from node_agent.systemd.types import JobResult, UnitFileChange, UnitState
 
 KUBELET_UNIT = "kubelet.service"
+LOCK_WAIT = 300.0  # seconds a reset waits for another one to finish
 NOTHING_TO_DO = "nothing to do: no units, files or state of the agent on this node"
 _INACTIVE = frozenset({"inactive", "failed"})
 
@@ -50,6 +58,45 @@ class ResetSystemd(Protocol):
     async def disable(self, units: Sequence[str]) -> list[UnitFileChange]: ...
 
     async def daemon_reload(self) -> None: ...
+
+
+@contextlib.contextmanager
+def reset_lock(
+    root: Path,
+    *,
+    wait: float = LOCK_WAIT,
+    say: Callable[[str], None] = lambda line: print(line, file=sys.stderr),
+) -> Iterator[None]:
+    """Hold the node's reset lock: an exclusive ``flock`` on the agent's state directory below
+    ``root`` (the root itself while there is none), so no lock file is left behind. A second
+    reset says that it waits, and gives up with ResetBusyError after ``wait`` seconds."""
+    state_dir = root / layout.BASE_DIR.lstrip("/")
+    target = state_dir if state_dir.is_dir() else root
+    try:
+        fd = os.open(target, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise HostError(f"cannot take the reset lock on {target}: {exc.strerror or exc}") from exc
+    try:
+        if not _try_lock(fd):
+            say("another node-agent reset is running on this node; waiting for it to finish")
+            deadline = time.monotonic() + wait
+            while not _try_lock(fd):
+                if time.monotonic() >= deadline:
+                    raise ResetBusyError(
+                        f"another node-agent reset still holds the lock on {target} after {wait:g}s"
+                    )
+                time.sleep(0.1)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _try_lock(fd: int) -> bool:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
 
 
 def _cgroup_units(cgroup_file: Path = Path("/proc/self/cgroup")) -> set[str]:

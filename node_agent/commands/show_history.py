@@ -17,9 +17,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from node_agent.commands.status import human_duration
+from node_agent.base.errors import UnsafePathError
+from node_agent.commands.status import escape_controls, human_duration
 from node_agent.host.history import HISTORY, HISTORY_LIMIT, HistoryEntry, HistoryLog
-from node_agent.host.state import STATE_DIR
+from node_agent.host.state import STATE_DIR, read_state_file
 
 EXIT_UNREADABLE = 1
 NAMES_SHOWN = 8  # changed items named per entry, the rest counted
@@ -40,12 +41,14 @@ def read_history(root: Path) -> tuple[HistoryLog, int]:
     """The history under ``root`` (empty if there is none yet) and how many stored entries
     this agent could not read (written by a newer agent). Raises ``HistoryUnreadable``."""
     path = history_path(root)
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        return HistoryLog(), 0
+    try:  # never through a symlink, never blocking on a FIFO, never unbounded
+        raw = read_state_file(str(path))
+    except UnsafePathError as exc:
+        raise HistoryUnreadable(str(exc)) from exc
     except OSError as exc:
         raise HistoryUnreadable(f"{path}: {exc.strerror or exc}") from exc
+    if raw is None:
+        return HistoryLog(), 0
     try:
         log = HistoryLog.model_validate_json(raw)
     except ValidationError as exc:
@@ -122,7 +125,7 @@ def render_entry(entry: HistoryEntry, now: datetime) -> list[str]:
             lines.append(f"    ... {len(evidence) - EVIDENCE_LINES} more lines")
     if entry.error:
         lines.append(f"  error: {_one_line(entry.error)}")
-    return lines
+    return [escape_controls(line) for line in lines]
 
 
 def render_history(log: HistoryLog, *, now: datetime | None = None, skipped: int = 0) -> str:

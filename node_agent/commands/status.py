@@ -24,6 +24,7 @@ import os
 import re
 import socket
 import time
+import unicodedata
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
@@ -232,6 +233,7 @@ def offline_document(root: Path, config_file: Path | None, reason: str) -> dict[
     """The status from files under ``root`` only: no API server, no systemd, no writes."""
     from pydantic import ValidationError
 
+    from node_agent.base.errors import HostError
     from node_agent.host.documents import ApplyRecord, Inventory, JournalDoc, JournalProgress
     from node_agent.host.state import (
         CHANGES,
@@ -240,6 +242,7 @@ def offline_document(root: Path, config_file: Path | None, reason: str) -> dict[
         LAST_APPLIED_OSC,
         STATE_DIR,
         STATUS,
+        read_state_file,
         sha256_hex,
     )
     from node_agent.osc.steps import step_ids
@@ -249,9 +252,9 @@ def offline_document(root: Path, config_file: Path | None, reason: str) -> dict[
     state_dir = root / STATE_DIR.lstrip("/")
 
     def read(name: str) -> bytes | None:
-        try:
-            return (state_dir / name).read_bytes()
-        except OSError:
+        try:  # never through a symlink, never blocking on a FIFO, never unbounded
+            return read_state_file(str(state_dir / name))
+        except (OSError, HostError):
             return None
 
     if config_file is not None:
@@ -324,17 +327,29 @@ def _short(checksum: str | None) -> str:
     return checksum[:12] if checksum else "none"
 
 
+def escape_controls(line: str) -> str:
+    """``line`` with control and format characters (ESC, CR, BEL, NUL, C1 controls, bidi
+    overrides) written as ``\\xNN``/``\\uNNNN``: stored errors and unit names come from units'
+    output and the OSC, and must not drive the terminal that shows them."""
+    if all(unicodedata.category(ch) not in ("Cc", "Cf") for ch in line):
+        return line
+    return "".join(
+        ch if unicodedata.category(ch) not in ("Cc", "Cf") else ascii(ch)[1:-1] for ch in line
+    )
+
+
 class _Lines:
-    """The text being rendered: ``row`` is a labelled line, ``add`` a free one."""
+    """The text being rendered: ``row`` is a labelled line, ``add`` a free one (control
+    characters in either are shown escaped)."""
 
     def __init__(self) -> None:
         self.lines: list[str] = []
 
     def row(self, label: str, text: str) -> None:
-        self.lines.append(f"{label + ':':<14}{text}")
+        self.lines.append(escape_controls(f"{label + ':':<14}{text}"))
 
     def add(self, line: str) -> None:
-        self.lines.append(line)
+        self.lines.append(escape_controls(line))
 
 
 #: One section of the document, rendered for people: (the text so far, the document, now).

@@ -9,7 +9,8 @@ names the field, before anything is planned.
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+import unicodedata
+from typing import Any, Literal, Self
 
 from pydantic import (
     BaseModel,
@@ -19,6 +20,7 @@ from pydantic import (
     StrictStr,
     ValidationError,
     field_validator,
+    model_validator,
 )
 from pydantic.alias_generators import to_camel
 
@@ -86,7 +88,20 @@ class RegistryConfig(_Spec):
         # It names a directory below certs.d: one path component, nothing that escapes it.
         if not upstream or "/" in upstream or upstream in (".", "..") or "\x00" in upstream:
             raise ValueError("must be a registry host name such as docker.io or localhost:5000")
+        if _odd(upstream):
+            raise ValueError(f"{upstream!r} {_ODD}: not a registry host name")
         return upstream
+
+    @model_validator(mode="after")
+    def _plain_urls(self) -> Self:
+        """The server and host URLs become TOML keys and values containerd matches requests
+        against: a space, quote or line break there is a mistake, never a registry."""
+        if self.server is not None and _odd(self.server):
+            raise ValueError(f"registry {self.upstream!r}: server {self.server!r} {_ODD}")
+        for host in self.hosts:
+            if _odd(host.url):
+                raise ValueError(f"registry {self.upstream!r}: host {host.url!r} {_ODD}")
+        return self
 
 
 class ContainerdConfig(_Spec):
@@ -127,6 +142,16 @@ def containerd_cri(cri: CRIConfig | None) -> ContainerdCRI | None:
         err = exc.errors()[0]
         where = FIELD + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err["loc"])
         raise OSCValidationError(f"{where}: {err['msg']}", field=where) from None
+
+
+_ODD = "contains a space, quote, backslash or control character"
+
+
+def _odd(text: str) -> bool:
+    """True if ``text`` has whitespace, a quote, a backslash or a control/format character."""
+    return any(
+        ch.isspace() or ch in "\"'\\" or unicodedata.category(ch).startswith("C") for ch in text
+    )
 
 
 def _check_toml(value: object, where: str) -> None:

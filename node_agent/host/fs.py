@@ -220,9 +220,10 @@ class HostFS:
 
     # --- reading ---------------------------------------------------------------------------------
 
-    def read(self, path: HostPath) -> bytes | None:
+    def read(self, path: HostPath, *, limit: int | None = None) -> bytes | None:
         """The bytes of regular file ``path``; None if it is missing. A symlink, FIFO or other
-        non-regular file at ``path`` is refused (UnsafePathError)."""
+        non-regular file at ``path`` is refused (UnsafePathError), and so is a file larger than
+        ``limit`` bytes when given."""
         parts = self._target_parts(path)
         with _os_errors("read", path), self._parent(path, parts, create=False) as dfd:
             if dfd is None:
@@ -231,7 +232,14 @@ class HostFS:
             if fd is None:
                 return None
             try:
-                return _read_all(fd)
+                if limit is None:
+                    return _read_all(fd)
+                if os.fstat(fd).st_size > limit:
+                    raise UnsafePathError(os.fspath(path), f"is larger than {limit} bytes")
+                data = _read_all(fd, limit + 1)
+                if len(data) > limit:
+                    raise UnsafePathError(os.fspath(path), f"is larger than {limit} bytes")
+                return data
             finally:
                 os.close(fd)
 
@@ -866,10 +874,17 @@ def _open_regular(dfd: int, name: str, path: HostPath) -> int | None:
     return fd
 
 
-def _read_all(fd: int) -> bytes:
+def _read_all(fd: int, limit: int | None = None) -> bytes:
+    """Everything from ``fd``, or its first ``limit`` bytes."""
     chunks = []
-    while chunk := os.read(fd, _CHUNK):
+    left = limit
+    while left is None or left > 0:
+        chunk = os.read(fd, _CHUNK if left is None else min(_CHUNK, left))
+        if not chunk:
+            break
         chunks.append(chunk)
+        if left is not None:
+            left -= len(chunk)
     return b"".join(chunks)
 
 

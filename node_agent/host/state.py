@@ -33,7 +33,11 @@ CLI and tests. The applied checksum is kept in memory once known (``applied_chec
 
 A document that cannot be read (corrupt, or written by a newer agent) is moved aside to
 ``<name>.corrupt`` and treated as absent: that always errs towards re-applying (writes are
-idempotent) and towards deleting nothing.
+idempotent) and towards deleting nothing. The same goes for something that is not a regular file
+(a directory, a symlink, a FIFO, a device) or is larger than ``STATE_READ_LIMIT``: it is opened
+without following symlinks and without blocking, never read, and renamed aside; a write finding
+a directory in its place does the same first. Each file set aside is noted once
+(``take_set_aside``) so that the agent can say it on the Node.
 """
 
 from __future__ import annotations
@@ -43,6 +47,8 @@ import contextlib
 import errno
 import hashlib
 import os
+import shutil
+import stat
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
@@ -58,7 +64,7 @@ from pydantic import (
 )
 
 from node_agent.base import layout
-from node_agent.base.errors import HostError
+from node_agent.base.errors import HostError, UnsafePathError
 from node_agent.base.layout import drop_in_path, unit_path
 from node_agent.host.documents import (
     ApplyRecord,
@@ -88,6 +94,11 @@ CHANGES_DONE = layout.CHANGES_DONE
 INVENTORY = layout.INVENTORY
 STATUS = layout.STATUS
 CORRUPT_SUFFIX = layout.CORRUPT_SUFFIX
+
+#: The largest state file read (bytes); anything larger is set aside unread. Far above any real
+#: one (a journal of a 1 MiB OSC is a few MiB), low enough that a runaway file cannot exhaust
+#: the agent's memory.
+STATE_READ_LIMIT = 64 << 20
 
 SECRET_MODE = 0o600
 PUBLIC_MODE = 0o644
@@ -138,6 +149,12 @@ class StateStore:
         self._no_journal = False  # True: read once and found none, and none begun since
         self._lock = asyncio.Lock()  # one state change at a time from the loop
         self._history: HistoryLog | None = None  # the apply history once read (history.py)
+        self._set_aside: list[str] = []  # state files set aside and not yet reported
+
+    def take_set_aside(self) -> list[str]:
+        """One line per state file set aside since the last call (for a Warning Event)."""
+        notes, self._set_aside = self._set_aside, []
+        return notes
 
     def path(self, name: str) -> str:
         """Host path of state file ``name``."""
@@ -146,11 +163,11 @@ class StateStore:
     # --- last applied OSC ------------------------------------------------------------------------
 
     def load_last_applied(self) -> LastApplied | None:
-        raw = self.fs.read(self.path(LAST_APPLIED_OSC))
+        raw = self._read(LAST_APPLIED_OSC)
         return self._last_applied(raw, self._load(LAST_APPLIED_META, LastAppliedMeta))
 
     async def load_last_applied_async(self) -> LastApplied | None:
-        raw = await self._read_async(LAST_APPLIED_OSC)
+        raw = await self._read_or_set_aside_async(LAST_APPLIED_OSC)
         if raw is None:
             self._applied = ""
             return None
@@ -491,12 +508,16 @@ class StateStore:
 
     async def append_history_async(self, entry: HistoryEntry) -> HistoryLog:
         """Add ``entry`` (the oldest beyond 50 dropped) and rewrite the file atomically. A
-        failed write is logged, never raised: the history must not fail an apply (the entry
-        stays in memory and is written with the next one)."""
-        from node_agent.host.history import HISTORY
+        failed read or write is logged, never raised: the history must not fail an apply (the
+        entry stays in memory and is written with the next one)."""
+        from node_agent.host.history import HISTORY, HistoryLog
 
         async with self._lock:
-            log = (await self.load_history_async()).appended(entry)
+            try:
+                log = (await self.load_history_async()).appended(entry)
+            except (OSError, HostError) as exc:  # a read that even setting aside did not fix
+                _log.warning("apply history not read; starting a new one", error=str(exc))
+                log = HistoryLog().appended(entry)
             self._history = log
             try:
                 await self._write_async(HISTORY, log.to_json(), SECRET_MODE)
@@ -555,10 +576,24 @@ class StateStore:
 
     def _save(self, name: str, doc: BaseModel, mode: int) -> None:
         data = doc.model_dump_json(indent=2).encode() + b"\n"
-        self.fs.write_atomic(self.path(name), data, mode)
+        try:
+            self.fs.write_atomic(self.path(name), data, mode)
+        except UnsafePathError:
+            if not self._clear_for_write(name):
+                raise
+            self.fs.write_atomic(self.path(name), data, mode)
+
+    def _read(self, name: str) -> bytes | None:
+        """The bytes of state file ``name``; None if missing, or if it is not a regular file or
+        too large (then it is set aside)."""
+        try:
+            return self.fs.read(self.path(name), limit=STATE_READ_LIMIT)
+        except HostError as exc:
+            self._set_aside_unreadable(name, exc)
+            return None
 
     def _load(self, name: str, model: type[_D]) -> _D | None:
-        raw = self.fs.read(self.path(name))
+        raw = self._read(name)
         if raw is None:
             return None
         try:
@@ -572,23 +607,36 @@ class StateStore:
         return os.path.join(self.fs.root, self.path(name).lstrip("/"))
 
     async def _read_async(self, name: str) -> bytes | None:
-        """The bytes of state file ``name`` (None if missing), read with aiofiles; a symlink
-        there is refused, as HostFS refuses it."""
+        """The bytes of state file ``name`` (None if missing), read with aiofiles; a symlink, a
+        FIFO or anything else that is not a regular file is refused without blocking, as is a
+        file larger than ``STATE_READ_LIMIT`` (UnsafePathError)."""
+        limit = STATE_READ_LIMIT
+        path = self.path(name)
         try:
-            async with aiofiles.open(self._real(name), "rb", opener=_open_nofollow) as f:
-                return await f.read()
+            async with aiofiles.open(self._real(name), "rb", opener=_state_opener(path)) as f:
+                data: bytes = await f.read(limit + 1)
         except (FileNotFoundError, NotADirectoryError):
             return None
         except OSError as exc:
             if exc.errno == errno.ELOOP:
-                raise HostError(f"{self.path(name)}: is a symlink") from exc
+                raise UnsafePathError(path, "is a symlink") from exc
             raise
+        if len(data) > limit:
+            raise UnsafePathError(path, f"is larger than {limit} bytes")
+        return data
+
+    async def _read_or_set_aside_async(self, name: str) -> bytes | None:
+        try:
+            return await self._read_async(name)
+        except (OSError, HostError) as exc:
+            await asyncio.to_thread(self._set_aside_unreadable, name, exc)
+            return None
 
     async def _exists_async(self, name: str) -> bool:
         return bool(await aiofiles.os.path.exists(self._real(name)))
 
     async def _load_async(self, name: str, model: type[_D]) -> _D | None:
-        raw = await self._read_async(name)
+        raw = await self._read_or_set_aside_async(name)
         if raw is None:
             return None
         try:
@@ -612,7 +660,12 @@ class StateStore:
                 await f.write(data)
                 await f.flush()
                 await _fsync(f.fileno())
-            await aiofiles.os.replace(tmp, self._real(name))
+            try:
+                await aiofiles.os.replace(tmp, self._real(name))
+            except IsADirectoryError:  # a directory in its place: set it aside, then once more
+                if not await asyncio.to_thread(self._clear_for_write, name):
+                    raise
+                await aiofiles.os.replace(tmp, self._real(name))
         except BaseException:
             with contextlib.suppress(OSError):
                 await aiofiles.os.unlink(tmp)
@@ -621,21 +674,108 @@ class StateStore:
 
     def _quarantine(self, name: str, raw: bytes, exc: Exception) -> None:
         aside = self.path(name + CORRUPT_SUFFIX)
+        why = str(exc).splitlines()[0]
         _log.warning(
             "unreadable state file moved aside and ignored",
             path=self.path(name),
             moved_to=aside,
-            error=str(exc).splitlines()[0],
+            error=why,
         )
-        self.fs.write_atomic(aside, raw, SECRET_MODE)
-        self.fs.remove(self.path(name))
+        try:
+            self.fs.write_atomic(aside, raw, SECRET_MODE)
+            self.fs.remove(self.path(name))
+        except HostError:  # e.g. a directory at the ``.corrupt`` name: rename it aside instead
+            self._rename_aside(name)
+        self._set_aside.append(f"{self.path(name)}: not readable ({why}); moved to {aside}")
+
+    def _set_aside_unreadable(self, name: str, exc: Exception) -> None:
+        """Rename state file ``name`` (a directory, symlink, FIFO, device, a file too large)
+        to ``<name>.corrupt`` without reading it, so it is absent for the agent from now on."""
+        why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        aside = self.path(name + CORRUPT_SUFFIX)
+        moved = self._rename_aside(name)
+        _log.warning(
+            "unusable state file moved aside and ignored" if moved else "unusable state file",
+            path=self.path(name),
+            moved_to=aside if moved else None,
+            error=why,
+        )
+        where = f"moved to {aside}" if moved else "could not be moved aside"
+        self._set_aside.append(f"{why}; {where}")
+
+    def _clear_for_write(self, name: str) -> bool:
+        """Before writing state file ``name``: set aside what is in its place if that is not a
+        regular file or a symlink (which a rename replaces). True if something was moved."""
+        try:
+            st = os.lstat(self._real(name))
+        except OSError:
+            return False
+        if stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode):
+            return False
+        self._set_aside_unreadable(name, UnsafePathError(self.path(name), _kind(st.st_mode)))
+        return not os.path.lexists(self._real(name))
+
+    def _rename_aside(self, name: str) -> bool:
+        """Rename ``name`` to ``<name>.corrupt`` (replacing an older one of any kind)."""
+        real, aside = self._real(name), self._real(name + CORRUPT_SUFFIX)
+        try:
+            if os.path.isdir(aside) and not os.path.islink(aside):
+                shutil.rmtree(aside)
+            elif os.path.lexists(aside):
+                os.unlink(aside)
+            os.rename(real, aside)
+        except OSError as exc:
+            _log.warning("state file not moved aside", path=self.path(name), error=str(exc))
+            return False
+        return True
 
 
 _VALIDATE_ON_LOOP = 64 * 1024  # bytes; larger documents are parsed in a worker thread
 
 
-def _open_nofollow(path: str, flags: int) -> int:
-    return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC)
+def _state_opener(host_path: str) -> Callable[[str, int], int]:
+    """An opener for a state file: no symlink followed, no blocking on a FIFO, only a regular
+    file of at most ``STATE_READ_LIMIT`` bytes (UnsafePathError naming ``host_path``)."""
+
+    def opener(path: str, flags: int) -> int:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise UnsafePathError(host_path, _kind(st.st_mode))
+            if st.st_size > STATE_READ_LIMIT:
+                raise UnsafePathError(host_path, f"is larger than {STATE_READ_LIMIT} bytes")
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    return opener
+
+
+def _kind(mode: int) -> str:
+    kinds = {stat.S_IFDIR: "a directory", stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket"}
+    return f"is {kinds.get(stat.S_IFMT(mode), 'a device')}, not a regular file"
+
+
+def read_state_file(path: str, limit: int | None = None) -> bytes | None:
+    """The bytes of the state file at ``path`` (a path of this process, e.g. below ``--root``);
+    None if missing. For readers outside the agent (``status --history``): never follows a
+    symlink, never blocks on a FIFO, never reads more than ``limit`` bytes (UnsafePathError)."""
+    limit = STATE_READ_LIMIT if limit is None else limit
+    try:
+        fd = _state_opener(path)(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UnsafePathError(path, "is a symlink") from exc
+        raise
+    with os.fdopen(fd, "rb") as f:
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise UnsafePathError(path, f"is larger than {limit} bytes")
+    return data
 
 
 def _opener_new(mode: int) -> Callable[[str, int], int]:

@@ -41,6 +41,8 @@ REASON_OSC_FAILED = "OSCApplyFailed"
 REASON_OSC_INVALID = "OSCInvalid"
 REASON_DRIFT_REPAIRED = "OSCDriftRepaired"
 REASON_OSC_SKIPPED = "OSCItemsSkipped"
+#: one of the agent's own state files was unusable (a directory, a FIFO, garbage) and set aside
+REASON_STATE_SET_ASIDE = "StateFileSetAside"
 # Our own (no upstream equivalent): the health gate rolled an update back; the restart-storm
 # guard stopped restarting a unit.
 REASON_OSC_ROLLED_BACK = "OSCRolledBack"

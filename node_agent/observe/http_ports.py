@@ -5,8 +5,9 @@ Both bind where Gardener's config says (``server.healthProbes`` / ``server.metri
 ``bindAddress`` '' = every address, like upstream's ``net.JoinHostPort("", port)``; port 0 picks a
 free port, see :attr:`HttpEndpoint.port`). Listening on every address means anyone who reaches the
 node may connect, so each endpoint bounds what a client can hold: :data:`MAX_CONNECTIONS`
-connections, a request head within :data:`HEAD_TIMEOUT` and :data:`MAX_HEADER_BYTES`, the
-exchange within :data:`EXCHANGE_TIMEOUT`, one request per connection.
+connections (for two turns of the event loop up to :data:`OVERFLOW` more, see
+:class:`HttpEndpoint`), a request head within :data:`HEAD_TIMEOUT` and :data:`MAX_HEADER_BYTES`,
+the exchange within :data:`EXCHANGE_TIMEOUT`, one request per connection.
 
 aiohttp parses HTTP and writes the answers; the connection bounds are the agent's own (aiohttp
 has none for a connection that never sends its request): :class:`_BoundedServer` reports every
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -32,8 +34,16 @@ log = get_logger("node-agent.observability")
 
 #: Connections one endpoint holds at once (the kubelet's probes and a scrape need one or two).
 MAX_CONNECTIONS = 16
-#: Connections the kernel queues until the agent accepts them (they hold no agent descriptor).
-ACCEPT_BACKLOG = 64
+#: Connections accepted per turn of the event loop.
+ACCEPT_BACKLOG = 32
+#: Connections the kernel queues until the agent accepts them (they hold no agent descriptor):
+#: deep enough that a flood of reconnecting clients does not overflow it and drop a probe's SYN
+#: (a dropped SYN is sent again after 1 s, the kubelet's whole probe timeout).
+LISTEN_BACKLOG = 1024
+#: Connections held beyond the limit while they settle: a new connection is judged only after two
+#: turns of the event loop, when what it sent has been read (a probe, which sends its request at
+#: once, is then being served and is never closed to make room). Three turns of accepts.
+OVERFLOW = 3 * ACCEPT_BACKLOG
 #: Deadlines for a request head and for a whole exchange (head, answer, sending it).
 HEAD_TIMEOUT = 3.0
 EXCHANGE_TIMEOUT = 10.0
@@ -72,8 +82,10 @@ class EndpointStats:
 @dataclass
 class _Connection:
     transport: asyncio.BaseTransport
+    made_turn: int = 0  # the endpoint's loop turn when it was made
     reading: bool = True  # no request head yet
     head_bytes: int = 0  # received while reading
+    tail: bytes = b""  # the last bytes received while reading (the head's end may be split)
     timers: list[asyncio.TimerHandle] = field(default_factory=list)
 
     def abort(self) -> None:
@@ -91,7 +103,7 @@ class _BoundedHandler(RequestHandler):
         self._bounded_by = endpoint
 
     def data_received(self, data: bytes) -> None:
-        if self._bounded_by.received(self, len(data)):
+        if self._bounded_by.received(self, data):
             super().data_received(data)
 
 
@@ -119,12 +131,17 @@ class _BoundedServer(web.Server):
 class HttpEndpoint:
     """GET/HEAD only, one request per connection, bounded in every way a client could abuse.
 
-    At most ``max_connections`` connections are held at once. When a new one arrives at the
-    limit, the oldest connection still sending its request head is closed to make room (an idle
-    client gives way to a probe); if every slot is serving a request, the new one is closed. A
-    request head must arrive within ``head_timeout`` and be at most :data:`MAX_HEADER_BYTES`; the
-    whole exchange ends within ``exchange_timeout``. So an idle or slow flood costs at most
-    ``max_connections`` descriptors and never starves the kubelet's probes.
+    At most ``max_connections`` connections are held at once. A connection beyond the limit is
+    judged two turns of the event loop after it was made, when what it sent has been read: then
+    the oldest connections still sending their request head are closed until the limit holds (an
+    idle or slow client gives way to a probe, whose complete head was read meanwhile). Judging
+    on arrival instead closed a probe accepted in the same burst as a flood of newcomers before
+    its request was ever read. With :data:`OVERFLOW` connections beyond the limit, a newcomer
+    closes the oldest head-sending connection already judged, or is closed itself. A request head
+    must arrive within ``head_timeout`` and be at most :data:`MAX_HEADER_BYTES`; the whole
+    exchange ends within ``exchange_timeout``. So an idle or slow flood costs at most
+    ``max_connections`` descriptors (``OVERFLOW`` more for two loop turns) and never starves the
+    kubelet's probes.
     """
 
     def __init__(
@@ -149,6 +166,8 @@ class HttpEndpoint:
         self._connections: dict[RequestHandler, _Connection] = {}
         self._warned_at: float | None = None
         self._refused_at_warning = 0
+        self._turn = 0  # loop turns counted while connections beyond the limit settle
+        self._ticking = False
 
     async def start(self, bind_address: str, port: int) -> None:
         server = _BoundedServer(
@@ -169,6 +188,11 @@ class HttpEndpoint:
         except BaseException:
             await runner.cleanup()
             raise
+        # asyncio listens with the per-turn accept count as the kernel's queue; deepen the queue
+        # (the sockets are aiohttp's site's, not otherwise reachable)
+        for sock in getattr(getattr(site, "_server", None), "sockets", ()):
+            with socket.fromfd(sock.fileno(), sock.family, sock.type) as dup:
+                dup.listen(LISTEN_BACKLOG)
         self._runner = runner
 
     @property
@@ -212,28 +236,51 @@ class HttpEndpoint:
 
     def opened(self, handler: RequestHandler, transport: asyncio.Transport) -> None:
         self.stats.accepted += 1
-        if len(self._connections) >= self.max_connections and not self._make_room():
+        loop = asyncio.get_running_loop()
+        if len(self._connections) >= self.max_connections + OVERFLOW and not self._make_room():
             transport.abort()
             self._refused()
             return
-        loop = asyncio.get_running_loop()
-        connection = _Connection(transport)
+        connection = _Connection(transport, made_turn=self._turn)
         connection.timers = [
             loop.call_later(self.head_timeout, self._expire, handler, True),
             loop.call_later(self.exchange_timeout, self._expire, handler, False),
         ]
         self._connections[handler] = connection
+        if len(self._connections) > self.max_connections:
+            self._tick_soon()
 
-    def received(self, handler: RequestHandler, size: int) -> bool:
+    def _tick_soon(self) -> None:
+        if not self._ticking:
+            self._ticking = True
+            asyncio.get_running_loop().call_soon(self._tick)
+
+    def _tick(self) -> None:
+        """One turn of the loop: close judged head-sending connections, oldest first, until at
+        most the limit are held; turn again while newer ones beyond it still settle."""
+        self._ticking = False
+        self._turn += 1
+        while len(self._connections) > self.max_connections and self._make_room():
+            pass
+        if len(self._connections) > self.max_connections and any(
+            c.reading and c.made_turn > self._turn - 2 for c in self._connections.values()
+        ):
+            self._tick_soon()
+
+    def received(self, handler: RequestHandler, data: bytes) -> bool:
         """Bytes arrived on a connection: False (and the connection answered 431 and closed) if
-        its request head grew beyond :data:`MAX_HEADER_BYTES`."""
+        its request head grew beyond :data:`MAX_HEADER_BYTES`. A complete head makes the
+        connection a served one at once (it is no longer closed to make room)."""
         connection = self._connections.get(handler)
         if connection is None:
             return False  # closed by the agent meanwhile
         if not connection.reading:
             return True
-        connection.head_bytes += size
+        connection.head_bytes += len(data)
         if connection.head_bytes <= MAX_HEADER_BYTES:
+            if b"\r\n\r\n" in connection.tail + data:
+                connection.reading = False
+            connection.tail = (connection.tail + data)[-3:]
             return True
         del self._connections[handler]
         for timer in connection.timers:
@@ -257,9 +304,10 @@ class HttpEndpoint:
         connection.abort()
 
     def _make_room(self) -> bool:
-        """At the limit: close the oldest connection still reading its head; False if none."""
+        """Close the oldest connection still reading its head that was made at least two loop
+        turns ago (so what it sent has been read); False if there is none."""
         for handler, connection in self._connections.items():
-            if connection.reading:
+            if connection.reading and connection.made_turn <= self._turn - 2:
                 del self._connections[handler]
                 connection.abort()
                 self._refused()

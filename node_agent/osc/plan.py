@@ -14,7 +14,11 @@ Decisions beyond upstream gardener-node-agent:
 - changed units are restarted, never merely started (upstream does the same): ``restart`` starts a
   stopped unit and also picks up a new definition of a unit that is already running;
 - the agent's own unit is always enabled, never stopped or removed, and its restart comes last,
-  flagged ``is_agent``, so the executor can do it after everything else.
+  flagged ``is_agent``, so the executor can do it after everything else;
+- a template unit (``foo@.service``) is only files: its unit file and drop-ins are written and
+  deleted (and systemd reloaded), but it gets no enable, disable or job, whatever ``enable`` and
+  ``command`` say: systemd refuses a job for a name without an instance, so upstream's attempt
+  fails every retry and the OSC is never reported. Its instances are left as they are.
 """
 
 from __future__ import annotations
@@ -43,6 +47,13 @@ from node_agent.osc.models import File, ImageRefContent, OperatingSystemConfig
 __all__ = ["AGENT_UNIT", "DEFAULT_FILE_MODE", "Applied", "ChangeSet", "UnitCommand", "plan"]
 
 UnitAction = Literal["restart", "stop"]
+
+
+def is_template(name: str) -> bool:
+    """``foo@.service``: a template, which systemd can load instances of but never runs by this
+    name (start, stop, restart are refused: "missing the instance name")."""
+    stem, dot, _ = name.rpartition(".")
+    return bool(dot) and stem.endswith("@")
 
 
 class _Entry(BaseModel):
@@ -323,8 +334,8 @@ class _UnitPlanner:
         if name in self.owed:
             reasons += [r for r in self.owed[name].reasons if r not in reasons]
             self.reload = True
-        if not reasons:
-            return
+        if not reasons or is_template(name):
+            return  # a template: its files are all there is to change
         is_agent = name == self.agent_unit
         stop_why = [] if is_agent else _stop_reasons(new)
         if is_agent and _stop_reasons(new):
@@ -349,6 +360,10 @@ class _UnitPlanner:
         owed = self.owed.get(old.name)
         if owed is not None:
             self.reload = True
+        if is_template(old.name):
+            if old.content is not None:  # no job for a template: only its file goes
+                self.deletes.append(UnitDelete(name=old.name, reason=why))
+            return
         if old.content is None and owed is not None and owed.action == "stop":
             # An earlier apply already deleted its unit file but did not get to stop it.
             self.disable.append(old.name)

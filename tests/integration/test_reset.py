@@ -100,3 +100,36 @@ def test_reset_errors_are_one_line(tmp_path: Path) -> None:
     assert result.returncode == 1
     assert result.stderr.startswith("node-agent: Systemd")
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_two_resets_at_once_take_turns(node: IsolatedSystemd, tmp_path: Path) -> None:
+    # Units whose stop takes a while, so that the second reset starts while the first works.
+    slow = "\nExecStop=/bin/sleep 0.5\n"
+    osc = osc_document(
+        [inline_file(f"/etc/reset-twice/f{i}.conf", f"{i}\n") for i in range(4)],
+        [service(f"twice-{i}.service", extra=slow) for i in range(4)],
+    )
+    osc_file = tmp_path / "osc.yaml"
+    osc_file.write_text(yaml.safe_dump(osc))
+    common = ["--root", str(node.root), "--systemd-bus", node.bus_address.decode()]
+    applied = cli("apply", *common, "--osc", str(osc_file), "--hostname", "h")
+    assert applied.returncode == 0, applied.stderr
+
+    cmd = [sys.executable, "-m", "node_agent", "reset", *common]
+    procs = [
+        subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    results = [p.communicate(timeout=120) for p in procs]
+    for proc, (out, err) in zip(procs, results, strict=True):
+        assert proc.returncode == 0, f"stdout:\n{out}\nstderr:\n{err}"
+    outputs = sorted((out for out, _ in results), key=len)
+    assert outputs[0].strip() == NOTHING, outputs  # the one that waited found nothing left
+    assert "removed unit /etc/systemd/system/twice-3.service" in outputs[1]
+    assert any("another node-agent reset" in err for _, err in results), results
+    for i in range(4):
+        assert not node.path(f"/etc/systemd/system/twice-{i}.service").exists()
+        assert not node.path(f"/etc/reset-twice/f{i}.conf").exists()
+
+
+NOTHING = "nothing to do: no units, files or state of the agent on this node"

@@ -155,6 +155,17 @@ def test_find_config_ignores_a_directory_named_like_a_config(tmp_path: Path) -> 
     assert find_config(tmp_path) == tmp_path / "config-v1.150.0.yaml"
 
 
+def test_find_config_ignores_a_symlink_named_like_a_config(tmp_path: Path) -> None:
+    # Only regular files count: a symlink planted there (to a file anywhere) is not a config.
+    elsewhere = tmp_path / "elsewhere.yaml"
+    elsewhere.write_text("x")
+    configs = tmp_path / "configs"
+    configs.mkdir()
+    (configs / "config-v1.200.0.yaml").symlink_to(elsewhere)
+    _dir_with(configs, "config-v1.150.0.yaml")
+    assert find_config(configs) == configs / "config-v1.150.0.yaml"
+
+
 def test_find_config_without_a_config_is_one_clear_error(tmp_path: Path) -> None:
     _dir_with(tmp_path, "config-v1.150.0.yaml.corrupt", "kubelet.conf")
     with pytest.raises(ConfigError, match=r"^no config-<version>.yaml or config.yaml in "):

@@ -487,6 +487,33 @@ def test_a_malformed_cri_config_is_a_validation_error_naming_the_field(
     assert str(err.value).startswith(err.value.field)
 
 
+@pytest.mark.parametrize(
+    ("registry", "needle"),
+    [
+        ({"upstream": "docker.io\n"}, "'docker.io\\n'"),
+        ({"upstream": "docker.io\r"}, "'docker.io\\r'"),
+        ({"upstream": "my registry"}, "'my registry'"),
+        ({"upstream": 'docker"io'}, 'docker"io'),
+        ({"upstream": "docker'io"}, "docker'io"),
+        ({"upstream": "a", "server": "https://x\ny"}, "registry 'a': server"),
+        ({"upstream": "a", "hosts": [{"url": "https://m 1"}]}, "registry 'a': host 'https://m 1'"),
+        ({"upstream": "a", "hosts": [{"url": 'https://m"x'}]}, "registry 'a': host"),
+        ({"upstream": "a", "hosts": [{"url": "https://m\r\n"}]}, "registry 'a': host"),
+    ],
+)
+def test_registry_names_and_urls_with_spaces_quotes_or_line_breaks_are_refused(
+    registry: dict[str, Any], needle: str
+) -> None:
+    cri = CRIConfig.model_validate({"name": "containerd", "containerd": {"registries": [registry]}})
+    with pytest.raises(OSCValidationError) as err:
+        containerd_cri(cri)
+    message = str(err.value)
+    assert message.startswith("spec.criConfig.containerd.registries[0]")
+    assert needle in message
+    assert "\n" not in message
+    assert "\r" not in message
+
+
 def test_a_bad_cgroup_driver_is_refused() -> None:
     with pytest.raises(OSCValidationError, match=r"spec\.criConfig\.cgroupDriver"):
         containerd_cri(

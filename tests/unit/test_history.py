@@ -3,6 +3,7 @@ unreadable file set aside), reading another agent version's file, and the render
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import random
@@ -11,10 +12,12 @@ import subprocess
 import sys
 import textwrap
 import time
+import unicodedata
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import aiofiles.os
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -165,17 +168,21 @@ async def test_an_unreadable_file_is_set_aside_and_history_starts_empty(tmp_path
     assert StateStore(HostFS(tmp_path)).load_history() == log
 
 
-async def test_a_failed_write_is_logged_and_kept_for_the_next(tmp_path: Path) -> None:
+async def test_a_failed_write_is_logged_and_kept_for_the_next(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     store = StateStore(HostFS(tmp_path))
     await store.append_history_async(_entry(1))
-    path = _file(tmp_path)
-    path.unlink()
-    path.mkdir()  # the rename onto it fails
+
+    async def no_space(*_args: object) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(aiofiles.os, "replace", no_space)
     with capture_logs() as logs:
         log = await store.append_history_async(_entry(2))
     assert len(log.entries) == 2
     assert any(e["event"] == "apply history not written" for e in logs)
-    path.rmdir()
+    monkeypatch.undo()
     await store.append_history_async(_entry(3))
     on_disk = StateStore(HostFS(tmp_path)).load_history()
     assert [e.started_at for e in on_disk.entries] == [_entry(n).started_at for n in (1, 2, 3)]
@@ -309,3 +316,30 @@ def test_json_is_the_stored_entries_newest_first() -> None:
     assert doc["history"][0]["rollback"]["evidence"].endswith("E1120 bad flag")
     stored = json.loads(log.to_json())["entries"]
     assert doc["history"] == stored[::-1]
+
+
+def test_control_characters_from_the_file_are_escaped_in_the_text() -> None:
+    """A stored error or unit name with terminal escapes (ESC, CR, bidi overrides) must not
+    drive the operator's terminal: they are shown as escapes."""
+    entry = history_entry(
+        trigger="secret",
+        result="failed",
+        started_at=T0,
+        finished_at=T0 + timedelta(seconds=1),
+        checksum_to=B,
+        items_changed=["/etc/\x1b[2Jwiped"],
+        restarted_units=["evil\x07.service"],
+        failures=[ItemFailure(kind="command", item="x\x1b]0;title\x07", error="\x1b[31mred\r")],
+        rollback=HistoryRollback(unit="u\x9b.service", evidence="line\x1b[1A\nabc\u202edef"),
+        error="boom\x1b[0m\x00",
+    )
+    text = render_history(HistoryLog(entries=(entry,)), now=T0)
+    for line in text.splitlines():
+        bad = [ch for ch in line if unicodedata.category(ch) in ("Cc", "Cf")]
+        assert bad == [], line
+    assert "\\x1b[2Jwiped" in text
+    assert "evil\\x07.service" in text
+    assert "\\x1b[31mred" in text
+    assert "u\\x9b.service" in text
+    assert "abc\\u202edef" in text
+    assert "boom\\x1b[0m\\x00" in text

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from node_agent.base.errors import HostError
 from node_agent.host.documents import ApplyRecord, Claim
 from node_agent.host.fs import TEMP_PREFIX, HostFS
 from node_agent.host.state import CORRUPT_SUFFIX, STATE_DIR, STATUS, StateStore
@@ -96,15 +95,21 @@ async def test_status_write_runs_in_a_worker_thread(
     assert threading.get_ident() not in threads
 
 
-async def test_a_symlinked_state_file_is_refused(root: Path, tmp_path: Path) -> None:
+async def test_a_symlinked_state_file_is_not_followed_but_set_aside(
+    root: Path, tmp_path: Path
+) -> None:
     store = StateStore(HostFS(root))
     await store.save_status_async(record())
     elsewhere = tmp_path / "elsewhere.json"
     elsewhere.write_text(record().model_dump_json())
     state_file(root, STATUS).unlink()
     state_file(root, STATUS).symlink_to(elsewhere)
-    with pytest.raises(HostError, match="symlink"):
-        await store.load_status_async()
+    assert await store.load_status_async() is None
+    assert state_file(root, STATUS + CORRUPT_SUFFIX).is_symlink()
+    assert not os.path.lexists(state_file(root, STATUS))
+    assert elsewhere.read_text() == record().model_dump_json()
+    (note,) = store.take_set_aside()
+    assert "symlink" in note
 
 
 async def test_unreadable_status_is_moved_aside(root: Path) -> None:

@@ -12,9 +12,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from node_agent.base.errors import SecretRefError
+from node_agent.base.layout import AGENT_UNIT
 from node_agent.osc import osc_files, osc_units, plan
 from node_agent.osc.models import OperatingSystemConfig, Unit
-from node_agent.osc.plan import AGENT_UNIT, ChangeSet
+from node_agent.osc.plan import ChangeSet
+from node_agent.osc.steps import step_ids
 
 HOST = "node-a"
 
@@ -396,6 +398,50 @@ def test_removed_drop_ins_on_a_distro_unit_only_delete_drop_ins_and_restart() ->
     ]
     (cmd,) = changes.unit_commands
     assert (cmd.action, cmd.removed) == ("restart", True)
+
+
+def _template(content: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "name": "tpl@.service",
+        "content": content,
+        "dropIns": [{"name": "10-a.conf", "content": "a"}],
+        **extra,
+    }
+
+
+def test_template_unit_is_only_files_never_a_job() -> None:
+    # systemd refuses enable/start/stop of "tpl@.service" (no instance): only files change.
+    added = plan(
+        make(units=[kubelet()]), make(units=[kubelet(), _template("1", enable=True)]), HOST
+    )
+    assert [u.name for u in added.units_to_write] == ["tpl@.service"]
+    assert [(d.unit, d.name) for d in added.dropins_to_write] == [("tpl@.service", "10-a.conf")]
+    assert (added.units_to_enable, added.units_to_disable, added.unit_commands) == ((), (), ())
+    assert "reload" in step_ids(added)
+
+    before = make(units=[kubelet(), _template("1", command="start")])
+    changed = plan(before, make(units=[kubelet(), _template("2", command="stop")]), HOST)
+    assert [u.content for u in changed.units_to_write] == ["2"]
+    assert (changed.units_to_enable, changed.units_to_disable, changed.unit_commands) == (
+        (),
+        (),
+        (),
+    )
+
+    removed = plan(before, make(units=[kubelet()]), HOST)
+    assert [u.name for u in removed.units_to_delete] == ["tpl@.service"]
+    assert [(d.unit, d.name) for d in removed.dropins_to_delete] == [("tpl@.service", "10-a.conf")]
+    assert (removed.units_to_disable, removed.unit_commands) == ((), ())
+    assert step_ids(removed)[-2:] == ("delete-unit:tpl@.service", "reload-after-delete")
+
+
+def test_removed_drop_ins_of_a_distro_template_restart_nothing() -> None:
+    getty = {"name": "getty@.service", "dropIns": [{"name": "10-a.conf", "content": "a"}]}
+    changes = plan(make(units=[getty]), make(), HOST)
+    assert [(d.unit, d.name) for d in changes.dropins_to_delete] == [
+        ("getty@.service", "10-a.conf")
+    ]
+    assert (changes.units_to_delete, changes.unit_commands) == ((), ())
 
 
 def test_drop_in_only_unit_never_gets_a_unit_file() -> None:

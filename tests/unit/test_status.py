@@ -10,6 +10,7 @@ import os
 import socket
 import stat
 import time
+import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -550,3 +551,18 @@ async def test_the_view_before_the_controllers_exist(tmp_path: Path) -> None:
     text = AgentMetrics(read(ctx)).render()
     assert "node_agent_lease_renewals_total 0.0" in text
     assert "# TYPE node_agent_watch_reconnects_total counter" in text
+
+
+def test_control_characters_of_stored_errors_are_escaped_in_the_text(tmp_path: Path) -> None:
+    ctx = make_ctx(tmp_path)
+    checksum = _applied(ctx, ["a.service"])
+    failures = (ItemFailure(kind="command", item="x\x1b]0;t\x07.service", error="\x1b[2Jgone"),)
+    record = _record(checksum).model_copy(
+        update={"result": "failed", "error": "boom\x1b[31m\r", "failures": failures}
+    )
+    ctx.state.save_status(record)
+    text = status.render(status.offline_document(tmp_path, None, "no socket"))
+    for line in text.splitlines():
+        assert [ch for ch in line if unicodedata.category(ch) in ("Cc", "Cf")] == [], line
+    assert "x\\x1b]0;t\\x07.service: \\x1b[2Jgone" in text
+    assert "boom\\x1b[31m\\r" in text

@@ -282,6 +282,9 @@ class OSCController:
             return await self._reconcile(secret, resync=resync)
         finally:
             self._applying -= 1
+            # A state file set aside (the history, status.json ...) is said once on the Node.
+            for note in self.ctx.state.take_set_aside():
+                await self.ctx.event(report.REASON_STATE_SET_ASIDE, note, warning=True)
 
     async def _reconcile(self, secret: JSON, *, resync: bool = False) -> Outcome | None:
         self.reconciles += 1
