@@ -97,10 +97,24 @@ class CRIConfig(_LooseModel):
     containerd: dict[str, Any] | None = None
 
 
+class KubeletUpdate(_LooseModel):
+    """``spec.inPlaceUpdates.kubelet`` as newer Gardener sends it: the version and the settings
+    whose change needs an in-place update (CPU manager policy, eviction and reserved resources)."""
+
+    version: str = ""
+    cpu_manager_policy: str | None = None
+
+
 class InPlaceUpdates(_LooseModel):
     operating_system_version: str = ""
-    kubelet: str = ""
+    #: Gardener v1.150 sends the kubelet's version as a string, newer Gardener an object; both
+    #: are kept as they came (``kubelet_version`` reads either).
+    kubelet: str | KubeletUpdate = ""
     credentials_rotation: dict[str, Any] | None = None
+
+    @property
+    def kubelet_version(self) -> str:
+        return self.kubelet if isinstance(self.kubelet, str) else self.kubelet.version
 
 
 class InPlaceUpdatesStatus(_LooseModel):

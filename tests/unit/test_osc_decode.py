@@ -973,3 +973,31 @@ def test_every_refusal_is_one_line(raw: bytes) -> None:
     with pytest.raises(OSCError) as info:
         decode_osc(raw, sha(raw))
     assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("kubelet", "version"),
+    [
+        ("1.33.2", "1.33.2"),  # Gardener v1.150: the version as a string
+        (  # newer Gardener: an object with the settings an in-place update acts on
+            {"version": "1.34.1", "cpuManagerPolicy": "static", "evictionHard": {"a": "1"}},
+            "1.34.1",
+        ),
+    ],
+)
+def test_in_place_updates_kubelet_in_either_shape(kubelet: object, version: str) -> None:
+    doc = {
+        "apiVersion": "extensions.gardener.cloud/v1alpha1",
+        "kind": "OperatingSystemConfig",
+        "spec": {
+            "type": "gardenlinux",
+            "purpose": "reconcile",
+            "inPlaceUpdates": {"operatingSystemVersion": "1592.4", "kubelet": kubelet},
+        },
+    }
+    raw = yaml.safe_dump(doc).encode()
+    osc = decode_osc(raw, sha(raw), "node-a")
+    assert osc.spec.in_place_updates is not None
+    assert osc.spec.in_place_updates.kubelet_version == version
+    # nothing is lost when the object is written back (the newer shape's extra settings too)
+    assert osc.to_dict()["spec"]["inPlaceUpdates"]["kubelet"] == kubelet
