@@ -25,7 +25,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -446,7 +446,10 @@ class PoolReport:
 class FleetReport:
     at: float
     pools: tuple[PoolReport, ...]
+    #: API requests this snapshot took, the pages read and the items listed, per resource
     requests: int = 0
+    pages: Mapping[str, int] = field(default_factory=dict)
+    listed: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def done(self) -> bool:
@@ -596,7 +599,8 @@ def _pool_report(
         holder = spec.get("holderIdentity")
         renewed = parse_time(spec.get("renewTime"))
         seconds = spec.get("leaseDurationSeconds")
-        if holder and renewed is not None and isinstance(seconds, int) and renewed + seconds > now:
+        live = renewed is not None and isinstance(seconds, int) and renewed + seconds > now
+        if policy.serial and holder and live:
             serial_holder = str(holder)
     lines: list[NodeLine] = []
     units: list[tuple[str, tuple[tuple[str, str], ...]]] = []
@@ -649,6 +653,8 @@ def to_document(report: FleetReport) -> JSON:
     return {
         "at": report.at,
         "requests": report.requests,
+        "pages": dict(report.pages),
+        "listed": dict(report.listed),
         "done": report.done,
         "pools": [_pool_document(p) for p in report.pools],
     }
@@ -804,12 +810,17 @@ def dump(report: FleetReport, output: str) -> str:
 # -- reading the cluster --------------------------------------------------------------------------
 
 
-async def list_all(resource: Resource, *, page: int = PAGE, **selectors: Any) -> list[JSON]:
-    """Every item of a collection, ``page`` at a time (``limit``/``continue``)."""
+async def list_all(
+    resource: Resource, *, page: int = PAGE, pages: dict[str, int] | None = None, **selectors: Any
+) -> list[JSON]:
+    """Every item of a collection, ``page`` at a time (``limit``/``continue``); the pages read
+    are counted in ``pages`` under the resource's name."""
     items: list[JSON] = []
     token: str | None = None
     while True:
         answer = await resource.list(limit=page, continue_token=token, **selectors)
+        if pages is not None:
+            pages[resource.plural] = pages.get(resource.plural, 0) + 1
         items.extend(i for i in answer.get("items") or [] if isinstance(i, dict))
         token = (answer.get("metadata") or {}).get("continue") or None
         if not token:
@@ -824,27 +835,37 @@ async def collect(
     secret_selector = f"{LABEL_ROLE}={ROLE_OSC}"
     if pools:
         secret_selector += f",{LABEL_POOL} in ({','.join(pools)})"
+    pages: dict[str, int] = {}
+    before = kube.stats.requests
     nodes, secrets, leases, events = await asyncio.gather(
-        list_all(kube.nodes(), page=page, label_selector=node_selector),
+        list_all(kube.nodes(), page=page, pages=pages, label_selector=node_selector),
         list_all(
-            kube.secrets(NAMESPACE), page=page, label_selector=secret_selector, metadata_only=True
+            kube.secrets(NAMESPACE),
+            page=page,
+            pages=pages,
+            label_selector=secret_selector,
+            metadata_only=True,
         ),
-        list_all(kube.leases(NAMESPACE), page=page),
+        list_all(kube.leases(NAMESPACE), page=page, pages=pages),
         list_all(
             kube.events(EVENT_NAMESPACE),
             page=page,
+            pages=pages,
             field_selector=f"involvedObject.kind=Node,source={COMPONENT}",
         ),
     )
-    return summarize(
+    report = summarize(
         nodes,
         secrets,
         leases,
         events,
         time.time() if now is None else now,
         pools=pools,
-        requests=kube.stats.requests,
+        requests=kube.stats.requests - before,
     )
+    listed = {"nodes": len(nodes), "secrets": len(secrets), "leases": len(leases)}
+    listed["events"] = len(events)
+    return replace(report, pages=pages, listed=listed)
 
 
 def kubeconfig_path(flag: str | None) -> Path:

@@ -446,3 +446,17 @@ def test_the_fleet_command_imports_no_daemon_part() -> None:
         or m in ("node_agent.agent", "node_agent.config", "node_agent.context")
     }
     assert "kubernetes_asyncio.client.api.core_v1_api" not in loaded  # the lean client
+
+
+def test_serial_holder_only_in_serial_mode_and_while_held() -> None:
+    nodes, secrets, leases, events = pool_objects()
+    pool_lease = leases[-1]
+    pool_lease["spec"]["holderIdentity"] = "n2"
+    (paced,) = summarize(nodes, secrets, leases, events, NOW).pools
+    assert paced.serial_holder is None  # a paced pool's Lease spec means nothing
+    secrets[0]["metadata"]["annotations"][fleet.ANNOTATION_SERIAL] = "true"
+    (serial,) = summarize(nodes, secrets, leases, events, NOW).pools
+    assert serial.serial_holder == "n2"
+    assert "serial Lease held by n2" in fleet.render(summarize(nodes, secrets, leases, events, NOW))
+    (lapsed,) = summarize(nodes, secrets, leases, events, NOW + 41).pools
+    assert lapsed.serial_holder is None
