@@ -295,3 +295,62 @@ async def test_fleet_reports_every_state_of_a_pool(control_plane: ControlPlane) 
     for kind, items in report.listed.items():
         assert report.pages[kind] >= max(1, -(-items // 2)), kind
     assert report.requests == sum(report.pages.values())
+
+
+async def test_watch_follows_a_rollout_until_every_node_is_up_to_date(
+    control_plane: ControlPlane,
+) -> None:
+    suffix = uuid.uuid4().hex[:6]
+    pool = f"watch-{suffix}"
+    names = [f"w{i}-{suffix}" for i in range(3)]
+    now = datetime.now(UTC)
+    async with KubeClient.from_kubeconfig(control_plane.admin_kubeconfig) as admin:
+        await admin.secrets(NS).create(
+            {
+                "metadata": {
+                    "name": f"gardener-node-agent-{pool}",
+                    "namespace": NS,
+                    "labels": {fleet.LABEL_ROLE: fleet.ROLE_OSC, fleet.LABEL_POOL: pool},
+                    "annotations": {fleet.ANNOTATION_DESIRED: NEW},
+                }
+            }
+        )
+        for name in names:
+            await make_node(admin, name, pool, OLD)
+            await make_lease(admin, fleet.LEASE_PREFIX + name, now + timedelta(minutes=5))
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "node_agent",
+            "fleet",
+            "--kubeconfig",
+            str(control_plane.admin_kubeconfig),
+            "--pool",
+            pool,
+            "--watch",
+            "--interval",
+            "0.3",
+            "-o",
+            "json",
+            cwd=REPO,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        assert proc.stdout is not None
+        first = json.loads(await asyncio.wait_for(proc.stdout.readline(), 30))
+        assert first["pools"][0]["states"]["applying"] == 3
+        assert first["done"] is False
+        for name in names:  # the rollout: each agent writes its checksum
+            await admin.patch_node(
+                name, {"metadata": {"annotations": {"checksum/cloud-config-data": NEW}}}
+            )
+            await asyncio.sleep(1.5)  # several refreshes per step
+        out, err = await asyncio.wait_for(proc.communicate(), 30)
+    assert proc.returncode == 0, err.decode()
+    docs = [first, *(json.loads(line) for line in out.decode().splitlines())]
+    progress = [d["pools"][0]["states"]["up-to-date"] for d in docs]
+    print(f"{len(docs)} refreshes, up to date: {progress}")
+    assert progress == sorted(progress)  # never goes back
+    assert progress[-1] == 3
+    assert docs[-1]["done"] is True
+    assert len(set(progress)) >= 3  # it saw the rollout progress, not only its end
