@@ -44,9 +44,10 @@ def _prog() -> str:
 
 def _plugin_argv(argv: Sequence[str]) -> list[str]:
     """As ``kubectl node-agent`` (``kubectl-node_agent``), the command is ``fleet`` unless
-    another one is named: ``kubectl node-agent --pool a`` is ``node-agent fleet --pool a``."""
+    another one is named: ``kubectl node-agent --pool a`` is ``node-agent fleet --pool a``
+    (and ``--help`` is the fleet view's)."""
     tokens = list(argv)
-    if tokens and (tokens[0] in COMMANDS or tokens[0] in ("-h", "--help", "--version")):
+    if tokens and (tokens[0] in COMMANDS or tokens[0] == "--version"):
         return tokens
     return ["fleet", *tokens]
 
@@ -180,6 +181,8 @@ def _fail(message: str) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _build_parser()
+    if argv is None and _prog() == KUBECTL_PLUGIN:  # a symlink of that name to the artifact
+        argv = _plugin_argv(sys.argv[1:])
     args = parser.parse_args(_upstream_argv(sys.argv[1:] if argv is None else argv))
     if args.command == "version":
         print(f"node-agent {__version__}")

@@ -411,11 +411,30 @@ def test_progress_bar() -> None:
     assert fleet.progress_bar(1, 4, width=4) == "[#...] 1/4 up to date (25%)"
 
 
+def test_kubectl_plugin_by_name_runs_fleet(tmp_path: Path) -> None:
+    """Installed (or symlinked, as in the artifact) as ``kubectl-node_agent``, the program is
+    the fleet view: kubectl passes only the arguments after ``kubectl node-agent``."""
+    plugin = tmp_path / "kubectl-node_agent"
+    plugin.write_text(
+        f"#!{sys.executable}\nimport sys\nfrom node_agent.cli import main\nsys.exit(main())\n"
+    )
+    plugin.chmod(0o755)
+    out = subprocess.run([str(plugin), "--help"], capture_output=True, text=True, check=True)
+    assert "usage: kubectl-node_agent fleet [-h] [--kubeconfig KUBECONFIG]" in out.stdout
+    missing = subprocess.run(
+        [str(plugin), "--kubeconfig", str(tmp_path / "none")], capture_output=True, text=True
+    )
+    assert missing.returncode == 1
+    assert missing.stderr.startswith("kubectl-node_agent: kubeconfig ")
+    assert "not found" in missing.stderr
+
+
 def test_kubectl_plugin_means_fleet() -> None:
     assert _plugin_argv([]) == ["fleet"]
     assert _plugin_argv(["--pool", "a", "-o", "json"]) == ["fleet", "--pool", "a", "-o", "json"]
     assert _plugin_argv(["fleet", "-w"]) == ["fleet", "-w"]
-    assert _plugin_argv(["--help"]) == ["--help"]
+    assert _plugin_argv(["--help"]) == ["fleet", "--help"]
+    assert _plugin_argv(["--version"]) == ["--version"]
 
 
 def test_kubeconfig_lookup(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
