@@ -184,13 +184,15 @@ async def node(
         await kube.patch_node_status(name, {"status": {"conditions": conditions}})
     if roll > 0.99:
         return  # no Lease: an agent that never started
-    renewed = now - timedelta(minutes=10) if roll > 0.97 else now
+    # No agent renews these Leases during the bench: a fresh one lasts an hour (an agent's is
+    # 40 s, renewed every 10 s), a lapsed one was last renewed two hours ago.
+    renewed = now - timedelta(hours=2) if roll > 0.97 else now
     await kube.leases(NS).create(
         {
             "metadata": {"name": fleet.LEASE_PREFIX + name, "namespace": NS},
             "spec": {
                 "holderIdentity": fleet.LEASE_PREFIX + name,
-                "leaseDurationSeconds": 40,
+                "leaseDurationSeconds": 3600,
                 "renewTime": micro(renewed),
             },
         }
