@@ -18,13 +18,14 @@ export NODE_AGENT_TEST_CACHE ?= $(HOME)/.cache/node-agent-test
 export TMPDIR := $(NODE_AGENT_TEST_CACHE)/tmp
 $(shell mkdir -p $(TMPDIR))
 
-.PHONY: help deps venv controlplane artifact image lint typecheck unit test demo clean
+.PHONY: help deps venv controlplane promtool monitoring artifact image lint typecheck unit test demo clean
 
 help:
 	@echo "make test   - set up and run ruff, mypy (strict) and the whole pytest suite"
 	@echo "make demo   - run the agent's real job end to end on a throwaway node"
 	@echo "make artifact - build dist/node-agent-<version>-linux-amd64.tar.gz (+ .sha256; cached)"
 	@echo "make image  - build dist/node-agent-<version>-image.oci.tar (single-file agent; cached)"
+	@echo "make monitoring - promtool check + unit tests of the alert and recording rules"
 	@echo "make lint | typecheck | unit | clean"
 
 deps:
@@ -51,10 +52,20 @@ venv: $(VENV)/.installed
 controlplane:
 	@sh tests/testbed/build-controlplane.sh > /dev/null
 
+# promtool, built from Prometheus' Go module like the control plane (cached by version).
+promtool:
+	@sh tests/testbed/build-promtool.sh > /dev/null
+
+# The monitoring mixin: the rules are valid, every alert and recording rule passes its tests.
+monitoring: promtool
+	@promtool=$$(sh tests/testbed/build-promtool.sh); \
+	"$$promtool" check rules monitoring/rules.yaml; \
+	"$$promtool" test rules monitoring/tests/*.yaml
+
 lint: venv
 	$(BIN)/ruff check node_agent tests bench packaging
 	$(BIN)/ruff format --check node_agent tests bench packaging
-	shellcheck init/node-agent-init.sh packaging/build.sh
+	shellcheck init/node-agent-init.sh packaging/build.sh tests/testbed/build-promtool.sh
 
 typecheck: venv
 	$(BIN)/mypy node_agent tests
@@ -72,7 +83,7 @@ artifact: venv
 image: artifact
 	$(BIN)/python packaging/image.py
 
-test: deps venv controlplane artifact image lint typecheck
+test: deps venv controlplane artifact image lint typecheck monitoring
 	rm -rf "$(TMPDIR)"/pytest-of-*
 	$(BIN)/pytest $(PYTEST_ARGS)
 

@@ -30,14 +30,31 @@ if TYPE_CHECKING:
 
 EXIT_ERROR = 1
 EXIT_USAGE = 2
-COMMANDS = frozenset({"version", "run", "plan", "apply", "bootstrap", "status", "reset"})
-NAMES = ("node-agent", "gardener-node-agent")
+COMMANDS = frozenset({"version", "run", "plan", "apply", "bootstrap", "status", "reset", "fleet"})
+NAMES = ("node-agent", "gardener-node-agent", "kubectl-node_agent")
+#: kubectl runs a plugin ``kubectl-<name>`` for ``kubectl <name>`` ("-" in the name is "_")
+KUBECTL_PLUGIN = "kubectl-node_agent"
 
 
 def _prog() -> str:
     """Our name as invoked (``gardener-node-agent`` when installed as upstream's binary)."""
     name = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else ""
     return name if name in NAMES else NAMES[0]
+
+
+def _plugin_argv(argv: Sequence[str]) -> list[str]:
+    """As ``kubectl node-agent`` (``kubectl-node_agent``), the command is ``fleet`` unless
+    another one is named: ``kubectl node-agent --pool a`` is ``node-agent fleet --pool a``
+    (and ``--help`` is the fleet view's)."""
+    tokens = list(argv)
+    if tokens and (tokens[0] in COMMANDS or tokens[0] == "--version"):
+        return tokens
+    return ["fleet", *tokens]
+
+
+def kubectl_plugin() -> int:
+    """Entry of the ``kubectl-node_agent`` console script."""
+    return main(_plugin_argv(sys.argv[1:]))
 
 
 def _upstream_argv(argv: Sequence[str]) -> list[str]:
@@ -114,6 +131,35 @@ def _build_parser() -> argparse.ArgumentParser:
     status.add_argument(
         "--history", action="store_true", help="the last 50 applies, newest first (from the file)"
     )
+    fleet = sub.add_parser(
+        "fleet",
+        help="the pools of a cluster as their agents report them (from a kubeconfig)",
+        description="Nodes by state, checksums, the rollout ledger, units not ready, Lease "
+        "freshness and versions, per pool; reads only what the agents publish.",
+    )
+    fleet.add_argument(
+        "--kubeconfig",
+        default=None,
+        help="kubeconfig file (default: $KUBECONFIG, else ~/.kube/config)",
+    )
+    fleet.add_argument(
+        "--pool", action="append", default=[], help="only this worker pool (repeatable)"
+    )
+    fleet.add_argument(
+        "-o", "--output", choices=["text", "json", "yaml"], default="text", help="output format"
+    )
+    fleet.add_argument(
+        "-w",
+        "--watch",
+        action="store_true",
+        help="refresh until every node of the chosen pools is up to date",
+    )
+    fleet.add_argument(
+        "--interval", type=float, default=5.0, help="seconds between refreshes (--watch)"
+    )
+    fleet.add_argument(
+        "--max-nodes", type=int, default=20, help="nodes listed per pool in the text (default 20)"
+    )
     sub.add_parser(
         "reset",
         parents=[common],
@@ -135,6 +181,8 @@ def _fail(message: str) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _build_parser()
+    if argv is None and _prog() == KUBECTL_PLUGIN:  # a symlink of that name to the artifact
+        argv = _plugin_argv(sys.argv[1:])
     args = parser.parse_args(_upstream_argv(sys.argv[1:] if argv is None else argv))
     if args.command == "version":
         print(f"node-agent {__version__}")
@@ -148,6 +196,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _status(args)  # before the imports below: status must start fast
     if args.command == "reset":
         return _reset(args)
+    if args.command == "fleet":
+        return _fleet(args)
 
     from node_agent.base import log
     from node_agent.base.errors import NodeAgentError
@@ -239,6 +289,33 @@ def _config_path(args: argparse.Namespace) -> Path | None:
     if directory.is_absolute():
         directory = args.root / str(directory).lstrip("/")
     return find_config(directory)
+
+
+def _fleet(args: argparse.Namespace) -> int:
+    """``node-agent fleet``: the lean kube client and the fleet module only (no daemon parts)."""
+    from node_agent.base.errors import NodeAgentError
+    from node_agent.commands.fleet import kubeconfig_path, run_fleet
+
+    if args.interval <= 0:
+        return _fail("--interval must be positive")
+    path = kubeconfig_path(args.kubeconfig)
+    if not path.is_file():
+        return _fail(f"kubeconfig {path} not found (use --kubeconfig or $KUBECONFIG)")
+    try:
+        return asyncio.run(
+            run_fleet(
+                path,
+                args.pool,
+                output=args.output,
+                watch=args.watch,
+                interval=args.interval,
+                max_nodes=args.max_nodes,
+            )
+        )
+    except NodeAgentError as exc:
+        return _fail(f"{type(exc).__name__}: {exc}")
+    except KeyboardInterrupt:
+        return 130
 
 
 def _reset(args: argparse.Namespace) -> int:

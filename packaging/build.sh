@@ -7,6 +7,7 @@
 # Writes OUT_DIR/node-agent-<version>-linux-amd64.tar.gz and its .sha256 (sha256sum format) and
 # prints the tarball's path. Tar layout:
 #   bin/node-agent -> ../lib/node-agent/node-agent   the entry point
+#   bin/kubectl-node_agent -> the same               `kubectl node-agent` (the fleet view)
 #   lib/node-agent/                                  the bundle (bootloader + _internal/)
 #   VERSION
 # The host must provide glibc and libsystemd.so.0 (every systemd host does); nothing else.
@@ -95,6 +96,8 @@ tree=$work/tree
 mkdir -p "$tree/bin" "$tree/lib"
 mv "$work/dist/node-agent" "$tree/lib/node-agent"
 ln -s ../lib/node-agent/node-agent "$tree/bin/node-agent"
+# kubectl runs `kubectl node-agent` as kubectl-node_agent: the same program, told by its name.
+ln -s ../lib/node-agent/node-agent "$tree/bin/kubectl-node_agent"
 echo "$version" > "$tree/VERSION"
 got=$("$tree/bin/node-agent" version) || die "the built binary does not run"
 [ "$got" = "node-agent $version" ] || die "the built binary reports '$got', expected $version"

@@ -51,6 +51,7 @@ log = logging.getLogger(__name__)
 
 JSON = dict[str, Any]
 MERGE_PATCH = "application/merge-patch+json"
+METADATA_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
 CORE_V1 = "/api/v1"
 CERTIFICATES_V1 = "/apis/certificates.k8s.io/v1"
 COORDINATION_V1 = "/apis/coordination.k8s.io/v1"
@@ -468,6 +469,7 @@ class KubeClient:
         query: Sequence[tuple[str, str]] = (),
         body: object = None,
         content_type: str = "application/json",
+        accept: str = "application/json",
         client_timeout: aiohttp.ClientTimeout,
     ) -> AsyncIterator[aiohttp.ClientResponse]:
         """Send a request and yield the response once its status is 2xx (body not yet read).
@@ -487,7 +489,7 @@ class KubeClient:
                     path,
                     method,
                     query_params=list(query),
-                    header_params={"Accept": "application/json", "Content-Type": content_type},
+                    header_params={"Accept": accept, "Content-Type": content_type},
                     body=body,
                     auth_settings=["BearerToken"],
                     _preload_content=False,
@@ -534,6 +536,7 @@ class KubeClient:
         query: Sequence[tuple[str, str]] = (),
         body: object = None,
         content_type: str = "application/json",
+        accept: str = "application/json",
         timeouts: Timeouts | None = None,
     ) -> JSON:
         """One request with a hard deadline; the decoded JSON answer."""
@@ -550,6 +553,7 @@ class KubeClient:
                     query=query,
                     body=body,
                     content_type=content_type,
+                    accept=accept,
                     client_timeout=client_timeout,
                 ) as resp:
                     data = await resp.read()
@@ -669,13 +673,26 @@ class Resource:
         field_selector: str | None = None,
         label_selector: str | None = None,
         timeouts: Timeouts | None = None,
+        limit: int | None = None,
+        continue_token: str | None = None,
+        metadata_only: bool = False,
     ) -> JSON:
-        """The List object (``items``, ``metadata.resourceVersion``), read from etcd (quorum)."""
+        """The List object (``items``, ``metadata.resourceVersion``), read from etcd (quorum).
+
+        ``limit``/``continue_token``: one page (``metadata.continue`` names the next);
+        ``metadata_only``: the items' metadata alone (a ``PartialObjectMetadataList``: a reader
+        of Secrets' annotations never receives their data)."""
+        query = self._selectors(field_selector, label_selector)
+        if limit is not None:
+            query.append(("limit", str(limit)))
+        if continue_token:
+            query.append(("continue", continue_token))
         return await self.client.request(
             "GET",
             self.collection_path,
             self._describe("list", field_selector),
-            query=self._selectors(field_selector, label_selector),
+            query=query,
+            accept=METADATA_LIST if metadata_only else "application/json",
             timeouts=timeouts,
         )
 

@@ -12,6 +12,7 @@ names, counts, times and checksums.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
+from datetime import datetime
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -70,6 +71,7 @@ class AgentCollector(Collector):
             self.health_checks,
             self.safety,
             self.rollout,
+            self.certificate,
         )
 
     def collect(self) -> Iterator[Metric]:
@@ -140,6 +142,13 @@ class AgentCollector(Collector):
 
     def lease(self, view: AgentView) -> Metrics:
         lease = view.lease
+        renewed = _epoch(lease.last_renew_time) if lease is not None else None
+        if renewed is not None:
+            yield _gauge(
+                "node_agent_lease_last_renew_timestamp_seconds",
+                "renewTime of the heartbeat Lease as last written by the agent (Unix time).",
+                renewed,
+            )
         yield _counter(
             "node_agent_lease_renewals",
             "Heartbeat Lease renewals.",
@@ -276,6 +285,27 @@ class AgentCollector(Collector):
             "Times this node had to wait for its turn in a rollout.",
             rollout.waits,
         )
+
+    def certificate(self, view: AgentView) -> Metrics:
+        cert = view.certificate
+        expires = _epoch(cert.not_after) if cert is not None else None
+        if expires is not None:
+            yield _gauge(
+                "node_agent_certificate_expiry_timestamp_seconds",
+                "When the agent's client certificate expires (Unix time).",
+                expires,
+            )
+
+
+def _epoch(moment: str | None) -> float | None:
+    """An RFC 3339 time of the view (``...Z`` or with an offset) as Unix time."""
+    if not moment:
+        return None
+    try:
+        parsed = datetime.fromisoformat(moment.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return parsed.timestamp() if parsed.tzinfo is not None else None
 
 
 class AgentMetrics:

@@ -396,3 +396,30 @@ async def test_the_same_port_for_probes_and_metrics_serves_both(tmp_path: Path) 
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(("127.0.0.1", port))
         sock.listen()
+
+
+def test_lease_renewal_and_certificate_expiry_as_timestamps(tmp_path: Path) -> None:
+    """The alerts need the last renewal and the certificate's end as times, not counters."""
+    from node_agent.controllers.certificate import CertificateView
+
+    ctx = make_ctx(tmp_path)
+    assert "node_agent_certificate_expiry_timestamp_seconds" not in render_metrics(ctx)
+    assert "node_agent_lease_last_renew_timestamp_seconds" not in render_metrics(ctx)
+    lease = ctx.sources.lease
+    assert isinstance(lease, FakeLease)
+    lease.stats.last_renew_time = "2026-11-24T06:00:00.123456+00:00"
+
+    class Cert:
+        def view(self) -> CertificateView:
+            return CertificateView(
+                "ready", "CN=x", "2026-12-24T06:00:00Z", "2026-12-18T06:00:00Z", 0, None
+            )
+
+    ctx.sources.certificate = Cert()
+    samples = _samples(render_metrics(ctx))
+    assert samples["node_agent_lease_last_renew_timestamp_seconds"] == pytest.approx(
+        datetime(2026, 11, 24, 6, 0, 0, 123456, UTC).timestamp()
+    )
+    assert samples["node_agent_certificate_expiry_timestamp_seconds"] == (
+        datetime(2026, 12, 24, 6, 0, tzinfo=UTC).timestamp()
+    )

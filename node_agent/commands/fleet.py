@@ -1,0 +1,913 @@
+"""``node-agent fleet`` (also ``kubectl node-agent``): the pools of a cluster as their agents report
+them, one screen per pool.
+
+It reads only what the agents already publish, with one paginated list per kind and no request
+per node: Nodes (the applied checksum, the ``OSCRollout`` and ``SystemdUnitsReady`` conditions,
+the pool and Kubernetes version labels), the OSC Secrets' metadata (their checksum and rollout
+annotations; never their data), the Leases in ``kube-system`` (each agent's heartbeat and each
+pool's rollout ledger) and the agents' Events on Nodes.
+
+The ledger and the rollout annotations are the wire format of
+``node_agent.controllers.osc.pacing``; this module sits below the controllers in the layers, so
+it reads that format with its own small reader, kept equal to pacing's by a unit test.
+
+Three parts: the pure model (:func:`classify` decides one node's state, :func:`summarize` turns
+the listed objects into a :class:`FleetReport`), the rendering (text with a progress bar, or a
+JSON/YAML document), and :func:`run_fleet` (lists, ``--watch``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from node_agent.base.durations import parse_duration
+from node_agent.commands.status import human_duration
+
+if TYPE_CHECKING:
+    from node_agent.kube.client import KubeClient, Resource
+
+JSON = dict[str, Any]
+
+# -- what the agents publish (names as the agent writes them) -------------------------------------
+
+NAMESPACE = "kube-system"
+EVENT_NAMESPACE = "default"
+COMPONENT = "gardener-node-agent"
+LABEL_POOL = "worker.gardener.cloud/pool"
+LABEL_SECRET_NAME = "worker.gardener.cloud/gardener-node-agent-secret-name"
+LABEL_KUBERNETES_VERSION = "worker.gardener.cloud/kubernetes-version"
+LABEL_ROLE = "gardener.cloud/role"
+ROLE_OSC = "operating-system-config"
+ANNOTATION_APPLIED = "checksum/cloud-config-data"
+ANNOTATION_DESIRED = "checksum/data-script"
+ANNOTATION_SERIAL = "reconciliation.osc.node-agent.gardener.cloud/serial"
+CONDITION_ROLLOUT = "OSCRollout"
+CONDITION_UNITS = "SystemdUnitsReady"
+#: the agent's heartbeat Lease is ``gardener-node-agent-<node>``
+LEASE_PREFIX = "gardener-node-agent-"
+
+ROLLOUT_PREFIX = "node-agent.gardener.cloud/"
+ANNOTATION_MAX_PARALLEL = ROLLOUT_PREFIX + "rollout-max-parallel"
+ANNOTATION_CANARIES = ROLLOUT_PREFIX + "rollout-canaries"
+ANNOTATION_SOAK = ROLLOUT_PREFIX + "rollout-canary-soak"
+ANNOTATION_MAX_FAILURES = ROLLOUT_PREFIX + "rollout-max-failures"
+ANNOTATION_LEDGER = ROLLOUT_PREFIX + "rollout"
+DEFAULT_CANARIES = 0
+DEFAULT_SOAK = 600.0
+DEFAULT_MAX_FAILURES = 1
+#: why a slot was counted as failed when it expired unreported (pacing.LOST)
+LOST = "its slot expired before it reported a result (agent or node lost)"
+
+REASON_APPLYING = "RolloutApplying"
+REASON_FAILED = "RolloutFailed"
+WAITING_REASONS = frozenset(
+    {"WaitingForSerialLease", "WaitingForSlot", "WaitingForCanaries", "CircuitBreakerOpen"}
+)
+EVENT_APPLIED = "OSCApplied"
+EVENT_ROLLED_BACK = "OSCRolledBack"
+EVENT_HELD = "UnitRestartsSuspended"
+#: Warning Events that say an apply did not succeed
+FAILURE_EVENTS = frozenset(
+    {"OSCApplyFailed", "OSCInvalid", "SystemDUnitStart", "SystemDUnitStop", "SystemDUnitRestart"}
+)
+#: what a unit held by the restart-storm guard says in the SystemdUnitsReady message
+HELD_MARK = "node-agent stopped restarting it"
+
+#: A rollback younger than this reads as "rolled back" (news: look now); an older one as
+#: "quarantined" (the node stays on its last-known-good OSC until the Secret changes).
+RECENT_ROLLBACK = 600.0
+PAGE = 500
+
+State = Literal[
+    "up-to-date",
+    "applying",
+    "waiting",
+    "rolled-back",
+    "quarantined",
+    "failed",
+    "not-reporting",
+    "unknown",
+]
+STATES: tuple[State, ...] = (
+    "up-to-date",
+    "applying",
+    "waiting",
+    "rolled-back",
+    "quarantined",
+    "failed",
+    "not-reporting",
+    "unknown",
+)
+LABELS: Mapping[str, str] = {
+    "up-to-date": "up to date",
+    "applying": "applying",
+    "waiting": "waiting for a slot",
+    "rolled-back": "rolled back",
+    "quarantined": "quarantined",
+    "failed": "failed",
+    "not-reporting": "not reporting",
+    "unknown": "no OSC known",
+}
+
+
+# -- small readers --------------------------------------------------------------------------------
+
+
+def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    meta = obj.get("metadata")
+    return meta if isinstance(meta, Mapping) else {}
+
+
+def _labels(obj: Mapping[str, Any]) -> Mapping[str, str]:
+    labels = _meta(obj).get("labels")
+    return labels if isinstance(labels, Mapping) else {}
+
+
+def _annotations(obj: Mapping[str, Any]) -> Mapping[str, str]:
+    annotations = _meta(obj).get("annotations")
+    return annotations if isinstance(annotations, Mapping) else {}
+
+
+def parse_time(value: object) -> float | None:
+    """An API time (RFC 3339, with or without fraction) as seconds since the epoch."""
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if moment.tzinfo is None:
+        return None
+    return moment.timestamp()
+
+
+def _short(checksum: str | None) -> str:
+    return checksum[:12] if checksum else "-"
+
+
+# -- the pool's rollout: policy and ledger --------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Policy:
+    """The OSC Secret's rollout annotations (pacing's reading: unreadable values -> defaults)."""
+
+    serial: bool = False
+    max_parallel: int | None = None  # None: no paced rollout
+    canaries: int = DEFAULT_CANARIES
+    soak: float = DEFAULT_SOAK
+    max_failures: int = DEFAULT_MAX_FAILURES
+
+    @property
+    def mode(self) -> str:
+        if self.max_parallel is not None:
+            return "paced+serial" if self.serial else "paced"
+        return "serial" if self.serial else "none"
+
+    def describe(self) -> str:
+        parts = []
+        if self.max_parallel is not None:
+            parts.append(
+                f"at most {self.max_parallel} at once, {self.canaries} canaries "
+                f"(soak {self.soak:g}s), breaker after {self.max_failures} failures"
+            )
+        if self.serial:
+            parts.append("serial (one node at a time on the pool's Lease)")
+        return "; ".join(parts) or "none (every node applies at once)"
+
+
+def _count(raw: str | None, default: int, low: int) -> int:
+    try:
+        value = int(str(raw).strip())
+    except ValueError:
+        return default
+    return value if value >= low else default
+
+
+def _seconds(raw: str | None, default: float) -> float:
+    try:
+        value = parse_duration(str(raw).strip()).total_seconds()
+    except ValueError:
+        return default
+    return value if value >= 0 else default
+
+
+def read_policy(annotations: Mapping[str, str]) -> Policy:
+    serial = annotations.get(ANNOTATION_SERIAL) == "true"
+    if ANNOTATION_MAX_PARALLEL not in annotations:
+        return Policy(serial=serial)
+    get = annotations.get
+    return Policy(
+        serial=serial,
+        max_parallel=_count(get(ANNOTATION_MAX_PARALLEL), 1, 1),
+        canaries=_count(get(ANNOTATION_CANARIES), DEFAULT_CANARIES, 0),
+        soak=_seconds(get(ANNOTATION_SOAK), DEFAULT_SOAK),
+        max_failures=_count(get(ANNOTATION_MAX_FAILURES), DEFAULT_MAX_FAILURES, 1),
+    )
+
+
+@dataclass(frozen=True)
+class SlotFact:
+    host: str
+    checksum: str
+    expires_in: float
+    canary: bool
+
+
+@dataclass(frozen=True)
+class LedgerFacts:
+    """The pool's ledger as the agents would see it now: expired slots freed, and a holder of
+    the ledger's checksum that never reported counted as failed (pacing's ``current``)."""
+
+    checksum: str = ""
+    slots: tuple[SlotFact, ...] = ()
+    canaries: tuple[str, ...] = ()
+    healthy: Mapping[str, float] = field(default_factory=dict)
+    failed: Mapping[str, str] = field(default_factory=dict)
+
+    def holders(self) -> tuple[str, ...]:
+        return tuple(s.host for s in self.slots)
+
+
+def read_ledger(text: str | None, now: float) -> LedgerFacts:
+    """The ledger annotation; unreadable reads as empty, as the agents read it."""
+    if not text:
+        return LedgerFacts()
+    try:
+        doc = json.loads(text)
+        checksum = str(doc.get("checksum") or "")
+        slots: list[SlotFact] = []
+        healthy = {str(k): float(v) for k, v in (doc.get("healthy") or {}).items()}
+        failed = {str(k): str(v) for k, v in (doc.get("failed") or {}).items()}
+        for raw in doc.get("slots") or []:
+            host, slot_sum = str(raw["host"]), str(raw["checksum"])
+            ends = float(raw["renewed"]) + float(raw["ttl"])
+            if ends > now:
+                slots.append(SlotFact(host, slot_sum, ends - now, bool(raw.get("canary", False))))
+            elif slot_sum == checksum and host not in healthy:
+                failed.setdefault(host, LOST)
+        canaries = tuple(str(h) for h in doc.get("canaries") or [])
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return LedgerFacts()
+    return LedgerFacts(checksum, tuple(slots), canaries, healthy, failed)
+
+
+# -- one node -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ConditionFact:
+    status: str
+    reason: str
+    message: str
+    since: float | None
+
+
+@dataclass(frozen=True)
+class EventFact:
+    reason: str
+    type: str
+    message: str
+    at: float
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    """What one Node and its agent published, as read."""
+
+    name: str
+    pool: str
+    applied: str | None
+    kubernetes_version: str | None = None
+    kubelet_version: str | None = None
+    secret_name: str | None = None
+    rollout: ConditionFact | None = None
+    units: ConditionFact | None = None
+    #: the heartbeat Lease: last renewal (epoch seconds) and its duration; None: no Lease
+    lease_renewed: float | None = None
+    lease_duration: float = 40.0
+    events: tuple[EventFact, ...] = ()
+
+
+@dataclass(frozen=True)
+class Verdict:
+    state: State
+    detail: str = ""
+
+
+def lease_fresh(node: NodeFacts, now: float) -> bool | None:
+    """True: renewed within its duration; False: lapsed; None: no Lease."""
+    if node.lease_renewed is None:
+        return None
+    return now - node.lease_renewed <= node.lease_duration
+
+
+def classify(
+    node: NodeFacts,
+    desired: str | None,
+    ledger: LedgerFacts | None,
+    now: float,
+    *,
+    secret_changed: float | None = None,
+) -> Verdict:
+    """Where ``node`` stands with the ``desired`` checksum of its OSC Secret.
+
+    In order: an agent whose Lease lapsed (or never existed) is *not reporting* (whatever else
+    it last wrote may be stale); a node whose applied checksum is the desired one is *up to
+    date*; then the node's latest word about the desired checksum, from the most durable record
+    to the least: its ``OSCRollout`` condition, the pool's ledger, its Events (a rollback is
+    *rolled back* while recent, *quarantined* after :data:`RECENT_ROLLBACK`; an apply error is
+    *failed*); a node in its pool's queue is *waiting*; anything else is *applying*.
+    ``secret_changed`` (when the Secret was last written) makes older failure Events moot."""
+    fresh = lease_fresh(node, now)
+    if fresh is None:
+        return Verdict("not-reporting", "no heartbeat Lease")
+    if not fresh:
+        assert node.lease_renewed is not None
+        return Verdict(
+            "not-reporting", f"Lease last renewed {human_duration(now - node.lease_renewed)} ago"
+        )
+    if not desired:
+        return Verdict("unknown", "no OSC Secret found for its pool")
+    if node.applied == desired:
+        return Verdict("up-to-date")
+    short = desired[:12]
+
+    def rollback(detail: str, at: float | None) -> Verdict:
+        recent = at is not None and now - at < RECENT_ROLLBACK
+        return Verdict("rolled-back" if recent else "quarantined", detail)
+
+    cond = node.rollout
+    if cond is not None and cond.reason == REASON_FAILED and short in cond.message:
+        if "rolled back" in cond.message:
+            return rollback(cond.message, cond.since)
+        return Verdict("failed", cond.message)
+    rolled_back = [
+        e for e in node.events if e.reason == EVENT_ROLLED_BACK and f"OSC {short} " in e.message
+    ]
+    if rolled_back:
+        latest = max(rolled_back, key=lambda e: e.at)
+        return rollback(latest.message, latest.at)
+    if ledger is not None and ledger.checksum == desired and node.name in ledger.failed:
+        why = ledger.failed[node.name]
+        if why.startswith("rolled back"):
+            return rollback(why, None)
+        return Verdict("failed", why)
+    outcomes = [
+        e
+        for e in node.events
+        if e.reason == EVENT_APPLIED or (e.reason in FAILURE_EVENTS and e.type == "Warning")
+    ]
+    if outcomes:
+        latest = max(outcomes, key=lambda e: e.at)
+        current = secret_changed is None or latest.at >= secret_changed
+        if latest.reason != EVENT_APPLIED and current:
+            return Verdict("failed", f"{latest.reason}: {latest.message}")
+    if cond is not None and cond.status == "False" and cond.reason in WAITING_REASONS:
+        return Verdict("waiting", f"{cond.reason}: {cond.message}")
+    if ledger is not None and node.name in ledger.holders():
+        return Verdict("applying", "holds a rollout slot")
+    if cond is not None and cond.reason == REASON_APPLYING and cond.status == "True":
+        return Verdict("applying", cond.message)
+    return Verdict("applying", f"applied {_short(node.applied)}, desired {short}")
+
+
+def unit_problems(units: ConditionFact | None) -> tuple[tuple[str, str], ...]:
+    """(unit, what) for each unit a ``False`` SystemdUnitsReady names (``"<unit>: <what>"``
+    entries joined with ``"; "``)."""
+    if units is None or units.status != "False":
+        return ()
+    found = []
+    for entry in units.message.split("; "):
+        unit, sep, what = entry.partition(": ")
+        if sep and unit and " " not in unit:
+            found.append((unit, what))
+    return tuple(found)
+
+
+# -- the report -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NodeLine:
+    name: str
+    state: State
+    applied: str | None
+    detail: str
+
+
+@dataclass(frozen=True)
+class PoolReport:
+    name: str
+    secrets: tuple[tuple[str, str | None], ...]  # (name, checksum)
+    desired: str | None
+    policy: Policy
+    ledger: LedgerFacts | None
+    serial_holder: str | None
+    nodes: tuple[NodeLine, ...]
+    applied: Mapping[str, int]
+    units_not_ready: tuple[tuple[str, tuple[tuple[str, str], ...]], ...]
+    held_units: Mapping[str, tuple[str, ...]]
+    leases: Mapping[str, Any]
+    kubernetes_versions: Mapping[str, int]
+    kubelet_versions: Mapping[str, int]
+
+    @property
+    def states(self) -> dict[str, int]:
+        counts = Counter(n.state for n in self.nodes)
+        return {s: counts.get(s, 0) for s in STATES}
+
+    @property
+    def done(self) -> bool:
+        return all(n.state == "up-to-date" for n in self.nodes)
+
+    def breaker(self) -> tuple[bool, str]:
+        """Open?, and why (the failures of the ledger's checksum, against the limit)."""
+        ledger = self.ledger
+        if self.policy.max_parallel is None or ledger is None or not ledger.checksum:
+            return False, ""
+        failed = len(ledger.failed)
+        limit = self.policy.max_failures
+        why = "; ".join(f"{h}: {w}" for h, w in sorted(ledger.failed.items()))
+        return failed >= limit, f"{failed}/{limit} failures" + (f": {why}" if why else "")
+
+
+@dataclass(frozen=True)
+class FleetReport:
+    at: float
+    pools: tuple[PoolReport, ...]
+    #: API requests this snapshot took, the pages read and the items listed, per resource
+    requests: int = 0
+    pages: Mapping[str, int] = field(default_factory=dict)
+    listed: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def done(self) -> bool:
+        return all(p.done for p in self.pools)
+
+
+def _condition(node: Mapping[str, Any], kind: str) -> ConditionFact | None:
+    for cond in (node.get("status") or {}).get("conditions") or []:
+        if isinstance(cond, Mapping) and cond.get("type") == kind:
+            return ConditionFact(
+                str(cond.get("status") or ""),
+                str(cond.get("reason") or ""),
+                str(cond.get("message") or ""),
+                parse_time(cond.get("lastTransitionTime")),
+            )
+    return None
+
+
+def _event_time(event: Mapping[str, Any]) -> float:
+    for key in ("lastTimestamp", "eventTime", "firstTimestamp"):
+        at = parse_time(event.get(key))
+        if at is not None:
+            return at
+    return parse_time(_meta(event).get("creationTimestamp")) or 0.0
+
+
+def _changed_at(obj: Mapping[str, Any]) -> float | None:
+    """When an object was last written: its newest managedFields entry, else its creation."""
+    meta = _meta(obj)
+    times = [
+        parse_time(m.get("time")) for m in meta.get("managedFields") or [] if isinstance(m, Mapping)
+    ]
+    known = [t for t in times if t is not None]
+    return max(known) if known else parse_time(meta.get("creationTimestamp"))
+
+
+def node_facts(
+    node: Mapping[str, Any],
+    leases: Mapping[str, Mapping[str, Any]],
+    events: Mapping[str, Sequence[EventFact]],
+) -> NodeFacts:
+    name = str(_meta(node).get("name") or "")
+    labels = _labels(node)
+    lease = leases.get(LEASE_PREFIX + name)
+    renewed = duration = None
+    if lease is not None:
+        spec = lease.get("spec") or {}
+        renewed = parse_time(spec.get("renewTime")) or parse_time(spec.get("acquireTime"))
+        seconds = spec.get("leaseDurationSeconds")
+        duration = float(seconds) if isinstance(seconds, int | float) and seconds > 0 else None
+        if renewed is None:
+            renewed = 0.0  # a Lease never renewed: lapsed
+    info = (node.get("status") or {}).get("nodeInfo") or {}
+    return NodeFacts(
+        name=name,
+        pool=str(labels.get(LABEL_POOL) or ""),
+        applied=_annotations(node).get(ANNOTATION_APPLIED) or None,
+        kubernetes_version=labels.get(LABEL_KUBERNETES_VERSION) or None,
+        kubelet_version=str(info.get("kubeletVersion") or "") or None,
+        secret_name=labels.get(LABEL_SECRET_NAME) or None,
+        rollout=_condition(node, CONDITION_ROLLOUT),
+        units=_condition(node, CONDITION_UNITS),
+        lease_renewed=renewed,
+        lease_duration=duration or 40.0,
+        events=tuple(events.get(name, ())),
+    )
+
+
+def _is_agent_node(node: Mapping[str, Any], leases: Mapping[str, Any]) -> bool:
+    name = str(_meta(node).get("name") or "")
+    return (
+        LABEL_POOL in _labels(node)
+        or ANNOTATION_APPLIED in _annotations(node)
+        or (LEASE_PREFIX + name) in leases
+    )
+
+
+def summarize(
+    nodes: Iterable[Mapping[str, Any]],
+    secrets: Iterable[Mapping[str, Any]],
+    leases: Iterable[Mapping[str, Any]],
+    events: Iterable[Mapping[str, Any]],
+    now: float,
+    *,
+    pools: Sequence[str] = (),
+    requests: int = 0,
+) -> FleetReport:
+    """The fleet report from the listed objects (pure: no I/O)."""
+    lease_by_name = {str(_meta(lease).get("name")): lease for lease in leases}
+    by_node: dict[str, list[EventFact]] = {}
+    for event in events:
+        involved = event.get("involvedObject") or {}
+        if involved.get("kind") != "Node":
+            continue
+        by_node.setdefault(str(involved.get("name") or ""), []).append(
+            EventFact(
+                str(event.get("reason") or ""),
+                str(event.get("type") or ""),
+                str(event.get("message") or ""),
+                _event_time(event),
+            )
+        )
+    secret_by_name: dict[str, Mapping[str, Any]] = {}
+    pool_secrets: dict[str, list[Mapping[str, Any]]] = {}
+    for secret in secrets:
+        name = str(_meta(secret).get("name") or "")
+        secret_by_name[name] = secret
+        pool_secrets.setdefault(str(_labels(secret).get(LABEL_POOL) or ""), []).append(secret)
+    grouped: dict[str, list[NodeFacts]] = {}
+    for node in nodes:
+        if not _is_agent_node(node, lease_by_name):
+            continue
+        facts = node_facts(node, lease_by_name, by_node)
+        grouped.setdefault(facts.pool, []).append(facts)
+    names = sorted(set(grouped) | ({p for p in pool_secrets if p} if not pools else set(pools)))
+    if pools:
+        names = [p for p in names if p in pools]
+    reports = []
+    for pool in names:
+        own = sorted(
+            pool_secrets.get(pool, []),
+            key=lambda s: (_changed_at(s) or 0.0, str(_meta(s).get("name"))),
+        )
+        reports.append(
+            _pool_report(pool, grouped.get(pool, []), own, secret_by_name, lease_by_name, now)
+        )
+    return FleetReport(now, tuple(reports), requests)
+
+
+def _pool_report(
+    pool: str,
+    nodes: Sequence[NodeFacts],
+    secrets: Sequence[Mapping[str, Any]],
+    secret_by_name: Mapping[str, Mapping[str, Any]],
+    leases: Mapping[str, Mapping[str, Any]],
+    now: float,
+) -> PoolReport:
+    newest = secrets[-1] if secrets else None
+    pool_desired = _annotations(newest).get(ANNOTATION_DESIRED) if newest else None
+    policy = read_policy(_annotations(newest)) if newest else Policy()
+    pool_lease = leases.get(str(_meta(newest).get("name"))) if newest else None
+    ledger = None
+    serial_holder = None
+    if pool_lease is not None:
+        ledger = read_ledger(_annotations(pool_lease).get(ANNOTATION_LEDGER), now)
+        spec = pool_lease.get("spec") or {}
+        holder = spec.get("holderIdentity")
+        renewed = parse_time(spec.get("renewTime"))
+        seconds = spec.get("leaseDurationSeconds")
+        live = renewed is not None and isinstance(seconds, int) and renewed + seconds > now
+        if policy.serial and holder and live:
+            serial_holder = str(holder)
+    lines: list[NodeLine] = []
+    units: list[tuple[str, tuple[tuple[str, str], ...]]] = []
+    held: dict[str, list[str]] = {}
+    lease_ages: list[float] = []
+    lease_counts = Counter[str]()
+    for node in sorted(nodes, key=lambda n: n.name):
+        secret = secret_by_name.get(node.secret_name or "") if node.secret_name else None
+        chosen = secret if secret is not None else newest
+        desired = _annotations(chosen).get(ANNOTATION_DESIRED) if chosen else None
+        changed = _changed_at(chosen) if chosen else None
+        verdict = classify(node, desired, ledger, now, secret_changed=changed)
+        lines.append(NodeLine(node.name, verdict.state, node.applied, verdict.detail))
+        problems = unit_problems(node.units)
+        if problems:
+            units.append((node.name, problems))
+        for unit, what in problems:
+            if HELD_MARK in what:
+                held.setdefault(unit, []).append(node.name)
+        fresh = lease_fresh(node, now)
+        lease_counts["missing" if fresh is None else "fresh" if fresh else "stale"] += 1
+        if node.lease_renewed is not None:
+            lease_ages.append(max(0.0, now - node.lease_renewed))
+    leases_doc: dict[str, Any] = {k: lease_counts.get(k, 0) for k in ("fresh", "stale", "missing")}
+    leases_doc["oldestRenewalSeconds"] = round(max(lease_ages), 1) if lease_ages else None
+    return PoolReport(
+        name=pool,
+        secrets=tuple(
+            (str(_meta(s).get("name")), _annotations(s).get(ANNOTATION_DESIRED)) for s in secrets
+        ),
+        desired=pool_desired,
+        policy=policy,
+        ledger=ledger,
+        serial_holder=serial_holder,
+        nodes=tuple(lines),
+        applied=dict(Counter(n.applied or "" for n in nodes).most_common()),
+        units_not_ready=tuple(units),
+        held_units={u: tuple(sorted(ns)) for u, ns in sorted(held.items())},
+        leases=leases_doc,
+        kubernetes_versions=dict(Counter(n.kubernetes_version or "" for n in nodes).most_common()),
+        kubelet_versions=dict(Counter(n.kubelet_version or "" for n in nodes).most_common()),
+    )
+
+
+# -- rendering ------------------------------------------------------------------------------------
+
+
+def to_document(report: FleetReport) -> JSON:
+    """The report as a JSON/YAML document (``-o json|yaml``)."""
+    return {
+        "at": report.at,
+        "requests": report.requests,
+        "pages": dict(report.pages),
+        "listed": dict(report.listed),
+        "done": report.done,
+        "pools": [_pool_document(p) for p in report.pools],
+    }
+
+
+def _pool_document(pool: PoolReport) -> JSON:
+    open_, why = pool.breaker()
+    ledger = pool.ledger
+    unit_counts = Counter(u for _, problems in pool.units_not_ready for u, _ in problems)
+    return {
+        "name": pool.name,
+        "secrets": [{"name": n, "checksum": c} for n, c in pool.secrets],
+        "desired": pool.desired,
+        "nodes": len(pool.nodes),
+        "states": pool.states,
+        "applied": pool.applied,
+        "rollout": {
+            "mode": pool.policy.mode,
+            "policy": pool.policy.describe(),
+            "maxParallel": pool.policy.max_parallel,
+            "canaries": pool.policy.canaries,
+            "maxFailures": pool.policy.max_failures,
+            "serialHolder": pool.serial_holder,
+            "ledger": None
+            if ledger is None
+            else {
+                "checksum": ledger.checksum or None,
+                "slots": [
+                    {
+                        "host": s.host,
+                        "checksum": s.checksum,
+                        "canary": s.canary,
+                        "expiresInSeconds": round(s.expires_in, 1),
+                    }
+                    for s in ledger.slots
+                ],
+                "canaries": list(ledger.canaries),
+                "healthy": len(ledger.healthy),
+                "failed": dict(sorted(ledger.failed.items())),
+            },
+            "breakerOpen": open_,
+            "breaker": why or None,
+        },
+        "unitsNotReady": {
+            "units": dict(unit_counts.most_common()),
+            "nodes": [
+                {"name": n, "units": [{"unit": u, "message": m} for u, m in problems]}
+                for n, problems in pool.units_not_ready
+            ],
+        },
+        "heldUnits": {u: list(ns) for u, ns in pool.held_units.items()},
+        "leases": dict(pool.leases),
+        "versions": {
+            "kubernetes": dict(pool.kubernetes_versions),
+            "kubelet": dict(pool.kubelet_versions),
+        },
+        "nodeStates": [
+            {"name": n.name, "state": n.state, "applied": n.applied, "detail": n.detail}
+            for n in pool.nodes
+        ],
+    }
+
+
+def progress_bar(done: int, total: int, width: int = 40) -> str:
+    filled = 0 if total == 0 else round(width * done / total)
+    percent = 100 if total == 0 else int(100 * done / total)
+    return f"[{'#' * filled}{'.' * (width - filled)}] {done}/{total} up to date ({percent}%)"
+
+
+def _counts(counts: Mapping[str, int], *, label: Mapping[str, str] | None = None) -> str:
+    return ", ".join(f"{(label or {}).get(k, k or '-')} {v}" for k, v in counts.items()) or "-"
+
+
+def render(report: FleetReport, *, max_nodes: int = 20) -> str:
+    """The text screen: one block per pool."""
+    if not report.pools:
+        return "no node-agent pools found (no Nodes with an agent, no OSC Secrets)\n"
+    return "\n".join(_render_pool(p, max_nodes) for p in report.pools)
+
+
+def _render_pool(pool: PoolReport, max_nodes: int) -> str:
+    out: list[str] = []
+    secrets = ", ".join(f"{n} ({_short(c)})" for n, c in pool.secrets) or "none found"
+    out.append(f"pool {pool.name or '(no pool label)'}: OSC Secret {secrets}")
+    states = pool.states
+    shown = {LABELS[s]: c for s, c in states.items() if c or s != "unknown"}
+    out.append(f"  nodes {len(pool.nodes)}: {_counts(shown)}")
+    out.append("  " + progress_bar(states["up-to-date"], len(pool.nodes)))
+    applied = {
+        (f"{_short(c)} (desired)" if c and c == pool.desired else _short(c or None)): n
+        for c, n in pool.applied.items()
+    }
+    out.append(f"  desired {_short(pool.desired)}; applied: {_counts(applied)}")
+    out.append(f"  rollout: {pool.policy.describe()}")
+    if pool.serial_holder:
+        out.append(f"    serial Lease held by {pool.serial_holder}")
+    ledger = pool.ledger
+    if pool.policy.max_parallel is not None and ledger is not None and ledger.checksum:
+        slots = ", ".join(
+            f"{s.host}{' (canary)' if s.canary else ''} {human_duration(s.expires_in)} left"
+            for s in ledger.slots
+        )
+        out.append(
+            f"    ledger {_short(ledger.checksum)}: slots {len(ledger.slots)}/"
+            f"{pool.policy.max_parallel}{': ' + slots if slots else ''}"
+        )
+        out.append(
+            f"    canaries: {', '.join(ledger.canaries) or '-'}; healthy {len(ledger.healthy)}; "
+            f"failed {len(ledger.failed)}"
+        )
+        open_, why = pool.breaker()
+        out.append(f"    breaker {'OPEN' if open_ else 'closed'}: {why}")
+    if pool.units_not_ready:
+        counts = Counter(u for _, problems in pool.units_not_ready for u, _ in problems)
+        out.append(
+            f"  SystemdUnitsReady False on {len(pool.units_not_ready)} node(s): "
+            + ", ".join(f"{u} {c}" for u, c in counts.most_common())
+        )
+        for name, problems in pool.units_not_ready[:max_nodes]:
+            out.append(f"    {name}: " + "; ".join(f"{u}: {m}" for u, m in problems))
+    for unit, holders in pool.held_units.items():
+        out.append(f"  restart-storm guard holds {unit} on {len(holders)}: {', '.join(holders)}")
+    leases = pool.leases
+    oldest = leases.get("oldestRenewalSeconds")
+    out.append(
+        f"  Leases: {leases['fresh']} fresh, {leases['stale']} lapsed, {leases['missing']} missing"
+        + (f"; oldest renewal {human_duration(float(oldest))} ago" if oldest is not None else "")
+    )
+    out.append(
+        f"  versions: kubernetes {_counts(pool.kubernetes_versions)}; "
+        f"kubelet {_counts(pool.kubelet_versions)}"
+    )
+    behind = [n for n in pool.nodes if n.state != "up-to-date"]
+    if behind:
+        out.append(f"  not up to date ({len(behind)}):")
+        width = max(len(n.name) for n in behind[:max_nodes])
+        for line in behind[:max_nodes]:
+            out.append(f"    {line.name:<{width}}  {LABELS[line.state]:<18}  {line.detail}")
+        if len(behind) > max_nodes:
+            out.append(f"    ... {len(behind) - max_nodes} more (-o json lists every node)")
+    return "\n".join(out) + "\n"
+
+
+def dump(report: FleetReport, output: str) -> str:
+    doc = to_document(report)
+    if output == "yaml":
+        import yaml
+
+        return str(yaml.safe_dump(doc, sort_keys=False))
+    return json.dumps(doc, indent=2) + "\n"
+
+
+# -- reading the cluster --------------------------------------------------------------------------
+
+
+async def list_all(
+    resource: Resource, *, page: int = PAGE, pages: dict[str, int] | None = None, **selectors: Any
+) -> list[JSON]:
+    """Every item of a collection, ``page`` at a time (``limit``/``continue``); the pages read
+    are counted in ``pages`` under the resource's name."""
+    items: list[JSON] = []
+    token: str | None = None
+    while True:
+        answer = await resource.list(limit=page, continue_token=token, **selectors)
+        if pages is not None:
+            pages[resource.plural] = pages.get(resource.plural, 0) + 1
+        items.extend(i for i in answer.get("items") or [] if isinstance(i, dict))
+        token = (answer.get("metadata") or {}).get("continue") or None
+        if not token:
+            return items
+
+
+async def collect(
+    kube: KubeClient, pools: Sequence[str] = (), *, page: int = PAGE, now: float | None = None
+) -> FleetReport:
+    """One snapshot: four paginated lists, run side by side."""
+    node_selector = f"{LABEL_POOL} in ({','.join(pools)})" if pools else None
+    secret_selector = f"{LABEL_ROLE}={ROLE_OSC}"
+    if pools:
+        secret_selector += f",{LABEL_POOL} in ({','.join(pools)})"
+    pages: dict[str, int] = {}
+    before = kube.stats.requests
+    nodes, secrets, leases, events = await asyncio.gather(
+        list_all(kube.nodes(), page=page, pages=pages, label_selector=node_selector),
+        list_all(
+            kube.secrets(NAMESPACE),
+            page=page,
+            pages=pages,
+            label_selector=secret_selector,
+            metadata_only=True,
+        ),
+        list_all(kube.leases(NAMESPACE), page=page, pages=pages),
+        list_all(
+            kube.events(EVENT_NAMESPACE),
+            page=page,
+            pages=pages,
+            field_selector=f"involvedObject.kind=Node,source={COMPONENT}",
+        ),
+    )
+    report = summarize(
+        nodes,
+        secrets,
+        leases,
+        events,
+        time.time() if now is None else now,
+        pools=pools,
+        requests=kube.stats.requests - before,
+    )
+    listed = {"nodes": len(nodes), "secrets": len(secrets), "leases": len(leases)}
+    listed["events"] = len(events)
+    return replace(report, pages=pages, listed=listed)
+
+
+def kubeconfig_path(flag: str | None) -> Path:
+    """``--kubeconfig``, else the first file of ``$KUBECONFIG``, else ``~/.kube/config``."""
+    if flag:
+        return Path(flag)
+    env = os.environ.get("KUBECONFIG", "")
+    for entry in env.split(os.pathsep):
+        if entry:
+            return Path(entry)
+    return Path.home() / ".kube" / "config"
+
+
+CLEAR = "\x1b[H\x1b[2J"
+
+
+async def run_fleet(
+    kubeconfig: Path,
+    pools: Sequence[str],
+    *,
+    output: str = "text",
+    watch: bool = False,
+    interval: float = 5.0,
+    max_nodes: int = 20,
+) -> int:
+    """Print the fleet once, or (``watch``) again every ``interval`` seconds until every node of
+    the chosen pools is up to date. Raises ``KubeError`` on API trouble."""
+    from node_agent.kube.client import KubeClient
+
+    async with KubeClient.from_kubeconfig(kubeconfig) as kube:
+        while True:
+            report = await collect(kube, pools)
+            if output == "text":
+                text = render(report, max_nodes=max_nodes)
+                if watch and sys.stdout.isatty():
+                    text = CLEAR + text
+                sys.stdout.write(text)
+            elif watch and output == "json":
+                sys.stdout.write(json.dumps(to_document(report)) + "\n")
+            else:
+                sys.stdout.write(dump(report, output))
+            sys.stdout.flush()
+            if not watch or report.done:
+                return 0
+            await asyncio.sleep(interval)

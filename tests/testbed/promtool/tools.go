@@ -1,0 +1,8 @@
+//go:build tools
+
+// Package tools keeps the built command in the module graph.
+package tools
+
+import (
+	_ "github.com/prometheus/prometheus/cmd/promtool"
+)
