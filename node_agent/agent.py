@@ -41,6 +41,7 @@ from node_agent.controllers.token import TokenController
 from node_agent.controllers.unitcheck import UnitCheckController
 from node_agent.host.fs import HostFS
 from node_agent.host.state import StateStore
+from node_agent.kube import report
 from node_agent.observe.observations import ApplyObservations, ObservedStateStore
 from node_agent.observe.readside import Observability
 from node_agent.observe.view import Sources
@@ -247,6 +248,12 @@ async def run_agent(
         notifier.watchdog()
 
     certs.on_wait = waiting_for_certificate
+
+    async def certificate_refused(message: str) -> None:
+        # an Event once the Node is known (while bootstrapping there is none yet)
+        await ctx.event(report.REASON_CERTIFICATE_REFUSED, message, warning=True)
+
+    certs.on_refused = certificate_refused
 
     async def controllers() -> None:
         await connecting

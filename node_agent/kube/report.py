@@ -45,6 +45,9 @@ REASON_OSC_SKIPPED = "OSCItemsSkipped"
 # guard stopped restarting a unit.
 REASON_OSC_ROLLED_BACK = "OSCRolledBack"
 REASON_RESTARTS_SUSPENDED = "UnitRestartsSuspended"
+#: Our own: a CertificateSigningRequest ended without a certificate the agent can use (denied,
+#: not issued in time, or its certificate failed the checks); a new one follows after a backoff.
+REASON_CERTIFICATE_REFUSED = "ClientCertificateRefused"
 REASON_UNIT_COMMAND = {
     "start": "SystemDUnitStart",
     "stop": "SystemDUnitStop",
