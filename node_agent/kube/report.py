@@ -35,6 +35,9 @@ CONDITION_ROLLOUT = "OSCRollout"
 REASON_ROLLOUT_APPLYING = "RolloutApplying"
 REASON_ROLLOUT_APPLIED = "RolloutApplied"
 REASON_ROLLOUT_FAILED = "RolloutFailed"
+#: the rollout ledger on that Lease could not be read as written (garbage, numbers out of range)
+#: and was repaired: unreadable entries dropped, times and ttls bounded
+REASON_ROLLOUT_LEDGER_REPAIRED = "RolloutLedgerRepaired"
 
 REASON_OSC_APPLIED = "OSCApplied"
 REASON_OSC_FAILED = "OSCApplyFailed"
