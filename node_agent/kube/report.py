@@ -51,6 +51,9 @@ REASON_RESTARTS_SUSPENDED = "UnitRestartsSuspended"
 #: Our own: a CertificateSigningRequest ended without a certificate the agent can use (denied,
 #: not issued in time, or its certificate failed the checks); a new one follows after a backoff.
 REASON_CERTIFICATE_REFUSED = "ClientCertificateRefused"
+#: Our own: an updated agent binary was not ready after 3 starts in a row and the previous one
+#: was put back (``host/selfupdate.py``).
+REASON_SELF_UPDATE_FALLBACK = "SelfUpdateFellBack"
 REASON_UNIT_COMMAND = {
     "start": "SystemDUnitStart",
     "stop": "SystemDUnitStop",
