@@ -23,7 +23,7 @@ from typing import Any
 from node_agent import __version__
 from node_agent.apply.applier import Applier
 from node_agent.apply.restart_guard import RestartGuard
-from node_agent.base.errors import KubeError, KubeNotFound
+from node_agent.base.errors import KubeError, KubeNotFound, NodeAgentError
 from node_agent.base.log import get_logger
 from node_agent.base.sdnotify import Notifier
 from node_agent.base.selfexe import own_executable
@@ -39,8 +39,10 @@ from node_agent.controllers.node import NodeController
 from node_agent.controllers.osc.controller import OSCController
 from node_agent.controllers.token import TokenController
 from node_agent.controllers.unitcheck import UnitCheckController
+from node_agent.host import selfupdate
 from node_agent.host.fs import HostFS
 from node_agent.host.state import StateStore
+from node_agent.kube import report
 from node_agent.observe.observations import ApplyObservations, ObservedStateStore
 from node_agent.observe.readside import Observability
 from node_agent.observe.view import Sources
@@ -251,6 +253,12 @@ async def run_agent(
 
     certs.on_wait = waiting_for_certificate
 
+    async def certificate_refused(message: str) -> None:
+        # an Event once the Node is known (while bootstrapping there is none yet)
+        await ctx.event(report.REASON_CERTIFICATE_REFUSED, message, warning=True)
+
+    certs.on_refused = certificate_refused
+
     async def controllers() -> None:
         await connecting
         if bootstrapping:
@@ -277,6 +285,7 @@ async def run_agent(
                 tasks.create_task(factory(ctx), name=name)
             notifier.ready(f"watching secret {ctx.secret_name}")
             log.info("node-agent ready", seconds=round(time.monotonic() - started, 3))
+            tasks.create_task(self_update_guard(ctx), name="self-update-guard")
 
     async def find_node_then(report: Callable[[], None]) -> None:
         await find_node(ctx)
@@ -329,6 +338,36 @@ async def run_agent(
             guard.cancel()
     log.info("node-agent stopped", code=exit_code)
     return exit_code
+
+
+async def self_update_guard(ctx: AgentContext) -> None:
+    """Once ready: tell the self-update guard that this binary got ready, keep the guard
+    installed on the agent's unit, and report a fallback to the previous binary that brought
+    this one back (log, Warning Event on the Node once it is known; ``status`` reads the record).
+    Only for the single file on the real root (what a self-update replaces); a failure here is
+    logged, never fatal: it must not take down an agent that runs."""
+    binaries = own_binaries(ctx.settings.root)
+    if not binaries:
+        return
+    binary, unit = binaries[0], ctx.settings.agent_unit
+    try:
+        record = await asyncio.to_thread(selfupdate.reached_ready, ctx.fs, binary)
+        if await asyncio.to_thread(selfupdate.install, ctx.fs, unit, binary):
+            await ctx.systemd.daemon_reload()
+            log.info("self-update guard installed", unit=unit, binary=binary)
+    except NodeAgentError as exc:
+        log.warning("self-update guard not installed", error=str(exc))
+        return
+    if record is None or record.reported:
+        return
+    log.warning("fell back to the previous agent binary", detail=record.message())
+    await ctx.node_known.wait()
+    await ctx.event(report.REASON_SELF_UPDATE_FALLBACK, record.message(), warning=True)
+    try:
+        at = report.rfc3339(report.now())
+        await asyncio.to_thread(selfupdate.mark_reported, ctx.fs, record, at)
+    except NodeAgentError as exc:
+        log.warning("self-update fallback not marked as reported", error=str(exc))
 
 
 def _hard_stop_guard(seconds: float) -> threading.Timer:

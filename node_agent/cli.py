@@ -294,7 +294,7 @@ def _config_path(args: argparse.Namespace) -> Path | None:
 def _fleet(args: argparse.Namespace) -> int:
     """``node-agent fleet``: the lean kube client and the fleet module only (no daemon parts)."""
     from node_agent.base.errors import NodeAgentError
-    from node_agent.commands.fleet import kubeconfig_path, run_fleet
+    from node_agent.observe.fleet import kubeconfig_path, run_fleet
 
     if args.interval <= 0:
         return _fail("--interval must be positive")

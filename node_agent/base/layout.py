@@ -42,6 +42,14 @@ STATUS = "status.json"
 HEALTH_GATE = "health-gate.json"
 # The last 50 applies, for ``node-agent status --history``.
 HISTORY = "apply-history.json"
+# The self-update guard (``host/selfupdate.py``): its script, the count of starts without a
+# ready agent, the sha256 of the last binary that got ready, and the record of a fallback to the
+# previous binary. The drop-in of the agent's unit that runs the script is SELF_UPDATE_DROP_IN.
+SELF_UPDATE_GUARD = "self-update-guard.sh"
+SELF_UPDATE_STARTS = "self-update-starts"
+SELF_UPDATE_GOOD = "self-update-good"
+SELF_UPDATE_FALLBACK = "self-update-fallback"
+SELF_UPDATE_DROP_IN = "50-node-agent-self-update-guard.conf"
 # A state document that cannot be read is moved aside to ``<name>.corrupt``.
 CORRUPT_SUFFIX = ".corrupt"
 
@@ -54,6 +62,10 @@ STATE_FILES = (
     STATUS,
     HEALTH_GATE,
     HISTORY,
+    SELF_UPDATE_GUARD,
+    SELF_UPDATE_STARTS,
+    SELF_UPDATE_GOOD,
+    SELF_UPDATE_FALLBACK,
 )
 CREDENTIAL_FILES = (KUBECONFIG_FILE, TOKEN_FILE, BOOTSTRAP_TOKEN_FILE)
 

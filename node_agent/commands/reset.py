@@ -153,8 +153,12 @@ async def reset_node(
         if fs.remove(path):
             act(f"removed {entry.kind} {path}")
             reload = reload or entry.kind != "file"
-    for path, entry in created.items():
-        if entry.kind == "dropin" and fs.remove_dir_if_empty(posixpath.dirname(path)):
+    guard = layout.drop_in_path(agent_unit, layout.SELF_UPDATE_DROP_IN)  # not in the inventory
+    if fs.remove(guard):
+        act(f"removed dropin {guard}")
+        reload = True
+    for path in [*(p for p, e in created.items() if e.kind == "dropin"), guard]:
+        if fs.remove_dir_if_empty(posixpath.dirname(path)):
             act(f"removed empty directory {posixpath.dirname(path)}")
     if reload and systemd is not None:
         await systemd.daemon_reload()

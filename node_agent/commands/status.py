@@ -145,6 +145,7 @@ def skeleton() -> dict[str, Any]:
             "uptime_seconds": None,
             "host_name": None,
             "node_name": None,
+            "self_update_fallback": None,
         },
         "api_server": None,
         "lease": None,
@@ -367,6 +368,9 @@ def _render_agent(out: _Lines, doc: Mapping[str, Any], now: float) -> None:
         out.row(
             "Node", f"{agent.get('node_name') or 'not found yet'} (host {agent.get('host_name')})"
         )
+        fallback = agent.get("self_update_fallback")
+        if isinstance(fallback, dict):
+            out.row("Self-update", f"FELL BACK to the previous binary: {fallback.get('message')}")
     else:
         out.add(f"node-agent is NOT RUNNING: {agent.get('not_running_reason')}")
         out.add("Showing the state persisted on disk.")

@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -62,6 +62,10 @@ class CertificateView:
     last_error: str | None
 
 
+async def _nothing(_message: str) -> None:
+    return None
+
+
 def _iso(moment: datetime | None) -> str | None:
     return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ") if moment else None
 
@@ -95,6 +99,10 @@ class CertificateController:
         self.last_error: str | None = None
         #: Called while waiting (the daemon extends systemd's start timeout and pings it).
         self.on_wait: Callable[[str], None] = lambda line: None
+        #: Called with the error when a request ends without a usable certificate (denied, not
+        #: issued in time, or a certificate that failed the checks): the daemon records a
+        #: Warning Event on its Node, once it knows the Node.
+        self.on_refused: Callable[[str], Awaitable[None]] = _nothing
 
     # -- the read side ---------------------------------------------------------------------------
 
@@ -207,13 +215,15 @@ class CertificateController:
                 if how == "rotation" and self._refused(kube):
                     raise _Refused from exc
                 delay = backoff.next()
-                log.error(
+                log.warning(
                     "client certificate not obtained", csr=request.name, error=str(exc), retry=delay
                 )
+                if isinstance(exc, CertificateError):
+                    await self.on_refused(str(exc))
                 self.on_wait(f"no certificate yet: {exc}")
                 await asyncio.sleep(delay)
                 continue
-            await self._write(issued.cert_pem, request.key_pem)
+            await self._write(issued.cert_pem, request.key_pem, issued.info)
             self.last_error = None
             info = self._settled(received=datetime.now(UTC))
             log.info(
@@ -232,13 +242,13 @@ class CertificateController:
         self.phase = line
         self.on_wait(line)
 
-    async def _write(self, cert_pem: bytes, key_pem: bytes) -> None:
+    async def _write(self, cert_pem: bytes, key_pem: bytes, info: CertificateInfo) -> None:
         data = certificates.kubeconfig(
             self.config.api_server.server or self._server_of_current(),
             str(self._host(self.config.api_server.ca_file)),
             cert_pem,
             key_pem,
-            certificates.certificate_info(cert_pem),
+            info,
         )
         await self.fs.write_atomic_async(self.kubeconfig, data, 0o600, dir_mode=0o700)
 

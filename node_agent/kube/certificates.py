@@ -53,6 +53,8 @@ class CertificateRequest:
     common_name: str
     key_pem: bytes
     csr_pem: bytes
+    #: the key's public half (DER SubjectPublicKeyInfo): the certificate must carry this one
+    public_key_der: bytes = b""
 
 
 def common_name(machine_name: str) -> str:
@@ -105,6 +107,7 @@ def make_request(machine_name: str) -> CertificateRequest:
         common_name=cn,
         key_pem=key_pem,
         csr_pem=csr.public_bytes(serialization.Encoding.PEM),
+        public_key_der=public_der,
     )
 
 
@@ -148,6 +151,74 @@ def certificate_info(cert_pem: bytes) -> CertificateInfo:
         not_before=cert.not_valid_before_utc,
         not_after=cert.not_valid_after_utc,
     )
+
+
+#: How far the signer's clock may be ahead of ours: a certificate valid from later than this is
+#: refused as not yet valid (kube-controller-manager backdates its certificates by 5 minutes).
+CLOCK_SKEW = timedelta(minutes=5)
+
+
+def verify_issued(
+    request: CertificateRequest, cert_pem: bytes, now: datetime | None = None
+) -> CertificateInfo:
+    """The certificate a CSR came back with, checked before anything is written: one PEM
+    certificate that carries our public key, names exactly the subject we asked for, is valid
+    now (within :data:`CLOCK_SKEW`) and may authenticate a client. Raises
+    :class:`CertificateError` naming the CSR and what is wrong: a signer that answers with
+    another machine's, another key's or an expired certificate must not become our identity."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    where = f"CertificateSigningRequest {request.name}"
+    try:
+        cert = x509.load_pem_x509_certificates(cert_pem)[0]
+    except (ValueError, IndexError) as exc:
+        raise CertificateError(f"{where} returned no PEM certificate: {exc}") from exc
+    public = cert.public_key().public_bytes(
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    if request.public_key_der and public != request.public_key_der:
+        raise CertificateError(f"{where} returned a certificate for another public key")
+    cns = [str(a.value) for a in cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)]
+    if cns != [request.common_name]:
+        raise CertificateError(
+            f"{where} returned a certificate for common name {', '.join(cns) or '(none)'}, "
+            f"not {request.common_name}"
+        )
+    orgs = [str(a.value) for a in cert.subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME)]
+    if orgs != [GROUP]:
+        raise CertificateError(
+            f"{where} returned a certificate for organization {orgs}, not [{GROUP!r}]"
+        )
+    now = now or datetime.now(UTC)
+    info = CertificateInfo(
+        subject=cert.subject.rfc4514_string(),
+        not_before=cert.not_valid_before_utc,
+        not_after=cert.not_valid_after_utc,
+    )
+    if info.expired(now):
+        raise CertificateError(
+            f"{where} returned a certificate that expired at {info.not_after.isoformat()}"
+        )
+    if info.not_before > now + CLOCK_SKEW:
+        raise CertificateError(
+            f"{where} returned a certificate not valid before {info.not_before.isoformat()}"
+        )
+    try:
+        usages = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    except x509.ExtensionNotFound:
+        usages = None  # no restriction: any usage (RFC 5280)
+    allowed = {ExtendedKeyUsageOID.CLIENT_AUTH, ExtendedKeyUsageOID.ANY_EXTENDED_KEY_USAGE}
+    if usages is not None and not allowed & set(usages):
+        raise CertificateError(f"{where} returned a certificate not valid for client auth")
+    try:
+        key_usage = cert.extensions.get_extension_for_class(x509.KeyUsage).value
+    except x509.ExtensionNotFound:
+        key_usage = None
+    if key_usage is not None and not key_usage.digital_signature:
+        raise CertificateError(f"{where} returned a certificate without digital signature use")
+    return info
 
 
 #: The kubeconfig extension that carries the certificate's subject and validity, so that reading
@@ -266,6 +337,8 @@ class Issued:
     name: str
     cert_pem: bytes
     waited: float
+    #: what :func:`verify_issued` read of it
+    info: CertificateInfo
 
 
 def _verdict(obj: dict[str, Any]) -> tuple[str | None, str]:
@@ -293,7 +366,9 @@ async def request_certificate(
     """Create the CSR (or find our own under its name) and wait until it carries a certificate.
 
     Raises :class:`CertificateError` when it is denied, fails, is replaced by another object
-    of the same name, or is not issued within ``give_up_after`` seconds; API errors propagate
+    of the same name, is not issued within ``give_up_after`` seconds, or its certificate does
+    not pass :func:`verify_issued` (then a new request is due: this one's answer is final); API
+    errors propagate
     (the caller retries with backoff). ``on_wait`` gets a line of progress on every poll.
     """
     csrs = kube.certificate_signing_requests()
@@ -314,7 +389,14 @@ async def request_certificate(
             )
         cert = (obj.get("status") or {}).get("certificate")
         if verdict == "Approved" and cert:
-            return Issued(request.name, base64.b64decode(cert), time.monotonic() - started)
+            try:
+                pem = base64.b64decode(cert, validate=True)
+            except (ValueError, TypeError) as exc:
+                raise CertificateError(
+                    f"CertificateSigningRequest {request.name} returned no PEM certificate: {exc}"
+                ) from exc
+            info = verify_issued(request, pem)
+            return Issued(request.name, pem, time.monotonic() - started, info)
         line = (
             f"CertificateSigningRequest {request.name} approved, waiting to be issued"
             if verdict == "Approved"

@@ -35,6 +35,9 @@ CONDITION_ROLLOUT = "OSCRollout"
 REASON_ROLLOUT_APPLYING = "RolloutApplying"
 REASON_ROLLOUT_APPLIED = "RolloutApplied"
 REASON_ROLLOUT_FAILED = "RolloutFailed"
+#: the rollout ledger on that Lease could not be read as written (garbage, numbers out of range)
+#: and was repaired: unreadable entries dropped, times and ttls bounded
+REASON_ROLLOUT_LEDGER_REPAIRED = "RolloutLedgerRepaired"
 
 REASON_OSC_APPLIED = "OSCApplied"
 REASON_OSC_FAILED = "OSCApplyFailed"
@@ -49,6 +52,12 @@ REASON_OSC_ROLLED_BACK = "OSCRolledBack"
 REASON_RESTARTS_SUSPENDED = "UnitRestartsSuspended"
 # Our own: the unit check found a unit of the applied OSC unhealthy (SystemdUnitsReady says so).
 REASON_UNIT_UNHEALTHY = "SystemdUnitUnhealthy"
+#: Our own: a CertificateSigningRequest ended without a certificate the agent can use (denied,
+#: not issued in time, or its certificate failed the checks); a new one follows after a backoff.
+REASON_CERTIFICATE_REFUSED = "ClientCertificateRefused"
+#: Our own: an updated agent binary was not ready after 3 starts in a row and the previous one
+#: was put back (``host/selfupdate.py``).
+REASON_SELF_UPDATE_FALLBACK = "SelfUpdateFellBack"
 REASON_UNIT_COMMAND = {
     "start": "SystemDUnitStart",
     "stop": "SystemDUnitStop",

@@ -36,6 +36,7 @@ from node_agent.commands.status import (
     skeleton,
     socket_path,
 )
+from node_agent.host import selfupdate
 from node_agent.observe.view import AgentView, ErrorView
 
 if TYPE_CHECKING:
@@ -294,6 +295,8 @@ class StatusServer:
         for key, section in SECTIONS.items():
             doc[key] = section(view)
         doc["endpoints"]["status_socket"] = str(self.path)
+        fallback = await asyncio.to_thread(selfupdate.read_fallback, self.ctx.fs)
+        doc["agent"]["self_update_fallback"] = fallback.as_dict() if fallback else None
         record = await state.load_status_async()
         doc["last_apply"] = apply_entry(record.model_dump(mode="json")) if record else None
         pending = await state.pending_async()

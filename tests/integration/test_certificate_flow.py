@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import itertools
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -45,6 +46,7 @@ from tests.testbed.agent_harness import (
 from tests.testbed.bootstrap import create_bootstrap_token, grant_node_agent_identity
 from tests.testbed.controlplane import ControlPlane
 from tests.testbed.csr_approver import CSRApprover
+from tests.testbed.hostile_signer import HostileSigner, Issue, Kind
 from tests.testbed.systemd_ns import IsolatedSystemd
 
 pytestmark = pytest.mark.integration
@@ -275,3 +277,69 @@ async def test_an_expired_certificate_falls_back_to_the_bootstrap_token(
         # and it works: the agent finds its Node once it is registered
         await create_node(admin_api, machine)
         await wait_for(lambda: read_lease(admin_api, machine), 30, "the lease")
+
+
+@pytest.fixture
+def kcm_stopped(gardener_controlplane: ControlPlane) -> Iterator[ControlPlane]:
+    """kube-controller-manager stopped for the test (a test-side signer takes its place) and
+    started again after it."""
+    gardener_controlplane.stop_controller_manager()
+    try:
+        yield gardener_controlplane
+    finally:
+        gardener_controlplane.start_controller_manager()
+
+
+async def test_a_wrong_certificate_from_the_csr_is_never_written_and_a_new_csr_follows(
+    kcm_stopped: ControlPlane,
+    admin_api: ApiClient,
+    csr_approver: CSRApprover,
+    node: IsolatedSystemd,
+) -> None:
+    """The CSR comes back approved with a certificate for another machine, then for another
+    key, then an expired one: each is refused (named with its CSR, in the log and in status),
+    nothing is written, and a new CSR is asked after a backoff; the fourth, good one is used."""
+    machine = unique("machine")
+    root = node.root
+    setup = await gardener_layout(root, kcm_stopped, admin_api, machine, f"osc-{machine}")
+    sock = status.socket_path(root, setup.settings.status_socket)
+    kubeconfig = host(root, KUBECONFIG_FILE)
+    script: list[Kind] = ["other-machine", "other-key", "expired"]
+    errors: list[str] = []
+    async with (
+        HostileSigner(admin_api, kcm_stopped, script) as signer,
+        running_agent(setup, host_name=machine, systemd=node),
+    ):
+        started = asyncio.get_running_loop().time()
+        for n in range(1, 4):
+            await wait_for(lambda n=n: len(signer.issued) >= n, 60, f"hostile issue {n}")
+            bad = signer.issued[n - 1]
+
+            async def refused(bad: Issue = bad) -> bool:
+                assert not kubeconfig.exists(), (
+                    f"the {bad.kind} certificate of {bad.csr} was written as the kubeconfig"
+                )
+                doc = await asyncio.to_thread(status.query, sock)
+                error = str((doc.get("certificate") or {}).get("last_error") or "")
+                if bad.csr in error:
+                    errors.append(error)
+                    return True
+                return False
+
+            await wait_for(refused, 30, f"the {bad.kind} certificate refused")
+        await wait_for(lambda: kubeconfig.exists(), 60, "the kubeconfig from the good certificate")
+        took = asyncio.get_running_loop().time() - started
+        good = signer.issued[3]
+        assert good.kind == "good"
+        assert kubeconfig_certificate(root).serial_number == good.serial
+        assert len({i.csr for i in signer.issued}) == 4  # a new CSR (new key) each time
+        doc = await asyncio.to_thread(status.query, sock)
+        assert doc["certificate"]["phase"] == "valid"
+        assert doc["certificate"]["last_error"] is None
+    print(f"three wrong certificates refused, the fourth used after {took:.1f}s:")
+    for line in errors:
+        print("  ", line)
+    assert "gardener.cloud:node-agent:machine:someone-else" in errors[0]
+    assert "public key" in errors[1]
+    assert "expired" in errors[2]
+    assert signer.errors == []

@@ -32,8 +32,10 @@ from kubernetes_asyncio.client import ApiClient
 from node_agent.kube import certificates
 from tests.testbed import gardener_osc as g
 from tests.testbed import gardener_userdata as gu
+from tests.testbed import oci
 from tests.testbed.agent_harness import (
     create_node,
+    node_events,
     publish_osc,
     read_lease,
     unique,
@@ -301,3 +303,125 @@ async def test_gardener_node_bootstraps_updates_itself_and_resets(
 async def _renewed_after(admin: ApiClient, machine: str, when: dt.datetime) -> bool:
     lease = await read_lease(admin, machine)
     return lease is not None and lease.spec.renew_time > when
+
+
+GUARD_DROP_IN = f"/etc/systemd/system/{gu.AGENT_UNIT}.d/50-node-agent-self-update-guard.conf"
+FALLBACK_RECORD = f"{gu.BASE}/self-update-fallback"
+#: from the update's restart to the previous agent answering again: three starts 5 s apart
+#: (RestartSec=5), the fallback, the previous agent's start
+FALLBACK_BOUND = 60.0
+
+
+async def test_a_self_update_to_a_binary_that_cannot_start_falls_back_to_the_previous_one(
+    agent_images: tuple[AgentImage, AgentImage],
+    admin_api: ApiClient,
+    gardener_controlplane: ControlPlane,
+    csr_approver: CSRApprover,
+    containerd_node: ContainerdNode,
+    registry: Registry,
+    mirror: Registry,
+    journal: None,
+) -> None:
+    """The OSC updates the agent to a file that exits 1 at once (no Python runs at all): the
+    unit's Restart=always would start it every 5 s for ever. Within a bounded time the previous
+    binary runs again, says so on the Node (a Warning Event) and in ``status``; the next OSC with
+    a good binary is installed as usual."""
+    first, second = agent_images
+    node = containerd_node.node
+    g.unmask(node, g.SYSCTL)
+    hide_python(node)
+    pool = g.GardenerPool.fresh(registry, mirror)
+    pool.push_images(("1.33.0",))
+    repository = f"gardener/node-agent-{uuid.uuid4().hex[:8]}"
+    refs = {}
+    for image in (first, second):
+        registry.push(repository, image.version, read_layout(image.layout))
+        refs[image.version] = registry.ref(repository, image.version)
+    broken = b"#!/bin/sh\necho 'broken agent build' >&2\nexit 1\n"
+    registry.push(repository, "broken", oci.build_image({"/gardener-node-agent": (broken, 0o755)}))
+    containerd_node.trust(registry.host)
+
+    machine = unique("machine")
+    secret = f"osc-{machine}"
+    token = await create_bootstrap_token(admin_api)
+    await grant_node_agent_identity(admin_api, machine, secret_names=[secret])
+    provision = gu.Provision(
+        image=refs[first.version],
+        server=gardener_controlplane.server,
+        ca_pem=gardener_controlplane.ca_file.read_bytes(),
+        bootstrap_token=token.token,
+        machine_name=machine,
+        secret_name=secret,
+        ports=(free_port(), free_port()),
+    )
+    gu.play(node, provision)
+    await wait_for(lambda: node.path(KUBECONFIG).exists(), 120, "the agent's kubeconfig")
+    await create_node(admin_api, machine)
+    osc1 = agent_osc(pool, provision, refs[first.version], "v1.150.0")
+    checksum1 = await publish_osc(admin_api, secret, yaml.safe_dump(osc1).encode())
+    await wait_applied(admin_api, machine, checksum1, timeout=180)
+    await wait_for(lambda: agent_status(node).get("osc", {}).get("up_to_date"), 60, "converged")
+
+    # The update to the broken file: applied (the old agent writes it, keeps .previous, and
+    # restarts itself last), then the unit starts the broken file.
+    osc2 = agent_osc(pool, provision, registry.ref(repository, "broken"), "v1.150.0")
+    checksum2 = await publish_osc(admin_api, secret, yaml.safe_dump(osc2).encode())
+    await wait_applied(admin_api, machine, checksum2, timeout=180)
+    clock = time.monotonic()
+    await wait_for(
+        lambda: node.path(gu.AGENT_BINARY).read_bytes() == broken, 30, "the broken file in place"
+    )
+    assert node.path(PREVIOUS).read_bytes() == first.executable.read_bytes()
+    await wait_for(
+        lambda: agent_status(node).get("agent", {}).get("version") == first.version,
+        FALLBACK_BOUND,
+        "the previous agent running again",
+    )
+    took = time.monotonic() - clock
+    print(f"broken self-update -> previous agent answering: {took:.1f}s")
+    assert node.path(gu.AGENT_BINARY).read_bytes() == first.executable.read_bytes()
+    status = agent_status(node)
+    fallback = status["agent"]["self_update_fallback"]
+    print(f"status: {fallback['message']}")
+    assert fallback["starts"] == 3
+    assert fallback["binary"] == gu.AGENT_BINARY
+    await wait_for(
+        lambda: _has_event(admin_api, machine, "SelfUpdateFellBack"), 30, "the Event on the Node"
+    )
+    fell_back = [
+        e for e in await node_events(admin_api, machine) if e.reason == "SelfUpdateFellBack"
+    ]
+    assert fell_back[0].type == "Warning"
+    print(f"Event: {fell_back[0].message}")
+    assert "was not ready after 3 starts" in (fell_back[0].message or "")
+    assert status["osc"]["applied_checksum"] == checksum2  # nothing re-applied, nothing undone
+    starts = node.run(
+        ["journalctl", "--no-pager", "-o", "cat", "-u", gu.AGENT_UNIT], check=False
+    ).stdout
+    assert starts.count("broken agent build") == 3, starts[-3000:]
+    text = node.run(["systemctl", "cat", gu.AGENT_UNIT]).stdout
+    assert "Restart=always" in text
+    assert "RestartSec=5" in text
+    assert node.path(GUARD_DROP_IN).exists()
+
+    # The next OSC with a good binary is installed as every update is.
+    osc3 = agent_osc(pool, provision, refs[second.version], "v1.151.0")
+    checksum3 = await publish_osc(admin_api, secret, yaml.safe_dump(osc3).encode())
+    await wait_applied(admin_api, machine, checksum3, timeout=180)
+    await wait_for(
+        lambda: agent_status(node).get("agent", {}).get("version") == second.version,
+        60,
+        "the new version running",
+    )
+    assert node.path(gu.AGENT_BINARY).read_bytes() == second.executable.read_bytes()
+    assert node.path(PREVIOUS).read_bytes() == first.executable.read_bytes()
+    await wait_for(
+        lambda: agent_status(node).get("agent", {}).get("self_update_fallback") is None,
+        30,
+        "the fallback record cleared once a new binary got ready",
+    )
+    assert not node.path(FALLBACK_RECORD).exists()
+
+
+async def _has_event(admin: ApiClient, node: str, reason: str) -> bool:
+    return any(e.reason == reason for e in await node_events(admin, node))

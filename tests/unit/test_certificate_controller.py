@@ -7,10 +7,12 @@ flow against kube-controller-manager is in tests/integration/test_certificate_fl
 from __future__ import annotations
 
 import asyncio
+import base64
 import datetime as dt
 import random
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cryptography import x509
@@ -174,3 +176,52 @@ async def test_without_a_token_a_refused_certificate_is_reported(tmp_path: Path)
     task.cancel()
     assert certs.view().phase.startswith("refused by the server")
     assert requested(running) == []
+
+
+async def test_an_answer_that_is_no_certificate_is_retried_with_a_new_request(
+    tmp_path: Path,
+) -> None:
+    """Upstream's API server checks the PEM, but the agent must not trust that: an answer that
+    is no certificate (or not base64) ends that request, nothing is written, and a new request
+    (a new key, a new name) follows after a backoff."""
+    node(tmp_path)
+    certs = controller(tmp_path)
+    answers = [b"not base64 at all!", b"-----BEGIN CERTIFICATE-----\nAAAA\n"]
+    refused: list[str] = []
+
+    async def on_refused(message: str) -> None:
+        refused.append(message)
+
+    certs.on_refused = on_refused
+
+    def on_create(kind: str, obj: dict[str, Any]) -> dict[str, Any]:
+        name = obj["metadata"]["name"]
+        if answers:
+            raw = answers.pop(0)
+            cert = raw.decode() if b"!" in raw else base64.b64encode(raw).decode()
+        else:
+            pem = sign(base64.b64decode(obj["spec"]["request"]), dt.timedelta(hours=720))
+            cert = base64.b64encode(pem).decode()
+        status = {"conditions": [{"type": "Approved"}], "certificate": cert}
+        return {**obj, "metadata": {**obj["metadata"], "uid": name}, "status": status}
+
+    kube = FakeKube(on_create=on_create)
+    sleeps: list[float] = []
+    real_sleep = asyncio.sleep
+
+    async def no_sleep(delay: float) -> None:
+        sleeps.append(delay)
+        await real_sleep(0)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(asyncio, "sleep", no_sleep)
+        await certs.bootstrap(kube)
+    names = requested(kube)
+    assert len(set(names)) == 3, names
+    assert [m.split(" returned")[0] for m in refused] == [
+        f"CertificateSigningRequest {n}" for n in names[:2]
+    ]
+    assert all("no PEM certificate" in m for m in refused), refused
+    assert len([s for s in sleeps if s >= 1.0]) == 2  # a backoff after each refusal
+    assert certs.view().phase == "valid"
+    assert certs.last_error is None

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import re
 import subprocess
 import sys
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -176,3 +178,73 @@ def test_an_extension_that_does_not_match_the_certificate_is_not_trusted() -> No
     info = certificates.kubeconfig_certificate_info(swapped)
     assert info is not None
     assert info.lifetime == timedelta(hours=1)
+
+
+def _issue_with(
+    req: certificates.CertificateRequest,
+    *,
+    subject: x509.Name | None = None,
+    usages: list[x509.ObjectIdentifier] | None = None,
+    not_before: datetime | None = None,
+) -> bytes:
+    csr = x509.load_pem_x509_csr(req.csr_pem)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    start = not_before or datetime.now(UTC) - timedelta(minutes=5)
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(subject or csr.subject)
+        .issuer_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "test-ca")]))
+        .public_key(csr.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start)
+        .not_valid_after(start + timedelta(hours=720))
+    )
+    if usages is not None:
+        builder = builder.add_extension(x509.ExtendedKeyUsage(usages), critical=False)
+    return builder.sign(ca_key, hashes.SHA256()).public_bytes(serialization.Encoding.PEM)
+
+
+def test_an_issued_certificate_as_asked_passes_the_checks() -> None:
+    req = certificates.make_request("m1")
+    info = certificates.verify_issued(req, _issue_with(req, usages=None))  # no EKU: any use
+    assert info.subject == "CN=gardener.cloud:node-agent:machine:m1,O=gardener.cloud:node-agents"
+    client_auth = [ExtendedKeyUsageOID.CLIENT_AUTH]
+    certificates.verify_issued(req, _issue_with(req, usages=client_auth))
+
+
+@pytest.mark.parametrize(
+    ("case", "expected"),
+    [
+        ("not PEM", "returned no PEM certificate"),
+        ("another organization", "for organization ['system:masters']"),
+        ("no common name", "for common name (none)"),
+        ("valid from tomorrow", "not valid before"),
+        ("server auth only", "not valid for client auth"),
+        ("another key", "for another public key"),
+    ],
+)
+def test_a_certificate_not_as_asked_is_refused_naming_the_request(case: str, expected: str) -> None:
+    req = certificates.make_request("m1")
+    cn = x509.NameAttribute(NameOID.COMMON_NAME, req.common_name)
+    makers: dict[str, Callable[[], bytes]] = {
+        "not PEM": lambda: b"<html>not a certificate</html>",
+        "another organization": lambda: _issue_with(
+            req,
+            subject=x509.Name(
+                [x509.NameAttribute(NameOID.ORGANIZATION_NAME, "system:masters"), cn]
+            ),
+        ),
+        "no common name": lambda: _issue_with(
+            req,
+            subject=x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, certificates.GROUP)]),
+        ),
+        "valid from tomorrow": lambda: _issue_with(
+            req, not_before=datetime.now(UTC) + timedelta(days=1)
+        ),
+        "server auth only": lambda: _issue_with(req, usages=[ExtendedKeyUsageOID.SERVER_AUTH]),
+        "another key": lambda: _issue_with(certificates.make_request("m1")),
+    }
+    pem = makers[case]()
+    with pytest.raises(CertificateError, match=re.escape(expected)) as raised:
+        certificates.verify_issued(req, pem)
+    assert f"CertificateSigningRequest {req.name}" in str(raised.value)

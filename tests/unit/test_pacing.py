@@ -3,8 +3,11 @@ slots, canaries with soak, the circuit breaker, and a model of a pool stepping a
 
 from __future__ import annotations
 
+import json
+import math
 from dataclasses import dataclass, field
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -320,3 +323,189 @@ def test_a_healthy_pool_converges(n: int, k: int, c: int) -> None:
         _run(pool, [*program, ("tick", 0, 15.0)], fails=False)
     assert all(x.state == "done" for x in pool.nodes)
     assert pool.max_applying <= k
+
+
+# -- hostile ledgers and Leases: the writer's clock and numbers are not trusted ----------------
+
+NOW = 1_800_000_000.0
+YEAR = 365 * 86400.0
+POLICY = Pacing(max_parallel=1, slot_ttl=60.0)
+
+
+@pytest.mark.parametrize("ttl", [math.nan, math.inf, 1e300, -5.0, 0.0])
+def test_a_slot_with_a_ttl_that_is_no_duration_does_not_hold_the_pool(ttl: float) -> None:
+    """Live, a NaN ttl held the update while the waiting node made 130 requests in 20 s."""
+    text = json.dumps({"slots": [{"host": "ghost", "checksum": CS2, "renewed": NOW, "ttl": ttl}]})
+    first = decide(POLICY, Ledger.load(text), "me", CS, NOW)
+    assert first.action == "wait"
+    assert first.retry_in is not None
+    assert 0.0 < first.retry_in <= pacing.MAX_SLOT_TTL
+    later = decide(POLICY, Ledger.load(text), "me", CS, NOW + pacing.MAX_SLOT_TTL + 1)
+    assert later.action == "proceed", later
+
+
+def test_a_slot_renewed_a_year_ahead_expires_ttl_after_this_reader_first_saw_it() -> None:
+    ghost = Slot("ghost", CS2, NOW + YEAR, 60.0)
+    seen = pacing.Sightings()
+    first = decide(POLICY, Ledger(CS, (ghost,)), "me", CS, NOW, seen)
+    assert first.action == "wait"
+    assert first.retry_in == pytest.approx(60.0)
+    assert first.ledger.slots[0].renewed == NOW  # written back: repaired for every reader
+    assert decide(POLICY, Ledger(CS, (ghost,)), "me", CS, NOW + 59, seen).action == "wait"
+    assert decide(POLICY, Ledger(CS, (ghost,)), "me", CS, NOW + 61, seen).action == "proceed"
+    # a renewal that changes the record counts from when this reader saw it change
+    moved = Slot("ghost", CS2, NOW + 2 * YEAR, 60.0)
+    assert decide(POLICY, Ledger(CS, (moved,)), "me", CS, NOW + 100, seen).action == "wait"
+    assert decide(POLICY, Ledger(CS, (moved,)), "me", CS, NOW + 161, seen).action == "proceed"
+
+
+def test_a_writer_slightly_ahead_is_believed_within_the_skew() -> None:
+    ahead = Slot("ghost", CS2, NOW + pacing.CLOCK_SKEW / 2, 60.0)
+    d = decide(POLICY, Ledger(CS, (ahead,)), "me", CS, NOW, pacing.Sightings())
+    assert d.retry_in == pytest.approx(60.0 + pacing.CLOCK_SKEW / 2)
+
+
+def test_a_canary_healthy_in_year_9999_does_not_stretch_the_soak() -> None:
+    policy = Pacing(max_parallel=2, canaries=1, soak=30.0)
+    ledger = Ledger(CS, (), ("c1",), {"c1": 253402300799.0}, {})
+    seen = pacing.Sightings()
+    d = decide(policy, ledger, "me", CS, NOW, seen)
+    assert (d.action, d.reason) == ("wait", pacing.REASON_CANARIES)
+    assert d.retry_in == pytest.approx(30.0)
+    assert decide(policy, ledger, "me", CS, NOW + 31, seen).action == "proceed"
+
+
+def test_a_canary_without_slot_or_result_is_lost_not_waited_for() -> None:
+    policy = Pacing(max_parallel=2, canaries=1, max_failures=2)
+    d = decide(policy, Ledger(CS, (), ("ghost",), {}, {}), "me", CS, NOW)
+    assert d.action == "proceed"
+    assert d.canary  # the ghost's canary place is taken by a live node
+    assert d.ledger.failed == {"ghost": pacing.LOST}
+
+
+def test_a_serial_lease_renewed_in_year_9999_for_68_years_expires_by_our_duration() -> None:
+    spec = {
+        "holderIdentity": "ghost",
+        "renewTime": "9999-12-31T23:59:59.000000Z",
+        "leaseDurationSeconds": 2**31 - 1,
+    }
+    seen = pacing.Sightings()
+    wait = pacing.serial_step(spec, "me", NOW, 600, seen)
+    assert wait.action == "wait"
+    assert wait.expires_in == pytest.approx(600.0)
+    assert pacing.serial_step(spec, "me", NOW + 599, 600, seen).action == "wait"
+    assert pacing.serial_step(spec, "me", NOW + 601, 600, seen).action == "acquire"
+
+
+def test_ledger_problems_are_named() -> None:
+    ledger, problems = Ledger.parse("{not json")
+    assert ledger == Ledger()
+    assert problems[0].startswith("not JSON")
+    ledger, problems = Ledger.parse(
+        '{"slots": [{"host": "a", "renewed": 1, "ttl": NaN}, {"host": 7}, {"host": "a"}]}'
+    )
+    assert ledger.holders() == ("a",)
+    assert problems == (
+        "slot of a has renewed=1.0 ttl=nan",
+        "slot 1 has no host",
+        "slot 2 repeats host 'a'",
+    )
+    assert Ledger.parse("[]")[1] == ("not a JSON object but list",)
+
+
+# any JSON, and ledger-shaped JSON with hostile numbers and strings
+_numbers = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.integers(-(2**70), 2**70),
+    st.sampled_from([253402300799.0, 1e300, -1e300, NOW + YEAR]),
+    st.text(max_size=5),
+    st.booleans(),
+    st.none(),
+)
+_json = st.recursive(
+    st.none() | st.booleans() | st.floats() | st.integers() | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4)
+    ),
+    max_leaves=20,
+)
+_hosts = st.sampled_from(["a", "b", "me", "ghost", ""]) | st.text(max_size=4) | st.integers()
+_slot = st.fixed_dictionaries(
+    {},
+    optional={
+        "host": _hosts,
+        "checksum": st.sampled_from([CS, CS2]) | _json,
+        "renewed": _numbers,
+        "ttl": _numbers,
+        "canary": _json,
+    },
+)
+_ledger = st.fixed_dictionaries(
+    {},
+    optional={
+        "checksum": st.sampled_from([CS, CS2, ""]) | _json,
+        "slots": st.lists(_slot, max_size=6) | _json,
+        "canaries": st.lists(_hosts, max_size=4) | _json,
+        "healthy": st.dictionaries(st.sampled_from(["a", "b", "ghost"]), _numbers) | _json,
+        "failed": st.dictionaries(st.sampled_from(["a", "b", "ghost"]), _json) | _json,
+    },
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    doc=st.one_of(_ledger, _json),
+    k=st.integers(1, 3),
+    c=st.integers(0, 2),
+    f=st.integers(1, 3),
+    ttl=st.floats(1.0, 120.0),
+    soak=st.floats(0.0, 120.0),
+)
+def test_any_ledger_never_raises_never_waits_for_ever_never_exceeds_k(
+    doc: object, k: int, c: int, f: int, ttl: float, soak: float
+) -> None:
+    policy = Pacing(max_parallel=k, canaries=c, soak=soak, max_failures=f, slot_ttl=ttl)
+    text = json.dumps(doc)
+    ledger, _problems = Ledger.parse(text)
+    seen = pacing.Sightings()
+    bound = pacing.MAX_SLOT_TTL + pacing.CLOCK_SKEW + soak
+    now = NOW
+    for _ in range(4):
+        d = decide(policy, ledger, "me", CS, now, seen)
+        if d.action == "proceed":
+            assert len(d.ledger.slots) <= k
+            assert "me" in d.ledger.holders()
+            break
+        if d.reason == pacing.REASON_BREAKER:
+            break  # held by recorded failures until the Secret changes: by design
+        # every other wait ends by time alone, within the bound
+        assert d.retry_in is not None, d
+        assert 0.0 <= d.retry_in <= bound, d
+        ledger = Ledger.load(d.ledger.dump())  # written back, read again
+        now += d.retry_in + 0.001
+    else:
+        raise AssertionError(f"still waiting after {now - NOW:.0f}s: {d}")
+    assert now - NOW <= 3 * bound
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    holder=st.none() | st.text(max_size=6),
+    renew=st.none()
+    | st.text(max_size=30)
+    | st.sampled_from(
+        ["9999-12-31T23:59:59.000000Z", "2026-01-01T00:00:00Z", "0001-01-01T00:00:00Z"]
+    ),
+    seconds=_numbers,
+    duration=st.integers(1, 600),
+)
+def test_any_serial_lease_never_raises_and_expires_within_our_duration(
+    holder: str | None, renew: str | None, seconds: object, duration: int
+) -> None:
+    spec = {"holderIdentity": holder, "renewTime": renew, "leaseDurationSeconds": seconds}
+    seen = pacing.Sightings()
+    step = pacing.serial_step(spec, "me", NOW, duration, seen)
+    if step.action == "wait":
+        assert 0.0 < step.expires_in <= duration + pacing.CLOCK_SKEW
+        later = NOW + step.expires_in + 0.001
+        assert pacing.serial_step(spec, "me", later, duration, seen).action == "acquire"

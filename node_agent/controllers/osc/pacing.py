@@ -13,13 +13,20 @@ node agent may write besides its own heartbeat: ``kube-system/<secretName>``.
   checksum. The state is a :class:`Ledger` in one annotation of that Lease, written with
   compare-and-swap; :func:`decide` and :func:`finish` compute the next ledger.
 
-Times are seconds since the epoch (the nodes' clocks; Gardener's serial Lease relies on them too).
+Times are seconds since the epoch, but a time another node wrote is not trusted beyond
+:data:`CLOCK_SKEW` ahead of the reader: a renewal "in the future" counts as made when this reader
+first saw it (:class:`Sightings`), so a slot or a serial Lease expires at most its (bounded) ttl
+after this reader last saw it change, whatever the writer's clock or numbers say. Gardener's
+serial Lease trusts the writer's ``renewTime``: a holder that wrote a year-9999 time and died
+would hold the pool for ever. Every number read from the Lease is bounded the same way (ttl,
+times, counts), and a ledger that cannot be read is reset with a problem to report.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+import math
+from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -47,6 +54,17 @@ DEFAULT_MAX_FAILURES = 1
 DEFAULT_SLOT_TTL = 600.0
 #: Gardener's serial Lease: held for 600 s, never renewed while held, released after the apply
 SERIAL_LEASE_SECONDS = 600
+#: how far ahead of the reader's clock a time written by another node is believed
+CLOCK_SKEW = 10.0
+#: the longest a slot may live without renewal, whatever the Secret or the ledger says
+MAX_SLOT_TTL = 3600.0
+#: the longest canary soak the Secret may ask for
+MAX_SOAK = 86400.0
+#: a ledger listing more entries than this (slots, canaries, results) is not one we wrote
+MAX_LEDGER_ENTRIES = 1000
+#: longest host name / failure reason kept from a ledger
+MAX_NAME = 253
+MAX_WHY = 300
 
 #: units whose restart makes a change disruptive (the node's workloads notice it)
 DISRUPTIVE_UNITS = frozenset({"kubelet.service", "containerd.service"})
@@ -128,9 +146,13 @@ def parse_policy(annotations: Mapping[str, str] | None) -> Policy:
     c, p2 = _count(annotations, ANNOTATION_CANARIES, DEFAULT_CANARIES, 0)
     f, p3 = _count(annotations, ANNOTATION_MAX_FAILURES, DEFAULT_MAX_FAILURES, 1)
     soak, p4 = _seconds(annotations, ANNOTATION_SOAK, DEFAULT_SOAK)
+    if soak > MAX_SOAK:
+        soak, p4 = MAX_SOAK, f"{ANNOTATION_SOAK} is above {MAX_SOAK:g}s (capped)"
     ttl, p5 = _seconds(annotations, ANNOTATION_SLOT_TTL, DEFAULT_SLOT_TTL)
     if ttl <= 0:
         ttl, p5 = DEFAULT_SLOT_TTL, f"{ANNOTATION_SLOT_TTL} must be positive"
+    elif ttl > MAX_SLOT_TTL:
+        ttl, p5 = MAX_SLOT_TTL, f"{ANNOTATION_SLOT_TTL} is above {MAX_SLOT_TTL:g}s (capped)"
     problems = [p for p in (p1, p2, p3, p4, p5) if p]
     return Policy(serial, Pacing(k, c, soak, f, ttl), tuple(problems))
 
@@ -138,6 +160,46 @@ def parse_policy(annotations: Mapping[str, str] | None) -> Policy:
 def disruptive_units(commands: Any) -> tuple[str, ...]:
     """The disruptive units among a change set's unit commands (``ChangeSet.unit_commands``)."""
     return tuple(sorted({c.unit for c in commands if c.unit in DISRUPTIVE_UNITS}))
+
+
+# -- what this reader saw, and when -----------------------------------------------------------
+
+
+class Sightings:
+    """When this reader first saw each record another node wrote (a slot's renewal, a serial
+    Lease's ``renewTime``, a canary's result), by the reader's own clock: the way client-go's
+    leader election judges a Lease by when *it* observed the last change, not by the writer's
+    timestamp. Only records still present are remembered, so it stays as small as the Lease."""
+
+    def __init__(self) -> None:
+        self._first: dict[Hashable, float] = {}
+
+    def first(self, key: Hashable, now: float) -> float:
+        return self._first.setdefault(key, now)
+
+    def keep(self, keys: Iterable[Hashable]) -> None:
+        wanted = set(keys)
+        self._first = {k: v for k, v in self._first.items() if k in wanted}
+
+    def believed(self, key: Hashable, written: float | None, now: float) -> float:
+        """The time to judge a record by: the writer's, unless it is unknown, not finite, or
+        more than :data:`CLOCK_SKEW` ahead of when this reader first saw the record; then that
+        first sighting."""
+        seen = self.first(key, now)
+        if written is None or not math.isfinite(written) or written > seen + CLOCK_SKEW:
+            return seen
+        return written
+
+
+def bounded_seconds(value: object, default: float, high: float) -> float:
+    """A duration read from a Lease or ledger: a finite number in (0, ``high``], else
+    ``default`` (not a number, NaN, infinite, zero or negative); above ``high``: ``high``."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return default
+    number = float(value)
+    if not math.isfinite(number) or number <= 0:
+        return default
+    return min(number, high)
 
 
 # -- serial mode (Gardener's leader election on the Lease spec) --------------------------------
@@ -155,16 +217,32 @@ class SerialStep:
     spec: Mapping[str, Any] = field(default_factory=dict)
 
 
-def serial_step(spec: Mapping[str, Any], me: str, now: float, duration: int) -> SerialStep:
-    """Gardener's ``acquiredByAnotherInstance`` / ``renewedInTime`` / ``tryAcquireOrRenew``."""
+def serial_step(
+    spec: Mapping[str, Any],
+    me: str,
+    now: float,
+    duration: int,
+    seen: Sightings | None = None,
+) -> SerialStep:
+    """Gardener's ``acquiredByAnotherInstance`` / ``renewedInTime`` / ``tryAcquireOrRenew``,
+    with the other holder's numbers bounded: its ``leaseDurationSeconds`` by our ``duration``
+    (the pool's), its ``renewTime`` by when this reader first saw it (``seen``: the reader's
+    memory; without it the Lease counts as renewed ``now``)."""
     holder = spec.get("holderIdentity") or None
+    if seen is None:
+        seen = Sightings()
     if holder is not None and holder != me:
-        renew = parse_micro_time(spec.get("renewTime"))
+        raw = spec.get("renewTime")
         seconds = spec.get("leaseDurationSeconds")
-        if renew is not None and isinstance(seconds, int) and seconds >= 0:
-            left = renew + seconds - now
+        key = ("serial", str(holder), str(raw), str(seconds))
+        seen.keep([key])
+        if raw and isinstance(seconds, int) and not isinstance(seconds, bool) and seconds >= 0:
+            renew = seen.believed(key, parse_micro_time(raw), now)
+            left = renew + min(seconds, max(duration, 0)) - now
             if left > 0:
                 return SerialStep("wait", holder=holder, expires_in=left)
+    else:
+        seen.keep([])
     new = dict(spec)
     if holder != me:
         new["holderIdentity"] = me
@@ -186,7 +264,10 @@ def micro_time(at: float) -> str:
 
 def utc(at: float) -> str:
     """A moment for messages: fixed (not a countdown), so a message changes only with facts."""
-    return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    try:
+        return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    except (OverflowError, ValueError, OSError):
+        return f"{at!r}s since the epoch"  # far out of range: no date to show
 
 
 def parse_micro_time(value: object) -> float | None:
@@ -199,7 +280,10 @@ def parse_micro_time(value: object) -> float | None:
         return None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
-    return moment.timestamp()
+    try:
+        return moment.timestamp()
+    except (OverflowError, ValueError):
+        return None
 
 
 # -- the paced rollout ------------------------------------------------------------------------
@@ -268,41 +352,141 @@ class Ledger:
 
     @classmethod
     def load(cls, text: str | None) -> Ledger:
-        """The ledger an annotation carries; an unreadable one reads as empty (the breaker
-        cannot be kept open by garbage, but K still holds for slots we can read)."""
+        """The ledger an annotation carries (see :meth:`parse`)."""
+        return cls.parse(text)[0]
+
+    @classmethod
+    def parse(cls, text: str | None) -> tuple[Ledger, tuple[str, ...]]:
+        """The ledger an annotation carries, and what was wrong with it. Never raises: text
+        that is not a ledger reads as empty (the breaker cannot be kept open by garbage); an
+        entry that cannot be read is dropped, a number that is not finite is kept as NaN for
+        :func:`current` to judge by this reader's own sightings (K still holds for every slot
+        with a host)."""
         if not text:
-            return cls()
+            return cls(), ()
         try:
             doc = json.loads(text)
-            slots = tuple(
+        except (ValueError, RecursionError) as exc:
+            return cls(), (f"not JSON ({str(exc)[:80]})",)
+        if not isinstance(doc, dict):
+            return cls(), (f"not a JSON object but {type(doc).__name__}",)
+        problems: list[str] = []
+
+        def entries(key: str, kind: type[list[Any]] | type[dict[str, Any]]) -> Any:
+            value = doc.get(key)
+            if value is None:
+                return kind()
+            if not isinstance(value, kind):
+                problems.append(f"{key} is not a {kind.__name__}")
+                return kind()
+            if len(value) > MAX_LEDGER_ENTRIES:
+                problems.append(f"{key} has {len(value)} entries (more than {MAX_LEDGER_ENTRIES})")
+                return kind()
+            return value
+
+        slots: list[Slot] = []
+        for index, raw in enumerate(entries("slots", list)):
+            if not isinstance(raw, dict) or not _name(raw.get("host")):
+                problems.append(f"slot {index} has no host")
+                continue
+            host = str(raw["host"])
+            if any(s.host == host for s in slots):
+                problems.append(f"slot {index} repeats host {host!r}")
+                continue
+            renewed, ttl = _number(raw.get("renewed")), _number(raw.get("ttl"))
+            if not math.isfinite(renewed) or not math.isfinite(ttl) or ttl <= 0:
+                problems.append(f"slot of {host} has renewed={renewed!r} ttl={ttl!r}")
+            checksum = raw.get("checksum")
+            slots.append(
                 Slot(
-                    str(s["host"]),
-                    str(s["checksum"]),
-                    float(s["renewed"]),
-                    float(s["ttl"]),
-                    bool(s.get("canary", False)),
+                    host,
+                    checksum if isinstance(checksum, str) else "",
+                    renewed,
+                    ttl,
+                    raw.get("canary") is True,
                 )
-                for s in doc.get("slots") or []
             )
-            return cls(
-                checksum=str(doc.get("checksum") or ""),
-                slots=slots,
-                canaries=tuple(str(h) for h in doc.get("canaries") or []),
-                healthy={str(k): float(v) for k, v in (doc.get("healthy") or {}).items()},
-                failed={str(k): str(v) for k, v in (doc.get("failed") or {}).items()},
-            )
-        except (ValueError, TypeError, KeyError, AttributeError):
-            return cls()
+        checksum = doc.get("checksum")
+        if checksum is not None and not isinstance(checksum, str):
+            problems.append("checksum is not a string")
+            checksum = ""
+        canaries = tuple(dict.fromkeys(h for h in entries("canaries", list) if _name(h)))
+        healthy: dict[str, float] = {}
+        for host, at in entries("healthy", dict).items():
+            healthy[host[:MAX_NAME]] = _number(at)
+            if not math.isfinite(healthy[host[:MAX_NAME]]):
+                problems.append(f"healthy time of {host[:MAX_NAME]} is {at!r}")
+        failed = {
+            str(h)[:MAX_NAME]: str(why)[:MAX_WHY] for h, why in entries("failed", dict).items()
+        }
+        ledger = cls(
+            checksum=checksum or "",
+            slots=tuple(slots),
+            canaries=canaries,
+            healthy=healthy,
+            failed=failed,
+        )
+        return ledger, tuple(problems)
+
+
+def _name(value: object) -> bool:
+    return isinstance(value, str) and 0 < len(value) <= MAX_NAME
+
+
+def _number(value: object) -> float:
+    """A number of the ledger as a float; NaN when it is none (or too big for a float)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return math.nan
+    try:
+        return float(value)
+    except OverflowError:
+        return math.nan
 
 
 LOST = "its slot expired before it reported a result (agent or node lost)"
 
 
-def current(ledger: Ledger, checksum: str, now: float) -> Ledger:
-    """The ledger for ``checksum`` at ``now``: a new checksum starts a fresh record (holders of
-    the old one keep their slots until they finish or expire: they still count against K);
-    an expired slot is freed, and if it was for ``checksum`` and its holder never reported,
-    that holder counts as failed (it may have died of the change)."""
+def believed(ledger: Ledger, now: float, ttl: float, seen: Sightings | None = None) -> Ledger:
+    """The ledger with every number bounded as this reader believes it: a slot's ttl finite,
+    positive and at most :data:`MAX_SLOT_TTL` (else the pool's ``ttl``), its renewal and every
+    healthy time no later than :data:`CLOCK_SKEW` after this reader first saw them (``seen``:
+    the reader's memory; without it, ``now``). Written back, it repairs the Lease for all."""
+    if seen is None:
+        seen = Sightings()
+    keys: list[Hashable] = []
+    slots = []
+    for slot in ledger.slots:
+        key: Hashable = ("slot", slot.host, slot.checksum, repr(slot.renewed), repr(slot.ttl))
+        keys.append(key)
+        slots.append(
+            replace(
+                slot,
+                renewed=seen.believed(key, slot.renewed, now),
+                ttl=bounded_seconds(slot.ttl, ttl, MAX_SLOT_TTL),
+            )
+        )
+    healthy = {}
+    for host, at in ledger.healthy.items():
+        key = ("healthy", ledger.checksum, host, repr(at))
+        keys.append(key)
+        healthy[host] = seen.believed(key, at, now)
+    seen.keep(keys)
+    return replace(ledger, slots=tuple(slots), healthy=healthy)
+
+
+def current(
+    ledger: Ledger,
+    checksum: str,
+    now: float,
+    ttl: float = DEFAULT_SLOT_TTL,
+    seen: Sightings | None = None,
+) -> Ledger:
+    """The ledger for ``checksum`` at ``now``, its numbers :func:`believed`: a new checksum
+    starts a fresh record (holders of the old one keep their slots until they finish or expire:
+    they still count against K); an expired slot is freed, and if it was for ``checksum`` and
+    its holder never reported, that holder counts as failed (it may have died of the change);
+    so does a canary of ``checksum`` that holds no slot and has no result (its slot is gone)."""
+    ledger = believed(ledger, now, ttl, seen)
     if ledger.checksum != checksum:
         ledger = Ledger(checksum=checksum, slots=ledger.slots)
     failed = dict(ledger.failed)
@@ -312,6 +496,10 @@ def current(ledger: Ledger, checksum: str, now: float) -> Ledger:
             slots.append(slot)
         elif slot.checksum == checksum and slot.host not in ledger.healthy:
             failed.setdefault(slot.host, LOST)
+    holders = {s.host for s in slots}
+    for canary in ledger.canaries:
+        if canary not in holders and canary not in ledger.healthy:
+            failed.setdefault(canary, LOST)
     return replace(ledger, slots=tuple(slots), failed=failed)
 
 
@@ -329,9 +517,18 @@ class Decision:
     retry_in: float | None = None
 
 
-def decide(pacing: Pacing, ledger: Ledger, host: str, checksum: str, now: float) -> Decision:
-    """May ``host`` start applying ``checksum`` (a disruptive change) now?"""
-    ledger = current(ledger, checksum, now)
+def decide(
+    pacing: Pacing,
+    ledger: Ledger,
+    host: str,
+    checksum: str,
+    now: float,
+    seen: Sightings | None = None,
+) -> Decision:
+    """May ``host`` start applying ``checksum`` (a disruptive change) now? ``seen``: this
+    reader's memory of when it first saw each record (see :class:`Sightings`). A wait that
+    time alone can end says when (``retry_in``, never more than the longest ttl or soak)."""
+    ledger = current(ledger, checksum, now, pacing.slot_ttl, seen)
     mine = ledger.slot_of(host)
     if mine is not None and mine.checksum == checksum:
         renewed = replace(mine, renewed=now, ttl=pacing.slot_ttl)

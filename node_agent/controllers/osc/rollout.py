@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import random
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
@@ -47,6 +48,11 @@ WATCH_SPREAD = 1.0
 #: changed, the soak went on) at most this often: each holder change wakes every waiting node,
 #: and a write per wake-up made a paced rollout cost each node ~100 extra API requests.
 MESSAGE_REFRESH = 60.0
+#: A waiting node never decides again sooner than this after its last look at the Lease, however
+#: often the Lease changes or however soon a slot seems to expire: no path spins on the API
+#: (``recheckMin`` lowers it, down to ``RECHECK_FLOOR``).
+MIN_RECHECK = 1.0
+RECHECK_FLOOR = 0.05
 State = Literal["idle", "waiting", "applying", "applied", "failed"]
 
 
@@ -111,6 +117,11 @@ class Rollout:
         self._watcher: asyncio.Task[None] | None = None  # the Lease's watch, while waiting
         self._decided_on: str | None = None  # resourceVersion of the Lease last read/written
         self._watched: str | None = None  # resourceVersion the watch last showed
+        # when this node first saw each record other nodes wrote (their clocks are not ours)
+        self._seen_serial = pacing.Sightings()
+        self._seen_slots = pacing.Sightings()
+        self._looked_at = -math.inf  # loop time of the last read of the Lease
+        self._ledger_problems: tuple[str, ...] = ()  # of the last ledger reset reported
 
     @property
     def config(self) -> RolloutConfig:
@@ -288,7 +299,9 @@ class Rollout:
         now = self.clock()
 
         def change(lease: JSON) -> tuple[bool, pacing.SerialStep]:
-            step = pacing.serial_step(lease.get("spec") or {}, self.ctx.host_name, now, duration)
+            step = pacing.serial_step(
+                lease.get("spec") or {}, self.ctx.host_name, now, duration, self._seen_serial
+            )
             if step.action == "wait":
                 return False, step
             lease["spec"] = dict(step.spec)
@@ -326,15 +339,20 @@ class Rollout:
     async def _take_slot(self, policy: pacing.Pacing, checksum: str) -> Decision:
         host = self.ctx.host_name
 
+        problems: tuple[str, ...] = ()
+
         def change(lease: JSON) -> tuple[bool, Decision]:
-            ledger = _ledger_of(lease)
-            decision = pacing.decide(policy, ledger, host, checksum, self.clock())
-            changed = decision.ledger != ledger
+            nonlocal problems
+            ledger, problems = _parse_ledger(lease)
+            now = self.clock()
+            decision = pacing.decide(policy, ledger, host, checksum, now, self._seen_slots)
+            changed = decision.ledger != ledger or bool(problems)
             if changed:
                 _put_ledger(lease, decision.ledger)
             return changed, decision
 
         decision = await self._update(change)
+        await self._report_ledger(problems)
         ledger = decision.ledger
         self._set(
             holders=ledger.holders(),
@@ -380,6 +398,19 @@ class Rollout:
             return
         self._set(holders=ledger.holders(), failures=len(ledger.failed))
         log.info("rollout slot released", checksum=checksum, ok=ok)
+
+    async def _report_ledger(self, problems: tuple[str, ...]) -> None:
+        """A ledger that had to be repaired (garbage, numbers out of range): a Warning, once
+        per distinct finding, naming the Lease and what was wrong."""
+        if not problems or problems == self._ledger_problems:
+            return
+        self._ledger_problems = problems
+        message = (
+            f"rollout ledger on Lease {report.NAMESPACE}/{self.lease_name} repaired: "
+            f"{'; '.join(problems)}"
+        )[:1024]
+        log.warning("rollout ledger repaired", lease=self.lease_name, problems=problems)
+        await self.ctx.event(report.REASON_ROLLOUT_LEDGER_REPAIRED, message, warning=True)
 
     def _start_renewer(self, checksum: str, ttl: float) -> asyncio.Task[None]:
         # The renewer lives no longer than the loop that took the slot: a killed agent's slot
@@ -481,6 +512,7 @@ class Rollout:
         resourceVersion); on a conflict read again and decide again."""
         kube = self.ctx.kube
         for attempt in range(CAS_ATTEMPTS):
+            self._looked_at = asyncio.get_running_loop().time()
             try:
                 lease = await kube.get_lease(report.NAMESPACE, self.lease_name)
                 exists = True
@@ -559,8 +591,14 @@ class Rollout:
         await self._condition("True", report.REASON_ROLLOUT_APPLYING, message)
 
     def _schedule(self, delay: float) -> None:
+        """Wake the loop after ``delay``, but never sooner than :data:`MIN_RECHECK` after the
+        last look at the Lease (a NaN or negative delay counts as that)."""
         self._stop_timer()
-        self._timer = asyncio.get_running_loop().call_later(delay, self._wake)
+        loop = asyncio.get_running_loop()
+        least = max(min(MIN_RECHECK, self.config.recheck_min.total_seconds()), RECHECK_FLOOR)
+        floor = self._looked_at + least - loop.time()
+        delay = delay if math.isfinite(delay) else floor
+        self._timer = loop.call_later(max(delay, floor, 0.0), self._wake)
 
     def _schedule_sooner(self, delay: float) -> None:
         loop = asyncio.get_running_loop()
@@ -637,8 +675,13 @@ def _copy(obj: Mapping[str, Any]) -> JSON:
 
 
 def _ledger_of(lease: Mapping[str, Any]) -> Ledger:
+    return _parse_ledger(lease)[0]
+
+
+def _parse_ledger(lease: Mapping[str, Any]) -> tuple[Ledger, tuple[str, ...]]:
     annotations = (lease.get("metadata") or {}).get("annotations") or {}
-    return Ledger.load(annotations.get(pacing.ANNOTATION_LEDGER))
+    raw = annotations.get(pacing.ANNOTATION_LEDGER)
+    return Ledger.parse(raw if isinstance(raw, str) else None)
 
 
 def _put_ledger(lease: JSON, ledger: Ledger) -> None:

@@ -32,6 +32,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from node_agent.base.durations import parse_duration
 from node_agent.commands.status import human_duration
+from node_agent.controllers.osc import pacing
+from node_agent.kube import report
 
 if TYPE_CHECKING:
     from node_agent.kube.client import KubeClient, Resource
@@ -40,45 +42,44 @@ JSON = dict[str, Any]
 
 # -- what the agents publish (names as the agent writes them) -------------------------------------
 
-NAMESPACE = "kube-system"
-EVENT_NAMESPACE = "default"
-COMPONENT = "gardener-node-agent"
+NAMESPACE = report.NAMESPACE
+EVENT_NAMESPACE = report.EVENT_NAMESPACE
+COMPONENT = report.COMPONENT
 LABEL_POOL = "worker.gardener.cloud/pool"
-LABEL_SECRET_NAME = "worker.gardener.cloud/gardener-node-agent-secret-name"
-LABEL_KUBERNETES_VERSION = "worker.gardener.cloud/kubernetes-version"
+LABEL_SECRET_NAME = report.LABEL_SECRET_NAME
+LABEL_KUBERNETES_VERSION = report.LABEL_KUBERNETES_VERSION
 LABEL_ROLE = "gardener.cloud/role"
 ROLE_OSC = "operating-system-config"
-ANNOTATION_APPLIED = "checksum/cloud-config-data"
-ANNOTATION_DESIRED = "checksum/data-script"
-ANNOTATION_SERIAL = "reconciliation.osc.node-agent.gardener.cloud/serial"
-CONDITION_ROLLOUT = "OSCRollout"
-CONDITION_UNITS = "SystemdUnitsReady"
+ANNOTATION_APPLIED = report.ANNOTATION_APPLIED_CHECKSUM
+ANNOTATION_DESIRED = report.ANNOTATION_SECRET_CHECKSUM
+ANNOTATION_SERIAL = report.ANNOTATION_SERIAL
+CONDITION_ROLLOUT = report.CONDITION_ROLLOUT
+CONDITION_UNITS = report.CONDITION_UNITS_READY
 #: the agent's heartbeat Lease is ``gardener-node-agent-<node>``
 LEASE_PREFIX = "gardener-node-agent-"
 
-ROLLOUT_PREFIX = "node-agent.gardener.cloud/"
-ANNOTATION_MAX_PARALLEL = ROLLOUT_PREFIX + "rollout-max-parallel"
-ANNOTATION_CANARIES = ROLLOUT_PREFIX + "rollout-canaries"
-ANNOTATION_SOAK = ROLLOUT_PREFIX + "rollout-canary-soak"
-ANNOTATION_MAX_FAILURES = ROLLOUT_PREFIX + "rollout-max-failures"
-ANNOTATION_LEDGER = ROLLOUT_PREFIX + "rollout"
-DEFAULT_CANARIES = 0
-DEFAULT_SOAK = 600.0
-DEFAULT_MAX_FAILURES = 1
-#: why a slot was counted as failed when it expired unreported (pacing.LOST)
-LOST = "its slot expired before it reported a result (agent or node lost)"
+ANNOTATION_MAX_PARALLEL = pacing.ANNOTATION_MAX_PARALLEL
+ANNOTATION_CANARIES = pacing.ANNOTATION_CANARIES
+ANNOTATION_SOAK = pacing.ANNOTATION_SOAK
+ANNOTATION_MAX_FAILURES = pacing.ANNOTATION_MAX_FAILURES
+ANNOTATION_LEDGER = pacing.ANNOTATION_LEDGER
+DEFAULT_CANARIES = pacing.DEFAULT_CANARIES
+DEFAULT_SOAK = pacing.DEFAULT_SOAK
+DEFAULT_MAX_FAILURES = pacing.DEFAULT_MAX_FAILURES
+#: why a slot was counted as failed when it expired unreported
+LOST = pacing.LOST
 
-REASON_APPLYING = "RolloutApplying"
-REASON_FAILED = "RolloutFailed"
+REASON_APPLYING = report.REASON_ROLLOUT_APPLYING
+REASON_FAILED = report.REASON_ROLLOUT_FAILED
 WAITING_REASONS = frozenset(
-    {"WaitingForSerialLease", "WaitingForSlot", "WaitingForCanaries", "CircuitBreakerOpen"}
+    {pacing.REASON_SERIAL, pacing.REASON_SLOT, pacing.REASON_CANARIES, pacing.REASON_BREAKER}
 )
-EVENT_APPLIED = "OSCApplied"
-EVENT_ROLLED_BACK = "OSCRolledBack"
-EVENT_HELD = "UnitRestartsSuspended"
+EVENT_APPLIED = report.REASON_OSC_APPLIED
+EVENT_ROLLED_BACK = report.REASON_OSC_ROLLED_BACK
+EVENT_HELD = report.REASON_RESTARTS_SUSPENDED
 #: Warning Events that say an apply did not succeed
 FAILURE_EVENTS = frozenset(
-    {"OSCApplyFailed", "OSCInvalid", "SystemDUnitStart", "SystemDUnitStop", "SystemDUnitRestart"}
+    {report.REASON_OSC_FAILED, report.REASON_OSC_INVALID, *report.REASON_UNIT_COMMAND.values()}
 )
 #: what a unit held by the restart-storm guard says in the SystemdUnitsReady message
 HELD_MARK = "node-agent stopped restarting it"
@@ -240,26 +241,17 @@ class LedgerFacts:
 
 
 def read_ledger(text: str | None, now: float) -> LedgerFacts:
-    """The ledger annotation; unreadable reads as empty, as the agents read it."""
-    if not text:
+    """The ledger annotation as the agents read it now (pacing's own parser and ``current``,
+    with the numbers bounded as a reader that first sees them now believes them); unreadable
+    reads as empty."""
+    ledger = pacing.Ledger.load(text)
+    if ledger == pacing.Ledger():
         return LedgerFacts()
-    try:
-        doc = json.loads(text)
-        checksum = str(doc.get("checksum") or "")
-        slots: list[SlotFact] = []
-        healthy = {str(k): float(v) for k, v in (doc.get("healthy") or {}).items()}
-        failed = {str(k): str(v) for k, v in (doc.get("failed") or {}).items()}
-        for raw in doc.get("slots") or []:
-            host, slot_sum = str(raw["host"]), str(raw["checksum"])
-            ends = float(raw["renewed"]) + float(raw["ttl"])
-            if ends > now:
-                slots.append(SlotFact(host, slot_sum, ends - now, bool(raw.get("canary", False))))
-            elif slot_sum == checksum and host not in healthy:
-                failed.setdefault(host, LOST)
-        canaries = tuple(str(h) for h in doc.get("canaries") or [])
-    except (ValueError, TypeError, KeyError, AttributeError):
-        return LedgerFacts()
-    return LedgerFacts(checksum, tuple(slots), canaries, healthy, failed)
+    seen = pacing.current(ledger, ledger.checksum, now)
+    slots = tuple(
+        SlotFact(s.host, s.checksum, s.renewed + s.ttl - now, s.canary) for s in seen.slots
+    )
+    return LedgerFacts(seen.checksum, slots, seen.canaries, dict(seen.healthy), dict(seen.failed))
 
 
 # -- one node -------------------------------------------------------------------------------------
