@@ -74,6 +74,12 @@ def test_every_generated_secret_decodes_and_plans(shape: str) -> None:
 
     osc = decoded(gen)
     assert secret_refs(osc, gen.machine_name) == {}  # Gardener inlines them for shoots
+    cri = containerd_cri(osc.spec.cri_config)
+    assert cri is not None
+    assert (cri.cgroup_driver, cri.containerd.sandbox_image) == (
+        "systemd",
+        "registry.k8s.io/pause:3.10",
+    )
     changes = plan(None, osc, gen.machine_name)
     written = {w.path for w in changes.files_to_write}
     assert {f.path for f in osc.spec.files} <= written
