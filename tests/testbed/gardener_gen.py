@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import base64
 import functools
-import hashlib
 import json
+import os
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -102,8 +102,9 @@ def generate(
 ) -> Generated:
     """Gardener's output for ``shape``; empty arguments take gardener-gen's test values.
 
-    Results are kept next to the binaries (the generator is deterministic), so a test session
-    runs it once per shape and set of arguments.
+    With the test values (no arguments), the result is kept next to the binaries (the
+    generator is deterministic), so a session runs it once per shape; a run with a test's own
+    machine, token or CA (unique each time) is not kept.
     """
     if shape not in SHAPES:
         raise ValueError(f"unknown shape {shape!r}; known: {', '.join(SHAPES)}")
@@ -116,24 +117,22 @@ def generate(
         args.append(f"--ca-file={ca_file}")
     if bootstrap_token:
         args.append(f"--bootstrap-token={bootstrap_token}")
-    ca = ca_file.read_bytes() if ca_file is not None else b""
-    key = hashlib.sha256(json.dumps(args).encode() + ca).hexdigest()[:16]
-    cached = binaries_dir() / "generated" / f"{shape}-{key}.json"
-    if cached.exists():
-        raw = cached.read_text()
-    else:
-        result = subprocess.run(
-            [str(binaries_dir() / "gardener-gen"), *args],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-        if result.returncode != 0:
-            raise HarnessError(f"gardener-gen {' '.join(args)} failed:\n{result.stderr[-4000:]}")
-        raw = result.stdout
+    cached = binaries_dir() / "generated" / f"{shape}.json" if len(args) == 1 else None
+    if cached is not None and cached.exists():
+        return _parse(json.loads(cached.read_text()))
+    result = subprocess.run(
+        [str(binaries_dir() / "gardener-gen"), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    if result.returncode != 0:
+        raise HarnessError(f"gardener-gen {' '.join(args)} failed:\n{result.stderr[-4000:]}")
+    raw = result.stdout
+    if cached is not None:
         cached.parent.mkdir(exist_ok=True)
-        tmp = cached.with_suffix(".tmp")
+        tmp = cached.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(raw)
         tmp.replace(cached)
     return _parse(json.loads(raw))
