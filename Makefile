@@ -18,7 +18,7 @@ export NODE_AGENT_TEST_CACHE ?= $(HOME)/.cache/node-agent-test
 export TMPDIR := $(NODE_AGENT_TEST_CACHE)/tmp
 $(shell mkdir -p $(TMPDIR))
 
-.PHONY: help deps venv controlplane promtool monitoring artifact image lint typecheck unit test demo clean
+.PHONY: help deps venv controlplane gardener promtool monitoring artifact image lint typecheck unit test demo clean
 
 help:
 	@echo "make test   - set up and run ruff, mypy (strict) and the whole pytest suite"
@@ -52,6 +52,11 @@ venv: $(VENV)/.installed
 controlplane:
 	@sh tests/testbed/build-controlplane.sh > /dev/null
 
+# Gardener's own generator and upstream gardener-node-agent, built from the pinned Gardener
+# release (tests/testbed/gardener/go.mod; cached like the control plane).
+gardener:
+	@sh tests/testbed/build-gardener.sh > /dev/null
+
 # promtool, built from Prometheus' Go module like the control plane (cached by version).
 promtool:
 	@sh tests/testbed/build-promtool.sh > /dev/null
@@ -83,11 +88,11 @@ artifact: venv
 image: artifact
 	$(BIN)/python packaging/image.py
 
-test: deps venv controlplane artifact image lint typecheck monitoring
+test: deps venv controlplane gardener artifact image lint typecheck monitoring
 	rm -rf "$(TMPDIR)"/pytest-of-*
 	$(BIN)/pytest $(PYTEST_ARGS)
 
-demo: deps venv controlplane
+demo: deps venv controlplane gardener
 	$(BIN)/python -m tests.demo
 
 clean:

@@ -15,7 +15,15 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
+from pydantic_core import PydanticUseDefault
 
 from node_agent.base.durations import format_duration, parse_duration
 from node_agent.base.errors import ConfigError
@@ -39,14 +47,37 @@ CONFIG_FILE = f"{BASE_DIR}/config.yaml"
 Duration = Annotated[timedelta, BeforeValidator(parse_duration)]
 
 
+def _zero_is_unset(value: object) -> object:
+    """Gardener's encoder writes Go zero values for fields it does not set (``kubeconfig: ""``,
+    ``qps: 0``, ``logLevel: ""``); upstream's defaulting treats them as unset, so do we."""
+    if value == "" or (value == 0 and not isinstance(value, bool)):
+        raise PydanticUseDefault()
+    return value
+
+
+#: a field whose zero value ("" or 0) takes the default, as upstream's SetDefaults_* do
+ZeroIsUnset = BeforeValidator(_zero_is_unset)
+
+
 class _Config(BaseModel):
     model_config = ConfigDict(populate_by_name=True, extra="ignore", frozen=True)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_unset(cls, data: Any) -> Any:
+        """A null field is an absent one: Go decodes null into a struct, slice, map or pointer
+        as its zero value, and upstream's defaulting then fills it in."""
+        if isinstance(data, dict):
+            return {k: v for k, v in data.items() if v is not None}
+        return data
+
 
 class ClientConnection(_Config):
-    kubeconfig: str = Field(default=KUBECONFIG_FILE, description="kubeconfig of the agent")
-    qps: float = 100.0
-    burst: int = 100
+    kubeconfig: Annotated[str, ZeroIsUnset] = Field(
+        default=KUBECONFIG_FILE, description="kubeconfig of the agent"
+    )
+    qps: Annotated[float, ZeroIsUnset] = 50.0
+    burst: Annotated[int, ZeroIsUnset] = 100
 
 
 class ServerEndpoint(_Config):
@@ -54,18 +85,26 @@ class ServerEndpoint(_Config):
     port: int
 
 
+class HealthProbesEndpoint(ServerEndpoint):
+    port: Annotated[int, ZeroIsUnset] = 2751
+
+
+class MetricsEndpoint(ServerEndpoint):
+    port: Annotated[int, ZeroIsUnset] = 2752
+
+
 class ServerConfiguration(_Config):
-    health_probes: ServerEndpoint = Field(
-        default=ServerEndpoint(port=2751), alias="healthProbes", description="/healthz, /readyz"
+    health_probes: HealthProbesEndpoint = Field(
+        default=HealthProbesEndpoint(), alias="healthProbes", description="/healthz, /readyz"
     )
-    metrics: ServerEndpoint = Field(
-        default=ServerEndpoint(port=2752), description="Prometheus metrics"
-    )
+    metrics: MetricsEndpoint = Field(default=MetricsEndpoint(), description="Prometheus metrics")
 
 
 class APIServer(_Config):
     server: str = ""
-    ca_file: str = Field(default=CLUSTER_CA_FILE, alias="caFile")
+    #: upstream leaves an empty caFile empty; Gardener always writes the cluster CA's path, which
+    #: is also what we take for "" (an empty host path would stop the agent)
+    ca_file: Annotated[str, ZeroIsUnset] = Field(default=CLUSTER_CA_FILE, alias="caFile")
 
 
 class BootstrapConfiguration(_Config):
@@ -195,8 +234,8 @@ class NodeAgentConfiguration(_Config):
     client_connection: ClientConnection = Field(
         default=ClientConnection(), alias="clientConnection"
     )
-    log_level: str = Field(default="info", alias="logLevel")
-    log_format: str = Field(default="json", alias="logFormat")
+    log_level: Annotated[str, ZeroIsUnset] = Field(default="info", alias="logLevel")
+    log_format: Annotated[str, ZeroIsUnset] = Field(default="json", alias="logFormat")
     server: ServerConfiguration = ServerConfiguration()
     feature_gates: dict[str, bool] = Field(default_factory=dict, alias="featureGates")
     api_server: APIServer = Field(default=APIServer(), alias="apiServer")

@@ -17,7 +17,9 @@ import asyncio
 import base64
 import hashlib
 import time
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -76,6 +78,15 @@ def request_name(public_key_der: bytes, cn: str, organizations: tuple[str, ...])
     return CSR_PREFIX + _b64url(digest.digest())
 
 
+@contextmanager
+def _long_names_allowed() -> Iterator[None]:
+    """Silence cryptography's warning about a name attribute longer than X.509's upper bound:
+    the agent's CN is that long on every machine-controller-manager machine (see make_request)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Attribute's length", category=UserWarning)
+        yield
+
+
 def make_request(machine_name: str) -> CertificateRequest:
     """A fresh ECDSA P-256 key and a CSR for the agent's identity on ``machine_name``."""
     if not machine_name or any(c.isspace() for c in machine_name) or "/" in machine_name:
@@ -87,12 +98,16 @@ def make_request(machine_name: str) -> CertificateRequest:
 
     key = ec.generate_private_key(ec.SECP256R1())
     cn = common_name(machine_name)
-    subject = x509.Name(
-        [
-            x509.NameAttribute(NameOID.ORGANIZATION_NAME, GROUP),
-            x509.NameAttribute(NameOID.COMMON_NAME, cn),
-        ]
-    )
+    with _long_names_allowed():
+        subject = x509.Name(
+            [
+                x509.NameAttribute(NameOID.ORGANIZATION_NAME, GROUP),
+                # Machine names from machine-controller-manager make this CN longer than X.509's
+                # 64-character upper bound; Go (upstream, kube-apiserver, kube-controller-manager)
+                # does not enforce it, so the request must not either.
+                x509.NameAttribute(NameOID.COMMON_NAME, cn, _validate=False),
+            ]
+        )
     csr = x509.CertificateSigningRequestBuilder().subject_name(subject).sign(key, hashes.SHA256())
     public_der = key.public_key().public_bytes(
         serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
@@ -146,8 +161,10 @@ def certificate_info(cert_pem: bytes) -> CertificateInfo:
         cert = x509.load_pem_x509_certificates(cert_pem)[0]
     except (ValueError, IndexError) as exc:
         raise CertificateError(f"not a PEM certificate: {exc}") from exc
+    with _long_names_allowed():
+        subject = cert.subject.rfc4514_string()
     return CertificateInfo(
-        subject=cert.subject.rfc4514_string(),
+        subject=subject,
         not_before=cert.not_valid_before_utc,
         not_after=cert.not_valid_after_utc,
     )

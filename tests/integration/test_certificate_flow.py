@@ -343,3 +343,36 @@ async def test_a_wrong_certificate_from_the_csr_is_never_written_and_a_new_csr_f
     assert "public key" in errors[1]
     assert "expired" in errors[2]
     assert signer.errors == []
+
+
+@pytest.mark.filterwarnings("ignore:Attribute.s length")
+async def test_a_machine_controller_manager_machine_name_gets_its_certificate(
+    gardener_controlplane: ControlPlane,
+    admin_api: ApiClient,
+    csr_approver: CSRApprover,
+    node: IsolatedSystemd,
+) -> None:
+    """machine-controller-manager names machines ``shoot--<project>--<shoot>-<pool>-z1-<hash>-
+    <hash>``: the CN is then longer than X.509's 64 characters. kube-controller-manager (Go)
+    signs it; the agent must ask for it, store it and work with it."""
+    machine = f"shoot--testproj--{unique('shoot')}-worker-z1-7d9f8b6c5-q4x2z"
+    cn = f"gardener.cloud:node-agent:machine:{machine}"
+    assert len(cn) > 64
+    root = node.root
+    setup = await gardener_layout(root, gardener_controlplane, admin_api, machine, f"osc-{machine}")
+
+    async with running_agent(setup, host_name=machine, systemd=node):
+        decision = await csr_approver.wait_for_decision(outcome="approved", timeout=30)
+        assert decision.common_name == cn
+        await wait_for(lambda: host(root, KUBECONFIG_FILE).exists(), 30, "the kubeconfig")
+        assert subject_of(kubeconfig_certificate(root)) == (cn, ["gardener.cloud:node-agents"])
+        # and the agent works on it: the Node is found, the OSC applied, the Lease renewed
+        await create_node(admin_api, machine)
+        checksum = await publish_osc(
+            admin_api,
+            f"osc-{machine}",
+            osc_document([], [service("long-name.service", command="start", enable=True)]),
+        )
+        await wait_applied(admin_api, machine, checksum, timeout=60)
+        await wait_for(lambda: read_lease(admin_api, machine), 20, "the lease")
+    assert csr_approver.errors == []

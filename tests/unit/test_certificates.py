@@ -57,6 +57,21 @@ def test_request_names_the_machine_and_group_with_a_p256_key() -> None:
     assert req.name.startswith("node-agent-csr-")
 
 
+@pytest.mark.filterwarnings("ignore:Attribute.s length")
+def test_request_for_a_machine_controller_manager_length_name_keeps_the_whole_name() -> None:
+    """machine-controller-manager names machines
+    ``shoot--<project>--<shoot>-<pool>-z<n>-<hash>-<hash>``; the CN then exceeds X.509's
+    64-character upper bound, which Go (upstream, the API server and kube-controller-manager)
+    does not enforce, so neither may we."""
+    machine = "shoot--testproj--testshoot-worker-z1-7d9f8b6c5-q4x2z"
+    req = certificates.make_request(machine)
+    csr = x509.load_pem_x509_csr(req.csr_pem)
+    assert csr.is_signature_valid
+    cn = csr.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value
+    assert cn == req.common_name == f"gardener.cloud:node-agent:machine:{machine}"
+    assert len(cn) > 64
+
+
 def test_request_name_is_upstreams_digest() -> None:
     """sha512/256 over base64url(part) + '|' for the key, CN, O and usages; base64url, no pad."""
     public = b"\x30\x59 not really a key"

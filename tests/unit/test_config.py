@@ -14,6 +14,8 @@ from node_agent.base.durations import format_duration, parse_duration
 from node_agent.base.errors import ConfigError
 from node_agent.config import config_version_key, find_config, parse_config
 
+KUBECONFIG = "/var/lib/gardener-node-agent/credentials/kubeconfig"
+
 GARDENER_CONFIG = """\
 apiVersion: nodeagent.config.gardener.cloud/v1alpha1
 kind: NodeAgentConfiguration
@@ -180,3 +182,94 @@ def test_config_version_key_is_not_lexical() -> None:
     assert new is not None
     assert old < new
     assert config_version_key("config.yaml") is None
+
+
+# What Gardener's encoder writes for the agent's config (Go zero values of every field it does
+# not set): upstream's defaulting reads "", 0 and null as "not set".
+GARDENER_ZERO_VALUES = """\
+apiServer:
+  caFile: /var/lib/gardener-node-agent/cluster-ca.crt
+  server: https://api.shoot.example:443
+apiVersion: nodeagent.config.gardener.cloud/v1alpha1
+clientConnection:
+  acceptContentTypes: ""
+  burst: 0
+  contentType: ""
+  kubeconfig: ""
+  qps: 0
+controllers:
+  operatingSystemConfig:
+    kubernetesVersion: 1.33.0
+    secretName: gardener-node-agent-worker-1a2b3c4d5e6f7a8b
+  systemdUnitCheck: {}
+  token:
+    syncPeriod: 12h0m0s
+kind: NodeAgentConfiguration
+logFormat: ""
+logLevel: ""
+server: {}
+"""
+
+
+def test_gardener_zero_values_mean_upstream_defaults() -> None:
+    config = parse_config(GARDENER_ZERO_VALUES)
+    assert config.client_connection.kubeconfig == KUBECONFIG
+    assert (config.client_connection.qps, config.client_connection.burst) == (50.0, 100)
+    assert (config.log_level, config.log_format) == ("info", "json")
+    assert (config.server.health_probes.port, config.server.metrics.port) == (2751, 2752)
+    assert config.controllers.operating_system_config.sync_period == timedelta(minutes=10)
+    assert config.controllers.token.sync_period == timedelta(hours=12)
+
+
+@pytest.mark.parametrize(
+    ("text", "field", "expected"),
+    [
+        ("clientConnection: null", "client_connection.kubeconfig", KUBECONFIG),
+        ("clientConnection: {kubeconfig: null}", "client_connection.kubeconfig", KUBECONFIG),
+        ("logLevel: null", "log_level", "info"),
+        ("logFormat: ''", "log_format", "json"),
+        ("server: null", "server.metrics.port", 2752),
+        ("server: {healthProbes: {bindAddress: '', port: 0}}", "server.health_probes.port", 2751),
+        ("server: {metrics: {port: 0}}", "server.metrics.port", 2752),
+        ("server: {metrics: null}", "server.metrics.port", 2752),
+        ("server: {healthProbes: {port: 8080}}", "server.health_probes.port", 8080),
+        ("featureGates: null", "feature_gates", {}),
+        ("apiServer: null", "api_server.ca_file", "/var/lib/gardener-node-agent/cluster-ca.crt"),
+        (
+            "apiServer: {caFile: ''}",
+            "api_server.ca_file",
+            "/var/lib/gardener-node-agent/cluster-ca.crt",
+        ),
+        ("bootstrap: null", "bootstrap", None),
+        ("bootstrap: {kubeletDataVolumeSize: null}", "bootstrap.kubelet_data_volume_size", None),
+        ("controllers: null", "controllers.token.sync_configs", ()),
+        (
+            "controllers: {operatingSystemConfig: null}",
+            "controllers.operating_system_config.secret_name",
+            "",
+        ),
+        (
+            "controllers: {operatingSystemConfig: {syncPeriod: null, kubernetesVersion: null}}",
+            "controllers.operating_system_config.sync_period",
+            timedelta(minutes=10),
+        ),
+        ("controllers: {token: {syncConfigs: null}}", "controllers.token.sync_configs", ()),
+        (
+            "controllers: {token: {syncPeriod: null}}",
+            "controllers.token.sync_period",
+            timedelta(hours=1),
+        ),
+        (
+            "controllers: {systemdUnitCheck: {syncPeriod: null, stuckThreshold: null}}",
+            "controllers.systemd_unit_check.stuck_threshold",
+            timedelta(minutes=5),
+        ),
+    ],
+)
+def test_null_and_zero_fields_take_upstream_defaults(
+    text: str, field: str, expected: object
+) -> None:
+    value: object = parse_config(text)
+    for name in field.split("."):
+        value = getattr(value, name)
+    assert value == expected
