@@ -16,7 +16,6 @@ loop steps again at once. What differs between controllers is said by the step's
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Literal, NoReturn
@@ -30,19 +29,18 @@ class Wake(asyncio.Event):
     """What wakes a loop. Set any number of times before the loop looks, it is one wake-up."""
 
     async def sleep(self, seconds: float | None) -> bool:
-        """Sleep until set or until ``seconds`` passed (None: no limit); True when
-        woken. Cleared either way, so a wake-up during the following step is not lost."""
-        try:
-            if self.is_set():
-                return True
+        """Sleep until set or until ``seconds`` passed (None: no limit); True when woken, and
+        then cleared, so a wake-up during the following step is not lost. A wake-up that comes
+        just as the sleep times out stays set: the next sleep returns at once."""
+        if not self.is_set():
             if seconds is not None and seconds <= 0:
                 return False
-            with contextlib.suppress(TimeoutError):
+            try:
                 await asyncio.wait_for(self.wait(), seconds)
-                return True
-            return False
-        finally:
-            self.clear()
+            except TimeoutError:
+                return False
+        self.clear()
+        return True
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import random
 from collections.abc import AsyncIterator, Callable, Coroutine
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
@@ -183,3 +183,21 @@ async def test_wake_sleep_says_whether_it_was_woken_and_clears() -> None:
     asyncio.get_running_loop().call_later(0.01, wake.set)
     assert await wake.sleep(None) is True
     assert not wake.is_set()
+
+
+class LateWake(Wake):
+    """A wake-up that arrives while a sleep is timing out (its wait is being cancelled)."""
+
+    async def wait(self) -> Literal[True]:
+        try:
+            return await super().wait()
+        except asyncio.CancelledError:
+            self.set()
+            raise
+
+
+async def test_a_wake_up_as_the_sleep_times_out_is_kept_for_the_next_sleep() -> None:
+    wake = LateWake()
+    assert await wake.sleep(0.01) is False  # timed out
+    assert wake.is_set()
+    assert await wake.sleep(3600.0) is True  # at once
