@@ -18,6 +18,9 @@ APPLY = (1.0, 60.0)
 API = (1.0, 30.0)
 CERTIFICATE = (2.0, 300.0)  # a denied request may stay denied: ask again, but not every 30 s
 HELD_BACK = (10.0, 300.0)  # re-checking derived items held back (a registry mirror not up yet)
+#: a write that lost a compare-and-swap (the rollout's Lease): read and decide again soon, but
+#: not in step with the nodes it raced; from ~50 ms up to 350 ms over a handful of tries
+CONFLICT = (0.05, 0.35)
 
 
 class Backoff:

@@ -60,6 +60,7 @@ from node_agent.apply.restart_guard import RestartGuard
 from node_agent.base.durations import format_duration
 from node_agent.base.errors import NodeAgentError
 from node_agent.base.log import get_logger
+from node_agent.base.loop import DONE, SKIPPED, Next, Wake, run_loop
 from node_agent.config import HealthCheckConfig
 from node_agent.containerd.ping import PingError, containerd_version
 from node_agent.context import AgentContext
@@ -374,7 +375,8 @@ class HealthCheckController:
         self.kubelet_url: str | None = self.config.kubelet_healthz or None
         self._managed_for: str | None = None  # applied checksum _managed was derived from
         self._reboot_due = False
-        self._wake = asyncio.Event()
+        self._wake = Wake()
+        self._next_round: float | None = None  # loop time of the next round of checks
 
     # -- the loop ---------------------------------------------------------------------------
 
@@ -383,24 +385,32 @@ class HealthCheckController:
             log.info("health checks disabled")
             return
         period = self.config.sync_period.total_seconds()
-        loop = asyncio.get_running_loop()
         try:
-            while True:
-                try:
-                    await self.check_once()
-                except NodeAgentError as exc:  # e.g. the applied OSC unreadable: next period
-                    log.warning("health checks not done", error=str(exc))
-                    self.ctx.health.error("health-check", str(exc))
-                else:
-                    self.ctx.health.progress("health-check")
-                deadline = loop.time() + period
-                while (left := deadline - loop.time()) > 0:
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._wake.wait(), timeout=left)
-                    self._wake.clear()
-                    await self.report_toggles()
+            await run_loop(self._step, self._wake, period=period, immediately=True)
         finally:
             await self.kubelet_probe.close()
+
+    async def _step(self, woken: bool) -> Next:
+        """A round of checks each period. A wake-up in between (the Node's readiness is
+        flapping) only gets the reboot suggestion out; the next round stays where it was."""
+        loop = asyncio.get_running_loop()
+        if self._next_round is not None:
+            await self.report_toggles()
+            left = self._next_round - loop.time()
+            if left > 0:
+                return Next.after(left)
+        period = self.config.sync_period.total_seconds()
+        try:
+            await self.check_once()
+        except NodeAgentError as exc:  # e.g. the applied OSC unreadable: next period
+            log.warning("health checks not done", error=str(exc))
+            self.ctx.health.error("health-check", str(exc))
+            answer = SKIPPED
+        else:
+            self.ctx.health.progress("health-check")
+            answer = DONE
+        self._next_round = loop.time() + period
+        return answer
 
     async def check_once(self) -> None:
         """One round: both components checked side by side, then acted on."""

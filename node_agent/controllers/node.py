@@ -12,7 +12,8 @@
 The own Node is list+watched by name; events only wake the worker, which always acts on the
 latest Node, one request at a time. A restart list that was acted on but whose annotation could
 not be removed yet is remembered, so a retry only removes it and never restarts units twice.
-A failed request is retried after the agent's one backoff policy (``node_agent.base.retry.API``).
+A failed request is retried after the agent's one backoff policy (``node_agent.base.retry.API``),
+on the agent's one controller loop (``node_agent.base.loop``).
 
 A deleted Node (a ``DELETED`` event, a re-list without it, or a 404 on a request) is an error
 that shows: it is logged and recorded once, and :attr:`NodeController.missing` makes ``/readyz``
@@ -30,6 +31,7 @@ from typing import Any
 
 from node_agent.base.errors import ConfigError, HostError, KubeNotFound, NodeAgentError
 from node_agent.base.log import get_logger
+from node_agent.base.loop import DONE, RETRY, SKIPPED, Next, Wake, run_loop
 from node_agent.base.retry import API, Backoff
 from node_agent.config import parse_config
 from node_agent.context import AgentContext
@@ -100,7 +102,7 @@ class NodeController:
         self.on_recreated = on_recreated
         self.stats = NodeStats()
         self._latest: JSON | None = None
-        self._wake = asyncio.Event()
+        self._wake = Wake()
         self._backoff = backoff or Backoff.of(API)
         #: Why the agent's Node is missing (one line naming it), or None while it exists.
         self.missing: str | None = None
@@ -170,24 +172,26 @@ class NodeController:
             log.info("own node exists again", node=self.ctx.node_name)
 
     async def _worker(self) -> None:
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            node = self._latest
-            if node is None:
-                continue
-            try:
-                await self.reconcile(node)
-                self._backoff.reset()
-            except KubeNotFound:
-                if self._latest is node:  # no newer event (a re-created Node) came meanwhile
-                    self._latest = None  # the watch tells when it is back
-                    self.node_gone("404 from the API server")
-            except NodeAgentError as exc:
-                log.warning("node request not handled; retrying", error=str(exc))
-                self.ctx.health.error("node", str(exc))
-                await self._backoff.wait(self._wake)
-                self._wake.set()
+        await run_loop(self._step, self._wake, period=None, backoff=self._backoff)
+
+    async def _step(self, woken: bool) -> Next:
+        """Act on the latest Node; a failed request is retried on the backoff, a 404 waits for
+        the watch to see the Node again."""
+        node = self._latest
+        if node is None:
+            return SKIPPED
+        try:
+            await self.reconcile(node)
+        except KubeNotFound:
+            if self._latest is node:  # no newer event (a re-created Node) came meanwhile
+                self._latest = None  # the watch tells when it is back
+                self.node_gone("404 from the API server")
+            return SKIPPED
+        except NodeAgentError as exc:
+            log.warning("node request not handled; retrying", error=str(exc))
+            self.ctx.health.error("node", str(exc))
+            return RETRY
+        return DONE
 
     def _wants_action(self, node: Mapping[str, Any]) -> bool:
         if report.ANNOTATION_RESTART_SERVICES in _meta(node, "annotations"):

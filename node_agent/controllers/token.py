@@ -12,7 +12,8 @@ into the applier because it also covers anyone else deleting the file and costs 
 Writes go through ``HostFS.write_atomic`` (temp file + rename, mode exactly 0640, parents 0755),
 which writes nothing when the bytes and mode already match. A failed write (a full or read-only
 disk) is retried from the last known token on the agent's one backoff policy
-(``node_agent.base.retry.API``), not only at the next resync an hour later. A Secret that is missing
+(``node_agent.base.retry.API``), not only at the next resync an hour later. Both periodic jobs
+run on the agent's one controller loop (``node_agent.base.loop``). A Secret that is missing
 or has no ``token`` key is logged; the file is left alone (a stale token beats none).
 """
 
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 
 from node_agent.base.errors import HostError, KubeError, KubeNotFound
 from node_agent.base.log import get_logger
+from node_agent.base.loop import DONE, SKIPPED, Next, Wake, run_loop
 from node_agent.base.retry import API, Backoff
 from node_agent.config import TokenSyncConfig
 from node_agent.context import AgentContext
@@ -105,9 +107,11 @@ class TokenSync:
                 await self.apply(event.object, why=event.type.lower())
 
     async def _resync_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.sync_period)
-            await self.sync()
+        await run_loop(self._resync_step, Wake(), period=self.sync_period)
+
+    async def _resync_step(self, woken: bool) -> Next:
+        """Every ``syncPeriod``: read the Secret again (a missed watch event) and write it."""
+        return DONE if await self.sync() else SKIPPED
 
     async def sync(self) -> bool:
         """Read the Secret now and write the file; False if the Secret could not be read."""
@@ -124,25 +128,30 @@ class TokenSync:
         return await self.apply(secret, why="resync")
 
     async def _existence_loop(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            await asyncio.sleep(self.check_period)
-            if self.token is None:
-                continue
-            if self._retry_at is not None:
-                if loop.time() >= self._retry_at:
-                    log.info("retrying the token file write", path=self.path)
-                    await self._write(self.token, why="retry")
-                continue
-            try:
-                missing = not await asyncio.to_thread(self.ctx.fs.exists, self.path)
-            except HostError as exc:
-                log.warning("token file not checked", path=self.path, error=str(exc))
-                continue
-            if missing:
-                log.info("token file deleted; rewriting it", path=self.path)
-                self.stats.rewrites_after_delete += 1
-                await self._write(self.token, why="deleted")
+        await run_loop(self._existence_step, Wake(), period=self.check_period)
+
+    async def _existence_step(self, woken: bool) -> Next:
+        """Every ``check_period``: a failed write whose backoff ran out is written again, else
+        a deleted file is rewritten from the last token. The write's backoff is kept by
+        :meth:`_write` (a write fails the same way from the watch, a resync or here), so this
+        step only looks whether it is due."""
+        if self.token is None:
+            return SKIPPED
+        if self._retry_at is not None:
+            if asyncio.get_running_loop().time() < self._retry_at:
+                return SKIPPED
+            log.info("retrying the token file write", path=self.path)
+            return DONE if await self._write(self.token, why="retry") else SKIPPED
+        try:
+            missing = not await asyncio.to_thread(self.ctx.fs.exists, self.path)
+        except HostError as exc:
+            log.warning("token file not checked", path=self.path, error=str(exc))
+            return SKIPPED
+        if missing:
+            log.info("token file deleted; rewriting it", path=self.path)
+            self.stats.rewrites_after_delete += 1
+            await self._write(self.token, why="deleted")
+        return DONE
 
     async def apply(self, secret: dict[str, object], *, why: str) -> bool:
         token = token_bytes(secret)

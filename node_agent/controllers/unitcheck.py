@@ -39,7 +39,6 @@ for ``RELEASE_AFTER`` since after it was held, e.g. through systemd's ``Restart=
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -55,6 +54,7 @@ from node_agent.base.errors import (
     SystemdError,
 )
 from node_agent.base.log import get_logger
+from node_agent.base.loop import Next, Wake, run_loop
 from node_agent.kube import report
 from node_agent.osc.applied import Applied, AppliedUnit
 from node_agent.systemd import UnitState
@@ -304,7 +304,9 @@ class UnitCheckController:
         self.period = max(MIN_PERIOD, config.sync_period.total_seconds())
         self.stuck_threshold = config.stuck_threshold
         self.apply_poll = apply_poll
-        self._poked = asyncio.Event()
+        self._poked = Wake()
+        #: loop time of the next periodic check
+        self._due: float | None = None
         #: the applied checksum the last check saw
         self._checked = ""
         #: (applied checksum, expected units) of the last applied OSC
@@ -325,16 +327,20 @@ class UnitCheckController:
 
     async def run(self) -> None:
         await self.ctx.node_known.wait()
+        await run_loop(self._step, self._poked, period=self.period, immediately=True)
+
+    async def _step(self, woken: bool) -> Next:
+        """A check at once, on a poke, each period, and as soon as a new OSC was applied: in
+        between the loop looks every ``apply_poll`` seconds whether the applied checksum
+        changed (a read of memory) and checks only then."""
         loop = asyncio.get_running_loop()
-        while True:
-            self._poked.clear()
-            await self.check_once()
-            due = loop.time() + self.period
-            while (left := due - loop.time()) > 0 and not self._poked.is_set():
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._poked.wait(), min(left, self.apply_poll))
-                if await self.ctx.state.applied_checksum_async() != self._checked:
-                    break  # a new OSC was applied
+        if not woken and self._due is not None:
+            left = self._due - loop.time()
+            if left > 0 and await self.ctx.state.applied_checksum_async() == self._checked:
+                return Next.after(min(left, self.apply_poll))
+        await self.check_once()
+        self._due = loop.time() + self.period
+        return Next.after(min(self.period, self.apply_poll))
 
     async def check_once(self) -> UnitCheckView:
         """One check and, if the condition changed, one write; errors are logged and left to

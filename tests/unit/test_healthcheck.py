@@ -494,6 +494,33 @@ async def test_flapping_node_gets_one_reboot_suggestion(tmp_path: Path) -> None:
     assert (view.ready_toggles, view.reboot_suggested) == (7, True)
 
 
+async def test_flapping_wakes_the_loop_for_the_suggestion_without_a_round(
+    tmp_path: Path,
+) -> None:
+    bed = Bed(tmp_path, kubelet_unit(), health={"syncPeriod": "1h"})
+    task = asyncio.create_task(bed.controller.run())
+    try:
+        for _ in range(500):
+            if bed.controller.checks:
+                break
+            await asyncio.sleep(0.01)
+        for i in range(6):
+            bed.clock.now = 1000.0 + 10 * i
+            bed.controller.node_seen(_node("False"))
+            bed.clock.now += 5
+            bed.controller.node_seen(_node("True"))
+        for _ in range(500):
+            if bed.events():
+                break
+            await asyncio.sleep(0.01)
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    assert [e[1] for e in bed.events()] == ["kubelet"]  # the suggestion, at once
+    assert bed.controller.checks == 1  # the next round stays an hour away
+
+
 async def test_no_reboot_suggestion_when_kubelet_is_not_in_the_osc(tmp_path: Path) -> None:
     bed = Bed(tmp_path, containerd_unit())
     await bed.at(0)

@@ -16,18 +16,23 @@ import yaml
 
 from node_agent.agent import build_applier
 from node_agent.apply.applier import Applier, Planned
+from node_agent.base.loop import DONE, RETRY, SKIPPED
 from node_agent.context import AgentContext
+from node_agent.controllers.osc import controller as controller_module
 from node_agent.controllers.osc import pacing
 from node_agent.controllers.osc.controller import OSCController
+from node_agent.host.history import HistoryEntry
+from node_agent.kube import report
 from node_agent.kube.report import ANNOTATION_APPLIED_CHECKSUM, ANNOTATION_SECRET_CHECKSUM
+from node_agent.osc.decode import decode_osc
 from node_agent.osc.models import OperatingSystemConfig
-from tests.unit.fakes import FakeKube, FakeSystemd, make_ctx
+from tests.unit.fakes import Call, FakeKube, FakeSystemd, make_ctx
 
 SECRET = "gardener-node-agent-pool-a-0123456789abcdef"
 
 
-def osc_bytes(text: str) -> bytes:
-    doc = {
+def osc_bytes(text: str, *, agent_unit: str | None = None) -> bytes:
+    doc: dict[str, Any] = {
         "apiVersion": "extensions.gardener.cloud/v1alpha1",
         "kind": "OperatingSystemConfig",
         "spec": {
@@ -43,6 +48,11 @@ def osc_bytes(text: str) -> bytes:
             ],
         },
     }  # fmt: skip
+    if agent_unit is not None:  # the agent's own unit, changing with ``text``
+        doc["spec"]["units"].append(
+            {"name": agent_unit, "command": "restart", "enable": True,
+             "content": f"[Service]\nExecStart=/bin/true {text.strip()}\n"}
+        )  # fmt: skip
     return yaml.safe_dump(doc).encode()
 
 
@@ -74,8 +84,11 @@ class CountingApplier:
         applier.plan = plan  # type: ignore[method-assign]
 
 
-def controller(tmp_path: Path) -> tuple[OSCController, AgentContext, FakeKube, FakeSystemd]:
-    kube, systemd = FakeKube(), FakeSystemd()
+def controller(
+    tmp_path: Path, calls: list[Call] | None = None
+) -> tuple[OSCController, AgentContext, FakeKube, FakeSystemd]:
+    """``calls``: one list for the API writes and the systemd jobs, in the order they happened."""
+    kube, systemd = FakeKube(calls=calls), FakeSystemd(calls=calls)
     kube.nodes().put({"metadata": {"name": "n1", "uid": "u1", "resourceVersion": "1"}})
     ctx: AgentContext = make_ctx(
         tmp_path,
@@ -131,3 +144,191 @@ async def test_an_update_is_planned_once_for_admission_and_apply(
     assert (tmp_path / "etc/test/a.conf").read_text() == "two\n"
     assert counting.plans - first == 1  # admission (when paced) and apply share one plan
     assert outcome.change_set.unit_commands[0].unit == "a.service"
+
+
+# -- the stages of one reconcile, one by one ---------------------------------------------------
+
+
+def checksum_of(raw: bytes) -> str:
+    return hashlib.sha256(raw).hexdigest()
+
+
+def reasons(kube: FakeKube) -> list[str]:
+    """The reasons of the Events on the Node, in the order they were recorded."""
+    return [c[1]["reason"] for c in kube.writes("create_event")]
+
+
+async def test_a_rejected_secret_is_not_decoded_again_until_it_changes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ctl, _, kube, _ = controller(tmp_path)
+    decoded: list[bytes] = []
+    real = decode_osc
+
+    def counting(raw: bytes, annotated: str | None, host: str) -> OperatingSystemConfig:
+        decoded.append(raw)
+        return real(raw, annotated, host)
+
+    monkeypatch.setattr(controller_module, "decode_osc", counting)
+    ctl.observe("ADDED", secret(b"kind: [not an OSC"))
+    assert await ctl._step(True) is SKIPPED  # invalid: reported, not retried
+    assert (len(decoded), ctl.failures) == (1, 1)
+    assert reasons(kube) == [report.REASON_OSC_INVALID]
+    assert await ctl._step(True) is DONE  # the same resourceVersion: nothing to do
+    assert (len(decoded), ctl.failures) == (1, 1)
+    assert reasons(kube) == [report.REASON_OSC_INVALID]
+    good = osc_bytes("one\n")
+    ctl.observe("MODIFIED", secret(good))  # a new resourceVersion
+    assert await ctl._step(True) is DONE
+    assert decoded[-1] == good
+    assert await applied_annotation(kube) == checksum_of(good)
+
+
+async def test_an_unchanged_secret_repairs_drift_on_the_periodic_check_only(
+    tmp_path: Path,
+) -> None:
+    ctl, _, kube, _ = controller(tmp_path)
+    ctl.observe("ADDED", secret(osc_bytes("one\n")))
+    assert await ctl._step(True) is DONE
+    conf = tmp_path / "etc/test/a.conf"
+    conf.write_text("drifted\n")
+    assert await ctl._step(True) is DONE  # woken by an event: no look at the disk
+    assert conf.read_text() == "drifted\n"
+    assert await ctl._step(False) is DONE  # the period ran out: the full check
+    assert conf.read_text() == "one\n"
+    assert reasons(kube)[-1] == report.REASON_DRIFT_REPAIRED
+
+
+async def test_an_unchanged_secret_is_reported_only_when_the_node_misses_it(
+    tmp_path: Path,
+) -> None:
+    ctl, _, kube, _ = controller(tmp_path)
+    raw = osc_bytes("one\n")
+    await ctl.reconcile(secret(raw))
+    patches = len(kube.writes("patch_node"))
+    assert await ctl.reconcile(secret(raw)) is None
+    assert len(kube.writes("patch_node")) == patches
+    ctl.node_recreated()  # look again: the Node still carries the checksum
+    assert await ctl.reconcile(secret(raw)) is None
+    assert len(kube.writes("patch_node")) == patches
+    kube.nodes().put({"metadata": {"name": "n1", "uid": "u2", "resourceVersion": "9"}})
+    ctl.node_recreated()  # a new Node, without the checksum
+    assert await ctl.reconcile(secret(raw)) is None
+    assert len(kube.writes("patch_node")) == patches + 1
+    assert await applied_annotation(kube) == checksum_of(raw)
+
+
+async def test_the_first_apply_is_not_paced_nor_delayed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ctl, _, _, _ = controller(tmp_path)
+    admitted: list[str] = []
+    delayed: list[str] = []
+    real_admit = ctl.rollout.admit
+
+    async def admit(secret: Any, checksum: str, **kwargs: Any) -> Any:
+        admitted.append(checksum)
+        return await real_admit(secret, checksum, **kwargs)
+
+    async def delay() -> None:
+        delayed.append(str(ctl.desired_checksum))
+
+    monkeypatch.setattr(ctl.rollout, "admit", admit)
+    monkeypatch.setattr(ctl, "_reconciliation_delay", delay)
+    annotations = {pacing.ANNOTATION_MAX_PARALLEL: "1", pacing.ANNOTATION_CANARIES: "0"}
+    first, second = osc_bytes("one\n"), osc_bytes("two\n")
+    assert await ctl.reconcile(secret(first, annotations)) is not None
+    assert (admitted, delayed) == ([], [])
+    assert await ctl.reconcile(secret(second, annotations)) is not None
+    assert admitted == delayed == [checksum_of(second)]
+
+
+async def test_serial_mode_skips_the_reconciliation_delay(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ctl, _, _, _ = controller(tmp_path)
+    delayed: list[str] = []
+
+    async def delay() -> None:
+        delayed.append(str(ctl.desired_checksum))
+
+    monkeypatch.setattr(ctl, "_reconciliation_delay", delay)
+    await ctl.reconcile(secret(osc_bytes("one\n")))
+    serial = {"reconciliation.osc.node-agent.gardener.cloud/serial": "true"}
+    assert await ctl.reconcile(secret(osc_bytes("two\n"), serial)) is not None
+    assert delayed == []  # the Lease spreads the nodes out instead
+
+
+async def test_a_failed_apply_is_recorded_and_the_rollout_told(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ctl, ctx, kube, systemd = controller(tmp_path)
+    await ctl.reconcile(secret(osc_bytes("one\n")))
+    failed: list[str] = []
+    real_failed = ctl.rollout.failed
+
+    async def told(permit: Any, why: str) -> None:
+        failed.append(why)
+        await real_failed(permit, why)
+
+    monkeypatch.setattr(ctl.rollout, "failed", told)
+    systemd.failing.add("a.service")
+    raw = osc_bytes("two\n")
+    ctl.observe("MODIFIED", secret(raw))
+    assert await ctl._step(True) is RETRY  # the loop backs off and tries again
+    history = (await ctx.state.load_history_async()).entries
+    assert [e.result for e in history] == ["succeeded", "failed"]
+    assert history[-1].checksum_to == checksum_of(raw)
+    assert history[-1].error is not None
+    assert "a.service" in history[-1].error
+    assert failed == [history[-1].error]
+    assert await applied_annotation(kube) == checksum_of(osc_bytes("one\n"))
+    assert ctl.failures == 1
+
+
+async def test_a_successful_apply_reports_in_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Unit command Events, the history entry, the checksum on the Node, then OSCApplied."""
+    calls: list[Call] = []
+    ctl, ctx, kube, _ = controller(tmp_path, calls)
+    real_append = ctx.state.append_history_async
+
+    async def append(entry: HistoryEntry) -> Any:
+        calls.append(("history", entry.result))
+        return await real_append(entry)
+
+    monkeypatch.setattr(ctx.state, "append_history_async", append)
+    raw = osc_bytes("one\n")
+    await ctl.reconcile(secret(raw))
+    order = [
+        c[1]["reason"] if c[0] == "create_event" else c[0]
+        for c in calls
+        if c[0] in ("restart", "create_event", "history", "patch_node")
+    ]
+    assert order == [
+        "restart",
+        report.REASON_UNIT_COMMAND["restart"],
+        "history",
+        "patch_node",
+        report.REASON_OSC_APPLIED,
+    ]
+    applied_patch = kube.writes("patch_node")[0][2]
+    assert applied_patch["metadata"]["annotations"][ANNOTATION_APPLIED_CHECKSUM] == (
+        checksum_of(raw)
+    )
+
+
+async def test_the_agents_own_unit_restarts_last(tmp_path: Path) -> None:
+    calls: list[Call] = []
+    ctl, ctx, kube, _ = controller(tmp_path, calls)
+    own = ctx.settings.agent_unit
+    await ctl.reconcile(secret(osc_bytes("one\n", agent_unit=own)))
+    del calls[:]
+    outcome = await ctl.reconcile(secret(osc_bytes("two\n", agent_unit=own)))
+    assert outcome is not None
+    assert outcome.restarts_agent
+    assert calls[-1] == ("restart", own)
+    assert ("restart", own) not in calls[:-1]
+    assert [c[0] for c in calls[-3:-1]] == ["patch_node", "create_event"]
+    assert reasons(kube)[-1] == report.REASON_OSC_APPLIED

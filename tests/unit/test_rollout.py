@@ -12,9 +12,12 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
+from node_agent.base import retry
 from node_agent.base.errors import KubeConflict
+from node_agent.base.retry import Backoff
 from node_agent.context import AgentContext
 from node_agent.controllers.osc import pacing
+from node_agent.controllers.osc import rollout as rollout_module
 from node_agent.controllers.osc.rollout import Permit, Rollout
 from node_agent.kube import report
 from node_agent.osc.plan import ChangeSet, UnitCommand
@@ -277,6 +280,30 @@ async def test_conflicts_are_retried_with_a_fresh_read(pool: Pool) -> None:
     pb = await b.admit(secret(paced(2)), CS, retrying=False, plan=KUBELET)
     assert pb is not None
     assert set(pool.ledger().holders()) == {"a", "b"}
+
+
+async def test_conflicts_back_off_on_the_agents_one_backoff(
+    pool: Pool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Lease's compare-and-swap retries wait as ``retry.CONFLICT`` says (growing, jittered),
+    one fresh backoff per write."""
+    delays: list[float] = []
+
+    class Recorded(Backoff):
+        def next(self) -> float:
+            delays.append(super().next())
+            return 0.0  # no real waiting in a unit test
+
+    monkeypatch.setattr(rollout_module, "Backoff", Recorded, raising=False)
+    a, b = pool.node("a"), pool.node("b")
+    await a.admit(secret(paced(2)), CS, retrying=False, plan=KUBELET)
+    pool.kube.fail("Lease.replace", KubeConflict("conflict", status=409), times=3)
+    assert await b.admit(secret(paced(2)), CS, retrying=False, plan=KUBELET) is not None
+    base, cap = retry.CONFLICT
+    assert len(delays) == 3
+    assert base / 2 <= delays[0] <= base
+    assert base <= delays[1] <= 2 * base
+    assert 2 * base <= delays[2] <= min(cap, 4 * base)
 
 
 async def test_stale_resource_version_is_a_conflict_not_a_lost_write(pool: Pool) -> None:

@@ -13,6 +13,7 @@ import asyncio
 import base64
 import binascii
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +32,7 @@ from node_agent.base.errors import (
 )
 from node_agent.base.layout import BOOTSTRAP_TOKEN_FILE, KUBELET_BOOTSTRAP_KUBECONFIG
 from node_agent.base.log import get_logger
+from node_agent.base.loop import DONE, RETRY, SKIPPED, Next, Wake, run_loop
 from node_agent.base.retry import Backoff
 from node_agent.config import ZONE_FILE
 from node_agent.context import AgentContext
@@ -91,13 +93,89 @@ async def resolve_secret_refs(
     return resolved
 
 
+@dataclass(frozen=True)
+class Desired:
+    """What the Secret asks for: its OSC bytes, the checksum it is annotated with, and the
+    sha256 of the bytes (the checksum that is applied and reported)."""
+
+    secret: JSON
+    raw: bytes
+    annotated: str | None
+    checksum: str
+
+
+class PlanOnce:
+    """The update's plan, made at most once: the rollout's admission asks for it only when it
+    must judge what the update disrupts, and the apply runs that same plan instead of making
+    another (None: not asked for; the apply plans itself)."""
+
+    def __init__(
+        self, applier: Applier, osc: OperatingSystemConfig, resolved: dict[str, bytes]
+    ) -> None:
+        self._applier, self._osc, self._resolved = applier, osc, resolved
+        self.planned: Planned | None = None
+
+    async def change_set(self) -> ChangeSet:
+        if self.planned is None:
+            self.planned = await self._applier.plan(self._osc, self._resolved)
+        return self.planned.change_set
+
+
+@dataclass(frozen=True)
+class Update:
+    """The update being reconciled: the desired OSC decoded and its secretRefs resolved,
+    against the checksum the host has (``applied``; "" before the first apply)."""
+
+    desired: Desired
+    applied: str
+    osc: OperatingSystemConfig
+    resolved: dict[str, bytes]
+    #: a retry of this checksum's unfinished apply (its pending journal names it)
+    retrying: bool
+    plan: PlanOnce
+
+    @property
+    def checksum(self) -> str:
+        return self.desired.checksum
+
+    @property
+    def raw(self) -> bytes:
+        return self.desired.raw
+
+    @property
+    def first_apply(self) -> bool:
+        return self.applied == ""
+
+    @property
+    def trigger(self) -> Trigger:
+        return "resume" if self.retrying else "secret"
+
+
+@dataclass(frozen=True)
+class Admission:
+    """The rollout let the update go; ``permit``: what the node holds over the apply."""
+
+    permit: Permit | None
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """An apply that went through: what it did, the gate it ran under, when it started."""
+
+    outcome: Outcome
+    gate: GateRecord | None
+    started: datetime
+
+
 class OSCController:
     def __init__(self, ctx: AgentContext, applier: Applier) -> None:
         self.ctx = ctx
         self.applier = applier
         self._latest: JSON | None = None
         self._seen = False
-        self._wake = asyncio.Event()
+        self._wake = Wake()
+        self._backoff = Backoff.of(retry.APPLY)  # a failed reconcile
+        self._recheck = Backoff.of(retry.HELD_BACK)  # derived items held back
         self._rejected: str | None = None  # resourceVersion of a Secret found invalid
         self._reported: str | None = None  # checksum last written to the Node
         self._resync = False
@@ -149,60 +227,70 @@ class OSCController:
         async with events:
             async for event in events:
                 self.ctx.health.progress("osc-watch")
-                if event.type in ("SYNC", "ADDED", "MODIFIED"):
-                    self._latest = event.object
-                elif event.type == "DELETED":
-                    self._latest = None
-                self._seen = True
-                self._wake.set()
+                self.observe(event.type, event.object)
+
+    def observe(self, kind: str, secret: JSON | None) -> None:
+        """One watch event: keep the latest Secret (None: deleted) and wake the reconciler."""
+        if kind in ("SYNC", "ADDED", "MODIFIED"):
+            self._latest = secret
+        elif kind == "DELETED":
+            self._latest = None
+        self._seen = True
+        self._wake.set()
+
+    @property
+    def _period(self) -> float:
+        """The periodic full check (``syncPeriod``)."""
+        return self.ctx.config.controllers.operating_system_config.sync_period.total_seconds()
 
     async def _reconcile_loop(self) -> None:
-        period = self.ctx.config.controllers.operating_system_config.sync_period.total_seconds()
-        backoff = Backoff.of(retry.APPLY)
-        recheck = Backoff.of(retry.HELD_BACK)
-        timeout = period
-        while True:
-            try:
-                await asyncio.wait_for(self._wake.wait(), timeout=timeout)
-            except TimeoutError:
-                self._resync = True  # the periodic full check: also looks for drift on disk
-            timeout = period
-            self._wake.clear()
-            if not self._seen:
-                continue
-            secret = self._latest
-            self.ctx.health.progress("osc-reconcile")
-            if secret is None:
-                log.warning("OSC secret not found", secret=self.ctx.secret_name)
-                continue
-            resync, self._resync = self._resync, False
-            try:
-                await self.reconcile(secret, resync=resync)
-                backoff.reset()
-                self._last_failure = None
-            except SecretRefError as exc:
-                await self._failed(exc, transient=True)
-            except OSCError as exc:
-                self._rejected = str((secret.get("metadata") or {}).get("resourceVersion"))
-                await self._failed(exc, transient=False)
-                continue
-            except ApplyError as exc:
-                await self._partly_applied(exc)
-            except NodeAgentError as exc:
-                await self._failed(exc, transient=True)
-            else:
-                held = dict(self.applier.held_back())
-                if held:
-                    # e.g. a registry mirror that is not up yet: check again well before the
-                    # periodic check, backing off, instead of pulling past it for hours
-                    timeout = min(period, recheck.next())
-                    log.info("items held back; checking again", items=held, seconds=timeout)
-                else:
-                    recheck.reset()
-                continue
-            delay = await backoff.wait(self._wake)
-            log.info("retried the OSC apply", after_seconds=round(delay, 1))
-            self._wake.set()
+        await run_loop(
+            self._step,
+            self._wake,
+            period=self._period,
+            backoff=self._backoff,
+            on_retry=lambda delay: log.info("retried the OSC apply", after_seconds=round(delay, 1)),
+        )
+
+    async def _step(self, woken: bool) -> Next:
+        """One turn of the loop: reconcile the latest Secret. A bad OSC is skipped until the
+        Secret changes; a transient failure is retried on the backoff; items held back (e.g.
+        a registry mirror not up yet) are looked at again well before the period."""
+        if not woken:
+            self._resync = True  # the periodic full check: also looks for drift on disk
+        if not self._seen:
+            return SKIPPED
+        secret = self._latest
+        self.ctx.health.progress("osc-reconcile")
+        if secret is None:
+            log.warning("OSC secret not found", secret=self.ctx.secret_name)
+            return SKIPPED
+        resync, self._resync = self._resync, False
+        try:
+            await self.reconcile(secret, resync=resync)
+        except SecretRefError as exc:
+            await self._failed(exc, transient=True)
+            return RETRY
+        except OSCError as exc:
+            self._rejected = str((secret.get("metadata") or {}).get("resourceVersion"))
+            await self._failed(exc, transient=False)
+            return SKIPPED
+        except ApplyError as exc:
+            await self._partly_applied(exc)
+            return RETRY
+        except NodeAgentError as exc:
+            await self._failed(exc, transient=True)
+            return RETRY
+        self._last_failure = None
+        held = dict(self.applier.held_back())
+        if not held:
+            self._recheck.reset()
+            return DONE
+        # e.g. a registry mirror that is not up yet: check again well before the periodic
+        # check, backing off, instead of pulling past it for hours
+        wait = min(self._period, self._recheck.next())
+        log.info("items held back; checking again", items=held, seconds=wait)
+        return Next.after(wait)
 
     async def _failed(self, exc: NodeAgentError, *, transient: bool) -> None:
         """Log and report a failed reconcile; the Warning Event only when the error is new, so a
@@ -287,101 +375,166 @@ class OSCController:
                 await self.ctx.event(report.REASON_STATE_SET_ASIDE, note, warning=True)
 
     async def _reconcile(self, secret: JSON, *, resync: bool = False) -> Outcome | None:
+        """One reconcile, in the order the data flows; each stage may end it (None)."""
         self.reconciles += 1
-        meta = secret.get("metadata") or {}
-        if self._rejected is not None and str(meta.get("resourceVersion")) == self._rejected:
+        desired = self._read(secret)
+        if desired is None:
             return None  # already reported; wait for the Secret to change
-        self._rejected = None
-        name = f"secret {NAMESPACE}/{meta.get('name')}"
-        raw = secret_bytes(secret, DATA_KEY, name)
-        annotated = (meta.get("annotations") or {}).get(report.ANNOTATION_SECRET_CHECKSUM)
-        checksum = sha256_hex(raw)
-        if await self._gate_decides(checksum):
+        if await self._gate_decides(desired.checksum):
             return None  # quarantined, or rolled back just now
         applied = await self.ctx.state.applied_checksum_async()
-        if applied == checksum and await self.ctx.state.pending_async() is None:
-            # Byte-identical to what is applied (and was validated then): no host action,
-            # except on the periodic resync, which repairs drift on disk.
-            if resync:
-                await self._repair_drift(raw, annotated)
-            if self._reported != checksum:
-                await self._report_applied(
-                    decode_osc(raw, annotated, self.ctx.host_name), checksum, only_if_missing=True
-                )
-            await self.rollout.up_to_date(checksum)
+        if await self._already_applied(desired, applied, resync=resync):
             return None
-        # Parsing a large OSC takes tens of ms of CPU: off the loop, so heartbeats keep ticking.
-        osc = await asyncio.to_thread(decode_osc, raw, annotated, self.ctx.host_name)
-        self.desired_checksum = checksum
-        first_apply = applied == ""
+        update = await self._prepare(desired, applied)
+        admission = await self._admit(update)
+        if admission is None:
+            return None  # held by the pool's rollout; it wakes the loop to look again
+        attempt = await self._apply(update, admission.permit)
+        if attempt is None:
+            return None  # the failed apply broke a unit: rolled back
+        return await self._finish(update, attempt, admission.permit)
+
+    def _read(self, secret: JSON) -> Desired | None:
+        """The OSC bytes of the Secret and their checksum; None while it is the very version
+        found invalid before (reported then; decoding it again would only repeat that)."""
+        meta = secret.get("metadata") or {}
+        if self._rejected is not None and str(meta.get("resourceVersion")) == self._rejected:
+            return None
+        self._rejected = None
+        raw = secret_bytes(secret, DATA_KEY, f"secret {NAMESPACE}/{meta.get('name')}")
+        annotated = (meta.get("annotations") or {}).get(report.ANNOTATION_SECRET_CHECKSUM)
+        return Desired(secret=secret, raw=raw, annotated=annotated, checksum=sha256_hex(raw))
+
+    async def _already_applied(self, desired: Desired, applied: str, *, resync: bool) -> bool:
+        """True when the host has these very bytes (validated when they were applied) and no
+        apply of them is unfinished: no host action then, except drift repair on the periodic
+        resync; the Node is reported to only if it misses the checksum, and the pool's rollout
+        learns that this node is up to date."""
+        if applied != desired.checksum or await self.ctx.state.pending_async() is not None:
+            return False
+        if resync:
+            await self._repair_drift(desired.raw, desired.annotated)
+        if self._reported != desired.checksum:
+            osc = decode_osc(desired.raw, desired.annotated, self.ctx.host_name)
+            await self._report_applied(osc, desired.checksum, only_if_missing=True)
+        await self.rollout.up_to_date(desired.checksum)
+        return True
+
+    async def _prepare(self, desired: Desired, applied: str) -> Update:
+        """Everything the update needs before it may start: the OSC decoded (off the loop: a
+        large one takes tens of ms of CPU, and heartbeats must keep ticking), the Node's
+        reconciliation delay waited out (not before a first apply, a retry, or where the
+        rollout paces the pool itself), secretRefs resolved, and one plan to be shared."""
+        osc = await asyncio.to_thread(
+            decode_osc, desired.raw, desired.annotated, self.ctx.host_name
+        )
+        self.desired_checksum = desired.checksum
         pending = await self.ctx.state.pending_async()
-        retrying = pending is not None and pending.osc_checksum == checksum
-        if not first_apply and not retrying and not self.rollout.skips_delay(secret):
+        retrying = pending is not None and pending.osc_checksum == desired.checksum
+        if applied != "" and not retrying and not self.rollout.skips_delay(desired.secret):
             await self._reconciliation_delay()
         resolved = await self.resolve(osc)
-        planned: Planned | None = None
+        return Update(
+            desired=desired,
+            applied=applied,
+            osc=osc,
+            resolved=resolved,
+            retrying=retrying,
+            plan=PlanOnce(self.applier, osc, resolved),
+        )
 
-        async def plan_once() -> ChangeSet:
-            # Admission asks for the plan only when it must judge what the update disrupts;
-            # the apply below runs that same plan instead of making another.
-            nonlocal planned
-            if planned is None:
-                planned = await self.applier.plan(osc, resolved)
-            return planned.change_set
+    async def _admit(self, update: Update) -> Admission | None:
+        """The pool's rollout admits the update (with the permit it holds over the apply), or
+        holds it back (None). The first apply is not paced: nothing runs yet that an update
+        could disrupt."""
+        if update.first_apply:
+            return Admission(permit=None)
+        permit = await self.rollout.admit(
+            update.desired.secret,
+            update.checksum,
+            retrying=update.retrying,
+            plan=update.plan.change_set,
+        )
+        return Admission(permit=permit) if permit is not None else None
 
-        permit = None
-        if not first_apply:
-            permit = await self.rollout.admit(secret, checksum, retrying=retrying, plan=plan_once)
-            if permit is None:
-                return None  # held by the pool's rollout; it wakes the loop to look again
-        gate = await self._gate_begin(checksum, first_apply=first_apply, retrying=retrying)
-        log.info("applying OSC", checksum=checksum, first=first_apply)
+    async def _apply(self, update: Update, permit: Permit | None) -> Attempt | None:
+        """Apply the update under the health gate (an update, not the first apply or a retry,
+        records the running units first). A failed apply is recorded in the history; if it
+        broke a unit it is rolled back (None), else the rollout is told and ApplyError raised
+        (the loop retries with backoff)."""
+        gate = await self._gate_begin(
+            update.checksum, first_apply=update.first_apply, retrying=update.retrying
+        )
+        log.info("applying OSC", checksum=update.checksum, first=update.first_apply)
         started = report.now()
-        trigger: Trigger = "resume" if retrying else "secret"
         try:
-            outcome = await self.applier.apply(raw, osc, checksum, resolved, planned)
+            outcome = await self.applier.apply(
+                update.raw, update.osc, update.checksum, update.resolved, update.plan.planned
+            )
         except ApplyError as exc:
             # A partly failed update may have broken a running unit too (its restart failed).
             partial = exc.report if isinstance(exc.report, ApplyReport) else None
-            finished = report.now()
-            broke = await self._gate_watch(gate, partial)
-            await self._history(
-                trigger,
-                applied,
-                checksum,
-                started,
-                partial,
-                None,
-                str(exc),
-                rollback=broke,
-                finished=finished,
-            )
-            if gate is not None and broke is not None:
-                await self._roll_back_update(gate, broke, permit)
+            if await self._settle(update, gate, permit, started, partial, None, str(exc)):
                 return None
             await self.rollout.failed(permit, str(exc))
             raise
+        return Attempt(outcome=outcome, gate=gate, started=started)
+
+    async def _finish(
+        self, update: Update, attempt: Attempt, permit: Permit | None
+    ) -> Outcome | None:
+        """After a successful apply: one Event per unit command, the settle window and the
+        history entry; then either the rollback of an update that broke a unit (None: the
+        Node keeps the old checksum) or the success reported."""
+        outcome = attempt.outcome
         self.applies += 1
         self.last_outcome = outcome
         for _unit, result in sorted(outcome.report.results.items()):
             reason = report.REASON_UNIT_COMMAND.get(result.action, "SystemDUnitRestart")
             await self.ctx.event(reason, result.describe(), warning=not result.ok)
+        rolled_back = await self._settle(
+            update, attempt.gate, permit, attempt.started, outcome.report, outcome.change_set
+        )
+        if rolled_back:
+            return None
+        await self._succeeded(update, outcome, permit)
+        return outcome
+
+    async def _settle(
+        self,
+        update: Update,
+        gate: GateRecord | None,
+        permit: Permit | None,
+        started: datetime,
+        rep: ApplyReport | None,
+        change_set: ChangeSet | None,
+        error: str | None = None,
+    ) -> bool:
+        """After an apply, done or partly failed: watch what it restarted for the settle
+        window, record it in the history, and roll the update back if it broke a unit (True)."""
         finished = report.now()  # the apply's duration, without the settle window
-        broke = await self._gate_watch(gate, outcome.report)
+        broke = await self._gate_watch(gate, rep)
         await self._history(
-            trigger,
-            applied,
-            checksum,
+            update.trigger,
+            update.applied,
+            update.checksum,
             started,
-            outcome.report,
-            outcome.change_set,
+            rep,
+            change_set,
+            error,
             rollback=broke,
             finished=finished,
         )
-        if gate is not None and broke is not None:
-            await self._roll_back_update(gate, broke, permit)
-            return None  # rolled back: the Node keeps the old checksum
-        await self._report_applied(osc, checksum)
+        if gate is None or broke is None:
+            return False
+        await self._roll_back_update(gate, broke, permit)
+        return True
+
+    async def _succeeded(self, update: Update, outcome: Outcome, permit: Permit | None) -> None:
+        """The update is applied and held: the checksum goes on the Node (only now), the
+        listeners and the pool's rollout are told, the Events and the log say what changed,
+        and the agent's own unit, if the update restarts it, restarts last of all."""
+        await self._report_applied(update.osc, update.checksum)
         for hook in self.on_applied:
             hook()
         await self.rollout.succeeded(permit)
@@ -390,10 +543,12 @@ class OSCController:
                 report.REASON_OSC_SKIPPED, "; ".join(outcome.report.skipped), warning=True
             )
         summary = ", ".join(outcome.change_set.reasons()) or "no unit changes"
-        await self.ctx.event(report.REASON_OSC_APPLIED, f"OSC {checksum[:12]} applied: {summary}")
+        await self.ctx.event(
+            report.REASON_OSC_APPLIED, f"OSC {update.checksum[:12]} applied: {summary}"
+        )
         log.info(
             "OSC applied",
-            checksum=checksum,
+            checksum=update.checksum,
             seconds=round(outcome.report.duration, 3),
             restarted=outcome.report.restarted,
             files=len(outcome.report.files_written),
@@ -401,7 +556,6 @@ class OSCController:
         )
         if outcome.restarts_agent:
             await self._restart_self()
-        return outcome
 
     # -- the health gate ----------------------------------------------------------------------
     async def _gate_decides(self, checksum: str) -> bool:

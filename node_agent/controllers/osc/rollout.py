@@ -23,8 +23,10 @@ from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
+from node_agent.base import retry
 from node_agent.base.errors import KubeConflict, KubeError, KubeNotFound
 from node_agent.base.log import get_logger
+from node_agent.base.retry import Backoff
 from node_agent.config import RolloutConfig
 from node_agent.controllers.osc import pacing
 from node_agent.controllers.osc.pacing import Decision, Ledger, Policy
@@ -511,6 +513,7 @@ class Rollout:
         """Read the Lease, let ``change`` edit it, write it back with compare-and-swap (the read
         resourceVersion); on a conflict read again and decide again."""
         kube = self.ctx.kube
+        backoff = Backoff.of(retry.CONFLICT, rng=self._rng)
         for attempt in range(CAS_ATTEMPTS):
             self._looked_at = asyncio.get_running_loop().time()
             try:
@@ -537,7 +540,7 @@ class Rollout:
             except KubeConflict:  # also AlreadyExists: someone else wrote first
                 if attempt + 1 == CAS_ATTEMPTS:
                     raise
-                await asyncio.sleep(self._rng.uniform(0.01, 0.05 * (attempt + 1)))
+                await backoff.wait()
         raise AssertionError("unreachable")
 
     # -- reporting -------------------------------------------------------------------------------
