@@ -106,9 +106,12 @@ async def load_status(store: StateStore, n: int) -> float:
 
 async def append_history(store: StateStore, n: int) -> float:
     now = datetime.now(UTC)
-    entry = history_entry(trigger="secret", result="succeeded", started_at=now, finished_at=now)
+    entries = [
+        history_entry(trigger="secret", result="succeeded", started_at=now, checksum_to=f"{i:064x}")
+        for i in range(n)
+    ]  # all different: a rewrite of the same bytes would be skipped
     start = time.perf_counter()
-    for _ in range(n):
+    for entry in entries:
         await store.append_history_async(entry)
     return time.perf_counter() - start
 
