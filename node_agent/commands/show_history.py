@@ -9,6 +9,7 @@ reported, not set aside (the agent does that when it next reads it). The JSON ou
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -17,7 +18,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from node_agent.base.errors import UnsafePathError
+from node_agent.base.errors import HostIOError, UnsafePathError
 from node_agent.commands.status import escape_controls, human_duration
 from node_agent.host.history import HISTORY, HISTORY_LIMIT, HistoryEntry, HistoryLog
 from node_agent.host.state import STATE_DIR, read_state_file
@@ -42,11 +43,12 @@ def read_history(root: Path) -> tuple[HistoryLog, int]:
     this agent could not read (written by a newer agent). Raises ``HistoryUnreadable``."""
     path = history_path(root)
     try:  # never through a symlink, never blocking on a FIFO, never unbounded
-        raw = read_state_file(str(path))
+        raw = read_state_file(root, HISTORY)
     except UnsafePathError as exc:
         raise HistoryUnreadable(str(exc)) from exc
-    except OSError as exc:
-        raise HistoryUnreadable(f"{path}: {exc.strerror or exc}") from exc
+    except HostIOError as exc:
+        why = os.strerror(exc.errno) if exc.errno else str(exc)
+        raise HistoryUnreadable(f"{path}: {why}") from exc
     if raw is None:
         return HistoryLog(), 0
     try:

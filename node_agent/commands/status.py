@@ -241,7 +241,6 @@ def offline_document(root: Path, config_file: Path | None, reason: str) -> dict[
         CHANGES_DONE,
         INVENTORY,
         LAST_APPLIED_OSC,
-        STATE_DIR,
         STATUS,
         read_state_file,
         sha256_hex,
@@ -250,11 +249,10 @@ def offline_document(root: Path, config_file: Path | None, reason: str) -> dict[
 
     doc = skeleton()
     doc["agent"]["not_running_reason"] = reason
-    state_dir = root / STATE_DIR.lstrip("/")
 
     def read(name: str) -> bytes | None:
         try:  # never through a symlink, never blocking on a FIFO, never unbounded
-            return read_state_file(str(state_dir / name))
+            return read_state_file(root, name)
         except (OSError, HostError):
             return None
 

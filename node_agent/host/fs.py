@@ -41,6 +41,7 @@ import errno
 import hashlib
 import os
 import secrets
+import shutil
 import stat
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, suppress
@@ -433,6 +434,29 @@ class HostFS:
                 return False
             os.fsync(dfd)
             return True
+
+    def move_aside(self, path: HostPath, suffix: str) -> os.stat_result | None:
+        """Rename whatever is at ``path`` (a file, a symlink, a directory, a FIFO, a device) to
+        ``<path><suffix>`` in the same directory, durably, without opening or following it; an
+        older entry of any kind at the new name is removed first (a directory tree without
+        following a symlink inside it). Returns the ``lstat`` of what was moved, None if there
+        was nothing. For setting an unusable file aside so it is absent from then on."""
+        if not suffix or "/" in suffix or "\0" in suffix:
+            raise UnsafePathError(suffix, "is not a file name suffix")
+        parts = self._target_parts(path)
+        name, aside = parts[-1], parts[-1] + suffix
+        with _os_errors("move aside", path), self._parent(path, parts, create=False) as dfd:
+            current = None if dfd is None else _lstat_at(dfd, name)
+            if dfd is None or current is None:
+                return None
+            old = _lstat_at(dfd, aside)
+            if old is not None and stat.S_ISDIR(old.st_mode):
+                shutil.rmtree(aside, dir_fd=dfd)  # fd-based: no symlink inside is followed
+            elif old is not None:
+                os.unlink(aside, dir_fd=dfd)
+            os.rename(name, aside, src_dir_fd=dfd, dst_dir_fd=dfd)
+            os.fsync(dfd)
+            return current
 
     def remove_dir_if_empty(self, path: HostPath) -> bool:
         """Remove directory ``path`` if it exists and is empty; returns whether it was removed.

@@ -25,37 +25,44 @@ atomically through HostFS, each a versioned pydantic model:
   deleted.
 - ``status.json`` — the last apply's outcome, for ``node-agent status`` (mode 0644, no secrets).
 
-The async methods (``*_async``) are what code on the event loop calls: they read the agent's own
-state files with aiofiles and run the writes (temp file, fsync, rename, directory fsync, through
-HostFS) in a worker thread, so a state write never stalls the loop. The sync methods stay for the
-CLI and tests. The applied checksum is kept in memory once known (``applied_checksum``), so
-``/metrics``, ``/readyz`` and ``status`` never re-read and hash the last applied OSC.
+There is one way to persist: every operation is written once, synchronously, and every byte goes
+through HostFS, which walks each path from a directory fd without following a symlink anywhere
+in it (a ``/var/lib`` planted as a symlink is refused, not followed) and writes atomically and
+durably (temp file with its exact mode, fsync, rename, directory fsync). The async methods
+(``*_async``) are what code on the event loop calls: each runs that same sync operation in a
+worker thread, one hop per operation (state changes under the store's asyncio lock), so neither
+a state write nor the read and parse of a large document stalls the loop. The hop is aiofiles'
+own (``aiofiles.os.wrap``, what each ``aiofiles.os`` call is built on) with the caller's context
+variables carried over, as ``asyncio.to_thread`` would: aiofiles' path-based calls cannot walk
+directory fds, and a read or write made of several aiofiles calls would cost a hop each. The
+sync methods are for the CLI and tests. The applied checksum is kept in memory once known
+(``applied_checksum``), so ``/metrics``, ``/readyz`` and ``status`` never re-read and hash the
+last applied OSC.
 
 A document that cannot be read (corrupt, or written by a newer agent) is moved aside to
 ``<name>.corrupt`` and treated as absent: that always errs towards re-applying (writes are
 idempotent) and towards deleting nothing. The same goes for something that is not a regular file
 (a directory, a symlink, a FIFO, a device) or is larger than ``STATE_READ_LIMIT``: it is opened
-without following symlinks and without blocking, never read, and renamed aside; a write finding
-a directory in its place does the same first. Each file set aside is noted once
-(``take_set_aside``) so that the agent can say it on the Node.
+without following symlinks and without blocking, never read, and renamed aside (through HostFS
+too); a write finding a directory, FIFO, socket or device in its place does the same first.
+Each file set aside is noted once (``take_set_aside``) so that the agent can say it on the Node.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import contextvars
 import errno
+import functools
 import hashlib
-import os
-import shutil
 import stat
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, TypeVar
+from pathlib import Path
+from typing import TYPE_CHECKING, ParamSpec, TypeVar, cast
 
-import aiofiles
 import aiofiles.os
 import structlog
 from pydantic import (
@@ -64,7 +71,7 @@ from pydantic import (
 )
 
 from node_agent.base import layout
-from node_agent.base.errors import HostError, UnsafePathError
+from node_agent.base.errors import HostError, HostIOError, UnsafePathError
 from node_agent.base.layout import drop_in_path, unit_path
 from node_agent.host.documents import (
     ApplyRecord,
@@ -77,7 +84,7 @@ from node_agent.host.documents import (
     OwnedEntry,
     Pending,
 )
-from node_agent.host.fs import TEMP_PREFIX, HostFS
+from node_agent.host.fs import HostFS
 from node_agent.osc.applied import Applied
 from node_agent.osc.plan import ChangeSet
 from node_agent.osc.steps import dropin_step, file_step, step_ids, unit_step
@@ -134,6 +141,22 @@ def claims_for(cs: ChangeSet) -> list[Claim]:
 
 
 _D = TypeVar("_D", bound=BaseModel)
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _call(thunk: Callable[[], object]) -> object:
+    return thunk()
+
+
+_in_worker = aiofiles.os.wrap(_call)  # loop.run_in_executor: the default thread pool
+
+
+async def _off_loop(fn: Callable[_P, _R], /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+    """``fn(*args, **kwargs)`` in a worker thread, the one hop of an async method, with the
+    caller's context variables (structlog's bound fields) as ``asyncio.to_thread`` has them."""
+    thunk = functools.partial(contextvars.copy_context().run, fn, *args, **kwargs)
+    return cast(_R, await _in_worker(thunk))
 
 
 class StateStore:
@@ -167,12 +190,7 @@ class StateStore:
         return self._last_applied(raw, self._load(LAST_APPLIED_META, LastAppliedMeta))
 
     async def load_last_applied_async(self) -> LastApplied | None:
-        raw = await self._read_or_set_aside_async(LAST_APPLIED_OSC)
-        if raw is None:
-            self._applied = ""
-            return None
-        meta = await self._load_async(LAST_APPLIED_META, LastAppliedMeta)
-        return await asyncio.to_thread(self._last_applied, raw, meta)  # hashing up to 1 MiB
+        return await _off_loop(self.load_last_applied)  # reading and hashing up to 1 MiB
 
     def _last_applied(self, raw: bytes | None, meta: LastAppliedMeta | None) -> LastApplied | None:
         if raw is None:
@@ -209,7 +227,7 @@ class StateStore:
         )
         self._save(LAST_APPLIED_META, meta, SECRET_MODE)
         self._applied = None  # unknown if the write below fails half-way
-        self.fs.write_atomic(self.path(LAST_APPLIED_OSC), raw, SECRET_MODE)
+        self._save_bytes(LAST_APPLIED_OSC, raw, SECRET_MODE)
         self._applied = meta.checksum
         return LastApplied(
             raw=raw,
@@ -228,7 +246,7 @@ class StateStore:
         applied: Applied | None = None,
     ) -> LastApplied:
         async with self._lock:
-            return await asyncio.to_thread(
+            return await _off_loop(
                 self.save_last_applied, raw, resolved, applied_at=applied_at, applied=applied
             )
 
@@ -305,9 +323,7 @@ class StateStore:
         target: Applied | None = None,
     ) -> Pending:
         async with self._lock:
-            return await asyncio.to_thread(
-                self.begin, change_set, osc_checksum, base=base, target=target
-            )
+            return await _off_loop(self.begin, change_set, osc_checksum, base=base, target=target)
 
     async def pending_async(self) -> Pending | None:
         """``pending()``; the journal (it carries file contents) is read off the loop."""
@@ -315,10 +331,7 @@ class StateStore:
             return self._pending
         async with self._lock:
             if self._pending is None and not self._no_journal:
-                if await self._exists_async(CHANGES):
-                    await asyncio.to_thread(self.pending)
-                else:
-                    self._no_journal = True
+                await _off_loop(self.pending)
             return self._pending
 
     def pending(self) -> Pending | None:
@@ -377,16 +390,16 @@ class StateStore:
         self, *steps: str, failed: Mapping[str, str] | None = None
     ) -> Pending:
         async with self._lock:
-            return await asyncio.to_thread(lambda: self.mark_done(*steps, failed=failed))
+            return await _off_loop(self.mark_done, *steps, failed=failed)
 
     async def record_written_async(self, claims: Iterable[Claim]) -> Inventory:
         claims = list(claims)
         async with self._lock:
-            return await asyncio.to_thread(self.record_written, claims)
+            return await _off_loop(self.record_written, claims)
 
     async def finish_async(self) -> None:
         async with self._lock:
-            await asyncio.to_thread(self.finish)
+            await _off_loop(self.finish)
 
     def record_written(self, claims: Iterable[Claim]) -> Inventory:
         """Claim paths that were just written (call before marking their steps done). A path new
@@ -417,7 +430,7 @@ class StateStore:
 
     async def inventory_async(self) -> Inventory:
         if self._inventory is None:
-            loaded = await self._load_async(INVENTORY, Inventory)
+            loaded = await _off_loop(self._load, INVENTORY, Inventory)
             if self._inventory is None:  # an apply may have saved one meanwhile
                 self._inventory = loaded or Inventory()
         return self._inventory
@@ -455,7 +468,7 @@ class StateStore:
     async def release_async(self, paths: Iterable[str]) -> Inventory:
         paths = list(paths)
         async with self._lock:
-            return await asyncio.to_thread(self.release, paths)
+            return await _off_loop(self.release, paths)
 
     def _save_inventory(self, entries: dict[str, OwnedEntry]) -> Inventory:
         inv = self.inventory()
@@ -473,10 +486,9 @@ class StateStore:
         self.status_saved(record)
 
     async def save_status_async(self, record: ApplyRecord) -> None:
-        data = record.model_dump_json(indent=2).encode() + b"\n"
         async with self._lock:
-            await self._write_async(STATUS, data, PUBLIC_MODE)
-        self.status_saved(record)
+            await _off_loop(self._save, STATUS, record, PUBLIC_MODE)
+        self.status_saved(record)  # on the loop, as the metrics it feeds
 
     def status_saved(self, record: ApplyRecord) -> None:
         """Called after ``record`` was saved (a hook for metrics)."""
@@ -485,7 +497,7 @@ class StateStore:
         return self._load(STATUS, ApplyRecord)
 
     async def load_status_async(self) -> ApplyRecord | None:
-        return await self._load_async(STATUS, ApplyRecord)
+        return await _off_loop(self.load_status)
 
     # --- apply history (history.py) --------------------------------------------------------------
 
@@ -501,7 +513,7 @@ class StateStore:
         from node_agent.host.history import HISTORY, HistoryLog
 
         if self._history is None:
-            loaded = await self._load_async(HISTORY, HistoryLog)
+            loaded = await _off_loop(self._load, HISTORY, HistoryLog)
             if self._history is None:  # appended meanwhile
                 self._history = loaded or HistoryLog()
         return self._history
@@ -510,29 +522,21 @@ class StateStore:
         """Add ``entry`` (the oldest beyond 50 dropped) and rewrite the file atomically. A
         failed read or write is logged, never raised: the history must not fail an apply (the
         entry stays in memory and is written with the next one)."""
-        from node_agent.host.history import HISTORY, HistoryLog
-
         async with self._lock:
-            try:
-                log = (await self.load_history_async()).appended(entry)
-            except (OSError, HostError) as exc:  # a read that even setting aside did not fix
-                _log.warning("apply history not read; starting a new one", error=str(exc))
-                log = HistoryLog().appended(entry)
-            self._history = log
-            try:
-                await self._write_async(HISTORY, log.to_json(), SECRET_MODE)
-            except (OSError, HostError) as exc:
-                _log.warning("apply history not written", error=str(exc))
-        return log
+            return await _off_loop(self.append_history, entry)
 
     def append_history(self, entry: HistoryEntry) -> HistoryLog:
         """``append_history_async`` for code off the event loop (the CLI, tests)."""
-        from node_agent.host.history import HISTORY
+        from node_agent.host.history import HISTORY, HistoryLog
 
-        log = self.load_history().appended(entry)
+        try:
+            log = self.load_history().appended(entry)
+        except (OSError, HostError) as exc:  # a read that even setting aside did not fix
+            _log.warning("apply history not read; starting a new one", error=str(exc))
+            log = HistoryLog().appended(entry)
         self._history = log
         try:
-            self.fs.write_atomic(self.path(HISTORY), log.to_json(), SECRET_MODE)
+            self._save_bytes(HISTORY, log.to_json(), SECRET_MODE)
         except (OSError, HostError) as exc:
             _log.warning("apply history not written", error=str(exc))
         return log
@@ -541,17 +545,16 @@ class StateStore:
 
     async def save_doc_async(self, name: str, doc: BaseModel, mode: int = SECRET_MODE) -> None:
         """Persist ``doc`` as state file ``name`` (atomically, durably)."""
-        data = doc.model_dump_json(indent=2).encode() + b"\n"
         async with self._lock:
-            await self._write_async(name, data, mode)
+            await _off_loop(self._save, name, doc, mode)
 
     async def load_doc_async(self, name: str, model: type[_D]) -> _D | None:
         """State file ``name`` as ``model``; None when missing (or unreadable: moved aside)."""
-        return await self._load_async(name, model)
+        return await _off_loop(self._load, name, model)
 
     async def remove_doc_async(self, name: str) -> None:
         async with self._lock:
-            await asyncio.to_thread(self.fs.remove, self.path(name))
+            await _off_loop(self.fs.remove, self.path(name))
 
     # --- crash leftovers -------------------------------------------------------------------------
 
@@ -575,7 +578,11 @@ class StateStore:
     # --- internals -------------------------------------------------------------------------------
 
     def _save(self, name: str, doc: BaseModel, mode: int) -> None:
-        data = doc.model_dump_json(indent=2).encode() + b"\n"
+        self._save_bytes(name, doc.model_dump_json(indent=2).encode() + b"\n", mode)
+
+    def _save_bytes(self, name: str, data: bytes, mode: int) -> None:
+        """Replace state file ``name`` with ``data`` atomically and durably (HostFS); a
+        directory, FIFO, socket or device in its place is set aside first."""
         try:
             self.fs.write_atomic(self.path(name), data, mode)
         except UnsafePathError:
@@ -587,7 +594,7 @@ class StateStore:
         """The bytes of state file ``name``; None if missing, or if it is not a regular file or
         too large (then it is set aside)."""
         try:
-            return self.fs.read(self.path(name), limit=STATE_READ_LIMIT)
+            return _read_state(self.fs, self.path(name), STATE_READ_LIMIT)
         except HostError as exc:
             self._set_aside_unreadable(name, exc)
             return None
@@ -601,76 +608,6 @@ class StateStore:
         except ValidationError as exc:
             self._quarantine(name, raw, exc)
             return None
-
-    def _real(self, name: str) -> str:
-        """The path of state file ``name`` as this process sees it (below the root)."""
-        return os.path.join(self.fs.root, self.path(name).lstrip("/"))
-
-    async def _read_async(self, name: str) -> bytes | None:
-        """The bytes of state file ``name`` (None if missing), read with aiofiles; a symlink, a
-        FIFO or anything else that is not a regular file is refused without blocking, as is a
-        file larger than ``STATE_READ_LIMIT`` (UnsafePathError)."""
-        limit = STATE_READ_LIMIT
-        path = self.path(name)
-        try:
-            async with aiofiles.open(self._real(name), "rb", opener=_state_opener(path)) as f:
-                data: bytes = await f.read(limit + 1)
-        except (FileNotFoundError, NotADirectoryError):
-            return None
-        except OSError as exc:
-            if exc.errno == errno.ELOOP:
-                raise UnsafePathError(path, "is a symlink") from exc
-            raise
-        if len(data) > limit:
-            raise UnsafePathError(path, f"is larger than {limit} bytes")
-        return data
-
-    async def _read_or_set_aside_async(self, name: str) -> bytes | None:
-        try:
-            return await self._read_async(name)
-        except (OSError, HostError) as exc:
-            await asyncio.to_thread(self._set_aside_unreadable, name, exc)
-            return None
-
-    async def _exists_async(self, name: str) -> bool:
-        return bool(await aiofiles.os.path.exists(self._real(name)))
-
-    async def _load_async(self, name: str, model: type[_D]) -> _D | None:
-        raw = await self._read_or_set_aside_async(name)
-        if raw is None:
-            return None
-        try:
-            if len(raw) > _VALIDATE_ON_LOOP:
-                return await asyncio.to_thread(model.model_validate_json, raw)
-            return model.model_validate_json(raw)
-        except ValidationError as exc:
-            await asyncio.to_thread(self._quarantine, name, raw, exc)
-            return None
-
-    async def _write_async(self, name: str, data: bytes, mode: int) -> None:
-        """Replace state file ``name`` with ``data`` durably, written with aiofiles: a temp file
-        (HostFS's temp prefix, so a crash leftover is cleaned up at start), fsync, rename,
-        directory fsync."""
-        directory = self._real(name).rsplit("/", 1)[0]
-        if not await aiofiles.os.path.isdir(directory):
-            await asyncio.to_thread(self.fs.ensure_dir, self.state_dir)
-        tmp = f"{directory}/{TEMP_PREFIX}{uuid.uuid4().hex[:12]}-{name}"
-        try:
-            async with aiofiles.open(tmp, "wb", opener=_opener_new(mode)) as f:
-                await f.write(data)
-                await f.flush()
-                await _fsync(f.fileno())
-            try:
-                await aiofiles.os.replace(tmp, self._real(name))
-            except IsADirectoryError:  # a directory in its place: set it aside, then once more
-                if not await asyncio.to_thread(self._clear_for_write, name):
-                    raise
-                await aiofiles.os.replace(tmp, self._real(name))
-        except BaseException:
-            with contextlib.suppress(OSError):
-                await aiofiles.os.unlink(tmp)
-            raise
-        await _fsync_dir(directory)
 
     def _quarantine(self, name: str, raw: bytes, exc: Exception) -> None:
         aside = self.path(name + CORRUPT_SUFFIX)
@@ -706,51 +643,26 @@ class StateStore:
     def _clear_for_write(self, name: str) -> bool:
         """Before writing state file ``name``: set aside what is in its place if that is not a
         regular file or a symlink (which a rename replaces). True if something was moved."""
+        path = self.path(name)
         try:
-            st = os.lstat(self._real(name))
-        except OSError:
+            st = self.fs.lstat(path)
+        except HostError:  # e.g. a symlink in a parent: nothing to clear, the write is refused
             return False
-        if stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode):
+        if st is None or stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode):
             return False
-        self._set_aside_unreadable(name, UnsafePathError(self.path(name), _kind(st.st_mode)))
-        return not os.path.lexists(self._real(name))
+        self._set_aside_unreadable(name, UnsafePathError(path, _kind(st.st_mode)))
+        try:
+            return not self.fs.exists(path)
+        except HostError:
+            return False
 
     def _rename_aside(self, name: str) -> bool:
         """Rename ``name`` to ``<name>.corrupt`` (replacing an older one of any kind)."""
-        real, aside = self._real(name), self._real(name + CORRUPT_SUFFIX)
         try:
-            if os.path.isdir(aside) and not os.path.islink(aside):
-                shutil.rmtree(aside)
-            elif os.path.lexists(aside):
-                os.unlink(aside)
-            os.rename(real, aside)
-        except OSError as exc:
+            return self.fs.move_aside(self.path(name), CORRUPT_SUFFIX) is not None
+        except HostError as exc:
             _log.warning("state file not moved aside", path=self.path(name), error=str(exc))
             return False
-        return True
-
-
-_VALIDATE_ON_LOOP = 64 * 1024  # bytes; larger documents are parsed in a worker thread
-
-
-def _state_opener(host_path: str) -> Callable[[str, int], int]:
-    """An opener for a state file: no symlink followed, no blocking on a FIFO, only a regular
-    file of at most ``STATE_READ_LIMIT`` bytes (UnsafePathError naming ``host_path``)."""
-
-    def opener(path: str, flags: int) -> int:
-        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise UnsafePathError(host_path, _kind(st.st_mode))
-            if st.st_size > STATE_READ_LIMIT:
-                raise UnsafePathError(host_path, f"is larger than {STATE_READ_LIMIT} bytes")
-        except BaseException:
-            os.close(fd)
-            raise
-        return fd
-
-    return opener
 
 
 def _kind(mode: int) -> str:
@@ -758,50 +670,31 @@ def _kind(mode: int) -> str:
     return f"is {kinds.get(stat.S_IFMT(mode), 'a device')}, not a regular file"
 
 
-def read_state_file(path: str, limit: int | None = None) -> bytes | None:
-    """The bytes of the state file at ``path`` (a path of this process, e.g. below ``--root``);
-    None if missing. For readers outside the agent (``status --history``): never follows a
-    symlink, never blocks on a FIFO, never reads more than ``limit`` bytes (UnsafePathError)."""
+def _read_state(fs: HostFS, path: str, limit: int) -> bytes | None:
+    """The bytes of state file ``path`` (a host path) through ``fs``; None if missing. Never
+    follows a symlink anywhere in the path, never blocks on a FIFO, never reads more than
+    ``limit`` bytes: anything else is an UnsafePathError saying what is there."""
+    try:
+        return fs.read(path, limit=limit)
+    except UnsafePathError as exc:
+        try:
+            st = fs.lstat(path)
+        except HostError:
+            raise exc from None
+        if st is None or stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode):
+            raise
+        raise UnsafePathError(path, _kind(st.st_mode)) from exc
+
+
+def read_state_file(root: Path | str, name: str, limit: int | None = None) -> bytes | None:
+    """The bytes of state file ``name`` of the agent whose ``--root`` is ``root``; None if
+    missing. For readers outside the agent (``status``, ``status --history``): the same read as
+    the agent's own (HostFS: no symlink followed anywhere in the path, no blocking on a FIFO,
+    at most ``limit`` bytes, UnsafePathError otherwise), and nothing set aside or written."""
     limit = STATE_READ_LIMIT if limit is None else limit
     try:
-        fd = _state_opener(path)(path, os.O_RDONLY)
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise UnsafePathError(path, "is a symlink") from exc
+        return _read_state(HostFS(root), f"{STATE_DIR}/{name}", limit)
+    except HostIOError as exc:
+        if exc.errno == errno.ENOENT:  # the root itself is missing: no state at all
+            return None
         raise
-    with os.fdopen(fd, "rb") as f:
-        data = f.read(limit + 1)
-    if len(data) > limit:
-        raise UnsafePathError(path, f"is larger than {limit} bytes")
-    return data
-
-
-def _opener_new(mode: int) -> Callable[[str, int], int]:
-    def opener(path: str, flags: int) -> int:
-        fd = os.open(path, flags | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        try:
-            os.fchmod(fd, mode)  # exactly ``mode``, whatever the umask
-        except BaseException:
-            os.close(fd)
-            raise
-        return fd
-
-    return opener
-
-
-def _fsync_path(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_fd(fd: int) -> None:
-    os.fsync(fd)
-
-
-_fsync = aiofiles.os.wrap(_fsync_fd)
-_fsync_dir = aiofiles.os.wrap(_fsync_path)

@@ -17,7 +17,6 @@ from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-import aiofiles.os
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -174,10 +173,10 @@ async def test_a_failed_write_is_logged_and_kept_for_the_next(
     store = StateStore(HostFS(tmp_path))
     await store.append_history_async(_entry(1))
 
-    async def no_space(*_args: object) -> None:
+    def no_space(*_args: object, **_kwargs: object) -> None:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(aiofiles.os, "replace", no_space)
+    monkeypatch.setattr(os, "rename", no_space)
     with capture_logs() as logs:
         log = await store.append_history_async(_entry(2))
     assert len(log.entries) == 2

@@ -641,3 +641,44 @@ def test_chmod_of_what_is_missing_or_not_a_file(fs: HostFS, root: Path) -> None:
     with pytest.raises(ValueError, match="permission mode"):
         fs.chmod("/d", 0o10000)
     assert mode_of(root / "d") == 0o755
+
+
+# --- setting aside ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape", ["file", "symlink", "directory", "fifo"])
+@pytest.mark.parametrize("older", [None, "file", "symlink", "directory"])
+def test_move_aside_renames_any_kind_over_any_older_one(
+    fs: HostFS, root: Path, outside: Path, shape: str, older: str | None
+) -> None:
+    state = root / "var/lib/state"
+    state.mkdir(parents=True)
+    target, aside = state / "a.json", state / "a.json.corrupt"
+    (outside / "keep").write_text("outside")
+    for path, kind in ((target, shape), (aside, older)):
+        if kind == "file":
+            path.write_text(str(path))
+        elif kind == "symlink":
+            path.symlink_to(outside)
+        elif kind == "directory":
+            (path / "sub").mkdir(parents=True)
+            (path / "sub" / "link").symlink_to(outside)
+        elif kind == "fifo":
+            os.mkfifo(path)
+    st = fs.move_aside("/var/lib/state/a.json", ".corrupt")
+    assert st is not None
+    assert stat.S_IFMT(st.st_mode) == stat.S_IFMT(os.lstat(aside).st_mode)
+    assert not os.path.lexists(target)
+    assert (outside / "keep").read_text() == "outside"  # nothing followed
+    assert fs.move_aside("/var/lib/state/a.json", ".corrupt") is None
+
+
+def test_move_aside_never_walks_a_symlinked_parent(fs: HostFS, root: Path, outside: Path) -> None:
+    (outside / "a.json").write_text("outside")
+    (root / "var").mkdir()
+    (root / "var/lib").symlink_to(outside)
+    with pytest.raises(UnsafePathError):
+        fs.move_aside("/var/lib/a.json", ".corrupt")
+    assert sorted(p.name for p in outside.iterdir()) == ["a.json", "victim"]
+    with pytest.raises(UnsafePathError):
+        fs.move_aside("/var/a.json", "/../x")

@@ -1,5 +1,6 @@
 """StateStore's async methods (what the event loop calls): the same documents as the sync ones,
-read with aiofiles and written off the loop, durably; the applied checksum kept in memory."""
+read and written by the same code through HostFS in a worker thread, durably; the applied
+checksum kept in memory."""
 
 from __future__ import annotations
 
@@ -14,9 +15,18 @@ from pathlib import Path
 
 import pytest
 
-from node_agent.host.documents import ApplyRecord, Claim
+from node_agent.base.errors import UnsafePathError
+from node_agent.host.documents import ApplyRecord, Claim, Inventory, OwnedEntry
 from node_agent.host.fs import TEMP_PREFIX, HostFS
-from node_agent.host.state import CORRUPT_SUFFIX, STATE_DIR, STATUS, StateStore
+from node_agent.host.history import history_entry
+from node_agent.host.state import (
+    CORRUPT_SUFFIX,
+    INVENTORY,
+    LAST_APPLIED_OSC,
+    STATE_DIR,
+    STATUS,
+    StateStore,
+)
 from node_agent.osc.plan import ChangeSet, FileWrite
 
 
@@ -149,9 +159,9 @@ async def test_applied_checksum_is_read_once_then_kept_in_memory(
     reads: list[str] = []
     real_read = fs.read
 
-    def counting_read(path: str) -> bytes | None:
+    def counting_read(path: str, *, limit: int | None = None) -> bytes | None:
         reads.append(path)
-        return real_read(path)
+        return real_read(path, limit=limit)
 
     monkeypatch.setattr(fs, "read", counting_read)
     store = StateStore(fs)
@@ -186,3 +196,32 @@ async def test_concurrent_state_changes_are_serialised(root: Path) -> None:
     resumed = StateStore(HostFS(root)).pending()
     assert resumed is not None
     assert resumed.done == frozenset(steps)
+
+
+async def test_a_symlink_in_a_parent_of_the_state_dir_is_never_followed(root: Path) -> None:
+    """``/var/lib`` planted as a symlink to elsewhere: the loop's reads find nothing there and
+    its writes are refused, so nothing outside the root is read, written or moved aside."""
+    host, outside = root / "host", root / "outside"
+    planted = outside / "gardener-node-agent"
+    planted.mkdir(parents=True)
+    (planted / STATUS).write_text(record().model_dump_json())
+    (planted / LAST_APPLIED_OSC).write_bytes(b"osc: planted\n")
+    owned = OwnedEntry(kind="file", created=True, sha256="0" * 64, mode=0o644)
+    (planted / INVENTORY).write_text(Inventory(entries={"/etc/shadow": owned}).model_dump_json())
+    (host / "var").mkdir(parents=True)
+    (host / "var" / "lib").symlink_to(outside)
+    before = {p.name: p.read_bytes() for p in planted.iterdir()}
+    store = StateStore(HostFS(host))
+    assert await store.load_status_async() is None
+    assert await store.applied_checksum_async() == ""
+    assert not (await store.inventory_async()).owns("/etc/shadow")
+    assert await store.pending_async() is None
+    with pytest.raises(UnsafePathError):
+        await store.save_status_async(record("failed"))
+    with pytest.raises(UnsafePathError):
+        await store.save_doc_async("health-gate.json", record())
+    now = datetime.now(UTC)
+    await store.append_history_async(
+        history_entry(trigger="secret", result="succeeded", started_at=now)
+    )
+    assert {p.name: p.read_bytes() for p in planted.iterdir()} == before

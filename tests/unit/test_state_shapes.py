@@ -241,3 +241,25 @@ def test_offline_status_answers_at_once_whatever_the_files_are(tmp_path: Path, s
         pytest.fail(f"status hung on a {shape}")
     assert proc.returncode == 3, proc.stderr  # not running: the offline document
     assert '"running": false' in proc.stdout
+
+
+def test_the_status_commands_never_read_through_a_symlinked_directory(tmp_path: Path) -> None:
+    """``/var/lib`` planted as a symlink to another directory holding state files: ``status``
+    and ``status --history`` show them as absent or unreadable, never their contents."""
+    from node_agent.commands.show_history import HistoryUnreadable, read_history
+    from node_agent.commands.status import offline_document
+
+    outside = tmp_path / "outside" / "gardener-node-agent"
+    outside.mkdir(parents=True)
+    (tmp_path / "outside-root").mkdir()
+    store = StateStore(HostFS(tmp_path / "outside-root"))
+    store.append_history(_entry())  # type: ignore[arg-type]
+    store.save_last_applied(b"osc: planted\n")
+    for path in (tmp_path / "outside-root" / STATE_DIR.lstrip("/")).iterdir():
+        path.rename(outside / path.name)
+    root = tmp_path / "root"
+    (root / "var").mkdir(parents=True)
+    (root / "var" / "lib").symlink_to(outside.parent)
+    with pytest.raises(HistoryUnreadable, match="symlink"):
+        read_history(root)
+    assert offline_document(root, None, "test")["osc"]["applied_checksum"] is None
