@@ -46,6 +46,8 @@ from node_agent.systemd import JobResult, SystemdSeam
 
 CRASH_HOOK_ENV = "NODE_AGENT_TEST_CRASH_AFTER"
 NO_IMAGE_STORE = "imageRef content is not supported by this agent"
+#: containerd's own command: image files are pulled through it
+CONTAINERD_COMMAND = S.cmd_step("containerd.service")
 
 log = get_logger("node-agent.executor")
 
@@ -195,7 +197,13 @@ class Executor:
         try:
             for kind, batch in _batches(remaining):
                 if kind == "cmd" and fetches:
-                    waiting = [s for s in batch if in_flight & set(self._blockers(s, pending))]
+                    # A unit waits for the pulls of its files; containerd waits for every pull
+                    # in flight (they go through it: a restart would cut them off).
+                    waiting = [
+                        s
+                        for s in batch
+                        if in_flight & set(self._blockers(s, pending)) or s == CONTAINERD_COMMAND
+                    ]
                     now = [s for s in batch if s not in waiting]
                     if now:
                         await record(*await self._run(kind, now, pending, report))

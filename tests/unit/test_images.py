@@ -343,7 +343,13 @@ KUBELET = b"\x7fELF kubelet v1.33.1"
 UNIT = "[Service]\nExecStart=/opt/bin/kubelet\n"
 
 
-def osc_yaml(image: str, path_in_image: str = "/kubelet", *, extra: str = "a\n") -> bytes:
+def osc_yaml(
+    image: str,
+    path_in_image: str = "/kubelet",
+    *,
+    extra: str = "a\n",
+    extra_unit: str = "extra.service",
+) -> bytes:
     doc = {
         "apiVersion": "extensions.gardener.cloud/v1alpha1",
         "kind": "OperatingSystemConfig",
@@ -372,7 +378,7 @@ def osc_yaml(image: str, path_in_image: str = "/kubelet", *, extra: str = "a\n")
                     "filePaths": ["/opt/bin/kubelet"],
                 },
                 {
-                    "name": "extra.service",
+                    "name": extra_unit,
                     "enable": True,
                     "command": "start",
                     "content": "[Service]\nExecStart=/bin/true\n",
@@ -610,3 +616,39 @@ async def test_an_image_file_s_unit_restarts_after_its_pull(
         ("kubelet.service", "restart"),
     ]
     assert node.file("/opt/bin/kubelet") == (KUBELET + b"2", 0o755)
+
+
+async def test_containerd_is_not_restarted_under_a_pull_in_flight(
+    tmp_path: Path, images: FakeImages
+) -> None:
+    """Image files are pulled through containerd: its own restart in the same apply waits for
+    the pulls in flight (a restart under a pull cut it off: "transport is closing"), while
+    every other unit goes on."""
+    node = Node(tmp_path, images)
+    await node.apply(osc_yaml("r.example/hyperkube:v1", extra_unit="containerd.service"))
+    release = asyncio.Event()
+    pulling = asyncio.Event()
+    pull = images.pull
+
+    async def slow_pull(image: str) -> str:
+        if image == "r.example/hyperkube:v2":
+            pulling.set()
+            await release.wait()
+        return await pull(image)
+
+    images.pull = slow_pull  # type: ignore[method-assign]
+    apply = asyncio.create_task(
+        node.apply(osc_yaml("r.example/hyperkube:v2", extra="b\n", extra_unit="containerd.service"))
+    )
+    await asyncio.wait_for(pulling.wait(), 5)
+    for _ in range(50):
+        await asyncio.sleep(0.01)
+    assert node.file("/etc/extra.conf") == (b"b\n", 0o644)
+    assert ("containerd.service", "restart") not in node.systemd.jobs
+    release.set()
+    outcome = await apply
+    assert outcome.report.complete
+    assert sorted(node.systemd.jobs) == [
+        ("containerd.service", "restart"),
+        ("kubelet.service", "restart"),
+    ]
