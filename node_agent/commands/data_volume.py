@@ -1,0 +1,319 @@
+"""The kubelet data volume (``bootstrap.kubeletDataVolumeSize``): one disk, formatted once.
+
+Gardener sets the size when the worker pool names a data volume for the kubelet; the machine
+then has one extra disk of exactly that many bytes, blank. Bootstrap finds it, makes an ext4 file
+system with quotas (project quota is what the kubelet's ephemeral-storage accounting uses),
+copies what is already in ``/var/lib/kubelet`` onto it and mounts it there, labelled ``KUBEDEV``.
+The OSC ships ``var-lib-kubelet.mount`` to mount that label on every boot; bootstrap writes the
+same unit (same bytes) and enables it, so a reboot before the first apply keeps the mount too.
+
+Every step can be re-run (bootstrap runs on every boot). The label is the commit point: the file
+system is made as ``KUBEDEV-PREP`` and renamed ``KUBEDEV`` only once the copy is complete, so an
+interrupted run is redone from scratch on a disk that holds nothing but its own half-done work,
+and a ``KUBEDEV`` disk is never formatted again.
+
+The choice of the disk is pure (:func:`choose_disk`, from ``lsblk --json``); the side effects go
+through :class:`Commands` (mkfs, mount, cp) and the systemd and host seams.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from node_agent.base.errors import NodeAgentError
+from node_agent.base.layout import BASE_DIR, UNIT_DIR
+from node_agent.base.log import get_logger
+from node_agent.host.documents import Claim
+from node_agent.host.fs import HostFS
+from node_agent.host.state import StateStore
+from node_agent.osc.decode import sha256_hex
+from node_agent.systemd import SystemdSeam
+
+log = get_logger("node-agent.bootstrap")
+
+KUBELET_DIR = "/var/lib/kubelet"
+KUBELET_UNIT = "kubelet.service"
+#: The file system label of a finished data volume; the mount unit mounts it by this label.
+LABEL = "KUBEDEV"
+#: The label while the volume is being filled: such a disk holds only an interrupted bootstrap.
+PREP_LABEL = "KUBEDEV-PREP"
+MOUNT_UNIT = "var-lib-kubelet.mount"
+MOUNT_OPTIONS = "defaults,prjquota,errors=remount-ro"
+#: ext4 with user, group and project quota, inode tables and journal initialised right away.
+MKFS_OPTIONS = (
+    "-O",
+    "quota",
+    "-E",
+    "lazy_itable_init=0,lazy_journal_init=0,quotatype=usrquota:grpquota:prjquota",
+)
+#: Whole disks only; a loop device of the right size counts as one (images, test machines).
+DISK_TYPES = ("disk", "loop")
+LSBLK = (
+    "lsblk",
+    "--json",
+    "--bytes",
+    "--output",
+    "NAME,PATH,TYPE,SIZE,FSTYPE,PTTYPE,LABEL,MOUNTPOINT,RO",
+)
+#: Where the new file system is mounted while the kubelet's directory is copied onto it.
+COPY_MOUNT = f"{BASE_DIR}/tmp/kubelet-data-volume"
+#: Devices named in an error message, at most.
+MAX_NAMED = 8
+
+
+def mount_unit_text() -> str:
+    """``var-lib-kubelet.mount`` byte for byte as Gardener's OSC ships it (no final newline),
+    so the OSC's copy finds it unchanged."""
+    return (
+        "[Unit]\n"
+        f"Description=mount {KUBELET_DIR} on kubelet data device\n"
+        f"Before={KUBELET_UNIT}\n"
+        "[Mount]\n"
+        f"What=/dev/disk/by-label/{LABEL}\n"
+        f"Where={KUBELET_DIR}\n"
+        "Type=ext4\n"
+        f"Options={MOUNT_OPTIONS}\n"
+        "[Install]\n"
+        "WantedBy=local-fs.target"
+    )
+
+
+class DataVolumeError(NodeAgentError):
+    """The kubelet data volume could not be set up; the message names the size and the disks."""
+
+
+@dataclass(frozen=True)
+class BlockDevice:
+    """One row of ``lsblk --json``, with its partitions as children."""
+
+    name: str
+    path: str
+    type: str
+    size: int
+    fstype: str | None = None
+    pttype: str | None = None
+    label: str | None = None
+    mountpoint: str | None = None
+    read_only: bool = False
+    children: tuple[BlockDevice, ...] = ()
+
+    def walk(self) -> list[BlockDevice]:
+        """This device and everything below it."""
+        found = [self]
+        for child in self.children:
+            found += child.walk()
+        return found
+
+    def mounted_at(self) -> list[str]:
+        return [d.mountpoint for d in self.walk() if d.mountpoint]
+
+    def describe(self) -> str:
+        return f"{self.path} ({self.type}, {self.size} bytes)"
+
+
+def _text(value: Any) -> str | None:
+    return str(value) if value not in (None, "") else None
+
+
+def _device(row: Mapping[str, Any]) -> BlockDevice:
+    name = str(row.get("name") or "")
+    ro = row.get("ro")
+    return BlockDevice(
+        name=name,
+        path=str(row.get("path") or f"/dev/{name}"),
+        type=str(row.get("type") or ""),
+        size=int(row.get("size") or 0),
+        fstype=_text(row.get("fstype")),
+        pttype=_text(row.get("pttype")),
+        label=_text(row.get("label")),
+        mountpoint=_text(row.get("mountpoint")),
+        read_only=ro is True or ro in ("1", 1),
+        children=tuple(_device(c) for c in row.get("children") or () if isinstance(c, dict)),
+    )
+
+
+def parse_lsblk(raw: bytes | str) -> list[BlockDevice]:
+    """The top-level devices of ``lsblk --json --bytes`` (older lsblk prints numbers as text)."""
+    try:
+        doc = json.loads(raw)
+        rows = doc["blockdevices"]
+        return [_device(row) for row in rows if isinstance(row, dict)]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise DataVolumeError(f"cannot read the output of lsblk: {exc}") from exc
+
+
+def why_not(device: BlockDevice) -> str | None:
+    """Why ``device`` cannot become the data volume, or None if it can."""
+    if device.type not in DISK_TYPES:
+        return f"not a disk ({device.type})"
+    if device.read_only:
+        return "read-only"
+    if device.mounted_at():
+        return "mounted on " + ", ".join(device.mounted_at())
+    if device.pttype or device.children:
+        return f"partitioned ({device.pttype or 'partitions'})"
+    if device.fstype and not (device.label == PREP_LABEL and device.fstype == "ext4"):
+        label = f", label {device.label}" if device.label else ""
+        return f"formatted ({device.fstype}{label})"
+    return None
+
+
+def choose_disk(devices: Sequence[BlockDevice], size: int) -> BlockDevice:
+    """The one disk of exactly ``size`` bytes that is blank: no partition table, no file system,
+    not mounted, writable (or one left half-done as ``KUBEDEV-PREP`` by an interrupted run).
+
+    None or several: :class:`DataVolumeError` naming the size and the disks considered."""
+    same_size = [d for d in devices if d.size == size and d.type in DISK_TYPES]
+    usable = [d for d in same_size if why_not(d) is None]
+    if len(usable) == 1:
+        return usable[0]
+    wanted = f"kubelet data volume (bootstrap.kubeletDataVolumeSize {size} bytes)"
+    if usable:
+        names = ", ".join(d.path for d in usable[:MAX_NAMED])
+        raise DataVolumeError(
+            f"{len(usable)} blank disks of {size} bytes could be the {wanted}: {names}; "
+            "refusing to guess which one to format"
+        )
+    if same_size:
+        seen = "; ".join(f"{d.path} {why_not(d)}" for d in same_size[:MAX_NAMED])
+        raise DataVolumeError(f"no blank disk for the {wanted}: {seen}")
+    disks = [d for d in devices if d.type in DISK_TYPES and d.size > 0]
+    seen = ", ".join(d.describe() for d in disks[:MAX_NAMED]) or "none"
+    raise DataVolumeError(f"no disk of {size} bytes for the {wanted}; disks: {seen}")
+
+
+def find_labelled(devices: Sequence[BlockDevice]) -> BlockDevice | None:
+    """The finished data volume (label ``KUBEDEV``), if there is one; two are an error."""
+    found = [d for top in devices for d in top.walk() if d.label == LABEL]
+    if len(found) > 1:
+        names = ", ".join(d.path for d in found[:MAX_NAMED])
+        raise DataVolumeError(f"several file systems are labelled {LABEL}: {names}")
+    return found[0] if found else None
+
+
+class Commands(Protocol):
+    """The programs the data volume needs (util-linux, e2fsprogs); raises DataVolumeError."""
+
+    async def run(self, argv: Sequence[str]) -> str: ...
+
+
+class HostCommands:
+    """Runs the programs on this host, bounded in time."""
+
+    def __init__(self, timeout: float = 300.0) -> None:
+        self.timeout = timeout
+
+    async def run(self, argv: Sequence[str]) -> str:
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+            )
+        except OSError as exc:
+            raise DataVolumeError(f"cannot run {argv[0]}: {exc.strerror or exc}") from exc
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(), self.timeout)
+        except TimeoutError as exc:
+            proc.kill()
+            await proc.wait()
+            raise DataVolumeError(f"{argv[0]} did not finish within {self.timeout:.0f}s") from exc
+        if proc.returncode != 0:
+            detail = (err or out).decode(errors="replace").strip().splitlines()
+            raise DataVolumeError(
+                f"{' '.join(argv)} failed (exit {proc.returncode}): "
+                f"{detail[-1] if detail else 'no output'}"
+            )
+        return out.decode(errors="replace")
+
+
+@dataclass
+class DataVolumeResult:
+    """What :func:`ensure_kubelet_data_volume` found or did; ``changed`` is empty on a no-op."""
+
+    device: str
+    state: str
+    changed: list[str] = field(default_factory=list)
+
+
+async def _ensure_unit(fs: HostFS, systemd: SystemdSeam, changed: list[str]) -> None:
+    """The mount unit, claimed like the agent's own unit, loaded and enabled."""
+    unit_file = f"{UNIT_DIR}/{MOUNT_UNIT}"
+    text = mount_unit_text()
+    StateStore(fs).claim([Claim("unit", unit_file, sha256_hex(text.encode()), 0o644)])
+    written = fs.write_atomic(unit_file, text.encode(), 0o644)
+    state = (await systemd.unit_states([MOUNT_UNIT]))[MOUNT_UNIT]
+    if written or state.load_state != "loaded":
+        await systemd.daemon_reload()
+        changed.append(f"{MOUNT_UNIT} written")
+        state = (await systemd.unit_states([MOUNT_UNIT]))[MOUNT_UNIT]
+    if state.unit_file_state != "enabled":
+        await systemd.enable([MOUNT_UNIT])
+        changed.append(f"{MOUNT_UNIT} enabled")
+
+
+async def _refuse_under_running_kubelet(systemd: SystemdSeam, what: str) -> None:
+    """Mounting over the directory of a running kubelet would pull its state from under it."""
+    kubelet = (await systemd.unit_states([KUBELET_UNIT]))[KUBELET_UNIT]
+    if kubelet.active_state in ("active", "activating", "reloading", "deactivating"):
+        raise DataVolumeError(
+            f"{KUBELET_UNIT} is {kubelet.active_state}; not {what} under it "
+            f"(stop it and run bootstrap again)"
+        )
+
+
+async def ensure_kubelet_data_volume(
+    size: int, fs: HostFS, systemd: SystemdSeam, commands: Commands
+) -> DataVolumeResult:
+    """Make ``/var/lib/kubelet`` the data volume of ``size`` bytes; see the module docstring."""
+    target = str(fs.root / KUBELET_DIR.lstrip("/")) if fs.root != Path("/") else KUBELET_DIR
+    devices = parse_lsblk(await commands.run(LSBLK))
+    copy_mount = str(fs.root / COPY_MOUNT.lstrip("/"))
+    left = [d for d in devices if d.label == PREP_LABEL and d.mounted_at() == [copy_mount]]
+    if left:  # an interrupted run stopped while copying: that disk starts over
+        await commands.run(["umount", copy_mount])
+        devices = parse_lsblk(await commands.run(LSBLK))
+    done = find_labelled(devices)
+    changed: list[str] = []
+    if done is not None:
+        await _ensure_unit(fs, systemd, changed)
+        if target in done.mounted_at():
+            return DataVolumeResult(done.path, "already mounted", changed)
+        if done.mounted_at():
+            raise DataVolumeError(
+                f"{done.path} (label {LABEL}) is mounted on {', '.join(done.mounted_at())}, "
+                f"not on {KUBELET_DIR}"
+            )
+        await _refuse_under_running_kubelet(systemd, f"mounting {done.path} on {KUBELET_DIR}")
+        await _mount(commands, done.path, target)
+        changed.append(f"mounted {done.path}")
+        return DataVolumeResult(done.path, "mounted", changed)
+
+    disk = choose_disk(devices, size)
+    await _refuse_under_running_kubelet(systemd, f"formatting {disk.path} for {KUBELET_DIR}")
+    log.info("formatting the kubelet data volume", device=disk.path, size=size)
+    fs.ensure_dir(KUBELET_DIR, 0o755)
+    fs.ensure_dir(COPY_MOUNT, 0o700)
+    again = ("-F",) if disk.fstype else ()  # our own half-done PREP file system
+    await commands.run(["mkfs.ext4", "-q", *again, "-L", PREP_LABEL, *MKFS_OPTIONS, disk.path])
+    await commands.run(["mount", "-t", "ext4", disk.path, copy_mount])
+    try:
+        await commands.run(["cp", "-a", f"{target}/.", f"{copy_mount}/"])
+    finally:
+        await commands.run(["umount", copy_mount])
+    await commands.run(["e2label", disk.path, LABEL])
+    changed += [f"formatted {disk.path}", f"copied {KUBELET_DIR}"]
+    await _ensure_unit(fs, systemd, changed)
+    await _mount(commands, disk.path, target)
+    changed.append(f"mounted {disk.path}")
+    return DataVolumeResult(disk.path, "formatted and mounted", changed)
+
+
+async def _mount(commands: Commands, device: str, target: str) -> None:
+    await commands.run(["mount", "-t", "ext4", "-o", MOUNT_OPTIONS, device, target])
