@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -201,6 +202,10 @@ class Commands(Protocol):
 
     async def run(self, argv: Sequence[str]) -> str: ...
 
+    def mounted(self, target: str, device: str) -> bool:
+        """Whether ``device`` is mounted on ``target``."""
+        ...
+
 
 class HostCommands:
     """Runs the programs on this host, bounded in time."""
@@ -231,6 +236,26 @@ class HostCommands:
                 f"{detail[-1] if detail else 'no output'}"
             )
         return out.decode(errors="replace")
+
+    def mounted(self, target: str, device: str) -> bool:
+        return mounted_from(target, device)
+
+
+async def check_kubelet_data_volume(size: int, fs: HostFS, commands: Commands) -> str | None:
+    """What is wrong with the kubelet data volume right now, for the Node's Events; None when
+    it is mounted on ``/var/lib/kubelet``. Read-only: bootstrap is the one that sets it up."""
+    wanted = f"bootstrap.kubeletDataVolumeSize {size} bytes"
+    try:
+        devices = parse_lsblk(await commands.run(LSBLK))
+        done = find_labelled(devices)
+        if done is not None:
+            if commands.mounted(_target(fs), done.path):
+                return None
+            return f"{done.path} (label {LABEL}, {wanted}) is not mounted on {KUBELET_DIR}"
+        disk = choose_disk(devices, size)
+    except DataVolumeError as exc:
+        return f"{KUBELET_DIR} is on the root disk: {exc}"
+    return f"{disk.path} ({wanted}) is still blank; the next bootstrap sets it up"
 
 
 @dataclass
@@ -268,11 +293,32 @@ async def _refuse_under_running_kubelet(systemd: SystemdSeam, what: str) -> None
         )
 
 
+def _target(fs: HostFS) -> str:
+    return KUBELET_DIR if fs.root == Path("/") else str(fs.root / KUBELET_DIR.lstrip("/"))
+
+
+def mounted_from(target: str, device: str, mountinfo: str = "/proc/self/mountinfo") -> bool:
+    """Whether ``target`` is a mount point of ``device`` (its file system's major:minor).
+
+    lsblk names one mount point per device, and the kubelet bind-mounts parts of its directory:
+    only the mount table says reliably what is mounted on ``target``."""
+    try:
+        rdev = os.stat(device).st_rdev
+        lines = Path(mountinfo).read_text().splitlines()
+    except OSError:
+        return False
+    wanted = f"{os.major(rdev)}:{os.minor(rdev)}"
+    return any(
+        len(fields) > 4 and fields[4] == target and fields[2] == wanted
+        for fields in (line.split() for line in lines)
+    )
+
+
 async def ensure_kubelet_data_volume(
     size: int, fs: HostFS, systemd: SystemdSeam, commands: Commands
 ) -> DataVolumeResult:
     """Make ``/var/lib/kubelet`` the data volume of ``size`` bytes; see the module docstring."""
-    target = str(fs.root / KUBELET_DIR.lstrip("/")) if fs.root != Path("/") else KUBELET_DIR
+    target = _target(fs)
     devices = parse_lsblk(await commands.run(LSBLK))
     copy_mount = str(fs.root / COPY_MOUNT.lstrip("/"))
     left = [d for d in devices if d.label == PREP_LABEL and d.mounted_at() == [copy_mount]]
@@ -283,13 +329,8 @@ async def ensure_kubelet_data_volume(
     changed: list[str] = []
     if done is not None:
         await _ensure_unit(fs, systemd, changed)
-        if target in done.mounted_at():
+        if commands.mounted(target, done.path):
             return DataVolumeResult(done.path, "already mounted", changed)
-        if done.mounted_at():
-            raise DataVolumeError(
-                f"{done.path} (label {LABEL}) is mounted on {', '.join(done.mounted_at())}, "
-                f"not on {KUBELET_DIR}"
-            )
         await _refuse_under_running_kubelet(systemd, f"mounting {done.path} on {KUBELET_DIR}")
         await _mount(commands, done.path, target)
         changed.append(f"mounted {done.path}")

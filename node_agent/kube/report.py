@@ -49,6 +49,8 @@ REASON_OSC_ROLLED_BACK = "OSCRolledBack"
 REASON_RESTARTS_SUSPENDED = "UnitRestartsSuspended"
 # Our own: the unit check found a unit of the applied OSC unhealthy (SystemdUnitsReady says so).
 REASON_UNIT_UNHEALTHY = "SystemdUnitUnhealthy"
+# bootstrap.kubeletDataVolumeSize is set but /var/lib/kubelet is not on that volume.
+REASON_KUBELET_DATA_VOLUME = "KubeletDataVolumeNotMounted"
 REASON_UNIT_COMMAND = {
     "start": "SystemDUnitStart",
     "stop": "SystemDUnitStop",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -17,10 +18,12 @@ from node_agent.commands.data_volume import (
     PREP_LABEL,
     BlockDevice,
     DataVolumeError,
+    check_kubelet_data_volume,
     choose_disk,
     ensure_kubelet_data_volume,
     find_labelled,
     mount_unit_text,
+    mounted_from,
     parse_lsblk,
 )
 from node_agent.host.fs import HostFS
@@ -167,6 +170,9 @@ class FakeDisks:
             d["mountpoint"] = None
         return ""
 
+    def mounted(self, target: str, device: str) -> bool:
+        return bool(self.device.get("mountpoint") == target and self.device["path"] == device)
+
 
 @pytest.fixture
 def fs(tmp_path: Path) -> HostFS:
@@ -230,3 +236,37 @@ async def test_a_copy_cut_short_is_started_over(fs: HostFS) -> None:
     assert [c[0] for c in disks.calls[:3]] == ["lsblk", "umount", "lsblk"]
     assert disks.calls[3][:3] == ["mkfs.ext4", "-q", "-F"]  # its own PREP file system
     assert disks.device["label"] == LABEL
+
+
+def test_the_mount_table_says_what_is_mounted_on_the_kubelet_directory(tmp_path: Path) -> None:
+    rdev = os.stat("/dev/null").st_rdev
+    dev = f"{os.major(rdev)}:{os.minor(rdev)}"
+    table = tmp_path / "mountinfo"
+    table.write_text(
+        f"30 1 {dev} / /var/lib/kubelet/pods/x/volumes rw - ext4 /dev/null rw\n"
+        f"31 1 {dev} / /var/lib/kubelet rw,relatime - ext4 /dev/null rw,prjquota\n"
+    )
+    assert mounted_from("/var/lib/kubelet", "/dev/null", str(table))
+    assert not mounted_from("/var/lib/kubelet", "/dev/zero", str(table))
+    table.write_text(f"30 1 {dev} / /var/lib/kubelet/pods/x/volumes rw - ext4 /dev/null rw\n")
+    assert not mounted_from("/var/lib/kubelet", "/dev/null", str(table))
+
+
+async def test_the_agent_names_what_is_wrong_and_nothing_when_mounted(fs: HostFS) -> None:
+    kubelet = f"{fs.root}/var/lib/kubelet"
+    blank = FakeDisks(blank_disk())
+    assert await check_kubelet_data_volume(SIZE, fs, blank) == (
+        "/dev/vdb (bootstrap.kubeletDataVolumeSize 68719476736 bytes) is still blank; "
+        "the next bootstrap sets it up"
+    )
+    problem = await check_kubelet_data_volume(SIZE + 1, fs, blank)
+    assert problem is not None
+    assert problem.startswith("/var/lib/kubelet is on the root disk: no disk of 68719476737 bytes")
+    done = FakeDisks(blank_disk() | {"fstype": "ext4", "label": LABEL})
+    assert await check_kubelet_data_volume(SIZE, fs, done) == (
+        "/dev/vdb (label KUBEDEV, bootstrap.kubeletDataVolumeSize 68719476736 bytes) "
+        "is not mounted on /var/lib/kubelet"
+    )
+    done.device["mountpoint"] = kubelet
+    assert await check_kubelet_data_volume(SIZE, fs, done) is None
+    assert [c[0] for c in done.calls] == ["lsblk", "lsblk"]  # it only looks
