@@ -43,6 +43,7 @@ from node_agent.base.errors import ConfigError, HostError, NodeAgentError
 from node_agent.base.layout import KUBELET_BOOTSTRAP_KUBECONFIG
 from node_agent.base.log import get_logger
 from node_agent.commands.data_volume import (
+    QUOTA_ENV,
     Commands,
     DataVolumeError,
     HostCommands,
@@ -225,7 +226,8 @@ async def bootstrap(
         raise BootstrapError(f"writing files: {exc}") from exc
     size = config.bootstrap.kubelet_data_volume_size if config.bootstrap else None
     if size:  # Gardener sets it only for a worker with a kubelet data volume, never to 0
-        await _data_volume(report, size, fs, systemd, commands or HostCommands())
+        quota = os.environ.get(QUOTA_ENV, "").lower() not in ("off", "false", "0")
+        await _data_volume(report, size, fs, systemd, commands or HostCommands(), quota=quota)
     try:
         unit_file = f"{UNIT_DIR}/{unit}"
         unit_text = unit_template(exec_start)
@@ -283,11 +285,17 @@ async def bootstrap(
 
 
 async def _data_volume(
-    report: BootstrapReport, size: int, fs: HostFS, systemd: SystemdSeam, commands: Commands
+    report: BootstrapReport,
+    size: int,
+    fs: HostFS,
+    systemd: SystemdSeam,
+    commands: Commands,
+    *,
+    quota: bool,
 ) -> None:
     """Set up the kubelet data volume; a failure is reported, the bootstrap goes on."""
     try:
-        result = await ensure_kubelet_data_volume(size, fs, systemd, commands)
+        result = await ensure_kubelet_data_volume(size, fs, systemd, commands, quota=quota)
     except (DataVolumeError, HostError) as exc:
         error = exc if isinstance(exc, DataVolumeError) else DataVolumeError(str(exc))
         log.error("kubelet data volume not set up", size=size, error=str(error))

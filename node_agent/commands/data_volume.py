@@ -52,6 +52,11 @@ MKFS_OPTIONS = (
     "-E",
     "lazy_itable_init=0,lazy_journal_init=0,quotatype=usrquota:grpquota:prjquota",
 )
+#: Without quotas, for kernels built without quota support (they cannot mount the above).
+MOUNT_OPTIONS_NO_QUOTA = "defaults,errors=remount-ro"
+MKFS_OPTIONS_NO_QUOTA = ("-E", "lazy_itable_init=0,lazy_journal_init=0")
+#: ``off`` makes bootstrap format and mount without quotas (and write the unit that way).
+QUOTA_ENV = "NODE_AGENT_KUBELET_DATA_VOLUME_QUOTA"
 #: Whole disks only; a loop device of the right size counts as one (images, test machines).
 DISK_TYPES = ("disk", "loop")
 LSBLK = (
@@ -67,9 +72,9 @@ COPY_MOUNT = f"{BASE_DIR}/tmp/kubelet-data-volume"
 MAX_NAMED = 8
 
 
-def mount_unit_text() -> str:
+def mount_unit_text(options: str = MOUNT_OPTIONS) -> str:
     """``var-lib-kubelet.mount`` byte for byte as Gardener's OSC ships it (no final newline),
-    so the OSC's copy finds it unchanged."""
+    so the OSC's copy finds it unchanged; ``options`` differ only without quotas."""
     return (
         "[Unit]\n"
         f"Description=mount {KUBELET_DIR} on kubelet data device\n"
@@ -78,7 +83,7 @@ def mount_unit_text() -> str:
         f"What=/dev/disk/by-label/{LABEL}\n"
         f"Where={KUBELET_DIR}\n"
         "Type=ext4\n"
-        f"Options={MOUNT_OPTIONS}\n"
+        f"Options={options}\n"
         "[Install]\n"
         "WantedBy=local-fs.target"
     )
@@ -230,10 +235,9 @@ class HostCommands:
             await proc.wait()
             raise DataVolumeError(f"{argv[0]} did not finish within {self.timeout:.0f}s") from exc
         if proc.returncode != 0:
-            detail = (err or out).decode(errors="replace").strip().splitlines()
+            detail = " ".join((err or out).decode(errors="replace").split())[:500]
             raise DataVolumeError(
-                f"{' '.join(argv)} failed (exit {proc.returncode}): "
-                f"{detail[-1] if detail else 'no output'}"
+                f"{' '.join(argv)} failed (exit {proc.returncode}): {detail or 'no output'}"
             )
         return out.decode(errors="replace")
 
@@ -267,10 +271,10 @@ class DataVolumeResult:
     changed: list[str] = field(default_factory=list)
 
 
-async def _ensure_unit(fs: HostFS, systemd: SystemdSeam, changed: list[str]) -> None:
+async def _ensure_unit(fs: HostFS, systemd: SystemdSeam, options: str, changed: list[str]) -> None:
     """The mount unit, claimed like the agent's own unit, loaded and enabled."""
     unit_file = f"{UNIT_DIR}/{MOUNT_UNIT}"
-    text = mount_unit_text()
+    text = mount_unit_text(options)
     StateStore(fs).claim([Claim("unit", unit_file, sha256_hex(text.encode()), 0o644)])
     written = fs.write_atomic(unit_file, text.encode(), 0o644)
     state = (await systemd.unit_states([MOUNT_UNIT]))[MOUNT_UNIT]
@@ -315,9 +319,12 @@ def mounted_from(target: str, device: str, mountinfo: str = "/proc/self/mountinf
 
 
 async def ensure_kubelet_data_volume(
-    size: int, fs: HostFS, systemd: SystemdSeam, commands: Commands
+    size: int, fs: HostFS, systemd: SystemdSeam, commands: Commands, *, quota: bool = True
 ) -> DataVolumeResult:
-    """Make ``/var/lib/kubelet`` the data volume of ``size`` bytes; see the module docstring."""
+    """Make ``/var/lib/kubelet`` the data volume of ``size`` bytes; see the module docstring.
+
+    ``quota=False`` formats and mounts without quotas (kernels without quota support)."""
+    options = MOUNT_OPTIONS if quota else MOUNT_OPTIONS_NO_QUOTA
     target = _target(fs)
     devices = parse_lsblk(await commands.run(LSBLK))
     copy_mount = str(fs.root / COPY_MOUNT.lstrip("/"))
@@ -328,11 +335,11 @@ async def ensure_kubelet_data_volume(
     done = find_labelled(devices)
     changed: list[str] = []
     if done is not None:
-        await _ensure_unit(fs, systemd, changed)
+        await _ensure_unit(fs, systemd, options, changed)
         if commands.mounted(target, done.path):
             return DataVolumeResult(done.path, "already mounted", changed)
         await _refuse_under_running_kubelet(systemd, f"mounting {done.path} on {KUBELET_DIR}")
-        await _mount(commands, done.path, target)
+        await _mount(commands, done.path, target, options)
         changed.append(f"mounted {done.path}")
         return DataVolumeResult(done.path, "mounted", changed)
 
@@ -342,19 +349,30 @@ async def ensure_kubelet_data_volume(
     fs.ensure_dir(KUBELET_DIR, 0o755)
     fs.ensure_dir(COPY_MOUNT, 0o700)
     again = ("-F",) if disk.fstype else ()  # our own half-done PREP file system
-    await commands.run(["mkfs.ext4", "-q", *again, "-L", PREP_LABEL, *MKFS_OPTIONS, disk.path])
-    await commands.run(["mount", "-t", "ext4", disk.path, copy_mount])
+    mkfs = MKFS_OPTIONS if quota else MKFS_OPTIONS_NO_QUOTA
+    await commands.run(["mkfs.ext4", "-q", *again, "-L", PREP_LABEL, *mkfs, disk.path])
+    # The final options already: a kernel that cannot mount it fails here, before any copy.
+    try:
+        await _mount(commands, disk.path, copy_mount, options)
+    except DataVolumeError as exc:
+        hint = (
+            f" (a kernel without quota support cannot; {QUOTA_ENV}=off formats without quotas)"
+            if quota
+            else ""
+        )
+        message = f"cannot mount the new file system on {disk.path}{hint}: {exc}"
+        raise DataVolumeError(message) from exc
     try:
         await commands.run(["cp", "-a", f"{target}/.", f"{copy_mount}/"])
     finally:
         await commands.run(["umount", copy_mount])
     await commands.run(["e2label", disk.path, LABEL])
     changed += [f"formatted {disk.path}", f"copied {KUBELET_DIR}"]
-    await _ensure_unit(fs, systemd, changed)
-    await _mount(commands, disk.path, target)
+    await _ensure_unit(fs, systemd, options, changed)
+    await _mount(commands, disk.path, target, options)
     changed.append(f"mounted {disk.path}")
     return DataVolumeResult(disk.path, "formatted and mounted", changed)
 
 
-async def _mount(commands: Commands, device: str, target: str) -> None:
-    await commands.run(["mount", "-t", "ext4", "-o", MOUNT_OPTIONS, device, target])
+async def _mount(commands: Commands, device: str, target: str, options: str) -> None:
+    await commands.run(["mount", "-t", "ext4", "-o", options, device, target])

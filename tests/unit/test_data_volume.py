@@ -31,6 +31,7 @@ from node_agent.host.state import StateStore
 from tests.unit.fakes import ACTIVE, INACTIVE, FakeSystemd
 
 GIB = 1 << 30
+MKFS_E = "lazy_itable_init=0,lazy_journal_init=0,quotatype=usrquota:grpquota:prjquota"
 SIZE = 64 * GIB
 
 # What lsblk 2.38 prints for a node with a partitioned root disk and a blank data disk.
@@ -150,14 +151,17 @@ def test_mount_unit_is_gardeners() -> None:
 class FakeDisks:
     """lsblk, mkfs.ext4, e2label, mount and umount over one in-memory disk; records argv."""
 
-    def __init__(self, device: dict[str, Any]) -> None:
+    def __init__(self, device: dict[str, Any], *, failing: str = "") -> None:
         self.device = device
+        self.failing = failing  # a program that fails
         self.calls: list[list[str]] = []
 
     async def run(self, argv: Sequence[str]) -> str:
         argv = list(argv)
         self.calls.append(argv)
         d = self.device
+        if argv[0] == self.failing:
+            raise DataVolumeError(f"{argv[0]} failed (exit 32): wrong fs type, bad option")
         if argv[0] == "lsblk":
             return json.dumps({"blockdevices": [d]})
         if argv[0] == "mkfs.ext4":
@@ -193,6 +197,8 @@ async def test_a_blank_disk_is_filled_labelled_last_and_mounted(fs: HostFS) -> N
     ]  # fmt: skip
     assert disks.calls[1][-1] == "/dev/vdb"
     assert PREP_LABEL in disks.calls[1]
+    assert disks.calls[1][-5:-1] == ["-O", "quota", "-E", MKFS_E]
+    assert disks.calls[2] == ["mount", "-t", "ext4", "-o", MOUNT_OPTIONS, "/dev/vdb", copy]
     assert disks.calls[3] == ["cp", "-a", f"{kubelet}/.", f"{copy}/"]
     assert disks.calls[5] == ["e2label", "/dev/vdb", LABEL]  # after the copy: the commit point
     assert disks.calls[6] == [
@@ -270,3 +276,28 @@ async def test_the_agent_names_what_is_wrong_and_nothing_when_mounted(fs: HostFS
     done.device["mountpoint"] = kubelet
     assert await check_kubelet_data_volume(SIZE, fs, done) is None
     assert [c[0] for c in done.calls] == ["lsblk", "lsblk"]  # it only looks
+
+
+async def test_without_quotas_for_kernels_that_have_none(fs: HostFS) -> None:
+    disks = FakeDisks(blank_disk())
+    systemd = FakeSystemd({MOUNT_UNIT: INACTIVE})
+    await ensure_kubelet_data_volume(SIZE, fs, systemd, disks, quota=False)
+    mkfs = disks.calls[1]
+    assert "quota" not in " ".join(mkfs)
+    assert mkfs[-3:] == ["-E", "lazy_itable_init=0,lazy_journal_init=0", "/dev/vdb"]
+    assert disks.calls[-1][:5] == ["mount", "-t", "ext4", "-o", "defaults,errors=remount-ro"]
+    unit = fs.read(f"/etc/systemd/system/{MOUNT_UNIT}")
+    assert unit == mount_unit_text("defaults,errors=remount-ro").encode()
+
+
+async def test_a_file_system_the_kernel_cannot_mount_is_never_labelled_done(fs: HostFS) -> None:
+    disks = FakeDisks(blank_disk(), failing="mount")
+    with pytest.raises(DataVolumeError) as err:
+        await ensure_kubelet_data_volume(SIZE, fs, FakeSystemd({MOUNT_UNIT: INACTIVE}), disks)
+    assert str(err.value).startswith(
+        "cannot mount the new file system on /dev/vdb (a kernel without quota support cannot; "
+        "NODE_AGENT_KUBELET_DATA_VOLUME_QUOTA=off formats without quotas): mount failed"
+    )
+    assert [c[0] for c in disks.calls] == ["lsblk", "mkfs.ext4", "mount"]
+    assert disks.device["label"] == PREP_LABEL  # formatted again by the next run
+    assert not fs.exists(f"/etc/systemd/system/{MOUNT_UNIT}")
