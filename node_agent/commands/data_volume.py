@@ -22,7 +22,7 @@ import asyncio
 import json
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -153,6 +153,27 @@ def parse_lsblk(raw: bytes | str) -> list[BlockDevice]:
         raise DataVolumeError(f"cannot read the output of lsblk: {exc}") from exc
 
 
+async def list_devices(commands: Commands) -> list[BlockDevice]:
+    """lsblk's devices, with what is on each disk and partition read from the device itself:
+    without udev's database (early boot, containers) lsblk shows no file system at all, and a
+    disk that only looks blank must never be formatted."""
+
+    async def probed(device: BlockDevice) -> BlockDevice:
+        children = tuple([await probed(c) for c in device.children])
+        if device.type not in (*DISK_TYPES, "part") or device.size <= 0:
+            return replace(device, children=children)
+        found = await commands.probe(device.path)
+        return replace(
+            device,
+            fstype=found.get("TYPE") or device.fstype,
+            label=found.get("LABEL") or device.label,
+            pttype=found.get("PTTYPE") or device.pttype,
+            children=children,
+        )
+
+    return [await probed(d) for d in parse_lsblk(await commands.run(LSBLK))]
+
+
 def why_not(device: BlockDevice) -> str | None:
     """Why ``device`` cannot become the data volume, or None if it can."""
     if device.type not in DISK_TYPES:
@@ -207,6 +228,11 @@ class Commands(Protocol):
 
     async def run(self, argv: Sequence[str]) -> str: ...
 
+    async def probe(self, device: str) -> dict[str, str]:
+        """What is on ``device`` (``TYPE``, ``LABEL``, ``PTTYPE``...), read from the device
+        itself; empty when it holds nothing."""
+        ...
+
     def mounted(self, target: str, device: str) -> bool:
         """Whether ``device`` is mounted on ``target``."""
         ...
@@ -241,6 +267,17 @@ class HostCommands:
             )
         return out.decode(errors="replace")
 
+    async def probe(self, device: str) -> dict[str, str]:
+        try:
+            out = await self.run(["blkid", "--probe", "--output", "export", device])
+        except DataVolumeError as exc:
+            if "(exit 2)" in str(exc):  # nothing found
+                return {}
+            if "(exit 8)" in str(exc):  # several signatures: anything but blank
+                return {"TYPE": "ambivalent"}
+            raise
+        return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
     def mounted(self, target: str, device: str) -> bool:
         return mounted_from(target, device)
 
@@ -250,7 +287,7 @@ async def check_kubelet_data_volume(size: int, fs: HostFS, commands: Commands) -
     it is mounted on ``/var/lib/kubelet``. Read-only: bootstrap is the one that sets it up."""
     wanted = f"bootstrap.kubeletDataVolumeSize {size} bytes"
     try:
-        devices = parse_lsblk(await commands.run(LSBLK))
+        devices = await list_devices(commands)
         done = find_labelled(devices)
         if done is not None:
             if commands.mounted(_target(fs), done.path):
@@ -326,12 +363,12 @@ async def ensure_kubelet_data_volume(
     ``quota=False`` formats and mounts without quotas (kernels without quota support)."""
     options = MOUNT_OPTIONS if quota else MOUNT_OPTIONS_NO_QUOTA
     target = _target(fs)
-    devices = parse_lsblk(await commands.run(LSBLK))
+    devices = await list_devices(commands)
     copy_mount = str(fs.root / COPY_MOUNT.lstrip("/"))
     left = [d for d in devices if d.label == PREP_LABEL and d.mounted_at() == [copy_mount]]
     if left:  # an interrupted run stopped while copying: that disk starts over
         await commands.run(["umount", copy_mount])
-        devices = parse_lsblk(await commands.run(LSBLK))
+        devices = await list_devices(commands)
     done = find_labelled(devices)
     changed: list[str] = []
     if done is not None:

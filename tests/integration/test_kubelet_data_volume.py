@@ -162,7 +162,9 @@ async def boot(
             f" && chown 1234:5678 {KUBELET}/pki/c && chmod 0640 {KUBELET}/pki/c",
         ).check_returncode()
         url = f"{server}/{artifact.path.name}"
-        init, _ = play_user_data(node, url, artifact, check=False, env=env or NO_QUOTA)
+        init, _ = play_user_data(
+            node, url, artifact, check=False, env=NO_QUOTA if env is None else env
+        )
         return Booted(node, agent, init)
 
     try:

@@ -151,10 +151,15 @@ def test_mount_unit_is_gardeners() -> None:
 class FakeDisks:
     """lsblk, mkfs.ext4, e2label, mount and umount over one in-memory disk; records argv."""
 
-    def __init__(self, device: dict[str, Any], *, failing: str = "") -> None:
+    def __init__(
+        self, device: dict[str, Any], *, failing: str = "", hide_from_lsblk: bool = False
+    ) -> None:
         self.device = device
         self.failing = failing  # a program that fails
+        #: like a host without udev: lsblk shows no file system, only blkid's probe does
+        self.hide_from_lsblk = hide_from_lsblk
         self.calls: list[list[str]] = []
+        self.probes: list[str] = []  # blkid --probe, apart from the calls that change things
 
     async def run(self, argv: Sequence[str]) -> str:
         argv = list(argv)
@@ -163,6 +168,8 @@ class FakeDisks:
         if argv[0] == self.failing:
             raise DataVolumeError(f"{argv[0]} failed (exit 32): wrong fs type, bad option")
         if argv[0] == "lsblk":
+            if self.hide_from_lsblk:
+                return json.dumps({"blockdevices": [d | {"fstype": None, "label": None}]})
             return json.dumps({"blockdevices": [d]})
         if argv[0] == "mkfs.ext4":
             d.update(fstype="ext4", label=argv[argv.index("-L") + 1])
@@ -173,6 +180,14 @@ class FakeDisks:
         elif argv[0] == "umount":
             d["mountpoint"] = None
         return ""
+
+    async def probe(self, device: str) -> dict[str, str]:
+        self.probes.append(device)
+        d = self.device
+        found = {"TYPE": d.get("fstype"), "LABEL": d.get("label"), "PTTYPE": d.get("pttype")}
+        if self.hide_from_lsblk:
+            return {k: str(v) for k, v in found.items() if v}
+        return {}
 
     def mounted(self, target: str, device: str) -> bool:
         return bool(self.device.get("mountpoint") == target and self.device["path"] == device)
@@ -301,3 +316,16 @@ async def test_a_file_system_the_kernel_cannot_mount_is_never_labelled_done(fs: 
     assert [c[0] for c in disks.calls] == ["lsblk", "mkfs.ext4", "mount"]
     assert disks.device["label"] == PREP_LABEL  # formatted again by the next run
     assert not fs.exists(f"/etc/systemd/system/{MOUNT_UNIT}")
+
+
+async def test_what_lsblk_does_not_show_the_device_itself_does(fs: HostFS) -> None:
+    disks = FakeDisks(blank_disk() | {"fstype": "xfs", "label": "data"}, hide_from_lsblk=True)
+    with pytest.raises(DataVolumeError, match=r"/dev/vdb formatted \(xfs, label data\)"):
+        await ensure_kubelet_data_volume(SIZE, fs, FakeSystemd({MOUNT_UNIT: INACTIVE}), disks)
+    assert [c[0] for c in disks.calls] == ["lsblk"]
+    assert disks.probes == ["/dev/vdb"]
+
+    done = FakeDisks(blank_disk() | {"fstype": "ext4", "label": LABEL}, hide_from_lsblk=True)
+    done.device["mountpoint"] = f"{fs.root}/var/lib/kubelet"
+    result = await ensure_kubelet_data_volume(SIZE, fs, FakeSystemd({MOUNT_UNIT: INACTIVE}), done)
+    assert result.state == "already mounted"
