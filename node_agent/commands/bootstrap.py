@@ -98,10 +98,15 @@ class BootstrapReport:
 
     def summary(self) -> str:
         pid = f" (pid {self.main_pid})" if self.main_pid else ""
+        volume = (
+            f"kubelet data volume {self.data_volume}; "
+            if self.data_volume != "not configured"
+            else ""
+        )
         return (
             f"bootstrap: {self.unit} {self.service}{pid}; config {self.config}; "
             f"kubelet bootstrap kubeconfig {self.kubelet_kubeconfig}; "
-            f"kubelet data volume {self.data_volume}; {INIT_UNIT} {self.init_unit}"
+            f"{volume}{INIT_UNIT} {self.init_unit}"
         )
 
 
