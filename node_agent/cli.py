@@ -221,7 +221,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 )
             )
             print(report.summary())
-            return 0
+            for error in report.errors:  # the other steps were done; say what was not
+                _fail(f"{type(error).__name__}: {error}")
+            return 1 if report.errors else 0
         log.configure(args.log_level or "warning", args.log_format or "text", stream=sys.stderr)
         if args.command == "plan":
             return asyncio.run(_plan(args))

@@ -21,6 +21,12 @@ after, so every step is idempotent and a re-run must never undo what the running
    A running agent with an unchanged unit is left alone. Finally the init unit
    (``gardener-node-init.service``) is disabled if it is enabled, as upstream does.
 
+With ``bootstrap.kubeletDataVolumeSize`` set, the kubelet's data volume is formatted and mounted
+on ``/var/lib/kubelet`` before step 3 (``data_volume``). When that fails (no blank disk of that
+size, or several), the error is logged and reported and every other step still runs, so the agent
+comes up and the node can report; the command then exits non-zero, so the init unit shows the
+failure (and Gardener's, which restarts on failure, looks again for a disk attached late).
+
 Last-applied state and everything else the agent keeps are never touched.
 """
 
@@ -36,6 +42,13 @@ import node_agent
 from node_agent.base.errors import ConfigError, HostError, NodeAgentError
 from node_agent.base.layout import KUBELET_BOOTSTRAP_KUBECONFIG
 from node_agent.base.log import get_logger
+from node_agent.commands.data_volume import (
+    QUOTA_ENV,
+    Commands,
+    DataVolumeError,
+    HostCommands,
+    ensure_kubelet_data_volume,
+)
 from node_agent.config import (
     BASE_DIR,
     BOOTSTRAP_TOKEN_FILE,
@@ -78,13 +91,22 @@ class BootstrapReport:
     service: str = "already running"
     init_unit: str = "absent"
     main_pid: int | None = None
+    data_volume: str = "not configured"
     changed: list[str] = field(default_factory=list)
+    #: Steps that failed while the others were done (the command exits non-zero).
+    errors: list[NodeAgentError] = field(default_factory=list)
 
     def summary(self) -> str:
         pid = f" (pid {self.main_pid})" if self.main_pid else ""
+        volume = (
+            f"kubelet data volume {self.data_volume}; "
+            if self.data_volume != "not configured"
+            else ""
+        )
         return (
             f"bootstrap: {self.unit} {self.service}{pid}; config {self.config}; "
-            f"kubelet bootstrap kubeconfig {self.kubelet_kubeconfig}; {INIT_UNIT} {self.init_unit}"
+            f"kubelet bootstrap kubeconfig {self.kubelet_kubeconfig}; "
+            f"{volume}{INIT_UNIT} {self.init_unit}"
         )
 
 
@@ -192,8 +214,11 @@ async def bootstrap(
     systemd: SystemdSeam,
     *,
     exec_start: str | None = None,
+    commands: Commands | None = None,
 ) -> BootstrapReport:
-    """Install, enable and start the agent's unit; see the module docstring for the rules."""
+    """Install, enable and start the agent's unit; see the module docstring for the rules.
+
+    ``commands`` runs mkfs, mount and the like for the kubelet data volume (the host's)."""
     fs = HostFS(settings.root, follow_system_symlinks=True)
     unit = settings.agent_unit
     report = BootstrapReport(unit=unit)
@@ -202,6 +227,13 @@ async def bootstrap(
         report.config = seed_config(fs, settings, config_path, raw)
         fs.ensure_dir(TEMP_DIR, 0o700)
         report.kubelet_kubeconfig = write_kubelet_bootstrap_kubeconfig(fs, config)
+    except HostError as exc:
+        raise BootstrapError(f"writing files: {exc}") from exc
+    size = config.bootstrap.kubelet_data_volume_size if config.bootstrap else None
+    if size:  # Gardener sets it only for a worker with a kubelet data volume, never to 0
+        quota = os.environ.get(QUOTA_ENV, "").lower() not in ("off", "false", "0")
+        await _data_volume(report, size, fs, systemd, commands or HostCommands(), quota=quota)
+    try:
         unit_file = f"{UNIT_DIR}/{unit}"
         unit_text = unit_template(exec_start)
         # The agent installs itself: a unit file it creates is its own, for `reset` to remove.
@@ -255,6 +287,28 @@ async def bootstrap(
             report.init_unit = "disabled"
             report.changed.append("init unit disabled")
     return report
+
+
+async def _data_volume(
+    report: BootstrapReport,
+    size: int,
+    fs: HostFS,
+    systemd: SystemdSeam,
+    commands: Commands,
+    *,
+    quota: bool,
+) -> None:
+    """Set up the kubelet data volume; a failure is reported, the bootstrap goes on."""
+    try:
+        result = await ensure_kubelet_data_volume(size, fs, systemd, commands, quota=quota)
+    except (DataVolumeError, HostError) as exc:
+        error = exc if isinstance(exc, DataVolumeError) else DataVolumeError(str(exc))
+        log.error("kubelet data volume not set up", size=size, error=str(error))
+        report.data_volume = "FAILED"
+        report.errors.append(error)
+        return
+    report.data_volume = f"{result.state} ({result.device})"
+    report.changed += result.changed
 
 
 async def run_bootstrap(

@@ -33,9 +33,11 @@ from node_agent.base.errors import ConfigError, HostError, KubeNotFound, NodeAge
 from node_agent.base.log import get_logger
 from node_agent.base.loop import DONE, RETRY, SKIPPED, Next, Wake, run_loop
 from node_agent.base.retry import API, Backoff
+from node_agent.commands.data_volume import Commands, HostCommands, check_kubelet_data_volume
 from node_agent.config import parse_config
 from node_agent.context import AgentContext
 from node_agent.host.documents import ItemFailure
+from node_agent.host.fs import HostFS
 from node_agent.host.history import history_entry
 from node_agent.kube import report
 from node_agent.kube.watch import list_watch
@@ -116,9 +118,23 @@ class NodeController:
 
     async def run(self) -> None:
         await self.ctx.node_known.wait()
+        await self.report_data_volume()
         async with asyncio.TaskGroup() as tasks:
             tasks.create_task(self._watch(), name="node-watch")
             tasks.create_task(self._worker(), name="node-worker")
+
+    async def report_data_volume(self, commands: Commands | None = None) -> None:
+        """Once the Node exists: a Warning when the kubelet data volume that bootstrap was asked
+        for is not mounted (its error was only in the init unit's journal until then)."""
+        bootstrap = self.ctx.config.bootstrap
+        size = bootstrap.kubelet_data_volume_size if bootstrap else None
+        if not size:
+            return
+        fs = HostFS(self.ctx.settings.root)
+        problem = await check_kubelet_data_volume(size, fs, commands or HostCommands(timeout=30))
+        if problem is not None:
+            log.warning("kubelet data volume not mounted", problem=problem)
+            await self.ctx.event(report.REASON_KUBELET_DATA_VOLUME, problem, warning=True)
 
     async def _watch(self) -> None:
         assert self.ctx.node_name is not None

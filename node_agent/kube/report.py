@@ -58,6 +58,8 @@ REASON_CERTIFICATE_REFUSED = "ClientCertificateRefused"
 #: Our own: an updated agent binary was not ready after 3 starts in a row and the previous one
 #: was put back (``host/selfupdate.py``).
 REASON_SELF_UPDATE_FALLBACK = "SelfUpdateFellBack"
+# bootstrap.kubeletDataVolumeSize is set but /var/lib/kubelet is not on that volume.
+REASON_KUBELET_DATA_VOLUME = "KubeletDataVolumeNotMounted"
 REASON_UNIT_COMMAND = {
     "start": "SystemDUnitStart",
     "stop": "SystemDUnitStop",

@@ -14,7 +14,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -164,11 +164,18 @@ def install_credentials(
 
 
 def play_user_data(
-    node: IsolatedSystemd, url: str, artifact: Artifact
+    node: IsolatedSystemd,
+    url: str,
+    artifact: Artifact,
+    *,
+    check: bool = True,
+    env: Mapping[str, str] | None = None,
 ) -> tuple[subprocess.CompletedProcess[str], float]:
     """What the cloud's user-data does: the init script and an enabled init unit that runs it.
 
-    Returns the init run (stdout = its journal and the agent's) and the seconds it took."""
+    Returns the init run (stdout = its journal and the agent's, returncode that of starting the
+    init unit) and the seconds it took; a failed init raises unless ``check`` is false.
+    ``env``: more environment for the init script (and the bootstrap it runs)."""
     script = node.path(INIT_PATH)
     script.parent.mkdir(parents=True, exist_ok=True)
     script.write_bytes(INIT_SCRIPT.read_bytes())
@@ -177,7 +184,9 @@ def play_user_data(
         "[Unit]\nDescription=user-data: install and bootstrap node-agent\n"
         "[Service]\nType=oneshot\n"
         f"Environment=NODE_AGENT_URL={url} NODE_AGENT_SHA256={artifact.sha256} "
-        f"NODE_AGENT_VERSION={artifact.version}\n"
+        f"NODE_AGENT_VERSION={artifact.version}"
+        + "".join(f" {k}={v}" for k, v in (env or {}).items())
+        + "\n"
         f"ExecStart={INIT_PATH}\n"
         "[Install]\nWantedBy=multi-user.target\n"
     )
@@ -189,6 +198,6 @@ def play_user_data(
     journal = node.run(
         ["journalctl", "--no-pager", "-o", "cat", "-u", INIT_UNIT, "-u", UNIT], check=False
     ).stdout
-    if first.returncode != 0:
+    if check and first.returncode != 0:
         raise RuntimeError(f"init failed: {first.stderr}\njournal:\n{journal[-4000:]}")
-    return subprocess.CompletedProcess(first.args, 0, journal, first.stderr), seconds
+    return subprocess.CompletedProcess(first.args, first.returncode, journal, first.stderr), seconds
