@@ -28,7 +28,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from node_agent.base.durations import parse_duration
 from node_agent.commands.status import human_duration
@@ -99,16 +99,7 @@ State = Literal[
     "not-reporting",
     "unknown",
 ]
-STATES: tuple[State, ...] = (
-    "up-to-date",
-    "applying",
-    "waiting",
-    "rolled-back",
-    "quarantined",
-    "failed",
-    "not-reporting",
-    "unknown",
-)
+STATES: tuple[State, ...] = get_args(State)
 LABELS: Mapping[str, str] = {
     "up-to-date": "up to date",
     "applying": "applying",
