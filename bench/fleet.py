@@ -29,7 +29,7 @@ back afterwards. Nodes share the host's network, so each agent's health and metr
 port 0 on 127.0.0.1 and the kubelet health check is off (the stand-in serves no /healthz).
 
     .venv/bin/python -m bench.fleet [--agents 100] [--quick] [--idle-minutes 5]
-        [--scenarios steady,unpaced,k10,k5,breaker,k1,serial] [--breaker 3] [--keep]
+        [--scenarios steady,unpaced,k10,k5,breaker,k1,serial] [--breaker 3] [--keep] [--fleet-view]
 
 Run as root from the repository root. ``--quick``: 10 agents, 1 min idle.
 """
@@ -624,8 +624,15 @@ async def rollout(
     with CpuSampler(pid) as cpu:
         t0 = time.time()
         checksum = await publish(fleet.admin, fleet.secret, fleet_osc(tag), annotations)
+        views = (
+            asyncio.get_running_loop().create_task(fleet_views(fleet, checksum, label))
+            if fleet.args.fleet_view and k is not None
+            else None
+        )
         done = await fleet.watcher.wait_all(nodes, checksum, within, progress=label)
         t1 = time.time()
+    if views is not None:
+        await asyncio.wait_for(views, 60)
     elapsed = t1 - t0
     converged = sorted(
         fleet.watcher.seen[(n, checksum)] - t0 for n in nodes if (n, checksum) in fleet.watcher.seen
@@ -653,6 +660,35 @@ async def rollout(
         f"{max(cpu.samples, default=0) * 100:.0f} % of a core",
         f"{cpu.total:.1f} CPU s over {cpu.wall:.1f} s; " + await api_note(fleet, t0, t1),
     )
+
+
+async def fleet_views(fleet: Fleet, checksum: str, label: str) -> None:
+    """``node-agent fleet`` (its collect and text, in this process, as admin) at three moments
+    of a paced rollout: just after the Secret changed, half the pool converged, all of it. Each
+    view's time and API requests are rows of the table; the screens are printed."""
+    from node_agent.kube.client import KubeClient
+    from node_agent.observe import fleet as view
+
+    assert fleet.watcher is not None
+    total = len(fleet.names)
+    async with KubeClient.from_kubeconfig(fleet.cp.admin_kubeconfig) as kube:
+        for moment, target in (("start", 0), ("half", total // 2), ("end", total)):
+            if moment == "start":
+                await asyncio.sleep(3)  # the first slots taken
+            while fleet.watcher.count(fleet.names, checksum) < target:
+                fleet.watcher.changed.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(fleet.watcher.changed.wait(), 1.0)
+            began = time.monotonic()
+            report = await view.collect(kube)
+            took = time.monotonic() - began
+            print(f"--- {label}: fleet view at {moment} ({took:.2f} s, {report.requests} requests)")
+            print(view.render(report), flush=True)
+            fleet.row(
+                f"{label}: fleet view at {moment}",
+                f"{took:.2f} s",
+                f"{report.requests} requests; {sum(report.listed.values())} objects listed",
+            )
 
 
 async def ledger(fleet: Fleet) -> pacing.Ledger:
@@ -878,6 +914,11 @@ def main() -> None:
     parser.add_argument("--spawn-gap", type=float, default=1.0, help="s between agent spawns")
     parser.add_argument("--timeout", type=float, default=1800.0, help="s per rollout")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
+    parser.add_argument(
+        "--fleet-view",
+        action="store_true",
+        help="show node-agent fleet at three moments of each paced rollout (timed, counted)",
+    )
     args = parser.parse_args()
     if args.quick:
         args.agents, args.idle_minutes = 10, 1.0
