@@ -1,20 +1,29 @@
 """A randomized campaign on the real test bed: whatever happens, the next good OSC converges.
 
-One throwaway node, one real ``node-agent run`` process, at least 50 random scenarios per run
+One throwaway node, one real ``node-agent run`` process, 100 random scenarios per run by default
 (``NODE_AGENT_CAMPAIGN_SCENARIOS``), drawn from a seeded RNG (``NODE_AGENT_CAMPAIGN_SEED``; the
 seed is printed). Each scenario starts from the previous one's converged node, publishes a short
-random sequence of OSCs drawn from a pool of units, drop-ins and files (added, changed, removed;
-sometimes a unit that never starts), injects kill -9s (the crash hook after a random step kind,
-or an external SIGKILL at a random moment), sometimes publishes a newer Secret while the agent is
-down, and ends with a good OSC that must converge: checksum on the Node, every file, unit and
-drop-in as it says, every unit active with its newest version.
+random sequence of OSCs drawn from a pool of units, drop-ins, template units (``foo@.service``:
+only files, never a job) and files (added, changed, removed; sometimes a unit that never starts),
+injects kill -9s (the crash hook after a random step kind, or an external SIGKILL at a random
+moment), sometimes publishes a newer Secret while the agent is down, and ends with a good OSC that
+must converge: checksum on the Node, every file, unit and drop-in as it says, every unit active
+with its newest version, every template loaded by systemd as it says.
+
+Host faults drawn on the way: the binary of a ``Restart=always`` unit removed or put back (its
+restart job is done at the fork, then the unit fails: the unit check's business, never a reason
+to hold the checksum), and, while the agent is down, an unusable state file planted where the
+apply history, ``status.json`` or the journal should be (a directory, a FIFO, a symlink, garbage):
+the agent sets it aside, never follows the symlink, and converges; the status command still
+answers.
 
 Restarts are counted exactly: each unit logs a tag naming its versions (unit text, drop-in, the
 file in its ``filePaths``) and the time on every start, and every change gets fresh versions,
 so a tag logged twice is a unit restarted twice for one change. A kill between a restart and its
 journal record can legitimately cause one such extra start: those (a kill landed between the
 first start's job and the second start) are counted and printed separately; all others fail the
-campaign.
+campaign. A journal set aside after a kill loses the record of what was done, so a restart
+between that kill and the plant may repeat once too: those are counted with the kills.
 """
 
 from __future__ import annotations
@@ -30,8 +39,9 @@ from typing import Any
 import pytest
 
 from node_agent.apply.executor import CRASH_HOOK_ENV
+from node_agent.base.layout import CHANGES, CHANGES_DONE, HISTORY, STATUS
 from node_agent.host.fs import HostFS
-from node_agent.host.state import StateStore
+from node_agent.host.state import STATE_DIR, StateStore
 from tests.testbed.agent_harness import (
     AgentProcess,
     OSCAgent,
@@ -49,7 +59,21 @@ pytestmark = pytest.mark.integration
 
 UNITS = 5  # pool units camp-u<i>.service, each with /etc/camp/u<i>.conf in its filePaths
 PLAIN_FILES = 4  # /etc/camp/plain-<i>.conf, used by no unit
+TEMPLATES = 2  # template units camp-t<k>@.service
 BAD = "camp-bad.service"
+#: Type=simple, Restart=always: its restart job is done at the fork, whether its binary is there
+FLAKY = "camp-flaky.service"
+FLAKY_BIN = "/opt/camp/bin/flaky"
+FLAKY_SCRIPT = (
+    f'#!/bin/sh\nmkdir -p /var/log/camp\necho "$FLAKY_GEN" >> /var/log/camp/{FLAKY}\n'
+    "exec sleep infinity\n"
+)
+#: the state files an unusable thing is planted at while the agent is down
+STATE_FILES = {"history": HISTORY, "status": STATUS, "journal": CHANGES, "progress": CHANGES_DONE}
+PLANT_SHAPES = ("directory", "fifo", "symlink", "garbage")
+#: a symlink planted at a state file points here (relative, so inside the node's root)
+VICTIM = "/etc/camp-victim"
+VICTIM_TEXT = "never written through a symlink\n"
 LOG_DIR = "/var/log/camp"
 UNIT_DIR = "/etc/systemd/system"
 ANNOTATION = "checksum/cloud-config-data"
@@ -66,11 +90,18 @@ STEP_KINDS = {
     "plain": {"file"},
     "remove-plain": {"delete-file"},
     "bad": {"unit", "enable", "reload", "cmd"},
+    "flaky-text": {"unit", "enable", "reload", "cmd"},
+    # A template unit is only files: no enable, no job.
+    "tpl-add": {"unit", "reload"},
+    "tpl-text": {"unit", "reload"},
+    "tpl-dropin": {"dropin", "reload"},
+    "tpl-drop-dropin": {"delete-dropin", "reload"},
+    "tpl-remove": {"delete-unit", "reload-after-delete"},
 }
 
 
 def scenario_count() -> int:
-    return int(os.environ.get("NODE_AGENT_CAMPAIGN_SCENARIOS", "60"))
+    return int(os.environ.get("NODE_AGENT_CAMPAIGN_SCENARIOS", "100"))
 
 
 def campaign_seed() -> int:
@@ -84,6 +115,15 @@ def unit_name(i: int) -> str:
 
 def unit_conf(i: int) -> str:
     return f"/etc/camp/u{i}.conf"
+
+
+def template_name(k: int) -> str:
+    return f"camp-t{k}@.service"
+
+
+def instance_name(k: int) -> str:
+    """An instance systemd loads from template ``k`` on demand (never started)."""
+    return f"camp-t{k}@probe.service"
 
 
 # --- the model: what the OSC says ---------------------------------------------------------------
@@ -119,13 +159,57 @@ def dropin_text(spec: UnitSpec) -> str:
     return f"[Service]\nEnvironment=DROPIN_GEN={spec.dropin_gen}\n"
 
 
+#: what an extension may set on a template; none of it may lead to a job
+TEMPLATE_FIELDS: tuple[dict[str, Any], ...] = (
+    {},
+    {"enable": True, "command": "start"},
+    {"command": "restart"},
+    {"enable": False},
+)
+
+
+@dataclass
+class TemplateSpec:
+    unit_gen: int
+    dropin_gen: int | None
+    fields: int  # index into TEMPLATE_FIELDS
+
+    def environment(self) -> list[str]:
+        """What an instance's ``Environment`` shows when systemd loaded this version."""
+        env = [f"TPL_GEN={self.unit_gen}"]
+        return env + ([f"TPL_DROPIN={self.dropin_gen}"] if self.dropin_gen is not None else [])
+
+
+def template_text(spec: TemplateSpec) -> str:
+    return (
+        "[Unit]\nDescription=campaign template %i\n\n[Service]\n"
+        f"Environment=TPL_GEN={spec.unit_gen}\nExecStart=/bin/sleep infinity\n"
+    )
+
+
+def template_dropin_text(spec: TemplateSpec) -> str:
+    return f"[Service]\nEnvironment=TPL_DROPIN={spec.dropin_gen}\n"
+
+
+def flaky_text(gen: int) -> str:
+    return (
+        "[Unit]\nStartLimitIntervalSec=0\n\n[Service]\n"
+        f"Environment=FLAKY_GEN={gen}\nExecStart={FLAKY_BIN}\nRestart=always\nRestartSec=1\n"
+        "\n[Install]\nWantedBy=multi-user.target\n"
+    )
+
+
 @dataclass
 class Model:
     units: dict[int, UnitSpec] = field(default_factory=dict)
     files: dict[int, int] = field(default_factory=dict)  # plain file -> generation
+    templates: dict[int, TemplateSpec] = field(default_factory=dict)
+    flaky_gen: int = 0
     bad: bool = False
     #: kinds of apply steps the changes since the last publish bring (where a crash hook fires)
     step_kinds: set[str] = field(default_factory=set)
+    template_changes: int = 0
+    flaky_changes: int = 0
     _gen: int = 0
 
     def next_gen(self) -> int:
@@ -147,7 +231,16 @@ class Model:
             choices.append("remove-unit")
         if absent:
             choices.append("add-unit")
+        choices += ["template", "template", "flaky-text"]
         what = rng.choice(choices)
+        if what == "template":
+            self.template_changes += 1
+            return self.mutate_template(rng)
+        if what == "flaky-text":
+            self.flaky_changes += 1
+            self.flaky_gen = self.next_gen()
+            self.step_kinds |= STEP_KINDS[what]
+            return what
         if what == "unit-text":
             i = rng.choice(present)
             self.units[i].unit_gen = self.next_gen()
@@ -179,6 +272,38 @@ class Model:
         self.step_kinds |= STEP_KINDS[what]
         return f"{what} u{i}"
 
+    def mutate_template(self, rng: random.Random) -> str:
+        present = sorted(self.templates)
+        absent = [k for k in range(TEMPLATES) if k not in self.templates]
+        choices = ["tpl-add"] if absent else []
+        if present:
+            choices += ["tpl-text", "tpl-dropin", "tpl-remove"]
+        if any(self.templates[k].dropin_gen is not None for k in present):
+            choices.append("tpl-drop-dropin")
+        what = rng.choice(choices)
+        if what == "tpl-add":
+            k = rng.choice(absent)
+            dropin = self.next_gen() if rng.random() < 0.5 else None
+            fields = rng.randrange(len(TEMPLATE_FIELDS))
+            self.templates[k] = TemplateSpec(self.next_gen(), dropin, fields)
+            if dropin is not None:
+                self.step_kinds.add("dropin")
+        elif what == "tpl-text":
+            k = rng.choice(present)
+            self.templates[k].unit_gen = self.next_gen()
+            self.templates[k].fields = rng.randrange(len(TEMPLATE_FIELDS))
+        elif what == "tpl-dropin":
+            k = rng.choice(present)
+            self.templates[k].dropin_gen = self.next_gen()
+        elif what == "tpl-drop-dropin":
+            k = rng.choice([k for k in present if self.templates[k].dropin_gen is not None])
+            self.templates[k].dropin_gen = None
+        else:
+            k = rng.choice(present)
+            del self.templates[k]
+        self.step_kinds |= STEP_KINDS[what]
+        return f"{what} t{k}"
+
     def osc(self) -> dict[str, Any]:
         files = [
             inline_file(f"/etc/camp/plain-{j}.conf", f"plain {g}\n") for j, g in self.files.items()
@@ -194,6 +319,18 @@ class Model:
             if spec.dropin_gen is not None:
                 unit["dropIns"] = [{"name": "10-gen.conf", "content": dropin_text(spec)}]
             units.append(unit)
+        for k, tpl in sorted(self.templates.items()):
+            template: dict[str, Any] = {
+                "name": template_name(k),
+                "content": template_text(tpl),
+                **TEMPLATE_FIELDS[tpl.fields],
+            }
+            if tpl.dropin_gen is not None:
+                template["dropIns"] = [
+                    {"name": "10-tpl.conf", "content": template_dropin_text(tpl)}
+                ]
+            units.append(template)
+        units.append({"name": FLAKY, "content": flaky_text(self.flaky_gen), "enable": True})
         if self.bad:
             units.append(service(BAD, "/bin/false", extra="Type=oneshot\n"))
         return osc_document(files, units)
@@ -255,6 +392,24 @@ def converged_problems(node: IsolatedSystemd, model: Model) -> list[str]:
         log = start_log(node, i)
         if not log or log[-1][0] != spec.tag():
             problems.append(f"{name} runs {log[-1][0] if log else 'nothing'}, not {spec.tag()}")
+    for k in range(TEMPLATES):
+        name, tpl = template_name(k), model.templates.get(k)
+        dropin = f"{UNIT_DIR}/{name}.d/10-tpl.conf"
+        expect_file(f"{UNIT_DIR}/{name}", None if tpl is None else template_text(tpl))
+        want_dropin = None if tpl is None or tpl.dropin_gen is None else template_dropin_text(tpl)
+        expect_file(dropin, want_dropin)
+        # What systemd loaded: an instance's environment is the template's newest version.
+        show = ["systemctl", "show", "-P", "LoadState,Environment", instance_name(k)]
+        loaded = node.run(show, check=False).stdout.split()
+        loaded_want = ["not-found"] if tpl is None else ["loaded", *tpl.environment()]
+        # systemctl show -P prints the properties in its own order; compare as sets
+        if sorted(loaded) != sorted(loaded_want):
+            problems.append(f"systemd loaded {instance_name(k)} as {loaded}, not {loaded_want}")
+    expect_file(f"{UNIT_DIR}/{FLAKY}", flaky_text(model.flaky_gen))
+    if (got := systemctl(node, "is-enabled", FLAKY)) != "enabled":
+        problems.append(f"{FLAKY} is-enabled: {got}")
+    if node.path(VICTIM).read_text() != VICTIM_TEXT:
+        problems.append(f"{VICTIM} was written through a symlink planted at a state file")
     expect_file(f"{UNIT_DIR}/{BAD}", None)
     if systemctl(node, "is-active", BAD) not in ("inactive", "failed"):
         problems.append(f"{BAD} not gone")
@@ -262,6 +417,19 @@ def converged_problems(node: IsolatedSystemd, model: Model) -> list[str]:
     if leftovers:
         problems.append(f"temp files left: {leftovers.split()}")
     return problems
+
+
+def flaky_problems(node: IsolatedSystemd, model: Model) -> list[str]:
+    """With its binary there, the Restart=always unit runs its newest version ([] if so)."""
+    state = systemctl(node, "is-active", FLAKY)
+    try:
+        starts = node.path(f"{LOG_DIR}/{FLAKY}").read_text().split()
+    except FileNotFoundError:
+        starts = []
+    last = starts[-1] if starts else "nothing"
+    if state != "active" or last != str(model.flaky_gen):
+        return [f"{FLAKY} is {state}, last started {last}, not {model.flaky_gen}"]
+    return []
 
 
 # --- the campaign -------------------------------------------------------------------------------
@@ -284,6 +452,18 @@ class Figures:
     #: when each external SIGKILL was sent. The crash hook kills right after journaling a step,
     #: so it never leaves a restart unrecorded: only these explain a second start.
     kill_times: list[float] = field(default_factory=list)
+    #: when an unusable thing was planted at the journal (or its progress): the journal is set
+    #: aside, so what it recorded as done after a hook kill may be done once more
+    journal_lost_times: list[float] = field(default_factory=list)
+    template_changes: int = 0
+    flaky_changes: int = 0
+    binary_removed: int = 0
+    binary_restored: int = 0
+    oscs_with_binary_missing: int = 0
+    converged_with_binary_missing: int = 0
+    plants: dict[str, int] = field(default_factory=dict)  # "<state file>/<shape>" -> count
+    status_after_plant: int = 0  # the status command answered with the plant in place
+    set_aside_warnings: int = 0
 
     @property
     def kills(self) -> int:
@@ -300,7 +480,15 @@ class Figures:
             f"converged {self.converged}/{self.scenarios}, unit changes started "
             f"{self.changes_started}, units restarted more than once per change "
             f"{len(self.extra_restarts)} (+{len(self.extra_restarts_after_kill)} with a kill "
-            f"between the two starts), {seconds:.0f} s"
+            f"between the two starts); template unit changes {self.template_changes}, "
+            f"Restart=always unit changes {self.flaky_changes}, its binary removed "
+            f"{self.binary_removed} times and put back {self.binary_restored} "
+            f"({self.oscs_with_binary_missing} OSCs published and "
+            f"{self.converged_with_binary_missing} scenarios converged without it); "
+            f"unusable state files planted {sum(self.plants.values())} "
+            f"({', '.join(f'{k} {n}' for k, n in sorted(self.plants.items()))}), "
+            f"status answered with one in place {self.status_after_plant}, "
+            f"{self.set_aside_warnings} StateFileSetAside Warnings on the Node; {seconds:.0f} s"
         )
 
 
@@ -315,6 +503,7 @@ class Campaign:
         self.running = False
         self.counted: set[tuple[int, str]] = set()  # (unit, tag) pairs seen to start
         self.judged: set[str] = set()  # repeated starts already judged
+        self.binary_present = True
 
     async def start(self, **env: str) -> None:
         await self.agent.start(**env)
@@ -334,6 +523,7 @@ class Campaign:
     async def publish(self) -> str:
         self.figures.oscs += 1
         self.figures.oscs_with_failing_unit += self.model.bad
+        self.figures.oscs_with_binary_missing += not self.binary_present
         self.model.step_kinds.clear()
         return await self.harness.publish(self.model.osc())
 
@@ -355,14 +545,67 @@ class Campaign:
     async def wait_settled(self, checksum: str, before: int, timeout: float = 20.0) -> None:
         await eventually(lambda: self.settled(checksum, before), timeout, poll=0.1)
 
+    def set_binary(self, present: bool) -> None:
+        """Put the Restart=always unit's binary on the host, or take it away (a host fault)."""
+        path = self.node.path(FLAKY_BIN)
+        if present:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(".flaky.new")
+            tmp.write_text(FLAKY_SCRIPT)
+            tmp.chmod(0o755)
+            tmp.rename(path)
+        else:
+            path.unlink()
+        self.binary_present = present
+
+    async def plant(self, rng: random.Random) -> str:
+        """While the agent is down: something unusable where a state file should be."""
+        assert not self.running
+        what, shape = rng.choice(sorted(STATE_FILES)), rng.choice(PLANT_SHAPES)
+        path = self.node.path(f"{STATE_DIR}/{STATE_FILES[what]}")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.is_dir() and not path.is_symlink():
+            for child in path.iterdir():
+                child.unlink()
+            path.rmdir()
+        elif path.exists() or path.is_symlink():
+            path.unlink()
+        if shape == "directory":
+            path.mkdir()
+            (path / "x").write_text("x\n")
+        elif shape == "fifo":
+            os.mkfifo(path)
+        elif shape == "symlink":
+            depth = STATE_DIR.count("/")
+            target = "/dev/zero" if rng.random() < 0.5 else VICTIM
+            path.symlink_to(target if target == "/dev/zero" else "../" * depth + VICTIM[1:])
+            shape = f"symlink to {target}"
+        else:
+            path.write_bytes(b"\x00{not json: " + rng.randbytes(16) + b"\n")
+        key = f"{what}/{shape.split()[0]}"
+        self.figures.plants[key] = self.figures.plants.get(key, 0) + 1
+        if what in ("journal", "progress"):
+            self.figures.journal_lost_times.append(time.time())
+        # An operator looks meanwhile: the status command answers (it reads, never hangs).
+        await status_json(self.node.root)
+        self.figures.status_after_plant += 1
+        return f"{shape} planted at {STATE_FILES[what]}"
+
     async def warm_up(self) -> None:
         rng = random.Random(self.seed)
         self.model.units = {i: self.model.new_unit(rng) for i in range(UNITS - 1)}
         self.model.files = {j: self.model.next_gen() for j in range(PLAIN_FILES - 1)}
+        self.model.templates = {0: TemplateSpec(self.model.next_gen(), self.model.next_gen(), 0)}
+        self.model.flaky_gen = self.model.next_gen()
+        self.set_binary(True)
+        victim = self.node.path(VICTIM)
+        victim.parent.mkdir(parents=True, exist_ok=True)
+        victim.write_text(VICTIM_TEXT)
         checksum = await self.publish()
         await self.start()
         await self.harness.wait_applied(checksum, timeout=CONVERGE_BOUND)
         assert converged_problems(self.node, self.model) == []
+        await wait_for(lambda: not flaky_problems(self.node, self.model), 20, f"{FLAKY} up")
         self.judge_restarts()
 
     async def scenario(self, index: int) -> str:
@@ -378,6 +621,8 @@ class Campaign:
         steps.append("final " + "+".join(changes))
         checksum = await self.publish()
         if not self.running:
+            if rng.random() < 0.3:
+                steps.append(await self.plant(rng))
             await self.start()
         started = time.monotonic()
         try:
@@ -403,6 +648,14 @@ class Campaign:
             f"scenario {index} (seed {self.seed}): Node says applied but {problems}; "
             f"{' | '.join(steps)}"
         )
+        if self.binary_present:  # Restart= retries every second: it comes up by itself
+            if not await eventually(lambda: not flaky_problems(self.node, self.model), 20):
+                raise AssertionError(
+                    f"scenario {index} (seed {self.seed}): {flaky_problems(self.node, self.model)}"
+                    f"; {' | '.join(steps)}"
+                )
+        else:
+            self.figures.converged_with_binary_missing += 1
         self.figures.converged += 1
         self.figures.scenarios += 1
         self.judge_restarts(index)
@@ -411,6 +664,15 @@ class Campaign:
     async def intermediate(self, rng: random.Random) -> str:
         """Publish the model's OSC and do one random thing to the agent meanwhile."""
         action = rng.choice(["apply", "apply", "burst", "hook-kill", "external-kill"])
+        host_fault = ""
+        if rng.random() < 0.25:  # the Restart=always unit's binary goes, or comes back
+            self.set_binary(not self.binary_present)
+            if self.binary_present:
+                self.figures.binary_restored += 1
+                host_fault = f"{FLAKY_BIN} put back, "
+            else:
+                self.figures.binary_removed += 1
+                host_fault = f"{FLAKY_BIN} removed, "
         if not self.running and action in ("apply", "burst"):
             await self.start()
         before = await self.bad_warnings() if self.model.bad else 0
@@ -446,12 +708,14 @@ class Campaign:
                     delay += rng.uniform(0.8, 1.5)  # the agent starts applying after about 1 s
                 await asyncio.sleep(delay)
                 await self.sigkill()
+        if not self.running and rng.random() < 0.4:
+            action += ", " + await self.plant(rng)
         if not self.running and rng.random() < 0.6:
             await self.start()  # else: the next OSC is published while the agent is down
         elif not self.running:
             self.figures.published_while_down += 1
             action += ", next OSC published while down"
-        return action
+        return host_fault + action
 
     def judge_restarts(self, scenario: int | None = None) -> None:
         """Count each unit's starts per tag; a tag started twice is a unit restarted twice for
@@ -475,9 +739,13 @@ class Campaign:
                     # kill in that moment leaves a restart its journal cannot know about.
                     since = first - JOB_SLACK
                     kills = [t for t in self.figures.kill_times if since <= t <= again]
+                    lost = [t for t in self.figures.journal_lost_times if first <= t <= again]
                     where = f"{key} (scenario {scenario}, {again - first:.2f} s after the previous"
                     if kills:
                         where += f"; SIGKILL {kills[0] - first:+.3f} s from the first start)"
+                        self.figures.extra_restarts_after_kill.append(where)
+                    elif lost:
+                        where += f"; journal set aside {lost[0] - first:+.3f} s from the first)"
                         self.figures.extra_restarts_after_kill.append(where)
                     else:
                         self.figures.extra_restarts.append(where + "; no kill in between)")
@@ -505,7 +773,13 @@ async def test_random_scenarios_with_kills_always_converge(
         for index in range(scenarios):
             print(f"scenario {index}: {await campaign.scenario(index)}")
     finally:
-        print(campaign.figures.summary(seed, time.monotonic() - started))
+        figures = campaign.figures
+        figures.template_changes = campaign.model.template_changes
+        figures.flaky_changes = campaign.model.flaky_changes
+        figures.set_aside_warnings = len(
+            [m for m in await warning_messages(harness.admin, harness.node_name) if STATE_DIR in m]
+        )
+        print(figures.summary(seed, time.monotonic() - started))
         for key in campaign.figures.extra_restarts_after_kill:
             print(f"  restarted again after a kill: {key}")
         await agent.kill()
@@ -514,3 +788,6 @@ async def test_random_scenarios_with_kills_always_converge(
     assert figures.converged == scenarios
     assert figures.kills >= scenarios // 2, "too few kills to mean anything"
     assert figures.extra_restarts == [], figures.extra_restarts
+    read_at_start = [k for k in figures.plants if not k.startswith("status/")]
+    if read_at_start:  # the history and the journal are read by the first apply after a start
+        assert figures.set_aside_warnings > 0, f"planted {read_at_start}, no Warning said so"
