@@ -289,7 +289,7 @@ class StateStore:
                 if c.path not in inventory.entries and self.fs.exists(c.path)
             )
         )
-        self.fs.remove(self.path(CHANGES_DONE))
+        self._remove(CHANGES_DONE)
         self._no_journal = False
         doc = JournalDoc(
             id=uuid.uuid4().hex,
@@ -416,8 +416,8 @@ class StateStore:
 
     def finish(self) -> None:
         """Drop the journal once the apply is complete (after ``save_last_applied``)."""
-        self.fs.remove(self.path(CHANGES))  # first: a lone progress file never matches a new id
-        self.fs.remove(self.path(CHANGES_DONE))
+        self._remove(CHANGES)  # first: a lone progress file never matches a new id
+        self._remove(CHANGES_DONE)
         self._pending = None
         self._no_journal = True
 
@@ -589,6 +589,16 @@ class StateStore:
             if not self._clear_for_write(name):
                 raise
             self.fs.write_atomic(self.path(name), data, mode)
+
+    def _remove(self, name: str) -> None:
+        """Remove state file ``name``. A directory in its place (only a file is ever removed
+        there: nothing read it, e.g. a progress file without a journal) is set aside instead,
+        so it cannot fail every apply from then on."""
+        try:
+            self.fs.remove(self.path(name))
+        except HostError:
+            if not self._clear_for_write(name):
+                raise
 
     def _read(self, name: str) -> bytes | None:
         """The bytes of state file ``name``; None if missing, or if it is not a regular file or

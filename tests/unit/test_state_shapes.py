@@ -23,6 +23,7 @@ from node_agent.host.fs import HostFS
 from node_agent.host.history import HISTORY, history_entry
 from node_agent.host.state import (
     CHANGES,
+    CHANGES_DONE,
     CORRUPT_SUFFIX,
     INVENTORY,
     LAST_APPLIED_OSC,
@@ -189,6 +190,32 @@ async def test_history_and_status_writes_go_through_whatever_is_there(
     fresh = StateStore(HostFS(tmp_path))
     assert len((await fresh.load_history_async()).entries) == 2
     assert await fresh.load_status_async() is not None
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_a_journal_begins_and_finishes_whatever_is_at_its_progress_file(
+    tmp_path: Path, shape: str, unblock: Callable[[Path], None]
+) -> None:
+    """No journal, but something at its progress file (never read then): beginning a journal
+    clears it (a directory set aside), and the apply is not failed by it; nor is finishing."""
+    from node_agent.osc.plan import ChangeSet
+
+    store = StateStore(HostFS(tmp_path))
+    path = plant(tmp_path, CHANGES_DONE, shape)
+    unblock(path)
+    assert store.pending() is None
+    began = store.begin(ChangeSet(), "sum1")
+    store.mark_done()
+    assert StateStore(HostFS(tmp_path)).pending() == began
+    progress = _state(tmp_path, CHANGES_DONE)
+    if os.path.lexists(progress):
+        progress.unlink()
+    plant(tmp_path, CHANGES_DONE, shape)  # and once more before the journal is dropped
+    store.finish()
+    assert not os.path.lexists(_state(tmp_path, CHANGES))
+    assert not os.path.lexists(_state(tmp_path, CHANGES_DONE))
+    assert StateStore(HostFS(tmp_path)).pending() is None
 
 
 async def test_a_set_aside_file_is_reported_once(tmp_path: Path) -> None:
