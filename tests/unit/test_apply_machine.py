@@ -2,9 +2,9 @@
 
 From any state the agent can be in (an applied OSC, a journal half done, inventory claims,
 partial writes, failed, unknown or masked units, kill -9 at any point, a newer OSC published
-during recovery) the next fault-free apply of the latest OSC converges the host to it, restarting
-each affected unit once; and during an apply with faults, one failing item neither blocks nor
-re-disrupts the others.
+during recovery, a state file found unusable at a start and set aside) the next fault-free apply
+of the latest OSC converges the host to it, restarting each affected unit once; and during an
+apply with faults, one failing item neither blocks nor re-disrupts the others.
 
 The host is a real directory (``HostFS`` on a fresh temporary root per example) with faults
 injected per path (EROFS, ENOSPC, the old bytes kept). systemd is a model (``ModelSystemd``) that
@@ -14,7 +14,12 @@ with the errors the real adapter raises, and records every start/stop/restart to
 definition the unit had at that moment. kill -9 is a ``Crash`` (a BaseException nothing in the
 agent catches) raised after any file write or removal, half-way through a write (a temp file
 left behind), after any systemd call, or at the executor's ``_crash_hook``; the restarted agent
-is a fresh ``StateStore`` and ``Applier`` on the same root.
+is a fresh ``StateStore`` and ``Applier`` on the same root. While it is down, a directory, FIFO,
+symlink or garbage may be planted at the journal, its progress or ``status.json``: the store sets
+it aside and reads it as absent, so a journal's record of restarts done is lost and those may run
+once more. The OSCs carry a template unit (``t@.service``): only files, which systemd must have
+loaded after a converged apply; an enable, disable or job for it is a violation (systemd refuses
+those for a name without an instance).
 """
 
 from __future__ import annotations
@@ -51,12 +56,14 @@ from node_agent.host.state import (
     CHANGES_DONE,
     LAST_APPLIED_OSC,
     STATE_DIR,
+    STATUS,
     UNIT_DIR,
     StateStore,
 )
 from node_agent.osc.decode import decode_osc, sha256_hex
 from node_agent.osc.merge import osc_files, osc_units
 from node_agent.osc.models import OperatingSystemConfig, Unit
+from node_agent.osc.plan import is_template
 from node_agent.osc.steps import cmd_step
 from node_agent.systemd.types import JobAction, JobResult, UnitFileChange, UnitState
 
@@ -68,7 +75,9 @@ AGENT_UNIT = "node-agent-under-test.service"  # never in an OSC here: its restar
 SECRET_FILE = "/etc/na/f2"
 PREEXISTING = {"/etc/pre": b"from the distribution\n"}  # on the host before the agent came
 FILES = ("/etc/na/f1", SECRET_FILE, "/opt/ro/f3", "/etc/pre")
-OWN_UNITS = ("a.service", "b.service", "c.service")  # exist only if the OSC gives their content
+TEMPLATE = "t@.service"  # only files: no enable, disable or job whatever the OSC says
+# exist only if the OSC gives their content
+OWN_UNITS = ("a.service", "b.service", "c.service", TEMPLATE)
 VENDOR = {  # shipped by the distribution (below /usr/lib), running since boot
     "containerd.service": b"[Service]\nExecStart=/usr/bin/containerd\n",
     "sshd.service": b"[Service]\nExecStart=/usr/sbin/sshd -D\n",
@@ -87,6 +96,8 @@ FAULT_PATHS = (
     drop_in_path("containerd.service", "20-b.conf"),
 )
 FAULT_ERRNOS = (errno.EROFS, errno.ENOSPC)
+PLANTED_AT = (CHANGES, CHANGES_DONE, STATUS)  # state files an unusable thing is planted at
+PLANT_SHAPES = ("directory", "fifo", "symlink", "garbage")
 SINCE_BOOT = "since boot"  # Definition.enable of a distribution unit nobody restarted yet
 
 
@@ -353,7 +364,13 @@ class ModelSystemd:
             units=tuple(units),
         )
 
+    def _no_template(self, op: str, units: Sequence[str]) -> None:
+        for unit in units:
+            if is_template(unit):
+                self.violations.append(f"apply #{self.machine.applies}: {op} of template {unit}")
+
     async def enable(self, units: Sequence[str]) -> list[UnitFileChange]:
+        self._no_template("enable", units)
         for unit in units:  # like systemd: all or nothing
             if unit in self.masked:
                 raise self._refuse(
@@ -378,6 +395,7 @@ class ModelSystemd:
         ]
 
     async def disable(self, units: Sequence[str]) -> list[UnitFileChange]:
+        self._no_template("disable", units)
         for unit in units:
             if self.unit_file(unit) is None and unit not in self.masked:
                 raise self._refuse(
@@ -394,6 +412,7 @@ class ModelSystemd:
     async def run_jobs(
         self, jobs: Sequence[tuple[str, JobAction]], *, job_timeout: float = 10.0
     ) -> dict[str, JobResult]:
+        self._no_template("a job", [unit for unit, _ in jobs])
         results = {unit: self._job(unit, action) for unit, action in jobs}
         self.machine.tick("after systemd ran " + ", ".join(f"{a} {u}" for u, a in jobs))
         return results
@@ -646,6 +665,45 @@ class ApplyMachine(RuleBasedStateMachine):
         """The agent starts again (after kill -9, or just restarted): no memory but the disk."""
         self.boot()
 
+    @rule(name=st.sampled_from(PLANTED_AT), shape=st.sampled_from(PLANT_SHAPES))
+    def plant_unusable_state(self, name: str, shape: str) -> None:
+        """While the agent is down, something unusable lands where a state file should be; the
+        agent starts again. The store sets it aside and reads it as absent.
+
+        Not at the journal itself while one is unfinished: planning from the last applied OSC
+        then misses what that journal already changed on disk (known; left to drift repair)."""
+        if name == CHANGES and StateStore(self.fs).pending() is not None:
+            return
+        if name == CHANGES_DONE:
+            self.journal_lost()
+        path = self.root / STATE_DIR.lstrip("/") / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        elif path.is_symlink() or path.exists():
+            path.unlink()
+        if shape == "directory":
+            path.mkdir()
+            (path / "x").write_text("x\n")
+        elif shape == "fifo":
+            os.mkfifo(path)
+        elif shape == "symlink":
+            path.symlink_to("/dev/zero")
+        else:
+            path.write_bytes(b"\x00{not a document\n")
+        self.boot()
+
+    def journal_lost(self) -> None:
+        """A journal (or its progress) set aside loses the record of the restarts it did: each
+        unit it commands may be restarted once more with the definition it runs."""
+        journal = StateStore(self.fs).pending()
+        if journal is None:
+            return
+        for unit in UNIT_NAMES:
+            running = self.systemd.active.get(unit)
+            if running is not None and cmd_step(unit) in journal.steps:
+                self.systemd.may_repeat.add((unit, running))
+
     @precondition(lambda self: self.latest is not None)
     @rule()
     def converge(self) -> None:
@@ -722,6 +780,11 @@ class ApplyMachine(RuleBasedStateMachine):
         for unit in UNIT_NAMES:
             problems = self.unit_problems(unit, pub)
             assert not problems, problems
+        # A template is only its files: systemd must have been reloaded after they changed.
+        on_disk = self.systemd.unit_file(TEMPLATE)
+        loaded = self.systemd.loaded.get(TEMPLATE)
+        disk = None if on_disk is None else (on_disk, self.systemd.drop_ins(TEMPLATE))
+        assert loaded == disk, f"systemd has {TEMPLATE} loaded as {loaded}, disk has {disk}"
 
     def check_healthy_units(self, pub: Published, faults: Faults) -> None:
         """A failed apply still brought every unit whose own items did not fail to the OSC."""
@@ -766,6 +829,10 @@ class ApplyMachine(RuleBasedStateMachine):
                 and (running.unit, running.drop_ins) != on_disk
             ):
                 problems.append(f"{unit} runs a definition that is no longer on disk: {running}")
+            return problems
+        if is_template(unit):  # only files; whether systemd loaded them: check_converged
+            if running is not None or unit in sysd.enabled:
+                problems.append(f"template {unit} running={running} enabled={unit in sysd.enabled}")
             return problems
         if sysd.unit_file(unit) is None:  # systemd does not know it: nothing may run, or enable
             if running is not None:
