@@ -173,11 +173,21 @@ class StateStore:
         self._lock = asyncio.Lock()  # one state change at a time from the loop
         self._history: HistoryLog | None = None  # the apply history once read (history.py)
         self._set_aside: list[str] = []  # state files set aside and not yet reported
+        #: the journal (its change set or progress) was set aside since the last look: what it
+        #: had changed is no longer known (see ``take_journal_lost``)
+        self._journal_lost = False
 
     def take_set_aside(self) -> list[str]:
         """One line per state file set aside since the last call (for a Warning Event)."""
         notes, self._set_aside = self._set_aside, []
         return notes
+
+    def take_journal_lost(self) -> bool:
+        """Whether the journal was set aside since the last call: what its unfinished change set
+        had already done is unknown, so the caller should compare the host with what is
+        applied (a drift check) instead of trusting the last applied OSC."""
+        lost, self._journal_lost = self._journal_lost, False
+        return lost
 
     def path(self, name: str) -> str:
         """Host path of state file ``name``."""
@@ -634,6 +644,7 @@ class StateStore:
         except HostError:  # e.g. a directory at the ``.corrupt`` name: rename it aside instead
             self._rename_aside(name)
         self._set_aside.append(f"{self.path(name)}: not readable ({why}); moved to {aside}")
+        self._journal_lost |= name in (CHANGES, CHANGES_DONE)
 
     def _set_aside_unreadable(self, name: str, exc: Exception) -> None:
         """Rename state file ``name`` (a directory, symlink, FIFO, device, a file too large)
@@ -649,6 +660,7 @@ class StateStore:
         )
         where = f"moved to {aside}" if moved else "could not be moved aside"
         self._set_aside.append(f"{why}; {where}")
+        self._journal_lost |= name in (CHANGES, CHANGES_DONE)
 
     def _clear_for_write(self, name: str) -> bool:
         """Before writing state file ``name``: set aside what is in its place if that is not a

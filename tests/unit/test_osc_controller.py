@@ -332,3 +332,20 @@ async def test_the_agents_own_unit_restarts_last(tmp_path: Path) -> None:
     assert ("restart", own) not in calls[:-1]
     assert [c[0] for c in calls[-3:-1]] == ["patch_node", "create_event"]
     assert reasons(kube)[-1] == report.REASON_OSC_APPLIED
+
+
+async def test_a_lost_journal_makes_the_next_turn_look_for_drift(tmp_path: Path) -> None:
+    """A journal set aside (here: garbage where it lives) hides what its change set had done:
+    the next turn compares the host with what is applied, without waiting for the period."""
+    ctl, ctx, kube, _ = controller(tmp_path)
+    ctl.observe("ADDED", secret(osc_bytes("one\n")))
+    assert await ctl._step(True) is DONE
+    conf = tmp_path / "etc/test/a.conf"
+    conf.write_text("changed by a change set whose journal was lost\n")
+    (tmp_path / "var/lib/gardener-node-agent/last-computed-osc-changes.yaml").write_text("{")
+    ctx.state._pending, ctx.state._no_journal = None, False  # as after a restart: read it again
+    assert await ctl._step(True) is DONE  # reads the journal: set aside, reported
+    assert reasons(kube)[-1] == report.REASON_STATE_SET_ASIDE
+    assert await ctl._step(True) is DONE  # woken, yet the full check runs
+    assert conf.read_text() == "one\n"
+    assert reasons(kube)[-1] == report.REASON_DRIFT_REPAIRED

@@ -373,6 +373,10 @@ class OSCController:
             # A state file set aside (the history, status.json ...) is said once on the Node.
             for note in self.ctx.state.take_set_aside():
                 await self.ctx.event(report.REASON_STATE_SET_ASIDE, note, warning=True)
+            if self.ctx.state.take_journal_lost():
+                # What the lost journal had changed is unknown: compare the host with what is
+                # applied now rather than at the periodic check.
+                self.request_resync()
 
     async def _reconcile(self, secret: JSON, *, resync: bool = False) -> Outcome | None:
         """One reconcile, in the order the data flows; each stage may end it (None)."""
