@@ -37,11 +37,9 @@ from tests.testbed.userdata import (
     BASE,
     UNIT,
     Artifact,
-    build_artifact,
     hide_python,
     install_credentials,
     play_user_data,
-    serve_directory,
     sh,
     show,
 )
@@ -55,17 +53,6 @@ Boot = Callable[..., Awaitable["Booted"]]
 #: This kernel (a micro-VM's, built without CONFIG_QUOTA) cannot mount ext4 with quotas: the
 #: tests format without them unless they are about upstream's quota format itself.
 NO_QUOTA = {QUOTA_ENV: "off"}
-
-
-@pytest.fixture(scope="module")
-def artifact(workdir: Path) -> Artifact:
-    return build_artifact(workdir / "dist")
-
-
-@pytest.fixture(scope="module")
-def server(artifact: Artifact) -> Iterator[str]:
-    with serve_directory(artifact.path.parent) as url:
-        yield url
 
 
 @pytest.fixture
