@@ -7,14 +7,17 @@ artifact served over HTTP for the tests that install it with user-data.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
+from typing import Any
 
 import pytest
 import pytest_asyncio
 from kubernetes_asyncio.client import ApiClient
 
 from tests.testbed.agent_harness import OSCAgent
+from tests.testbed.containerd import ContainerdNode
 from tests.testbed.controlplane import ControlPlane
 from tests.testbed.systemd_ns import IsolatedSystemd
 from tests.testbed.userdata import Artifact, build_artifact, serve_directory
@@ -37,6 +40,27 @@ async def harness(
     agent = OSCAgent(admin_api, control_plane, node, tmp_path)
     await agent.setup()
     yield agent
+
+
+ContainerdAgent = Callable[..., AbstractAsyncContextManager[OSCAgent]]
+
+
+@pytest.fixture
+def containerd_agent(
+    admin_api: ApiClient,
+    control_plane: ControlPlane,
+    containerd_node: ContainerdNode,
+    tmp_path: Path,
+) -> ContainerdAgent:
+    """``async with containerd_agent(**options) as harness``: the OSC controller of the
+    containerd node, running in this process (``options`` go to ``OSCAgent``)."""
+
+    def start(**options: Any) -> AbstractAsyncContextManager[OSCAgent]:
+        return OSCAgent(
+            admin_api, control_plane, containerd_node.node, tmp_path, **options
+        ).running()
+
+    return start
 
 
 @pytest.fixture(scope="session")
