@@ -25,6 +25,8 @@ import json
 import os
 import sys
 import time
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -38,6 +40,7 @@ from kubernetes_asyncio.client import ApiClient
 
 from node_agent.agent import build_agent
 from node_agent.base.errors import KubeUnauthorized
+from node_agent.commands import status
 from node_agent.config import (
     CONFIG_FILE,
     KUBECONFIG_FILE,
@@ -678,6 +681,39 @@ async def status_json(root: Path) -> dict[str, Any]:
     assert proc.returncode in (0, 3), f"status exited {proc.returncode}: {err.decode()}"
     doc: dict[str, Any] = json.loads(out)
     return doc
+
+
+def loopback_servers() -> dict[str, Any]:
+    """The config's ``server`` section binding both HTTP servers on loopback, port 0 (the
+    status document tells the ports)."""
+    return {
+        "healthProbes": {"bindAddress": "127.0.0.1", "port": 0},
+        "metrics": {"bindAddress": "127.0.0.1", "port": 0},
+    }
+
+
+async def wait_ready_endpoints(sock: Path, what: str) -> dict[str, str]:
+    """Ask the agent's status socket until the agent says it is ready; its HTTP endpoints."""
+    endpoints: dict[str, str] = {}
+
+    async def ready() -> bool:
+        if not sock.exists():
+            return False
+        answer = await asyncio.to_thread(status.query, sock)
+        endpoints.update(answer["endpoints"])
+        return bool(answer["health"]["ready"])
+
+    await wait_for(ready, 60, what, poll=0.2)
+    return endpoints
+
+
+def http_get(address: str, path: str) -> tuple[int, str]:
+    """Status and body of ``GET http://<address><path>``, an HTTP error's as well."""
+    try:
+        with urllib.request.urlopen(f"http://{address}{path}", timeout=5) as resp:
+            return int(resp.status), resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return int(exc.code), exc.read().decode()
 
 
 def apply_failures(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
