@@ -12,7 +12,6 @@ import json
 import os
 import signal
 import stat
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,6 @@ from structlog.testing import capture_logs
 
 from tests.conftest import PreparedAgentFactory
 from tests.testbed.agent_harness import (
-    REPO,
     AgentSetup,
     http_get,
     inline_file,
@@ -32,6 +30,7 @@ from tests.testbed.agent_harness import (
     now,
     osc_document,
     publish_osc,
+    run_status,
     running_agent,
     service,
     spawn_agent,
@@ -50,22 +49,10 @@ MARKER = "do-not-print-this-content-7f3a"
 
 
 async def _status(root: Path, *extra: str) -> tuple[int, str]:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "node_agent",
-        "status",
-        "--root",
-        str(root),
-        *extra,
-        cwd=REPO,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(proc.communicate(), 30)
+    returncode, out, err = await run_status(root, *extra)
     assert not err, err.decode()
-    assert proc.returncode is not None
-    return proc.returncode, out.decode()
+    assert returncode is not None
+    return returncode, out.decode()
 
 
 async def _status_json(root: Path) -> tuple[int, dict[str, Any]]:

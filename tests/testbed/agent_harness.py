@@ -662,15 +662,15 @@ def starts(node: IsolatedSystemd, name: str) -> list[str]:
         return []
 
 
-async def status_json(root: Path) -> dict[str, Any]:
-    """``node-agent status --json`` for the node under ``root``, run as an operator would
-    (the agent's socket if it runs, else what is on disk)."""
+async def run_status(root: Path, *extra: str) -> tuple[int | None, bytes, bytes]:
+    """``node-agent status [extra]`` for the node under ``root``, run as an operator would
+    (the agent's socket if it runs, else what is on disk): exit code, stdout, stderr."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
         "node_agent",
         "status",
-        "--json",
+        *extra,
         "--root",
         str(root),
         cwd=REPO,
@@ -678,7 +678,13 @@ async def status_json(root: Path) -> dict[str, Any]:
         stderr=asyncio.subprocess.PIPE,
     )
     out, err = await asyncio.wait_for(proc.communicate(), 30)
-    assert proc.returncode in (0, 3), f"status exited {proc.returncode}: {err.decode()}"
+    return proc.returncode, out, err
+
+
+async def status_json(root: Path) -> dict[str, Any]:
+    """``node-agent status --json`` for the node under ``root`` (see ``run_status``)."""
+    returncode, out, err = await run_status(root, "--json")
+    assert returncode in (0, 3), f"status exited {returncode}: {err.decode()}"
     doc: dict[str, Any] = json.loads(out)
     return doc
 
