@@ -23,6 +23,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import subprocess
 import sys
 import time
 import urllib.error
@@ -660,6 +661,17 @@ def starts(node: IsolatedSystemd, name: str) -> list[str]:
         return node.path(f"{STARTS_DIR}/{name}").read_text().split()
     except FileNotFoundError:
         return []
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    """``node-agent <args>`` as a process of this checkout, its output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "node_agent", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
 
 
 async def run_status(root: Path, *extra: str) -> tuple[int | None, bytes, bytes]:
