@@ -498,3 +498,12 @@ def osc_document(text: str, units: list[JSON]) -> JSON:
             "units": units,
         },
     }  # fmt: skip
+
+
+async def until(done: Callable[[], object], timeout: float = 5.0) -> None:
+    """Poll ``done`` until it is true (the loop keeps turning meanwhile)."""
+    async with asyncio.timeout(timeout):
+        while True:
+            if done():
+                return
+            await asyncio.sleep(0.01)
