@@ -14,7 +14,7 @@ import os
 import stat
 import subprocess
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,29 +36,14 @@ from tests.testbed.userdata import (
     REPO,
     UNIT,
     Artifact,
-    build_artifact,
     hide_python,
     install_credentials,
     play_user_data,
-    serve_directory,
     sh,
     show,
 )
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="session")
-def artifact(workdir: Path) -> Artifact:
-    """The artifact, built by the same script CI and the Containerfile use (cached by its key)."""
-    return build_artifact(workdir / "dist")
-
-
-@pytest.fixture(scope="module")
-def server(artifact: Artifact) -> Iterator[str]:
-    """A loopback HTTP server for the artifact; the node shares this network namespace."""
-    with serve_directory(artifact.path.parent) as url:
-        yield url
 
 
 def snapshot(node: IsolatedSystemd, *roots: str) -> dict[str, tuple[int, int, int]]:

@@ -8,8 +8,6 @@ import json
 import os
 import re
 import stat
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,21 +15,11 @@ import yaml
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client import ApiClient
 
-from tests.testbed.agent_harness import NS, OSCAgent, inline_file, osc_document, service
+from tests.testbed.agent_harness import NS, OSCAgent, cli, inline_file, osc_document, service
 from tests.testbed.controlplane import ControlPlane
 from tests.testbed.systemd_ns import IsolatedSystemd
 
 pytestmark = pytest.mark.integration
-
-
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "node_agent", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
 
 
 def local_osc(tmp_path: Path) -> Path:

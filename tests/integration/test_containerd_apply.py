@@ -14,21 +14,20 @@ import threading
 import tomllib
 import uuid
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 import pytest_asyncio
-from kubernetes_asyncio.client import ApiClient
 
 from node_agent.containerd.expand import ContainerdExpander, env_drop_in
 from node_agent.host.fs import HostFS
 from node_agent.host.state import UNIT_FILE_MODE
 from node_agent.osc.models import OperatingSystemConfig
+from tests.integration.conftest import ContainerdAgent
 from tests.testbed import oci
 from tests.testbed.agent_harness import OSCAgent, inline_file, osc_document, service, wait_for
 from tests.testbed.containerd import NODE_CA_PATH, ContainerdNode, default_config
-from tests.testbed.controlplane import ControlPlane, free_port
+from tests.testbed.controlplane import free_port
 from tests.testbed.registry import Registry
 
 pytestmark = pytest.mark.integration
@@ -111,17 +110,12 @@ class Bed:
 
 @pytest_asyncio.fixture(loop_scope="session")
 async def bed(
-    admin_api: ApiClient,
-    control_plane: ControlPlane,
+    containerd_agent: ContainerdAgent,
     containerd_node: ContainerdNode,
     registry: Registry,
     mirror: Registry,
-    tmp_path: Path,
 ) -> AsyncIterator[Bed]:
-    agent = OSCAgent(
-        admin_api, control_plane, containerd_node.node, tmp_path, expander=ContainerdExpander
-    )
-    async with agent.running() as harness:
+    async with containerd_agent(expander=ContainerdExpander) as harness:
         yield Bed(harness, containerd_node, registry, mirror)
 
 

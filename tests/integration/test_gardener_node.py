@@ -43,7 +43,11 @@ from tests.testbed.agent_harness import (
     wait_for,
 )
 from tests.testbed.agent_image import AgentImage, agent_image_layout, read_layout
-from tests.testbed.bootstrap import create_bootstrap_token, grant_node_agent_identity
+from tests.testbed.bootstrap import (
+    BootstrapToken,
+    create_bootstrap_token,
+    grant_node_agent_identity,
+)
 from tests.testbed.containerd import ContainerdNode
 from tests.testbed.controlplane import ControlPlane, free_port
 from tests.testbed.csr_approver import CSRApprover
@@ -131,6 +135,48 @@ def build_info_version(port: int) -> str | None:
     return None
 
 
+def push_agent_images(
+    containerd_node: ContainerdNode,
+    registry: Registry,
+    mirror: Registry,
+    images: tuple[AgentImage, AgentImage],
+) -> tuple[g.GardenerPool, str, dict[str, str]]:
+    """A Python-free node, a pool's images and the agent's two images in a repository of its
+    own: ``(pool, repository, {version: ref})``."""
+    node = containerd_node.node
+    g.unmask(node, g.SYSCTL)
+    hide_python(node)
+    pool = g.GardenerPool.fresh(registry, mirror)
+    pool.push_images(("1.33.0",))
+    repository = f"gardener/node-agent-{uuid.uuid4().hex[:8]}"
+    refs = {}
+    for image in images:
+        registry.push(repository, image.version, read_layout(image.layout))
+        refs[image.version] = registry.ref(repository, image.version)
+    return pool, repository, refs
+
+
+async def provision_machine(
+    admin_api: ApiClient, controlplane: ControlPlane, image: str
+) -> tuple[str, str, BootstrapToken, gu.Provision]:
+    """A machine allowed its OSC Secret, a bootstrap token and its provision user-data for
+    ``image``: ``(machine, secret, token, provision)``."""
+    machine = unique("machine")
+    secret = f"osc-{machine}"
+    token = await create_bootstrap_token(admin_api)
+    await grant_node_agent_identity(admin_api, machine, secret_names=[secret])
+    provision = gu.Provision(
+        image=image,
+        server=controlplane.server,
+        ca_pem=controlplane.ca_file.read_bytes(),
+        bootstrap_token=token.token,
+        machine_name=machine,
+        secret_name=secret,
+        ports=(free_port(), free_port()),
+    )
+    return machine, secret, token, provision
+
+
 @pytest.fixture
 def journal(containerd_node: ContainerdNode) -> Iterator[None]:
     """The agent's journal in the report of a failing test."""
@@ -154,29 +200,11 @@ async def test_gardener_node_bootstraps_updates_itself_and_resets(
 ) -> None:
     first, second = agent_images
     node = containerd_node.node
-    g.unmask(node, g.SYSCTL)
-    hide_python(node)
-    pool = g.GardenerPool.fresh(registry, mirror)
-    pool.push_images(("1.33.0",))
-    repository = f"gardener/node-agent-{uuid.uuid4().hex[:8]}"
-    refs = {}
-    for image in (first, second):
-        registry.push(repository, image.version, read_layout(image.layout))
-        refs[image.version] = registry.ref(repository, image.version)
+    pool, _, refs = push_agent_images(containerd_node, registry, mirror, agent_images)
     containerd_node.trust(registry.host)  # before any OSC: the user-data pulls directly
 
-    machine = unique("machine")
-    secret = f"osc-{machine}"
-    token = await create_bootstrap_token(admin_api)
-    await grant_node_agent_identity(admin_api, machine, secret_names=[secret])
-    provision = gu.Provision(
-        image=refs[first.version],
-        server=gardener_controlplane.server,
-        ca_pem=gardener_controlplane.ca_file.read_bytes(),
-        bootstrap_token=token.token,
-        machine_name=machine,
-        secret_name=secret,
-        ports=(free_port(), free_port()),
+    machine, secret, token, provision = await provision_machine(
+        admin_api, gardener_controlplane, refs[first.version]
     )
     started = dt.datetime.now(dt.UTC)
     clock = time.monotonic()
@@ -328,31 +356,13 @@ async def test_a_self_update_to_a_binary_that_cannot_start_falls_back_to_the_pre
     a good binary is installed as usual."""
     first, second = agent_images
     node = containerd_node.node
-    g.unmask(node, g.SYSCTL)
-    hide_python(node)
-    pool = g.GardenerPool.fresh(registry, mirror)
-    pool.push_images(("1.33.0",))
-    repository = f"gardener/node-agent-{uuid.uuid4().hex[:8]}"
-    refs = {}
-    for image in (first, second):
-        registry.push(repository, image.version, read_layout(image.layout))
-        refs[image.version] = registry.ref(repository, image.version)
+    pool, repository, refs = push_agent_images(containerd_node, registry, mirror, agent_images)
     broken = b"#!/bin/sh\necho 'broken agent build' >&2\nexit 1\n"
     registry.push(repository, "broken", oci.build_image({"/gardener-node-agent": (broken, 0o755)}))
     containerd_node.trust(registry.host)
 
-    machine = unique("machine")
-    secret = f"osc-{machine}"
-    token = await create_bootstrap_token(admin_api)
-    await grant_node_agent_identity(admin_api, machine, secret_names=[secret])
-    provision = gu.Provision(
-        image=refs[first.version],
-        server=gardener_controlplane.server,
-        ca_pem=gardener_controlplane.ca_file.read_bytes(),
-        bootstrap_token=token.token,
-        machine_name=machine,
-        secret_name=secret,
-        ports=(free_port(), free_port()),
+    machine, secret, _, provision = await provision_machine(
+        admin_api, gardener_controlplane, refs[first.version]
     )
     gu.play(node, provision)
     await wait_for(lambda: node.path(KUBECONFIG).exists(), 120, "the agent's kubeconfig")

@@ -23,21 +23,19 @@ import stat
 import tomllib
 import uuid
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 import pytest_asyncio
 from kubernetes_asyncio import client
-from kubernetes_asyncio.client import ApiClient
 
 from node_agent.containerd.expand import ContainerdExpander, env_drop_in
 from node_agent.containerd.images import CtrImages
+from tests.integration.conftest import ContainerdAgent
 from tests.testbed import gardener_osc as g
 from tests.testbed import standin
 from tests.testbed.agent_harness import OSCAgent, wait_for
 from tests.testbed.containerd import ContainerdNode
-from tests.testbed.controlplane import ControlPlane
 from tests.testbed.registry import Registry
 
 pytestmark = pytest.mark.integration
@@ -95,22 +93,17 @@ class Bed:
 
 @pytest_asyncio.fixture(loop_scope="session")
 async def bed(
-    admin_api: ApiClient,
-    control_plane: ControlPlane,
+    containerd_agent: ContainerdAgent,
     containerd_node: ContainerdNode,
     registry: Registry,
     mirror: Registry,
-    tmp_path: Path,
 ) -> AsyncIterator[Bed]:
     node = containerd_node.node
     g.unmask(node, g.SYSCTL)
     pool = g.GardenerPool.fresh(registry, mirror)
     pool.push_images(("1.33.0", "1.33.1"))
     images = CtrImages(root=node.root, argv_prefix=containerd_node.nsenter_argv)
-    agent = OSCAgent(
-        admin_api, control_plane, node, tmp_path, images=images, expander=ContainerdExpander
-    )
-    async with agent.running() as harness:
+    async with containerd_agent(images=images, expander=ContainerdExpander) as harness:
         yield Bed(harness, containerd_node, pool)
 
 

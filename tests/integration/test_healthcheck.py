@@ -91,6 +91,23 @@ def install_kubelet(node: IsolatedSystemd) -> None:
     target.chmod(0o755)
 
 
+async def kubelet_agent(
+    admin_api: ApiClient,
+    make_prepared_agent: PreparedAgentFactory,
+    node: IsolatedSystemd,
+    **health: str,
+) -> tuple[int, str, AgentSetup, str]:
+    """The stand-in kubelet installed, an agent of its own with these ``health`` settings and
+    the kubelet's OSC published: ``(port, node name, setup, checksum)``."""
+    port = free_port()
+    install_kubelet(node)
+    prepared = await make_prepared_agent(node.root)
+    name = prepared.name
+    setup = with_health(prepared.setup, **health)
+    checksum = await publish_osc(admin_api, prepared.osc_secret, kubelet_osc(port))
+    return port, name, setup, checksum
+
+
 def healthz(port: int) -> int | None:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as resp:
@@ -147,12 +164,9 @@ async def test_kubelet_failing_over_a_minute_is_restarted_once_with_the_events(
     node: IsolatedSystemd,
 ) -> None:
     """The default restartAfter (1 min); only the check period is short (1 s)."""
-    port = free_port()
-    install_kubelet(node)
-    prepared = await make_prepared_agent(node.root)
-    name = prepared.name
-    setup = with_health(prepared.setup, syncPeriod="1s", timeout="2s")
-    checksum = await publish_osc(admin_api, prepared.osc_secret, kubelet_osc(port))
+    port, name, setup, checksum = await kubelet_agent(
+        admin_api, make_prepared_agent, node, syncPeriod="1s", timeout="2s"
+    )
     url = f"http://127.0.0.1:{port}/healthz"
 
     async with running_agent(setup, host_name=name, systemd=node):
@@ -317,12 +331,9 @@ async def test_ready_flapping_node_gets_one_reboot_suggestion(
     make_prepared_agent: PreparedAgentFactory,
     node: IsolatedSystemd,
 ) -> None:
-    port = free_port()
-    install_kubelet(node)
-    prepared = await make_prepared_agent(node.root)
-    name = prepared.name
-    setup = with_health(prepared.setup, syncPeriod="1s")
-    checksum = await publish_osc(admin_api, prepared.osc_secret, kubelet_osc(port))
+    _, name, setup, checksum = await kubelet_agent(
+        admin_api, make_prepared_agent, node, syncPeriod="1s"
+    )
     core = client.CoreV1Api(admin_api)
 
     async def set_ready(status: str) -> None:

@@ -12,8 +12,6 @@ import asyncio
 import json
 import os
 import sys
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -23,7 +21,13 @@ from kubernetes_asyncio.client import ApiClient
 from node_agent.commands import status
 from node_agent.observe.http_ports import HEAD_TIMEOUT, MAX_CONNECTIONS
 from tests.conftest import PreparedAgentFactory
-from tests.testbed.agent_harness import running_agent, wait_for
+from tests.testbed.agent_harness import (
+    http_get,
+    loopback_servers,
+    running_agent,
+    wait_for,
+    wait_ready_endpoints,
+)
 from tests.testbed.systemd_ns import IsolatedSystemd
 
 pytestmark = pytest.mark.integration
@@ -58,14 +62,6 @@ def _fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
-def _get(address: str, path: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(f"http://{address}{path}", timeout=5) as resp:
-            return int(resp.status), resp.read().decode()
-    except urllib.error.HTTPError as exc:
-        return int(exc.code), exc.read().decode()
-
-
 def _metric(text: str, key: str) -> float:
     for line in text.splitlines():
         name, _, value = line.rpartition(" ")
@@ -82,24 +78,12 @@ async def test_idle_connection_flood_neither_pins_descriptors_nor_starves_probes
 ) -> None:
     prepared = await make_prepared_agent(tmp_path / "root")
     doc = yaml.safe_load(prepared.setup.config_file.read_text())
-    doc["server"] = {
-        "healthProbes": {"bindAddress": "127.0.0.1", "port": 0},
-        "metrics": {"bindAddress": "127.0.0.1", "port": 0},
-    }
+    doc["server"] = loopback_servers()
     setup = prepared.setup.with_config(doc)
     sock = status.socket_path(setup.root)
 
     async with running_agent(setup, host_name=prepared.name, systemd=systemd):
-        endpoints: dict[str, str] = {}
-
-        async def ready() -> bool:
-            if not sock.exists():
-                return False
-            answer = await asyncio.to_thread(status.query, sock)
-            endpoints.update(answer["endpoints"])
-            return bool(answer["health"]["ready"])
-
-        await wait_for(ready, 60, "the agent ready, its endpoints known", poll=0.2)
+        endpoints = await wait_ready_endpoints(sock, "the agent ready, its endpoints known")
         health, metrics = endpoints["health"], endpoints["metrics"]
         ports = ",".join(address.rsplit(":", 1)[1] for address in (health, metrics))
         before = _fds()
@@ -119,9 +103,9 @@ async def test_idle_connection_flood_neither_pins_descriptors_nor_starves_probes
             await asyncio.sleep(0.2)  # the agent has accepted what it will accept
             during = _fds()
             # While the last idle connections are still held, the probes answer.
-            assert await asyncio.to_thread(_get, health, "/healthz") == (200, "ok\n")
-            assert await asyncio.to_thread(_get, health, "/readyz") == (200, "ok\n")
-            code, text = await asyncio.to_thread(_get, metrics, "/metrics")
+            assert await asyncio.to_thread(http_get, health, "/healthz") == (200, "ok\n")
+            assert await asyncio.to_thread(http_get, health, "/readyz") == (200, "ok\n")
+            code, text = await asyncio.to_thread(http_get, metrics, "/metrics")
             assert code == 200
             report = json.loads(await asyncio.wait_for(flood.stdout.readline(), 90))
         finally:
@@ -131,7 +115,7 @@ async def test_idle_connection_flood_neither_pins_descriptors_nor_starves_probes
 
         await wait_for(lambda: _fds() <= before + 2, 30, "the agent's descriptors released")
         after = _fds()
-        _, text = await asyncio.to_thread(_get, metrics, "/metrics")
+        _, text = await asyncio.to_thread(http_get, metrics, "/metrics")
         refused = {
             name: _metric(text, f'node_agent_http_connections_refused_total{{endpoint="{name}"}}')
             for name in ("health", "metrics")

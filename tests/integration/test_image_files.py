@@ -11,18 +11,17 @@ import stat
 import time
 import uuid
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 import pytest_asyncio
-from kubernetes_asyncio.client import ApiClient
 
 from node_agent.containerd.images import CtrImages
+from tests.integration.conftest import ContainerdAgent
 from tests.testbed import oci, standin
 from tests.testbed.agent_harness import OSCAgent, inline_file, osc_document, service, wait_for
 from tests.testbed.containerd import ContainerdNode
-from tests.testbed.controlplane import ControlPlane, free_port
+from tests.testbed.controlplane import free_port
 from tests.testbed.pki import CertificateAuthority
 from tests.testbed.registry import Registry, StallingRegistry
 
@@ -104,18 +103,15 @@ class Bed:
 
 @pytest_asyncio.fixture(loop_scope="session")
 async def bed(
-    admin_api: ApiClient,
-    control_plane: ControlPlane,
+    containerd_agent: ContainerdAgent,
     containerd_node: ContainerdNode,
     registry: Registry,
     mirror: Registry,
-    tmp_path: Path,
 ) -> AsyncIterator[Bed]:
     node = containerd_node.node
     images = CtrImages(root=node.root, argv_prefix=containerd_node.nsenter_argv)
     containerd_node.write_hosts_toml(registry.host, registry.url, [mirror.url])
-    agent = OSCAgent(admin_api, control_plane, node, tmp_path, images=images)
-    async with agent.running() as harness:
+    async with containerd_agent(images=images) as harness:
         yield Bed(harness, containerd_node, registry, mirror, images)
 
 

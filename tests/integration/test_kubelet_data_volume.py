@@ -37,11 +37,9 @@ from tests.testbed.userdata import (
     BASE,
     UNIT,
     Artifact,
-    build_artifact,
     hide_python,
     install_credentials,
     play_user_data,
-    serve_directory,
     sh,
     show,
 )
@@ -55,17 +53,6 @@ Boot = Callable[..., Awaitable["Booted"]]
 #: This kernel (a micro-VM's, built without CONFIG_QUOTA) cannot mount ext4 with quotas: the
 #: tests format without them unless they are about upstream's quota format itself.
 NO_QUOTA = {QUOTA_ENV: "off"}
-
-
-@pytest.fixture(scope="module")
-def artifact(workdir: Path) -> Artifact:
-    return build_artifact(workdir / "dist")
-
-
-@pytest.fixture(scope="module")
-def server(artifact: Artifact) -> Iterator[str]:
-    with serve_directory(artifact.path.parent) as url:
-        yield url
 
 
 @pytest.fixture
@@ -85,6 +72,20 @@ def blkid(device: str, tag: str) -> str:
     return got.stdout.strip()
 
 
+def loop_device(image: Path, size: int) -> str:
+    """A blank sparse file of ``size`` bytes at ``image`` (no space used until written),
+    attached as a loop device: its path."""
+    with image.open("wb") as f:
+        f.truncate(size)
+    return subprocess.run(
+        ["losetup", "--find", "--show", str(image)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    ).stdout.strip()
+
+
 @pytest.fixture
 def disks(tmp_path: Path) -> Iterator[DiskFactory]:
     """Attach blank loop devices; detached (and their files removed) whatever the test did.
@@ -94,15 +95,7 @@ def disks(tmp_path: Path) -> Iterator[DiskFactory]:
 
     def attach(size: int) -> str:
         image = tmp_path / f"disk-{len(attached)}.img"
-        with image.open("wb") as f:
-            f.truncate(size)  # sparse: no space used until written
-        device = subprocess.run(
-            ["losetup", "--find", "--show", str(image)],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=True,
-        ).stdout.strip()
+        device = loop_device(image, size)
         attached.append((device, image))
         return device
 
@@ -288,17 +281,9 @@ async def test_two_disks_of_that_size_are_an_error_and_neither_is_formatted(
 def kernel_mounts_quota(tmp_path_factory: pytest.TempPathFactory) -> bool:
     """Whether this kernel mounts ext4 made with upstream's quota options (a scratch disk)."""
     image = tmp_path_factory.mktemp("quota") / "probe.img"
-    with image.open("wb") as f:
-        f.truncate(32 * MIB)
+    device = loop_device(image, 32 * MIB)
     mnt = image.with_suffix(".mnt")
     mnt.mkdir()
-    device = subprocess.run(
-        ["losetup", "--find", "--show", str(image)],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=True,
-    ).stdout.strip()
     try:
         subprocess.run(
             [

@@ -24,6 +24,7 @@ from node_agent.commands import status
 from tests.conftest import PreparedAgentFactory
 from tests.testbed.agent_harness import (
     host,
+    loopback_servers,
     osc_document,
     publish_osc,
     running_agent,
@@ -90,10 +91,7 @@ async def test_every_metric_of_the_rules_and_the_dashboard_is_exported(
     }
     kubeconfig.write_text(yaml.safe_dump(doc))
     config = yaml.safe_load(prepared.setup.config_file.read_text())
-    config["server"] = {
-        "healthProbes": {"bindAddress": "127.0.0.1", "port": 0},
-        "metrics": {"bindAddress": "127.0.0.1", "port": 0},
-    }
+    config["server"] = loopback_servers()
     config["nodeAgent"] = {"healthCheck": {"kubeletHealthz": f"http://127.0.0.1:{port}/healthz"}}
     setup = prepared.setup.with_config(config)
     osc = osc_document([], [service("kubelet.service", command="start", enable=True)])

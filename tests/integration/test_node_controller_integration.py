@@ -10,8 +10,6 @@ InvocationID and MainPID (NRestarts counts only systemd's automatic restarts).
 from __future__ import annotations
 
 import asyncio
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -26,6 +24,8 @@ from node_agent.kube.report import ANNOTATION_APPLIED_CHECKSUM
 from tests.conftest import PreparedAgentFactory
 from tests.testbed.agent_harness import (
     create_node,
+    http_get,
+    loopback_servers,
     node_annotations,
     node_events,
     osc_document,
@@ -36,6 +36,7 @@ from tests.testbed.agent_harness import (
     unique,
     unit_props,
     wait_for,
+    wait_ready_endpoints,
 )
 from tests.testbed.systemd_ns import IsolatedSystemd
 
@@ -129,14 +130,6 @@ async def test_secret_name_label_rewrites_config_and_restarts_agent(
         assert starts.read_text().count("started") == 2  # restarted once, no loop
 
 
-def _readyz(address: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(f"http://{address}/readyz", timeout=5) as resp:
-            return int(resp.status), resp.read().decode()
-    except urllib.error.HTTPError as exc:
-        return int(exc.code), exc.read().decode()
-
-
 async def test_deleted_node_fails_readiness_and_shows_until_recreated(
     admin_api: ApiClient,
     make_prepared_agent: PreparedAgentFactory,
@@ -146,35 +139,23 @@ async def test_deleted_node_fails_readiness_and_shows_until_recreated(
     prepared = await make_prepared_agent(tmp_path / "root")
     node = prepared.name
     doc = yaml.safe_load(prepared.setup.config_file.read_text())
-    doc["server"] = {
-        "healthProbes": {"bindAddress": "127.0.0.1", "port": 0},
-        "metrics": {"bindAddress": "127.0.0.1", "port": 0},
-    }
+    doc["server"] = loopback_servers()
     setup = prepared.setup.with_config(doc)
     sock = status.socket_path(setup.root)
     core = client.CoreV1Api(admin_api)
     checksum = await publish_osc(admin_api, prepared.osc_secret, osc_document([], []))
 
     async with running_agent(setup, host_name=node, systemd=systemd):
-        endpoints: dict[str, str] = {}
-
-        async def ready() -> bool:
-            if not sock.exists():
-                return False
-            answer = await asyncio.to_thread(status.query, sock)
-            endpoints.update(answer["endpoints"])
-            return bool(answer["health"]["ready"])
-
-        await wait_for(ready, 60, "the agent ready", poll=0.2)
+        endpoints = await wait_ready_endpoints(sock, "the agent ready")
         health = endpoints["health"]
-        assert await asyncio.to_thread(_readyz, health) == (200, "ok\n")
+        assert await asyncio.to_thread(http_get, health, "/readyz") == (200, "ok\n")
 
         with capture_logs() as logs:
             await core.delete_node(node)
             answers: list[tuple[int, str]] = []
 
             async def not_ready() -> bool:
-                answers.append(await asyncio.to_thread(_readyz, health))
+                answers.append(await asyncio.to_thread(http_get, health, "/readyz"))
                 return answers[-1][0] == 503
 
             await wait_for(not_ready, 30, "/readyz failing after the Node was deleted")
@@ -191,10 +172,10 @@ async def test_deleted_node_fails_readiness_and_shows_until_recreated(
             new_uid = await create_node(admin_api, node)  # registered again (a new object)
 
             async def ready_again() -> bool:
-                return (await asyncio.to_thread(_readyz, health))[0] == 200
+                return (await asyncio.to_thread(http_get, health, "/readyz"))[0] == 200
 
             await wait_for(ready_again, 30, "/readyz passing after the Node was re-created")
-            assert await asyncio.to_thread(_readyz, health) == (200, "ok\n")
+            assert await asyncio.to_thread(http_get, health, "/readyz") == (200, "ok\n")
         gone = [e for e in logs if e["event"] == "own node is gone"]
         assert len(gone) == 1, gone
         assert gone[0]["node"] == node

@@ -11,22 +11,12 @@ import pytest
 import yaml
 
 from node_agent.base import layout
-from tests.testbed.agent_harness import inline_file, osc_document, service
+from tests.testbed.agent_harness import cli, inline_file, osc_document, service
 from tests.testbed.systemd_ns import IsolatedSystemd
 
 pytestmark = pytest.mark.integration
 
 AGENT = "gardener-node-agent.service"
-
-
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "node_agent", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
 
 
 def test_reset_removes_exactly_what_the_agent_created(

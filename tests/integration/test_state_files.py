@@ -6,29 +6,15 @@ the Node."""
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-import pytest_asyncio
-from kubernetes_asyncio.client import ApiClient
 
 from tests.testbed.agent_harness import AgentProcess, OSCAgent, inline_file, osc_document, service
-from tests.testbed.controlplane import ControlPlane
-from tests.testbed.systemd_ns import IsolatedSystemd
 
 pytestmark = pytest.mark.integration
 
 STATE = "/var/lib/gardener-node-agent"
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def harness(
-    admin_api: ApiClient, control_plane: ControlPlane, node: IsolatedSystemd, tmp_path: Path
-) -> AsyncIterator[OSCAgent]:
-    agent = OSCAgent(admin_api, control_plane, node, tmp_path)
-    await agent.setup()
-    yield agent
 
 
 def osc(text: str) -> dict[str, object]:

@@ -12,10 +12,7 @@ import json
 import os
 import signal
 import stat
-import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -26,12 +23,14 @@ from structlog.testing import capture_logs
 
 from tests.conftest import PreparedAgentFactory
 from tests.testbed.agent_harness import (
-    REPO,
     AgentSetup,
+    http_get,
     inline_file,
+    loopback_servers,
     now,
     osc_document,
     publish_osc,
+    run_status,
     running_agent,
     service,
     spawn_agent,
@@ -50,35 +49,15 @@ MARKER = "do-not-print-this-content-7f3a"
 
 
 async def _status(root: Path, *extra: str) -> tuple[int, str]:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "node_agent",
-        "status",
-        "--root",
-        str(root),
-        *extra,
-        cwd=REPO,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(proc.communicate(), 30)
+    returncode, out, err = await run_status(root, *extra)
     assert not err, err.decode()
-    assert proc.returncode is not None
-    return proc.returncode, out.decode()
+    assert returncode is not None
+    return returncode, out.decode()
 
 
 async def _status_json(root: Path) -> tuple[int, dict[str, Any]]:
     code, out = await _status(root, "--json")
     return code, json.loads(out)
-
-
-def _get(address: str, path: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(f"http://{address}{path}", timeout=5) as resp:
-            return int(resp.status), resp.read().decode()
-    except urllib.error.HTTPError as exc:
-        return int(exc.code), exc.read().decode()
 
 
 def _metric(text: str, name: str) -> float:
@@ -98,10 +77,7 @@ def _metric(text: str, name: str) -> float:
 def _with_loopback_servers(setup: AgentSetup) -> None:
     """Bind both HTTP servers on loopback, port 0 (the status document tells the ports)."""
     doc = yaml.safe_load(setup.config_file.read_text())
-    doc["server"] = {
-        "healthProbes": {"bindAddress": "127.0.0.1", "port": 0},
-        "metrics": {"bindAddress": "127.0.0.1", "port": 0},
-    }
+    doc["server"] = loopback_servers()
     setup.config_file.write_text(yaml.safe_dump(doc))
 
 
@@ -202,10 +178,10 @@ async def test_status_and_endpoints_of_a_running_agent_and_after_it_stopped(
         health, metrics = doc["endpoints"]["health"], doc["endpoints"]["metrics"]
         assert health.startswith("127.0.0.1:")
         assert metrics.startswith("127.0.0.1:")
-        assert await asyncio.to_thread(_get, health, "/healthz") == (200, "ok\n")
-        assert await asyncio.to_thread(_get, health, "/readyz") == (200, "ok\n")
-        assert (await asyncio.to_thread(_get, health, "/nothing"))[0] == 404
-        status, before = await asyncio.to_thread(_get, metrics, "/metrics")
+        assert await asyncio.to_thread(http_get, health, "/healthz") == (200, "ok\n")
+        assert await asyncio.to_thread(http_get, health, "/readyz") == (200, "ok\n")
+        assert (await asyncio.to_thread(http_get, health, "/nothing"))[0] == 404
+        status, before = await asyncio.to_thread(http_get, metrics, "/metrics")
         assert status == 200
         assert _metric(before, "node_agent_up") == 1
         (build,) = (ln for ln in before.splitlines() if ln.startswith("node_agent_build_info{"))
@@ -223,7 +199,7 @@ async def test_status_and_endpoints_of_a_running_agent_and_after_it_stopped(
         started = time.time()
         checksum2 = await publish_osc(admin_api, osc_secret, osc(2))
         await wait_applied(admin_api, name, checksum2, 60)  # the second apply
-        _, after = await asyncio.to_thread(_get, metrics, "/metrics")
+        _, after = await asyncio.to_thread(http_get, metrics, "/metrics")
         assert _metric(after, "node_agent_osc_applies_total") == 2
         assert _metric(after, "node_agent_osc_apply_duration_seconds_count") == 2
         assert (

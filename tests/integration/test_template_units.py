@@ -7,30 +7,16 @@ from __future__ import annotations
 import copy
 import os
 import stat
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-import pytest_asyncio
-from kubernetes_asyncio.client import ApiClient
 
 from tests.testbed.agent_harness import OSCAgent, inline_file, osc_document, service
-from tests.testbed.controlplane import ControlPlane
-from tests.testbed.systemd_ns import IsolatedSystemd
 
 pytestmark = pytest.mark.integration
 
 TEMPLATE = "tpl@.service"
 UNITS = "/etc/systemd/system"
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def agent(
-    admin_api: ApiClient, control_plane: ControlPlane, node: IsolatedSystemd, tmp_path: Path
-) -> AsyncIterator[OSCAgent]:
-    async with OSCAgent(admin_api, control_plane, node, tmp_path).running() as harness:
-        yield harness
 
 
 def keep_osc() -> dict[str, Any]:

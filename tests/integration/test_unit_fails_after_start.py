@@ -14,7 +14,6 @@ the unit up, and the apply is then finished at once.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +38,7 @@ from tests.testbed.agent_harness import (
     wait_for,
     warning_messages,
 )
-from tests.testbed.node_status import units_ready
+from tests.testbed.node_status import wait_condition
 from tests.testbed.systemd_ns import IsolatedSystemd
 
 pytestmark = pytest.mark.integration
@@ -71,23 +70,6 @@ def install_binary(node: IsolatedSystemd) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(DAEMON)
     path.chmod(0o755)
-
-
-async def wait_condition(
-    admin: ApiClient, node: str, accept: Callable[[dict[str, Any]], bool], what: str
-) -> dict[str, Any]:
-    seen: list[dict[str, Any] | None] = [None]
-
-    async def check() -> bool:
-        seen[0] = await units_ready(admin, node)
-        return seen[0] is not None and accept(seen[0])
-
-    try:
-        await wait_for(check, 45, what, poll=0.2)
-    except AssertionError as exc:
-        raise AssertionError(f"{exc}; last seen: {seen[0]}") from None
-    assert seen[0] is not None
-    return seen[0]
 
 
 async def test_unit_failing_after_its_job_is_reported_by_the_condition_not_the_apply(

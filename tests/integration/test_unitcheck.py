@@ -35,7 +35,7 @@ from tests.testbed.agent_harness import (
     wait_applied,
     wait_for,
 )
-from tests.testbed.node_status import units_ready
+from tests.testbed.node_status import units_ready, wait_condition
 from tests.testbed.systemd_ns import IsolatedSystemd
 
 pytestmark = pytest.mark.integration
@@ -94,27 +94,6 @@ def config_doc(setup_file: Path) -> dict[str, Any]:
     }
     doc["nodeAgent"] = {"healthGate": {"enabled": False}, "healthCheck": {"enabled": False}}
     return doc
-
-
-async def wait_condition(
-    admin: ApiClient,
-    node: str,
-    accept: Callable[[dict[str, Any]], bool],
-    what: str,
-    timeout: float = 45.0,
-) -> dict[str, Any]:
-    seen: list[dict[str, Any] | None] = [None]
-
-    async def check() -> bool:
-        seen[0] = await units_ready(admin, node)
-        return seen[0] is not None and accept(seen[0])
-
-    try:
-        await wait_for(check, timeout, what, poll=0.2)
-    except AssertionError as exc:
-        raise AssertionError(f"{exc}; last seen: {seen[0]}") from None
-    assert seen[0] is not None
-    return seen[0]
 
 
 async def add_kubelet_condition(admin: ApiClient, node: str) -> None:

@@ -23,8 +23,11 @@ import dataclasses
 import hashlib
 import json
 import os
+import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -38,6 +41,7 @@ from kubernetes_asyncio.client import ApiClient
 
 from node_agent.agent import build_agent
 from node_agent.base.errors import KubeUnauthorized
+from node_agent.commands import status
 from node_agent.config import (
     CONFIG_FILE,
     KUBECONFIG_FILE,
@@ -659,15 +663,26 @@ def starts(node: IsolatedSystemd, name: str) -> list[str]:
         return []
 
 
-async def status_json(root: Path) -> dict[str, Any]:
-    """``node-agent status --json`` for the node under ``root``, run as an operator would
-    (the agent's socket if it runs, else what is on disk)."""
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    """``node-agent <args>`` as a process of this checkout, its output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "node_agent", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+async def run_status(root: Path, *extra: str) -> tuple[int | None, bytes, bytes]:
+    """``node-agent status [extra]`` for the node under ``root``, run as an operator would
+    (the agent's socket if it runs, else what is on disk): exit code, stdout, stderr."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
         "node_agent",
         "status",
-        "--json",
+        *extra,
         "--root",
         str(root),
         cwd=REPO,
@@ -675,9 +690,48 @@ async def status_json(root: Path) -> dict[str, Any]:
         stderr=asyncio.subprocess.PIPE,
     )
     out, err = await asyncio.wait_for(proc.communicate(), 30)
-    assert proc.returncode in (0, 3), f"status exited {proc.returncode}: {err.decode()}"
+    return proc.returncode, out, err
+
+
+async def status_json(root: Path) -> dict[str, Any]:
+    """``node-agent status --json`` for the node under ``root`` (see ``run_status``)."""
+    returncode, out, err = await run_status(root, "--json")
+    assert returncode in (0, 3), f"status exited {returncode}: {err.decode()}"
     doc: dict[str, Any] = json.loads(out)
     return doc
+
+
+def loopback_servers() -> dict[str, Any]:
+    """The config's ``server`` section binding both HTTP servers on loopback, port 0 (the
+    status document tells the ports)."""
+    return {
+        "healthProbes": {"bindAddress": "127.0.0.1", "port": 0},
+        "metrics": {"bindAddress": "127.0.0.1", "port": 0},
+    }
+
+
+async def wait_ready_endpoints(sock: Path, what: str) -> dict[str, str]:
+    """Ask the agent's status socket until the agent says it is ready; its HTTP endpoints."""
+    endpoints: dict[str, str] = {}
+
+    async def ready() -> bool:
+        if not sock.exists():
+            return False
+        answer = await asyncio.to_thread(status.query, sock)
+        endpoints.update(answer["endpoints"])
+        return bool(answer["health"]["ready"])
+
+    await wait_for(ready, 60, what, poll=0.2)
+    return endpoints
+
+
+def http_get(address: str, path: str) -> tuple[int, str]:
+    """Status and body of ``GET http://<address><path>``, an HTTP error's as well."""
+    try:
+        with urllib.request.urlopen(f"http://{address}{path}", timeout=5) as resp:
+            return int(resp.status), resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return int(exc.code), exc.read().decode()
 
 
 def apply_failures(doc: Mapping[str, Any]) -> list[dict[str, Any]]:

@@ -315,7 +315,26 @@ INACTIVE = ("inactive", "dead")
 FAILED = ("failed", "failed")
 
 
-class FakeSystemd:
+class OneJobUnits:
+    """``start_unit``/``stop_unit``/``restart_unit`` as a ``run_jobs`` of that one job, for the
+    systemd stand-ins (``FakeSystemd`` and the apply machine's model) to share."""
+
+    async def run_jobs(
+        self, jobs: Sequence[tuple[str, JobAction]], *, job_timeout: float = 10.0
+    ) -> dict[str, JobResult]:
+        raise NotImplementedError
+
+    async def start_unit(self, unit: str, *, job_timeout: float = 10.0) -> JobResult:
+        return (await self.run_jobs([(unit, "start")]))[unit]
+
+    async def stop_unit(self, unit: str, *, job_timeout: float = 10.0) -> JobResult:
+        return (await self.run_jobs([(unit, "stop")]))[unit]
+
+    async def restart_unit(self, unit: str, *, job_timeout: float = 10.0) -> JobResult:
+        return (await self.run_jobs([(unit, "restart")]))[unit]
+
+
+class FakeSystemd(OneJobUnits):
     """systemd behind the ``SystemdSeam`` calls, in memory.
 
     - ``units``: the loaded units, name → (ActiveState, SubState); others are ``not-found``.
@@ -380,15 +399,6 @@ class FakeSystemd:
                 self.units[unit] = INACTIVE if action == "stop" else ACTIVE
                 results[unit] = JobResult(unit, action, "done")
         return results
-
-    async def start_unit(self, unit: str, *, job_timeout: float = 10.0) -> JobResult:
-        return (await self.run_jobs([(unit, "start")]))[unit]
-
-    async def stop_unit(self, unit: str, *, job_timeout: float = 10.0) -> JobResult:
-        return (await self.run_jobs([(unit, "stop")]))[unit]
-
-    async def restart_unit(self, unit: str, *, job_timeout: float = 10.0) -> JobResult:
-        return (await self.run_jobs([(unit, "restart")]))[unit]
 
     async def unit_states(self, names: Sequence[str]) -> dict[str, UnitState]:
         if self.hang:
@@ -470,3 +480,30 @@ def make_ctx(
         node_uid=node_uid,
     )
     return ctx
+
+
+def osc_document(text: str, units: list[JSON]) -> JSON:
+    """A small OSC: the one file ``/etc/test/a.conf`` holding ``text``, and ``units``, for the
+    tests that only need some OSC the controller or status can apply and read back."""
+    return {
+        "apiVersion": "extensions.gardener.cloud/v1alpha1",
+        "kind": "OperatingSystemConfig",
+        "spec": {
+            "type": "debian",
+            "purpose": "reconcile",
+            "files": [
+                {"path": "/etc/test/a.conf", "permissions": 0o644,
+                 "content": {"inline": {"data": text}}}
+            ],
+            "units": units,
+        },
+    }  # fmt: skip
+
+
+async def until(done: Callable[[], object], timeout: float = 5.0) -> None:
+    """Poll ``done`` until it is true (the loop keeps turning meanwhile)."""
+    async with asyncio.timeout(timeout):
+        while True:
+            if done():
+                return
+            await asyncio.sleep(0.01)

@@ -66,6 +66,7 @@ from node_agent.osc.models import OperatingSystemConfig, Unit
 from node_agent.osc.plan import is_template
 from node_agent.osc.steps import cmd_step
 from node_agent.systemd.types import JobAction, JobResult, UnitFileChange, UnitState
+from tests.unit.fakes import OneJobUnits
 
 HOST = "node-a"
 AGENT_UNIT = "node-agent-under-test.service"  # never in an OSC here: its restart is the caller's
@@ -281,7 +282,7 @@ class Command:
     apply_no: int
 
 
-class ModelSystemd:
+class ModelSystemd(OneJobUnits):
     """A model of systemd over the real temporary root, implementing ``SystemdSeam``."""
 
     def __init__(self, fs: HostFS, machine: ApplyMachine) -> None:
@@ -465,15 +466,6 @@ class ModelSystemd:
         self.may_repeat = {(u, d) for u, d in self.may_repeat if u != unit}
         self.machine.restarted(unit)
         return done("done", definition)
-
-    async def start_unit(self, unit: str, *, job_timeout: float = 10.0) -> JobResult:
-        return (await self.run_jobs([(unit, "start")]))[unit]
-
-    async def stop_unit(self, unit: str, *, job_timeout: float = 10.0) -> JobResult:
-        return (await self.run_jobs([(unit, "stop")]))[unit]
-
-    async def restart_unit(self, unit: str, *, job_timeout: float = 10.0) -> JobResult:
-        return (await self.run_jobs([(unit, "restart")]))[unit]
 
     async def unit_states(self, names: Sequence[str]) -> dict[str, UnitState]:
         out = {}

@@ -7,7 +7,6 @@ import asyncio
 import gc
 import socket
 import time
-from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from node_agent.observe.observations import ApplyObservations, ObservedStateStor
 from node_agent.observe.probes import FAILURE_STREAK, Probes
 from node_agent.observe.readside import Observability
 from node_agent.observe.view import EndpointView
+from tests.unit.fakes import until
 from tests.unit.test_status import FakeLease, FakeNode, FakeOSC, ReadCtx, make_ctx, osc_yaml, read
 
 
@@ -289,7 +289,7 @@ async def test_http_endpoint_bounds_connections_and_deadlines(tmp_path: Path) ->
     try:
         with capture_logs() as logs:
             idle = [await _idle(endpoint.port) for _ in range(8)]
-            await _until(lambda: endpoint.stats.accepted >= 8)
+            await until(lambda: endpoint.stats.accepted >= 8)
         warnings = [e for e in logs if e["log_level"] == "warning"]
         assert len(warnings) == 1  # one rate-limited warning, not one per connection
         assert warnings[0]["endpoint"] == "health"
@@ -315,15 +315,6 @@ async def test_http_endpoint_bounds_connections_and_deadlines(tmp_path: Path) ->
         for _, writer in idle:
             writer.close()
         await endpoint.close()
-
-
-async def _until(done: Callable[[], object], timeout: float = 5.0) -> None:
-    """Poll ``done`` until it is true (the loop keeps turning meanwhile)."""
-    async with asyncio.timeout(timeout):
-        while True:
-            if done():
-                return
-            await asyncio.sleep(0.01)
 
 
 def _with_ports(ctx: ReadCtx, health: int, metrics: int) -> ReadCtx:

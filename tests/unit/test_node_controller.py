@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,7 @@ from node_agent.kube import report
 from node_agent.observe.observations import ApplyObservations
 from node_agent.observe.probes import Probes
 from node_agent.observe.view import Sources
-from tests.unit.fakes import FakeKube, FakeSystemd, make_ctx
+from tests.unit.fakes import FakeKube, FakeSystemd, make_ctx, until
 
 OWN = "gardener-node-agent.service"
 
@@ -206,13 +205,13 @@ async def test_a_404_on_a_request_marks_the_node_gone(tmp_path: Path) -> None:
     try:
         # A restart request arrives while the Node is being deleted: the re-read gets 404.
         controller.observe("MODIFIED", _uid("u1", {report.ANNOTATION_RESTART_SERVICES: "x"}))
-        await _until(lambda: controller.missing is not None)
+        await until(lambda: controller.missing is not None)
         assert "404" in probes.ready().reasons[0]
         assert _log(ctx) == []  # nothing restarted, no retry loop
         recreated = _uid("u2", {report.ANNOTATION_RESTART_SERVICES: "x"})
         kube.nodes().put(recreated)
         controller.observe("ADDED", recreated)
-        await _until(lambda: ("restart", "x.service") in _log(ctx))
+        await until(lambda: ("restart", "x.service") in _log(ctx))
         assert probes.ready().ok
     finally:
         worker.cancel()
@@ -235,7 +234,7 @@ async def test_failed_requests_are_retried_on_the_backoff_policy(tmp_path: Path)
     worker = asyncio.create_task(controller._worker())
     try:
         controller.observe("MODIFIED", node)
-        await _until(
+        await until(
             lambda: report.ANNOTATION_RESTART_SERVICES not in node["metadata"]["annotations"]
         )
     finally:
@@ -248,12 +247,3 @@ async def test_failed_requests_are_retried_on_the_backoff_policy(tmp_path: Path)
     restarts = [v for k, v in _log(ctx) if k == "restart"]
     assert restarts == ["x.service"]  # the retries only removed the annotation
     assert [e["source"] for e in ctx.health.errors] == ["node", "node"]
-
-
-async def _until(done: Callable[[], object], timeout: float = 5.0) -> None:
-    """Poll ``done`` until it is true (the loop keeps turning meanwhile)."""
-    async with asyncio.timeout(timeout):
-        while True:
-            if done():
-                return
-            await asyncio.sleep(0.01)

@@ -26,28 +26,19 @@ from node_agent.kube import report
 from node_agent.kube.report import ANNOTATION_APPLIED_CHECKSUM, ANNOTATION_SECRET_CHECKSUM
 from node_agent.osc.decode import decode_osc
 from node_agent.osc.models import OperatingSystemConfig
-from tests.unit.fakes import Call, FakeKube, FakeSystemd, make_ctx
+from tests.unit.fakes import Call, FakeKube, FakeSystemd, make_ctx, osc_document
 
 SECRET = "gardener-node-agent-pool-a-0123456789abcdef"
 
 
 def osc_bytes(text: str, *, agent_unit: str | None = None) -> bytes:
-    doc: dict[str, Any] = {
-        "apiVersion": "extensions.gardener.cloud/v1alpha1",
-        "kind": "OperatingSystemConfig",
-        "spec": {
-            "type": "debian",
-            "purpose": "reconcile",
-            "files": [
-                {"path": "/etc/test/a.conf", "permissions": 0o644,
-                 "content": {"inline": {"data": text}}}
-            ],
-            "units": [
-                {"name": "a.service", "command": "restart", "enable": True,
-                 "content": "[Service]\nExecStart=/bin/true\n", "filePaths": ["/etc/test/a.conf"]}
-            ],
-        },
-    }  # fmt: skip
+    doc = osc_document(
+        text,
+        [
+            {"name": "a.service", "command": "restart", "enable": True,
+             "content": "[Service]\nExecStart=/bin/true\n", "filePaths": ["/etc/test/a.conf"]}
+        ],
+    )  # fmt: skip
     if agent_unit is not None:  # the agent's own unit, changing with ``text``
         doc["spec"]["units"].append(
             {"name": agent_unit, "command": "restart", "enable": True,

@@ -42,23 +42,14 @@ SECRET = "gardener-node-agent-pool-a-0123456789abcdef"
 
 
 def osc_yaml(units: list[str], text: str = "x=1\n") -> bytes:
-    doc = {
-        "apiVersion": "extensions.gardener.cloud/v1alpha1",
-        "kind": "OperatingSystemConfig",
-        "spec": {
-            "type": "debian",
-            "purpose": "reconcile",
-            "files": [
-                {"path": "/etc/test/a.conf", "permissions": 0o644,
-                 "content": {"inline": {"data": text}}}
-            ],
-            "units": [
-                {"name": u, "command": "start", "enable": True,
-                 "content": "[Service]\nExecStart=/bin/true\n"}
-                for u in units
-            ],
-        },
-    }  # fmt: skip
+    doc = fakes.osc_document(
+        text,
+        [
+            {"name": u, "command": "start", "enable": True,
+             "content": "[Service]\nExecStart=/bin/true\n"}
+            for u in units
+        ],
+    )  # fmt: skip
     return yaml.safe_dump(doc).encode()
 
 
