@@ -26,7 +26,7 @@ One systemd per agent fits this machine: an instance (systemd, dbus-daemon, jour
 PSS and 4 inotify instances, an agent ~53 MiB; the only limit hit is
 ``fs.inotify.max_user_instances`` (128 on this host), raised for the run to fit N * 4 and put
 back afterwards. Nodes share the host's network, so each agent's health and metrics ports are
-port 0 on 127.0.0.1 and the kubelet health check is off (the stand-in serves no /healthz).
+free ports on 127.0.0.1 and the kubelet health check is off (the stand-in serves no /healthz).
 
     .venv/bin/python -m bench.fleet [--agents 100] [--quick] [--idle-minutes 5]
         [--scenarios steady,unpaced,k10,k5,breaker,k1,serial] [--breaker 3] [--keep] [--fleet-view]
@@ -71,7 +71,7 @@ from tests.testbed.agent_harness import (
     service,
     spawn_agent,
 )
-from tests.testbed.controlplane import ControlPlane
+from tests.testbed.controlplane import ControlPlane, free_port
 from tests.testbed.credentials import NodeAgentCredentials, node_agent_credentials
 from tests.testbed.systemd_ns import IsolatedSystemd
 
@@ -475,8 +475,8 @@ class Fleet:
         doc = yaml.safe_load(setup.config_file.read_text())
         doc["logLevel"] = "info"
         doc["server"] = {
-            "healthProbes": {"bindAddress": "127.0.0.1", "port": 0},
-            "metrics": {"bindAddress": "127.0.0.1", "port": 0},
+            "healthProbes": {"bindAddress": "127.0.0.1", "port": free_port()},
+            "metrics": {"bindAddress": "127.0.0.1", "port": free_port()},
         }
         doc["controllers"]["token"]["syncConfigs"] = [
             {"secretName": TOKEN_SECRET, "path": TOKEN_PATH}

@@ -58,7 +58,7 @@ from node_agent.host.fs import HostFS
 from node_agent.host.state import StateStore
 from node_agent.kube.client import ClientStats, KubeClient
 from node_agent.systemd import Systemd, UnitState
-from tests.testbed.controlplane import ControlPlane, write_kubeconfig
+from tests.testbed.controlplane import ControlPlane, free_port, write_kubeconfig
 from tests.testbed.credentials import NAMESPACE, NodeAgentCredentials, node_agent_credentials
 from tests.testbed.systemd_ns import IsolatedSystemd
 
@@ -702,11 +702,12 @@ async def status_json(root: Path) -> dict[str, Any]:
 
 
 def loopback_servers() -> dict[str, Any]:
-    """The config's ``server`` section binding both HTTP servers on loopback, port 0 (the
-    status document tells the ports)."""
+    """The config's ``server`` section binding both HTTP servers on loopback, each on a free
+    port (port 0 is Gardener's zero value: the default port, which every agent on the bed's
+    shared host network would want)."""
     return {
-        "healthProbes": {"bindAddress": "127.0.0.1", "port": 0},
-        "metrics": {"bindAddress": "127.0.0.1", "port": 0},
+        "healthProbes": {"bindAddress": "127.0.0.1", "port": free_port()},
+        "metrics": {"bindAddress": "127.0.0.1", "port": free_port()},
     }
 
 

@@ -341,7 +341,7 @@ async def _get(address: str, path: str) -> tuple[int, bytes]:
 
 
 async def test_the_probe_and_metrics_ports_of_an_agent(tmp_path: Path) -> None:
-    ctx = _with_ports(make_ctx(tmp_path), 0, 0)  # two free ports
+    ctx = _with_ports(make_ctx(tmp_path), _free_port(), _free_port())
     observability = Observability(ctx, ctx.sources, ApplyObservations())
     await observability.start()
     try:
