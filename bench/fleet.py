@@ -140,6 +140,10 @@ def fleet_osc(tag: str, *, bad: bool = False) -> dict[str, Any]:
     return osc_document(files, units)
 
 
+#: the pool of the fleet (the OSC Secret is labelled with it by the test bed's publish_osc)
+POOL = "pool-a"
+
+
 async def publish(
     admin: ApiClient, name: str, osc: dict[str, Any], annotations: dict[str, str]
 ) -> str:
@@ -446,7 +450,12 @@ class Fleet:
         await client.CoreV1Api(self.admin).create_node(
             client.V1Node(
                 metadata=client.V1ObjectMeta(
-                    name=member.name, labels={"kubernetes.io/hostname": member.name}
+                    name=member.name,
+                    # as machine-controller-manager labels a worker's Node: its host and pool
+                    labels={
+                        "kubernetes.io/hostname": member.name,
+                        "worker.gardener.cloud/pool": POOL,
+                    },
                 )
             )
         )
