@@ -310,7 +310,9 @@ def classify(
     date*; then the node's latest word about the desired checksum, from the most durable record
     to the least: its ``OSCRollout`` condition, the pool's ledger, its Events (a rollback is
     *rolled back* while recent, *quarantined* after :data:`RECENT_ROLLBACK`; an apply error is
-    *failed*); a node in its pool's queue is *waiting*; anything else is *applying*.
+    *failed*); a holder of a slot is *applying* (the ledger is written the moment it takes the
+    slot, its condition after); a node in its pool's queue is *waiting*; anything else is
+    *applying*.
     ``secret_changed`` (when the Secret was last written) makes older failure Events moot."""
     fresh = lease_fresh(node, now)
     if fresh is None:
@@ -356,10 +358,11 @@ def classify(
         current = secret_changed is None or latest.at >= secret_changed
         if latest.reason != EVENT_APPLIED and current:
             return Verdict("failed", f"{latest.reason}: {latest.message}")
+    if ledger is not None and node.name in ledger.holders():
+        # the ledger is written the moment a node takes its slot; its condition follows
+        return Verdict("applying", "holds a rollout slot")
     if cond is not None and cond.status == "False" and cond.reason in WAITING_REASONS:
         return Verdict("waiting", f"{cond.reason}: {cond.message}")
-    if ledger is not None and node.name in ledger.holders():
-        return Verdict("applying", "holds a rollout slot")
     if cond is not None and cond.reason == REASON_APPLYING and cond.status == "True":
         return Verdict("applying", cond.message)
     return Verdict("applying", f"applied {_short(node.applied)}, desired {short}")

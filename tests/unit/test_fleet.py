@@ -190,6 +190,16 @@ def test_waiting_in_the_pools_queue() -> None:
         assert verdict.detail.startswith(reason)
 
 
+def test_a_slot_in_the_ledger_is_fresher_than_a_waiting_condition() -> None:
+    """A node writes the ledger the moment it takes its slot and its condition after: a
+    waiting condition beside a slot of the node's own is already stale."""
+    ledger = LedgerFacts(NEW, (SlotFact("n1", NEW, 300, False),))
+    cond = rollout("False", "WaitingForSlot", "all 1 rollout slot(s) are taken")
+    assert classify(node(rollout=cond), NEW, ledger, NOW) == fleet.Verdict(
+        "applying", "holds a rollout slot"
+    )
+
+
 def test_applying_holds_a_slot_or_says_so() -> None:
     ledger = LedgerFacts(NEW, (SlotFact("n1", NEW, 300, False),))
     assert classify(node(), NEW, ledger, NOW).detail == "holds a rollout slot"
