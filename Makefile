@@ -92,7 +92,7 @@ test: deps venv controlplane gardener artifact image lint typecheck monitoring
 	rm -rf "$(TMPDIR)"/pytest-of-*
 	$(BIN)/pytest $(PYTEST_ARGS)
 
-demo: deps venv controlplane gardener
+demo: deps venv controlplane
 	$(BIN)/python -m tests.demo
 
 clean:
