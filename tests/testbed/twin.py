@@ -92,7 +92,9 @@ def tree_paths(node: IsolatedSystemd, top: str) -> list[str]:
 
 
 def unit_states(node: IsolatedSystemd, units: Iterable[str]) -> dict[str, dict[str, str]]:
-    names = sorted(set(units))
+    """systemd's view of the units (a template, ``foo@.service``, has none: systemd refuses
+    to show a bare template name, and the whole call with it)."""
+    names = sorted(u for u in set(units) if not u.endswith("@.service"))
     if not names:
         return {}
     out = node.run(["systemctl", "show", "-p", "Id," + ",".join(UNIT_PROPS), *names]).stdout
@@ -159,6 +161,14 @@ async def node_view(
     return view
 
 
+async def event_messages(admin: ApiClient, node_name: str) -> list[str]:
+    """The Events about the Node as ``reason: message`` (for the report of a difference)."""
+    events = await client.CoreV1Api(admin).list_namespaced_event(
+        "default", field_selector=f"involvedObject.name={node_name}"
+    )
+    return sorted({f"{e.type} {e.reason}: {e.message}" for e in events.items})
+
+
 def restarted(before: NodeView, after: NodeView) -> set[str]:
     """The units whose InvocationID changed (started, restarted, or stopped)."""
     return {
@@ -166,6 +176,15 @@ def restarted(before: NodeView, after: NodeView) -> set[str]:
         for name, inv in after.invocations.items()
         if inv and inv != before.invocations.get(name, "")
     }
+
+
+@dataclass(frozen=True)
+class Known:
+    """A documented difference: why node-agent differs, and optionally a text node-agent's
+    value must contain (so that only that difference is accepted, not any other)."""
+
+    why: str
+    ours_contains: str = ""
 
 
 @dataclass(frozen=True)
@@ -179,10 +198,11 @@ class Row:
 def compare(
     upstream: NodeView,
     ours: NodeView,
-    known: Mapping[str, str],
+    known: Mapping[str, Known],
 ) -> list[Row]:
     """Every key of either view, side by side; a key in ``known`` (a documented difference,
-    matched as a prefix) is reported with its reason instead of as a difference."""
+    matched as a prefix, with node-agent's value containing the given text) is reported with
+    its reason instead of as a difference."""
     rows = []
     for key in sorted(set(upstream.items) | set(ours.items)):
         up = upstream.items.get(key, "-")
@@ -190,7 +210,14 @@ def compare(
         if up == na:
             verdict = "same"
         else:
-            reason = next((why for prefix, why in known.items() if key.startswith(prefix)), None)
+            reason = next(
+                (
+                    k.why
+                    for prefix, k in known.items()
+                    if key.startswith(prefix) and k.ours_contains in na
+                ),
+                None,
+            )
             verdict = f"known: {reason}" if reason else "differs"
         rows.append(Row(key, up, na, verdict))
     return rows
@@ -202,5 +229,5 @@ def table(step: str, rows: list[Row], *, all_rows: bool = False) -> str:
     lines = [f"== step {step}: {same} same, {len(rows) - same} not"]
     for r in rows:
         if r.verdict != "same" or all_rows:
-            lines.append(f"  {r.verdict:<8.60} | {r.key} | upstream: {r.upstream} | ours: {r.ours}")
+            lines.append(f"  {r.verdict:.70} | {r.key} | upstream: {r.upstream} | ours: {r.ours}")
     return "\n".join(lines)
