@@ -274,6 +274,8 @@ STEPS = (
         upstream_applies=False,
         known=((f"node annotation {CHECKSUM}", t.Known(TEMPLATE_JOBS)),),
     ),
+    # Type=simple: the start job is done once the process is forked; the missing binary fails
+    # it after that, so both agents report the OSC and the unit check calls the unit failed
     Step(
         "failing unit",
         lambda p: with_units(
@@ -286,7 +288,6 @@ STEPS = (
                 enable=True,
             ),
         ),
-        applies=False,
     ),
     Step("restart annotation", lambda p: base_osc("k8s-1.33-patch", p), restart="twin-restart"),
     Step("registry added", lambda p: base_osc("mirrors", p)),
