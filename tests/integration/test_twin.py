@@ -105,7 +105,9 @@ KNOWN_DIFFERENCES: dict[str, t.Known] = {
     # upstream's last applied one, does not know the template and never deletes its file
     "tree /etc/systemd/system/twin-tpl@.service": t.Known(TEMPLATE_JOBS),
     # Gardener's sshd-ensurer.service restarts every 5 s on a node without sshd (the bed's)
-    "node condition SystemdUnitsReady message": t.Known(RESTART_LOOP, "(exit-code), restarting"),
+    "node condition SystemdUnitsReady message": t.Known(
+        RESTART_LOOP, "; sshd-ensurer.service: failed (exit-code), restarting"
+    ),
     "node event SystemdUnitUnhealthy": t.Known(
         "the unit check: upstream sets the condition only; node-agent also sends one Warning "
         "Event SystemdUnitUnhealthy naming the unit when a unit turns unhealthy"

@@ -180,11 +180,17 @@ def restarted(before: NodeView, after: NodeView) -> set[str]:
 
 @dataclass(frozen=True)
 class Known:
-    """A documented difference: why node-agent differs, and optionally a text node-agent's
-    value must contain (so that only that difference is accepted, not any other)."""
+    """A documented difference: why node-agent differs, and optionally the one part of
+    node-agent's value that may differ: without it, node-agent's value must be upstream's (so
+    that only that difference is accepted, not any other)."""
 
     why: str
-    ours_contains: str = ""
+    ours_extra: str = ""
+
+    def accepts(self, upstream: str, ours: str) -> bool:
+        return not self.ours_extra or (
+            self.ours_extra in ours and ours.replace(self.ours_extra, "") == upstream
+        )
 
 
 @dataclass(frozen=True)
@@ -214,7 +220,7 @@ def compare(
                 (
                     k.why
                     for prefix, k in known.items()
-                    if key.startswith(prefix) and k.ours_contains in na
+                    if key.startswith(prefix) and k.accepts(up, na)
                 ),
                 None,
             )
