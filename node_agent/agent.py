@@ -23,7 +23,7 @@ from typing import Any
 from node_agent import __version__
 from node_agent.apply.applier import Applier
 from node_agent.apply.restart_guard import RestartGuard
-from node_agent.base.errors import KubeError, KubeNotFound, NodeAgentError
+from node_agent.base.errors import NodeAgentError
 from node_agent.base.log import get_logger
 from node_agent.base.sdnotify import Notifier
 from node_agent.base.selfexe import own_executable
@@ -164,24 +164,14 @@ def host_path(root: Path, path: str) -> Path:
 async def find_node(ctx: AgentContext, poll: float = 10.0) -> None:
     """The Node is this host's: named like the lowercased hostname (the kubelet's default).
 
-    Until the kubelet registered it (it is installed by the first OSC apply), keep looking.
+    Until the kubelet registered it (it is installed by the first OSC apply), keep looking
+    (the OSC controller also looks once before each apply, so that an apply done once the
+    Node exists is reported with its Events).
     """
-    name = ctx.host_name.lower()
-    while True:
-        try:
-            node = await ctx.kube.get_node(name)
-        except KubeNotFound:
-            log.info("node not registered yet", node=name)
-        except KubeError as exc:
-            log.warning("cannot read own node", node=name, error=str(exc))
-        else:
-            meta = node.get("metadata") or {}
-            ctx.node_name = str(meta.get("name"))
-            ctx.node_uid = meta.get("uid")
-            ctx.node_known.set()
-            log.info("found own node", node=ctx.node_name)
-            return
-        await asyncio.sleep(poll)
+    while not await ctx.look_up_node():
+        # until the next lookup, or at once when the OSC controller's found it
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(ctx.node_known.wait(), poll)
 
 
 async def run_agent(

@@ -14,7 +14,7 @@ from collections.abc import MutableSet
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from node_agent.base.errors import KubeError
+from node_agent.base.errors import KubeError, KubeNotFound
 from node_agent.base.log import get_logger
 from node_agent.config import AgentSettings, NodeAgentConfiguration
 from node_agent.host.fs import HostFS
@@ -63,6 +63,28 @@ class AgentContext:
     @property
     def secret_name(self) -> str:
         return self.config.controllers.operating_system_config.secret_name
+
+    async def look_up_node(self) -> bool:
+        """One lookup of this host's Node (named like the lowercased host name, the kubelet's
+        default); True once it is known. A missing Node is no error (the kubelet registers it
+        later); other API errors are logged and count as not found."""
+        if self.node_known.is_set():
+            return True
+        name = self.host_name.lower()
+        try:
+            node = await self.kube.get_node(name)
+        except KubeNotFound:
+            log.info("node not registered yet", node=name)
+            return False
+        except KubeError as exc:
+            log.warning("cannot read own node", node=name, error=str(exc))
+            return False
+        meta = node.get("metadata") or {}
+        self.node_name = str(meta.get("name"))
+        self.node_uid = meta.get("uid")
+        self.node_known.set()
+        log.info("found own node", node=self.node_name)
+        return True
 
     async def event(self, reason: str, message: str, *, warning: bool = False) -> None:
         """Record an Event on the Node; never fails the caller (it is only a report)."""

@@ -1,25 +1,25 @@
 """Registry mirrors: ``/etc/containerd/certs.d/<upstream>/hosts.toml`` per ``registries[]`` entry,
 and the readiness probe of their hosts.
 
-The text is built with tomlkit in Gardener's layout (a comment, optional ``server``, then one
-``[host."<url>"]`` table per host with ``capabilities``, ``ca`` and ``override_path``). containerd
+The text is byte for byte what upstream's template writes (its comment, optional ``server``, then
+one ``[host."<url>"]`` table per host with ``capabilities``, ``ca`` and ``override_path``; lists
+as Go's JSON, which is valid TOML): a node moved between the two agents keeps its files. containerd
 reads these files on every pull, so a change needs no restart.
 """
 
 from __future__ import annotations
 
+import json
 import posixpath
 import ssl
 import urllib.error
 import urllib.request
 from collections.abc import Callable
 
-import tomlkit
-
 from node_agent.containerd.config import CERTS_DIR
 from node_agent.containerd.spec import Capability, RegistryConfig, RegistryHost
 
-HEADER = "managed by node-agent"
+HEADER = "# managed by gardener-node-agent"
 # What a host may do when the OSC does not say (Gardener's default).
 DEFAULT_CAPABILITIES: tuple[Capability, ...] = ("pull", "resolve")
 # containerd's own capabilities of the ``server`` fallback.
@@ -52,29 +52,34 @@ def hosts_toml(registry: RegistryConfig) -> str | None:
         if registry.server is None:
             return None
         hosts = (RegistryHost(url=registry.server, capabilities=SERVER_CAPABILITIES),)
-    doc = tomlkit.document()
-    doc.add(tomlkit.comment(HEADER))
+    text = HEADER + "\n"
     if registry.server is not None:
-        doc.add("server", registry.server)
-        doc.add(tomlkit.nl())
-    tables = tomlkit.table(is_super_table=True)
+        text += f"server = {_quote(registry.server)}\n\n"
     for host in hosts:
-        table = tomlkit.table()
-        _indented(table, "capabilities", list(host.capabilities or DEFAULT_CAPABILITIES))
+        text += f"[host.{_quote(host.url)}]\n"
+        text += f"  capabilities = {_json(list(host.capabilities or DEFAULT_CAPABILITIES))}\n"
         if host.ca_certs:
-            _indented(table, "ca", list(host.ca_certs))
+            text += f"  ca = {_json(list(host.ca_certs))}\n"
         if host.override_path:
-            _indented(table, "override_path", True)
-        table.add(tomlkit.nl())
-        tables.append(host.url, table)
-    doc.append("host", tables)
-    return doc.as_string()
+            text += "  override_path = true\n"
+        text += "\n"
+    return text
 
 
-def _indented(table: tomlkit.items.Table, key: str, value: object) -> None:
-    item = tomlkit.item(value)
-    item.indent(2)
-    table.add(key, item)
+def _quote(value: str) -> str:
+    """The template's ``quote`` (Go's ``%q``) for a URL: a TOML basic string; DEL is escaped
+    the TOML way (Go's ``\\x7f`` is no TOML escape)."""
+    return json.dumps(value, ensure_ascii=False).replace("\x7f", "\\u007f")
+
+
+def _json(value: object) -> str:
+    """Go's ``json.Marshal`` (what the template's ``toJson`` and, for plain strings, ``quote``
+    give): compact, non-ASCII kept, ``<``, ``>``, ``&``, U+2028 and U+2029 escaped; DEL too,
+    which Go leaves as it is and TOML forbids, so that the value is always valid TOML."""
+    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    for char in "<>&\x7f\u2028\u2029":
+        text = text.replace(char, f"\\u{ord(char):04x}")
+    return text
 
 
 def probe_url(host: RegistryHost) -> str:

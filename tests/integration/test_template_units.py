@@ -70,3 +70,20 @@ async def test_template_unit_is_added_changed_and_removed(
     assert load.strip() == "not-found"
     states = await agent.unit_states(["keep.service"])
     assert states["keep.service"].active_state == "active"
+
+
+async def test_template_unit_comes_and_goes_under_the_health_gate(
+    admin_api: ApiClient, control_plane: ControlPlane, node: IsolatedSystemd, tmp_path: Path
+) -> None:
+    """With the health gate on (Gardener's config leaves it on), an update after an OSC with a
+    template still applies: the gate notes the running units of the last applied OSC before
+    the update, and must not ask systemd about the bare template name, which it refuses."""
+    gate = {"healthGate": {"enabled": True, "settleWindow": "1s"}}
+    async with OSCAgent(
+        admin_api, control_plane, node, tmp_path, node_agent=gate
+    ).running() as harness:
+        await harness.wait_applied(await harness.publish(keep_osc()))
+        await harness.wait_applied(await harness.publish(with_template("1")))
+        # the update that removes the template (gated: the last applied OSC names it)
+        await harness.wait_applied(await harness.publish(keep_osc()), timeout=30)
+        assert not node.path(f"{UNITS}/{TEMPLATE}").exists()

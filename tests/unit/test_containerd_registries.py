@@ -41,12 +41,13 @@ def test_layout_of_a_mirror_entry() -> None:
             ],
         )
     )
+    # upstream's template (containerd-hosts.toml.tpl) renders exactly these bytes
     assert text == (
-        "# managed by node-agent\n"
+        "# managed by gardener-node-agent\n"
         'server = "https://registry-1.docker.io"\n'
         "\n"
         '[host."https://mirror.local:5000"]\n'
-        '  capabilities = ["pull", "resolve"]\n'
+        '  capabilities = ["pull","resolve"]\n'
         '  ca = ["/etc/ssl/mirror.crt"]\n'
         "\n"
         '[host."http://10.0.0.1/v2/docker"]\n'
@@ -58,10 +59,19 @@ def test_layout_of_a_mirror_entry() -> None:
 
 def test_without_server_the_hosts_follow_the_comment() -> None:
     text = hosts_toml(registry(hosts=[{"url": "https://m", "overridePath": False}]))
-    assert (
-        text
-        == '# managed by node-agent\n\n[host."https://m"]\n  capabilities = ["pull", "resolve"]\n\n'
+    assert text == (
+        "# managed by gardener-node-agent\n"
+        '[host."https://m"]\n  capabilities = ["pull","resolve"]\n\n'
     )
+
+
+def test_strings_are_written_as_upstream_writes_them_and_stay_toml() -> None:
+    # Go's toJson escapes <, > and & (HTML-safe), quote does not; both are valid TOML
+    text = hosts_toml(registry(hosts=[{"url": "https://m/a&b", "caCerts": ["/ca/<x>.crt"]}]))
+    assert text is not None
+    assert '[host."https://m/a&b"]\n' in text  # quote (Go's %q) does not escape
+    assert '  ca = ["/ca/\\u003cx\\u003e.crt"]\n' in text
+    assert tomllib.loads(text)["host"]["https://m/a&b"]["ca"] == ["/ca/<x>.crt"]
 
 
 def test_a_server_without_hosts_is_its_own_host() -> None:

@@ -469,6 +469,9 @@ class OSCController:
         gate = await self._gate_begin(
             update.checksum, first_apply=update.first_apply, retrying=update.retrying
         )
+        # The Node may have been registered since the last lookup (every 10 s): look once
+        # more, so that this apply's Events are recorded on it.
+        await self.ctx.look_up_node()
         log.info("applying OSC", checksum=update.checksum, first=update.first_apply)
         started = report.now()
         try:

@@ -32,7 +32,7 @@ from node_agent.config import HealthGateConfig
 from node_agent.controllers.osc.breakage import Evidence, first_evidence, ran_before, watched_units
 from node_agent.host.documents import Document, LastApplied
 from node_agent.host.state import StateStore
-from node_agent.osc.plan import Base64Bytes
+from node_agent.osc.plan import Base64Bytes, is_template
 from node_agent.systemd import JobResult, SystemdSeam
 from node_agent.systemd.types import UnitState
 
@@ -159,8 +159,10 @@ class HealthGate:
     async def begin(
         self, checksum: str, previous: LastApplied, units: Iterable[str]
     ) -> GateRecord | None:
-        """Before an update: note which of ``units`` run now. None (no gate) when none does."""
-        names = sorted({u for u in units if u != self.agent_unit})
+        """Before an update: note which of ``units`` run now. None (no gate) when none does.
+        A template (``foo@.service``) never runs by that name and systemd refuses to look it
+        up (the whole batch with it), so it is not asked about."""
+        names = sorted({u for u in units if u != self.agent_unit and not is_template(u)})
         states = await self.systemd.unit_states(names) if names else {}
         before = {
             name: UnitMark(invocation_id=st.invocation_id, n_restarts=st.n_restarts)
