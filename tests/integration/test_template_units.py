@@ -7,11 +7,15 @@ from __future__ import annotations
 import copy
 import os
 import stat
+from pathlib import Path
 from typing import Any
 
 import pytest
+from kubernetes_asyncio.client import ApiClient
 
 from tests.testbed.agent_harness import OSCAgent, inline_file, osc_document, service
+from tests.testbed.controlplane import ControlPlane
+from tests.testbed.systemd_ns import IsolatedSystemd
 
 pytestmark = pytest.mark.integration
 
