@@ -53,6 +53,7 @@ from tests.testbed.agent_harness import (
     wait_for,
     warning_messages,
 )
+from tests.testbed.state_shapes import PLANT_SHAPES, plant_unusable
 from tests.testbed.systemd_ns import IsolatedSystemd
 
 pytestmark = pytest.mark.integration
@@ -70,7 +71,6 @@ FLAKY_SCRIPT = (
 )
 #: the state files an unusable thing is planted at while the agent is down
 STATE_FILES = {"history": HISTORY, "status": STATUS, "journal": CHANGES, "progress": CHANGES_DONE}
-PLANT_SHAPES = ("directory", "fifo", "symlink", "garbage")
 #: a symlink planted at a state file points here (relative, so inside the node's root)
 VICTIM = "/etc/camp-victim"
 VICTIM_TEXT = "never written through a symlink\n"
@@ -563,25 +563,15 @@ class Campaign:
         assert not self.running
         what, shape = rng.choice(sorted(STATE_FILES)), rng.choice(PLANT_SHAPES)
         path = self.node.path(f"{STATE_DIR}/{STATE_FILES[what]}")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if path.is_dir() and not path.is_symlink():
-            for child in path.iterdir():
-                child.unlink()
-            path.rmdir()
-        elif path.exists() or path.is_symlink():
-            path.unlink()
-        if shape == "directory":
-            path.mkdir()
-            (path / "x").write_text("x\n")
-        elif shape == "fifo":
-            os.mkfifo(path)
-        elif shape == "symlink":
-            depth = STATE_DIR.count("/")
+        if shape == "symlink":  # the victim relative to the state directory: inside the node
             target = "/dev/zero" if rng.random() < 0.5 else VICTIM
-            path.symlink_to(target if target == "/dev/zero" else "../" * depth + VICTIM[1:])
+            relative = "../" * STATE_DIR.count("/") + VICTIM[1:]
+            plant_unusable(path, shape, symlink_to=target if target == "/dev/zero" else relative)
             shape = f"symlink to {target}"
+        elif shape == "garbage":
+            plant_unusable(path, shape, garbage=b"\x00{not json: " + rng.randbytes(16) + b"\n")
         else:
-            path.write_bytes(b"\x00{not json: " + rng.randbytes(16) + b"\n")
+            plant_unusable(path, shape)
         key = f"{what}/{shape.split()[0]}"
         self.figures.plants[key] = self.figures.plants.get(key, 0) + 1
         if what in ("journal", "progress"):

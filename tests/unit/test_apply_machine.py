@@ -66,6 +66,7 @@ from node_agent.osc.models import OperatingSystemConfig, Unit
 from node_agent.osc.plan import is_template
 from node_agent.osc.steps import cmd_step
 from node_agent.systemd.types import JobAction, JobResult, UnitFileChange, UnitState
+from tests.testbed.state_shapes import PLANT_SHAPES, plant_unusable
 from tests.unit.fakes import OneJobUnits
 
 HOST = "node-a"
@@ -98,7 +99,6 @@ FAULT_PATHS = (
 )
 FAULT_ERRNOS = (errno.EROFS, errno.ENOSPC)
 PLANTED_AT = (CHANGES, CHANGES_DONE, STATUS)  # state files an unusable thing is planted at
-PLANT_SHAPES = ("directory", "fifo", "symlink", "garbage")
 SINCE_BOOT = "since boot"  # Definition.enable of a distribution unit nobody restarted yet
 
 
@@ -668,21 +668,7 @@ class ApplyMachine(RuleBasedStateMachine):
             return
         if name == CHANGES_DONE:
             self.journal_lost()
-        path = self.root / STATE_DIR.lstrip("/") / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path)
-        elif path.is_symlink() or path.exists():
-            path.unlink()
-        if shape == "directory":
-            path.mkdir()
-            (path / "x").write_text("x\n")
-        elif shape == "fifo":
-            os.mkfifo(path)
-        elif shape == "symlink":
-            path.symlink_to("/dev/zero")
-        else:
-            path.write_bytes(b"\x00{not a document\n")
+        plant_unusable(self.root / STATE_DIR.lstrip("/") / name, shape)
         self.boot()
 
     def journal_lost(self) -> None:
