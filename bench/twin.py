@@ -74,7 +74,7 @@ from tests.testbed.containerd import ContainerdNode, containerd_node
 from tests.testbed.controlplane import ControlPlane
 from tests.testbed.csr_approver import CSRApprover
 from tests.testbed.gardener_gen import gardener_node_agent
-from tests.testbed.systemd_ns import HarnessError
+from tests.testbed.systemd_ns import HarnessError, IsolatedSystemd
 
 CACHE = Path(os.environ.get("NODE_AGENT_TEST_CACHE") or Path.home() / ".cache/node-agent-test")
 CHECKSUM = "checksum/cloud-config-data"
@@ -224,8 +224,8 @@ class Agent:
     samples: dict[str, list[float]] = field(default_factory=dict)
 
     @property
-    def node(self) -> Any:
-        return self.twin.node
+    def node(self) -> IsolatedSystemd:
+        return self.twin.cn.node
 
     @property
     def machine(self) -> str:
