@@ -196,17 +196,25 @@ class Applier:
         pending = await self.state.pending_async()
         resumed = pending is not None and pending.osc_checksum == checksum
         if pending is not None and resumed:
-            log.info(
-                "continuing an unfinished apply of the same OSC",
-                checksum=checksum,
-                remaining=len(pending.remaining()),
-                failed_before=sorted(pending.failed),
-            )
             desired = await asyncio.to_thread(self.expand, osc)
             not_derived = dict(self.not_derived())
-            if self.prepare is not None:  # a crash may have come before it ran
-                await asyncio.to_thread(self.prepare, desired)
-        else:
+            stale = self._derived_since(pending, desired, resolved, not_derived)
+            if stale:
+                # A derived file (config.toml) that could not be made when this journal began
+                # can be made now, or came out differently: resuming would finish the journal
+                # without it and report the OSC applied. Plan again over the journal instead.
+                log.info("re-planning the same OSC: derived files changed", paths=stale)
+                resumed = False
+            else:
+                log.info(
+                    "continuing an unfinished apply of the same OSC",
+                    checksum=checksum,
+                    remaining=len(pending.remaining()),
+                    failed_before=sorted(pending.failed),
+                )
+                if self.prepare is not None:  # a crash may have come before it ran
+                    await asyncio.to_thread(self.prepare, desired)
+        if not resumed:
             if planned is None or planned.pending_id != (pending.id if pending else None):
                 planned = await self.plan(osc, resolved)
             if pending is not None:  # writes of the unfinished journal seen on disk are ours
@@ -222,6 +230,7 @@ class Applier:
             )
             if self.prepare is not None:
                 await asyncio.to_thread(self.prepare, planned.desired)
+        assert pending is not None  # resumed, or begun just above
         report = await self.executor.execute(pending)
         for path, why in not_derived.items():
             report.failures[steps.file_step(path)] = ItemFailure(kind="file", item=path, error=why)
@@ -233,6 +242,27 @@ class Applier:
         return await self._complete(
             raw, osc, applied, checksum, resolved, pending.change_set, report, started, resumed
         )
+
+    def _derived_since(
+        self,
+        pending: Pending,
+        desired: OperatingSystemConfig,
+        resolved: Mapping[str, bytes],
+        not_derived: Mapping[str, str],
+    ) -> list[str]:
+        """Files the OSC brings now (derivable this time) whose content the journal's target
+        does not have: the journal was planned for another derivation of the same OSC."""
+        if pending.target is None:  # a journal from an older agent: no target to compare
+            return []
+        now = Applied.of_osc(desired, self.host_name, resolved, required=True)
+        stale = []
+        for path, item in now.files.items():
+            if path in not_derived or item.sha256 is None:
+                continue
+            then = pending.target.files.get(path)
+            if then is None or (then.sha256 is not None and then.sha256 != item.sha256):
+                stale.append(path)
+        return sorted(stale)
 
     def claim_observed(self, pending: Pending) -> None:
         """Claim in the inventory the writes of an unfinished journal found on disk (a crash

@@ -260,7 +260,7 @@ def offline_document(root: Path, config_file: Path | None, reason: str) -> dict[
         with contextlib.suppress(Exception):
             from node_agent.config import load_config
 
-            config = load_config(config_file)
+            config = load_config(config_file, validate=False)
             doc["osc"]["secret_name"] = config.controllers.operating_system_config.secret_name
     raw = read(LAST_APPLIED_OSC)
     if raw is not None:

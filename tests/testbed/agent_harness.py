@@ -65,7 +65,7 @@ from tests.testbed.systemd_ns import IsolatedSystemd
 NS = NAMESPACE
 AGENT_UNIT = "node-agent-under-test.service"
 REPO = Path(__file__).resolve().parents[2]
-KUBERNETES_VERSION = "1.31.4"
+KUBERNETES_VERSION = "1.33.4"
 
 
 #: The ``nodeAgent`` config section of test agents: the health gate is off, so that an update
