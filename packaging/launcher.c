@@ -8,7 +8,7 @@
  *   u64 payload length | sha256 of the payload as stored (32 bytes)      (little-endian)
  *
  * Compression 0: the payload is stored as it is; 1: it is one zstd frame that records its
- * decompressed size (zstd's own checksum of the content is checked too). Decompressed, the
+ * decompressed size and carries zstd's checksum of the content. Decompressed, the
  * payload is: entries of a 16-byte header (u8 type 'd'/'f'/'l', u8 0, u16 mode, u16 path
  * length, u16 0, u64 size), the relative path, then `size` bytes (file content or link target);
  * a header of type 0 ends it. Directories come before what they contain.
@@ -18,8 +18,8 @@
  *   - warm: the copy is usable -> take a shared flock on <sha256>/.lock (the fd stays open
  *     through exec, so the running agent keeps holding it) and exec the bundle's bootloader with
  *     the same argv (argv[0] unchanged). No hashing, no writes.
- *   - cold: under an exclusive flock on <root>/.lock, verify the payload's sha256, decompress
- *     and unpack it into <root>/.tmp-*, write .boot (this boot's id), rename to <root>/<sha256>
+ *   - cold: under an exclusive flock on <root>/.lock, check the payload (stored: its sha256;
+ *     compressed: zstd's checksum of the content, while decompressing) and unpack it into <root>/.tmp-*, write .boot (this boot's id), rename to <root>/<sha256>
  *     (complete or absent), then collect garbage: stale .tmp-* (only the lock holder unpacks, so
  *     any is left over from a killed start) and old copies, keeping the current one and one
  *     other. A copy whose .lock cannot be locked exclusively is in use and is never removed.
@@ -360,32 +360,39 @@ static void write_all(int fd, const uint8_t *p, uint64_t n, const char *what) {
     }
 }
 
-/* Check the stored payload against the key, and decompress it if it is compressed: the
- * payload's entries, in memory of their own (an anonymous mapping) or the stored bytes. */
+/* The payload's entries, checked: in memory of their own (an anonymous mapping) when it is
+ * compressed, else the stored bytes. A stored payload is checked against the key (its sha256);
+ * a compressed one by zstd's checksum of the content, which the frame must carry: that finds
+ * the same damage without hashing the file a second time on the path of a first start. */
 static const uint8_t *open_payload(const char *key, uint32_t compression, const uint8_t *stored,
                                    uint64_t stored_len, uint64_t *len, const char *exe) {
-    uint8_t digest[32];
-    char hex[65];
-    sha256(stored, stored_len, digest);
-    for (int i = 0; i < 32; i++)
-        snprintf(hex + 2 * i, 3, "%02x", digest[i]);
-    if (strcmp(hex, key) != 0)
-        die("%s is corrupted: its payload does not match its checksum (sha256 %s, expected %s)",
-            exe, hex, key);
     if (compression == STORED) {
+        uint8_t digest[32];
+        char hex[65];
+        sha256(stored, stored_len, digest);
+        for (int i = 0; i < 32; i++)
+            snprintf(hex + 2 * i, 3, "%02x", digest[i]);
+        if (strcmp(hex, key) != 0)
+            die("%s is corrupted: its payload does not match its checksum (sha256 %s, "
+                "expected %s)", exe, hex, key);
         *len = stored_len;
         return stored;
     }
+    /* Frame: magic 28 b5 2f fd, then the descriptor byte; bit 2 is Content_Checksum_flag. */
+    static const uint8_t zstd_magic[4] = {0x28, 0xb5, 0x2f, 0xfd};
     unsigned long long size = ZSTD_getFrameContentSize(stored, stored_len);
-    if (size == ZSTD_CONTENTSIZE_UNKNOWN || size == ZSTD_CONTENTSIZE_ERROR || size == 0 ||
+    if (stored_len < 5 || memcmp(stored, zstd_magic, 4) != 0 || !(stored[4] & 0x04) ||
+        size == ZSTD_CONTENTSIZE_UNKNOWN || size == ZSTD_CONTENTSIZE_ERROR || size == 0 ||
         size > MAX_PAYLOAD)
-        die("%s is corrupted: its payload has no usable zstd frame header", exe);
-    void *out = mmap(NULL, (size_t)size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        die("%s is corrupted: its payload does not match its checksum (no zstd frame with a "
+            "size and a checksum)", exe);
+    void *out =
+        mmap(NULL, (size_t)size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (out == MAP_FAILED)
         die("cannot allocate %llu bytes to decompress %s: %s", size, exe, strerror(errno));
     size_t got = ZSTD_decompress(out, (size_t)size, stored, (size_t)stored_len);
     if (ZSTD_isError(got) || got != size)
-        die("%s is corrupted: its payload does not decompress (%s)", exe,
+        die("%s is corrupted: its payload does not match its checksum (zstd: %s)", exe,
             ZSTD_isError(got) ? ZSTD_getErrorName(got) : "short");
     *len = size;
     return out;

@@ -278,10 +278,12 @@ def test_corrupted_or_truncated_file_is_refused(parts: tuple[bytes, bytes], tmp_
     assert copies(root) == set()
     assert leftovers(root) == set()
 
-    # A payload that matches its checksum but is not what it claims to be (a broken build).
+    # Compressed, the payload is checked by zstd's own checksum while it is decompressed: a
+    # trailer naming the damaged bytes does not make them good.
     tool = image_tool()
     launcher = parts[0]
     magic, fmt, kind, offset, length, _ = tool.TRAILER.unpack(good[-tool.TRAILER.size :])
+    assert kind == tool.ZSTD
     stored = bytearray(good[offset : offset + length])
     stored[len(stored) // 2] ^= 0xFF  # inside zstd's compressed blocks
     forged = hashlib.sha256(stored).digest()
@@ -290,7 +292,18 @@ def test_corrupted_or_truncated_file_is_refused(parts: tuple[bytes, bytes], tmp_
     )
     result = run(exe, root)
     assert result.returncode == 2
-    assert "is corrupted: its payload does not decompress" in result.stderr
+    assert "is corrupted: its payload does not match its checksum (zstd: " in result.stderr
+    assert copies(root) == set()
+    assert leftovers(root) == set()
+
+    # Stored as it is, the payload is checked against its sha256.
+    make_single(parts, exe, "good", compress=False)
+    stored_good = bytearray(exe.read_bytes())
+    stored_good[len(launcher) + 100] ^= 0xFF
+    exe.write_bytes(bytes(stored_good))
+    result = run(exe, root)
+    assert result.returncode == 2
+    assert "is corrupted: its payload does not match its checksum (sha256 " in result.stderr
     assert copies(root) == set()
 
     exe.write_bytes(good)
