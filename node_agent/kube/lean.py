@@ -1,4 +1,5 @@
-"""kubernetes-asyncio's ``ApiClient`` without the package initialisers that import everything.
+"""kubernetes-asyncio's ``ApiClient`` without the package initialisers that import everything;
+aiohttp without the system trust store it loads on import.
 
 Why: ``from kubernetes_asyncio.client.api_client import ApiClient`` first runs
 ``kubernetes_asyncio/__init__.py`` and ``kubernetes_asyncio/client/__init__.py``, which import
@@ -9,11 +10,20 @@ import, the two packages are registered from their specs without running their `
 (their submodules still load from the same files), and ``kubernetes_asyncio.client.models`` is an
 empty module: ``ApiClient`` only looks into it to deserialize into models, which the agent never
 asks for. If kubernetes-asyncio is already imported (a test process), nothing changes.
+
+``aiohttp.connector`` builds two default TLS contexts when it is imported, and the verifying one
+reads and parses the system's whole CA bundle (tens of milliseconds of CPU at every start). The
+agent never uses them: the Kubernetes client makes its TLS context from the kubeconfig's CA, the
+registry probes make their own, the health checks speak plain HTTP to localhost. ``load_aiohttp``
+imports aiohttp with that default context left without trust anchors, so a connection that
+relied on it fails verification rather than going unverified.
 """
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
+import ssl
 import sys
 import types
 from typing import TYPE_CHECKING
@@ -52,3 +62,22 @@ def load() -> tuple[type[ApiClient], type[Configuration]]:
     from kubernetes_asyncio.client.configuration import Configuration
 
     return ApiClient, Configuration
+
+
+def load_aiohttp() -> None:
+    """Import aiohttp, skipping the system trust store for its default TLS context (see the
+    module). Call before anything else imports aiohttp; if something did, nothing changes."""
+    if "aiohttp" in sys.modules:
+        return
+    real = ssl.SSLContext.load_default_certs
+
+    def without_trust_store(
+        self: ssl.SSLContext, purpose: ssl.Purpose = ssl.Purpose.SERVER_AUTH
+    ) -> None:
+        del self, purpose
+
+    ssl.SSLContext.load_default_certs = without_trust_store  # type: ignore[method-assign]
+    try:
+        importlib.import_module("aiohttp")
+    finally:
+        ssl.SSLContext.load_default_certs = real  # type: ignore[method-assign]

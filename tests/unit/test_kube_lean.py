@@ -34,3 +34,41 @@ def test_an_already_imported_package_is_left_as_it_is() -> None:
     api_client, _ = lean.load()
     assert api_client is full.ApiClient
     assert hasattr(full, "CoreV1Api")
+
+
+TRUST_PROBE = """
+import ssl, sys
+if sys.argv[1] == "lean":
+    from node_agent.kube.lean import load_aiohttp
+    load_aiohttp()
+import aiohttp.connector
+default = aiohttp.connector._SSL_CONTEXT_VERIFIED
+print(default.cert_store_stats()["x509_ca"], ssl.create_default_context().cert_store_stats()["x509_ca"])
+"""
+
+
+def trust_anchors(mode: str) -> tuple[int, int]:
+    """(CA certificates in aiohttp's default verifying context, in a default context made
+    afterwards), in a fresh interpreter importing aiohttp ``mode`` = lean | plain."""
+    out = subprocess.run(
+        [sys.executable, "-c", TRUST_PROBE, mode], capture_output=True, text=True, check=True
+    ).stdout.split()
+    return int(out[0]), int(out[1])
+
+
+def test_aiohttp_is_imported_without_the_system_trust_store() -> None:
+    plain_default, plain_after = trust_anchors("plain")
+    assert plain_default > 0  # what aiohttp costs every start when imported as it comes
+    lean_default, lean_after = trust_anchors("lean")
+    assert lean_default == 0  # nothing trusted: a connection relying on it fails, never passes
+    assert lean_after == plain_after > 0  # ssl's own method is put back
+
+
+def test_aiohttp_already_imported_is_left_as_it_is() -> None:
+    import aiohttp.connector
+
+    from node_agent.kube import lean
+
+    before = aiohttp.connector._SSL_CONTEXT_VERIFIED
+    lean.load_aiohttp()
+    assert aiohttp.connector._SSL_CONTEXT_VERIFIED is before
