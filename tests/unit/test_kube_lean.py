@@ -12,6 +12,11 @@ loaded = sorted(m for m in sys.modules if m.startswith("kubernetes_asyncio"))
 conf = Configuration(host="https://127.0.0.1:1")
 print(len(loaded), ApiClientClass.__module__, hasattr(ApiClientClass, "call_api"))
 print(" ".join(loaded))
+print("urllib3.util" in sys.modules)
+conf.username, conf.password = "u", "p"
+print(conf.get_basic_auth_token(), "urllib3.util" in sys.modules)
+import urllib3.exceptions
+print(urllib3.exceptions.HTTPError.__module__)
 """
 
 
@@ -24,6 +29,9 @@ def test_only_the_client_modules_are_loaded() -> None:
     assert has_call_api == "True"
     assert int(count) <= 10, out[1]  # the full package is ~900 modules
     assert "kubernetes_asyncio.client.api.core_v1_api" not in out[1]
+    assert out[2] == "False"  # urllib3: registered, not loaded ...
+    assert out[3] == "Basic dTpw True"  # ... until something of it is used
+    assert out[4] == "urllib3.exceptions"
 
 
 def test_an_already_imported_package_is_left_as_it_is() -> None:
@@ -43,7 +51,8 @@ if sys.argv[1] == "lean":
     load_aiohttp()
 import aiohttp.connector
 default = aiohttp.connector._SSL_CONTEXT_VERIFIED
-print(default.cert_store_stats()["x509_ca"], ssl.create_default_context().cert_store_stats()["x509_ca"])
+after = ssl.create_default_context()
+print(default.cert_store_stats()["x509_ca"], after.cert_store_stats()["x509_ca"])
 """
 
 
