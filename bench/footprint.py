@@ -439,10 +439,12 @@ async def measure(
     systemctl(node, "start")
     first_ready = ready_seconds(node)
     await applied(checksum)
+    first_cpu = cpu_usec(node, cgroup(node)) / 1e6
     exec_at = exec_started(node)
     first_apply = time.monotonic() - exec_at
     print(f"first start: exec -> READY {ms(first_ready)}, exec -> first small apply done "
-          f"{ms(first_apply)} (20 ms poll)")  # fmt: skip
+          f"{ms(first_apply)} (20 ms poll); the service's CPU until then {ms(first_cpu)} "
+          f"(launcher, agent, systemd worker: cgroup usage_usec)")  # fmt: skip
     print("first start, the service's journal (ms since exec; journald's receive time):")
     print("\n".join(timeline(node, exec_at, exec_at + first_apply)) or "  (no lines)")
 
@@ -489,12 +491,14 @@ async def measure(
 
     # exec -> first small apply: the agent stopped, a changed small OSC published, started.
     first: list[float] = []
+    start_cpu: list[float] = []  # the service's CPU from exec to the apply seen on the Node
     ready_with_change: list[float] = []
     for i in range(opts.apply_rounds):
         systemctl(node, "stop")
         checksum = await publish_osc(admin, secret, small_osc(f"round {i}"))
         systemctl(node, "start")
         await applied(checksum)
+        start_cpu.append(cpu_usec(node, cgroup(node)) / 1e6)
         exec_at = exec_started(node)
         first.append(time.monotonic() - exec_at)
         ready_with_change.append(ready_seconds(node))
@@ -503,6 +507,8 @@ async def measure(
             print("\n".join(timeline(node, exec_at, exec_at + first[-1])) or "  (no lines)")
     print(f"start with a changed small OSC pending: exec -> READY {p50(ready_with_change)}")
     print(f"start with a changed small OSC pending: exec -> apply done on the Node {p50(first)}")
+    print(f"start with a changed small OSC pending: the service's CPU until then {p50(start_cpu)} "
+          f"(load average {os.getloadavg()[0]:.2f})")  # fmt: skip
 
     # The loop during a 500-file apply: strace on the main thread (the loop's thread).
     main_pid = int(show(node, "MainPID")["MainPID"])

@@ -75,9 +75,7 @@ def write_single(
     return bytes(digest).hex()
 
 
-def make_single(
-    parts: tuple[bytes, bytes], path: Path, tag: str, *, compress: bool = True
-) -> str:
+def make_single(parts: tuple[bytes, bytes], path: Path, tag: str, *, compress: bool = True) -> str:
     """A single file at ``path`` whose bundle prints ``tag``; returns its content key."""
     tool = image_tool()
     return write_single(
