@@ -8,7 +8,11 @@ and warm starts (the unpacked copy is reused), against the unpacked bootloader r
 (what the launcher adds). CPU time (user + system of the start and its children) is printed
 next to wall time: the machine may be shared. Run from the repository root:
 
-    .venv/bin/python -m bench.agent_image [--rounds 15]
+    .venv/bin/python -m bench.agent_image [--rounds 15] [--dirty MB]
+
+``--dirty MB``: before each first start, MB of other data are written (not synced) next to the
+unpack directory, as on a node whose containerd has just pulled images: what a start that
+flushes the file system would wait for.
 """
 
 from __future__ import annotations
@@ -70,6 +74,9 @@ def summary(samples: list[float]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument(
+        "--dirty", type=int, default=0, help="MB written unsynced before a first start"
+    )
     args = parser.parse_args()
 
     (CACHE / "tmp").mkdir(parents=True, exist_ok=True)
@@ -100,10 +107,15 @@ def main() -> None:
         synced: list[float] = []
         for i in range(args.rounds):
             root = tmp / f"first-{i}"
+            if args.dirty:
+                with open(tmp / "dirty", "wb") as other:  # written back later, by the kernel
+                    for _ in range(args.dirty):
+                        other.write(os.urandom(1 << 20))
             started = time.perf_counter()
             first.append(timed(argv, exe, {**base_env, "NODE_AGENT_UNPACK_DIR": str(root)}))
             synced.append(durable(root, started))
             shutil.rmtree(root)
+            (tmp / "dirty").unlink(missing_ok=True)
         first_cpu = CPU[-args.rounds :]
         root = tmp / "warm"
         env = {**base_env, "NODE_AGENT_UNPACK_DIR": str(root)}
@@ -117,7 +129,8 @@ def main() -> None:
         size = sum(p.stat().st_size for p in bundle.rglob("*") if p.is_file())
 
         print(f"`gardener-node-agent version`, {args.rounds} rounds (page cache warm; "
-              f"load average {os.getloadavg()[0]:.2f}):")  # fmt: skip
+              f"load average {os.getloadavg()[0]:.2f}; {args.dirty} MB of other data unsynced "
+              "before each first start):")  # fmt: skip
         print(f"  first start (verify + unpack {size / 1e6:.0f} MB)   {summary(first)}   "
               f"{cpu(first_cpu)}")  # fmt: skip
         print(f"  first start -> copy on disk (.complete)     {summary(synced)}")
