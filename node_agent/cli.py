@@ -244,6 +244,9 @@ async def _run(
     from node_agent.systemd.client import start_early
 
     early = await start_early(args.systemd_bus, settings.systemd_job_timeout + 10)
+    from node_agent.kube.lean import load_aiohttp
+
+    load_aiohttp()  # before any module imports it
     from node_agent.agent import run_agent
 
     return await run_agent(
@@ -296,6 +299,9 @@ def _config_path(args: argparse.Namespace) -> Path | None:
 def _fleet(args: argparse.Namespace) -> int:
     """``node-agent fleet``: the lean kube client and the fleet module only (no daemon parts)."""
     from node_agent.base.errors import NodeAgentError
+    from node_agent.kube.lean import load_aiohttp
+
+    load_aiohttp()  # before any module imports it
     from node_agent.observe.fleet import kubeconfig_path, run_fleet
 
     if args.interval <= 0:
