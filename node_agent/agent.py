@@ -109,6 +109,8 @@ def build_agent(
     token = TokenController(ctx)
     health = HealthCheckController(ctx, applier, applying=lambda: osc.applying, guard=guard)
     node.observers.append(health.node_seen)  # the Node's Ready condition, from its watch
+    node.observers.append(osc.inplace.node_seen)  # the drain gate of an in-place update
+    osc.inplace.resync_tokens.extend(sync.sync for sync in token.syncs)
     if sources is None:
         sources = Sources(watches=ctx.watches)
     sources.osc, sources.lease, sources.node = osc, lease, node
@@ -261,6 +263,7 @@ async def run_agent(
         images = CtrImages(root=settings.root, pull_timeout=pull_timeout)
         agent = build_agent(ctx, images=images, sources=sources)
         osc, lease, node, token = agent.osc, agent.lease, agent.node, agent.token
+        osc.inplace.renew_certificate = lambda: certs.renew(ctx.kube)  # a CA rotation
         async with asyncio.TaskGroup() as tasks:
             tasks.create_task(find_node_then(osc.node_recreated), name="find-node")
             tasks.create_task(osc.run(), name="osc")

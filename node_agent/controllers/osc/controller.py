@@ -23,6 +23,7 @@ from node_agent.base import retry
 from node_agent.base.durations import parse_duration
 from node_agent.base.errors import (
     ApplyError,
+    InPlaceUpdateError,
     KubeError,
     KubeNotFound,
     NodeAgentError,
@@ -38,6 +39,7 @@ from node_agent.config import ZONE_FILE
 from node_agent.context import AgentContext
 from node_agent.controllers.osc.breakage import Evidence
 from node_agent.controllers.osc.health_gate import GateRecord, HealthGate
+from node_agent.controllers.osc.inplace import InPlaceRecord, InPlaceUpdater
 from node_agent.controllers.osc.rollout import Permit, Rollout
 from node_agent.host.history import HistoryEntry, HistoryRollback, Result, Trigger
 from node_agent.kube import report
@@ -165,6 +167,8 @@ class Attempt:
     outcome: Outcome
     gate: GateRecord | None
     started: datetime
+    #: the in-place parts of the update (None: none)
+    in_place: InPlaceRecord | None = None
 
 
 class OSCController:
@@ -197,6 +201,9 @@ class OSCController:
         self._quarantine_logged: str | None = None
         #: serial mode and the paced rollout of the pool (the Lease <secretName>)
         self.rollout = Rollout(ctx, self._wake.set)
+        #: the in-place parts of an update (OS, kubelet, credentials) and the drain gate
+        self.inplace = InPlaceUpdater(ctx)
+        self.inplace.on_ready.append(self._wake.set)
         self._applying = 0  # applies (and rollbacks, drift repairs) running now
         #: called after an OSC was applied and reported (the unit check looks at once)
         self.on_applied: list[Callable[[], None]] = []
@@ -278,6 +285,15 @@ class OSCController:
         except ApplyError as exc:
             await self._partly_applied(exc)
             return RETRY
+        except InPlaceUpdateError as exc:
+            if not exc.terminal:
+                await self._failed(exc, transient=True)
+                return RETRY
+            # marked failed on the Node (its Event said why); left until the Secret changes
+            self._rejected = str((secret.get("metadata") or {}).get("resourceVersion"))
+            self.failures += 1
+            self.ctx.health.error("osc", f"InPlaceUpdateError: {exc}")
+            return SKIPPED
         except NodeAgentError as exc:
             await self._failed(exc, transient=True)
             return RETRY
@@ -390,10 +406,19 @@ class OSCController:
         if await self._already_applied(desired, applied, resync=resync):
             return None
         update = await self._prepare(desired, applied)
-        admission = await self._admit(update)
+        in_place = await self.inplace.begin(update.osc, update.checksum)
+        if in_place is not None:
+            # machine-controller-manager paces an in-place pool (it drains one node after
+            # another): the drain gate replaces the rollout's admission and the health gate
+            if not await self.inplace.admitted(in_place):
+                return None  # the Node's watch wakes the loop when it is drained
+            in_place = await self.inplace.before_apply(in_place)
+            admission: Admission | None = Admission(permit=None)
+        else:
+            admission = await self._admit(update)
         if admission is None:
             return None  # held by the pool's rollout; it wakes the loop to look again
-        attempt = await self._apply(update, admission.permit)
+        attempt = await self._apply(update, admission.permit, in_place)
         if attempt is None:
             return None  # the failed apply broke a unit: rolled back
         return await self._finish(update, attempt, admission.permit)
@@ -416,6 +441,9 @@ class OSCController:
         learns that this node is up to date."""
         if applied != desired.checksum or await self.ctx.state.pending_async() is not None:
             return False
+        unfinished = await self.inplace.record()
+        if unfinished is not None and unfinished.checksum == desired.checksum:
+            return False  # applied, but its in-place steps are not all done (e.g. a reboot)
         if resync:
             await self._repair_drift(desired.raw, desired.annotated)
         if self._reported != desired.checksum:
@@ -461,13 +489,18 @@ class OSCController:
         )
         return Admission(permit=permit) if permit is not None else None
 
-    async def _apply(self, update: Update, permit: Permit | None) -> Attempt | None:
+    async def _apply(
+        self, update: Update, permit: Permit | None, in_place: InPlaceRecord | None = None
+    ) -> Attempt | None:
         """Apply the update under the health gate (an update, not the first apply or a retry,
         records the running units first). A failed apply is recorded in the history; if it
         broke a unit it is rolled back (None), else the rollout is told and ApplyError raised
         (the loop retries with backoff)."""
         gate = await self._gate_begin(
-            update.checksum, first_apply=update.first_apply, retrying=update.retrying
+            update.checksum,
+            first_apply=update.first_apply,
+            # an OS or kubelet update must never be rolled back by a settle window
+            retrying=update.retrying or in_place is not None,
         )
         # The Node may have been registered since the last lookup (every 10 s): look once
         # more, so that this apply's Events are recorded on it.
@@ -485,7 +518,7 @@ class OSCController:
                 return None
             await self.rollout.failed(permit, str(exc))
             raise
-        return Attempt(outcome=outcome, gate=gate, started=started)
+        return Attempt(outcome=outcome, gate=gate, started=started, in_place=in_place)
 
     async def _finish(
         self, update: Update, attempt: Attempt, permit: Permit | None
@@ -504,6 +537,8 @@ class OSCController:
         )
         if rolled_back:
             return None
+        if await self.inplace.finish(update.osc, attempt.in_place) == "rebooting":
+            return None  # completed when the agent is back on the new OS version
         await self._succeeded(update, outcome, permit)
         return outcome
 
