@@ -111,6 +111,7 @@ def build_agent(
     node.observers.append(health.node_seen)  # the Node's Ready condition, from its watch
     node.observers.append(osc.inplace.node_seen)  # the drain gate of an in-place update
     osc.inplace.resync_tokens.extend(sync.sync for sync in token.syncs)
+    osc.inplace.kubelet_health = health.kubelet_health  # the same probe as the checks
     if sources is None:
         sources = Sources(watches=ctx.watches)
     sources.osc, sources.lease, sources.node = osc, lease, node
@@ -118,6 +119,7 @@ def build_agent(
     osc.on_applied.append(unitcheck.poke)  # units a new OSC (re)started are judged at once
     sources.unitcheck, sources.healthcheck = unitcheck, health
     sources.gate, sources.guard, sources.rollout = osc.gate, guard, osc.rollout
+    sources.in_place = osc.inplace
     return Agent(ctx, applier, osc, lease, node, token, health, unitcheck, sources)
 
 

@@ -412,6 +412,9 @@ class OSCController:
             # another): the drain gate replaces the rollout's admission and the health gate
             if not await self.inplace.admitted(in_place):
                 return None  # the Node's watch wakes the loop when it is drained
+            if update.applied == update.checksum and not update.retrying:
+                await self._resume_in_place(update, in_place)
+                return None
             in_place = await self.inplace.before_apply(in_place)
             admission: Admission | None = Admission(permit=None)
         else:
@@ -422,6 +425,17 @@ class OSCController:
         if attempt is None:
             return None  # the failed apply broke a unit: rolled back
         return await self._finish(update, attempt, admission.permit)
+
+    async def _resume_in_place(self, update: Update, in_place: InPlaceRecord) -> None:
+        """The OSC is applied (the journal is complete) but its in-place steps are not: after
+        the OS update's reboot, or a kill. Only those steps are left; the files and units
+        are not applied again and ``OSCApplied`` is not sent twice."""
+        log.info("resuming the in-place update", parts=in_place.remaining.names())
+        if await self.inplace.finish(update.osc, in_place) == "rebooting":
+            return
+        await self._report_applied(update.osc, update.checksum)
+        for hook in self.on_applied:
+            hook()
 
     def _read(self, secret: JSON) -> Desired | None:
         """The OSC bytes of the Secret and their checksum; None while it is the very version
@@ -463,7 +477,15 @@ class OSCController:
         self.desired_checksum = desired.checksum
         pending = await self.ctx.state.pending_async()
         retrying = pending is not None and pending.osc_checksum == desired.checksum
-        if applied != "" and not retrying and not self.rollout.skips_delay(desired.secret):
+        # an in-place update resumed (its reboot, a kill) waited out the delay before it began
+        unfinished = await self.inplace.record()
+        resuming = unfinished is not None and unfinished.checksum == desired.checksum
+        if (
+            applied != ""
+            and not retrying
+            and not resuming
+            and not self.rollout.skips_delay(desired.secret)
+        ):
             await self._reconciliation_delay()
         resolved = await self.resolve(osc)
         return Update(

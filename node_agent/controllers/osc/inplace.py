@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -38,8 +39,8 @@ from node_agent.base import layout
 from node_agent.base.errors import InPlaceUpdateError, KubeError, NodeAgentError
 from node_agent.base.log import get_logger
 from node_agent.context import AgentContext
-from node_agent.controllers.healthcheck import KubeletProbe, kubelet_flags, kubelet_healthz_url
 from node_agent.host.documents import Document
+from node_agent.host.history import HistoryEntry
 from node_agent.kube import report
 from node_agent.osc import inplace as ip
 from node_agent.osc.decode import parse_osc
@@ -49,6 +50,21 @@ log = get_logger("node-agent.inplace")
 
 JSON = dict[str, Any]
 Finish = Literal["done", "rebooting"]
+#: Where an in-place update stands (``status``, metrics): detected and waiting for the drain,
+#: the kubelet's update, the OS update command, the reboot after it, the credentials rotation,
+#: and the outcome (``done``/``failed``, kept until the next in-place update).
+Phase = Literal[
+    "waiting-for-drain", "kubelet", "updating-os", "rebooting", "credentials", "done", "failed"
+]
+PHASES: tuple[Phase, ...] = (
+    "waiting-for-drain",
+    "kubelet",
+    "updating-os",
+    "rebooting",
+    "credentials",
+    "done",
+    "failed",
+)
 
 REASON_WAITING = "InPlaceUpdateWaitingForDrain"
 REASON_STARTED = "InPlaceUpdateStarted"
@@ -69,6 +85,29 @@ class InPlaceRecord(Document):
     #: the OS update command succeeded, on the boot named here (boot id + PID 1's start)
     os_command_boot: str | None = None
     began_at: datetime
+
+
+@dataclass(frozen=True)
+class InPlaceView:
+    """The in-place update as ``node-agent status`` and the metrics show it."""
+
+    phase: Phase | None = None
+    #: what the phase waits for or does, in words
+    detail: str = ""
+    checksum: str | None = None
+    #: the parts detected, and those still to do
+    parts: tuple[str, ...] = ()
+    remaining: tuple[str, ...] = ()
+    #: why it failed (the Node's ``update-failed-reason``)
+    reason: str | None = None
+    #: ``time.time()`` when the phase began
+    since: float | None = None
+    succeeded: int = 0
+    failed: int = 0
+    #: runs of the OS update command by this process (retries included)
+    command_runs: int = 0
+    #: Pods deleted from the Node before it was marked successful
+    pods_deleted: int = 0
 
 
 RunCommand = Callable[[Sequence[str], float], Awaitable[tuple[int, str]]]
@@ -95,12 +134,36 @@ class InPlaceUpdater:
         self.resync_tokens: list[Callable[[], Awaitable[object]]] = []
         #: the agent's own client certificate, renewed now (CA rotation)
         self.renew_certificate: Callable[[], Awaitable[object]] | None = None
+        #: the kubelet's /healthz (the health checks' own probe; None: healthy)
         self.kubelet_health: Callable[[], Awaitable[str | None]] | None = None
         self._was_ready: bool | None = None
         self._waiting_said: str | None = None
-        #: what ``status`` shows: the record's pending parts and the phase
-        self.phase: str | None = None
-        self.command_runs = 0
+        #: what ``status`` and the metrics show (``view``)
+        self._view = InPlaceView()
+        self._current: InPlaceRecord | None = None  # the record being worked on
+
+    @property
+    def phase(self) -> Phase | None:
+        return self._view.phase
+
+    @property
+    def command_runs(self) -> int:
+        return self._view.command_runs
+
+    def view(self) -> InPlaceView:
+        return self._view
+
+    def _enter(
+        self, phase: Phase, detail: str, record: InPlaceRecord | None = None, **more: Any
+    ) -> None:
+        """Move to ``phase`` (its start time kept while it stays the same)."""
+        view = self._view
+        since = view.since if view.phase == phase and view.since else time.time()
+        if record is not None:
+            more.setdefault("checksum", record.checksum)
+            more.setdefault("parts", record.detected.names())
+            more.setdefault("remaining", record.remaining.names())
+        self._view = replace(view, phase=phase, detail=detail, since=since, **more)
 
     # -- the record -------------------------------------------------------------------------
     async def record(self) -> InPlaceRecord | None:
@@ -108,15 +171,17 @@ class InPlaceUpdater:
 
     async def _save(self, record: InPlaceRecord) -> InPlaceRecord:
         await self.ctx.state.save_doc_async(layout.IN_PLACE, record)
+        self._current = record
         return record
 
     async def _clear_parts(self, record: InPlaceRecord, **parts: bool) -> InPlaceRecord:
         remaining = record.remaining.model_copy(update={k: False for k in parts})
-        return await self._save(record.model_copy(update={"remaining": remaining}))
+        record = await self._save(record.model_copy(update={"remaining": remaining}))
+        self._view = replace(self._view, remaining=remaining.names())
+        return record
 
     async def clear(self) -> None:
         await self.ctx.state.remove_doc_async(layout.IN_PLACE)
-        self.phase = None
 
     def current_os(self) -> str | None:
         """The host's OS version (``PRETTY_NAME``); ``/usr/lib/os-release`` when ``/etc``'s is
@@ -141,6 +206,7 @@ class InPlaceUpdater:
             log.info("a newer OSC replaces the unfinished in-place update", was=record.checksum)
             await self.clear()
             record = None
+        self._current = record
         if osc.spec.in_place_updates is None:
             return None
         current = await asyncio.to_thread(self.current_os)
@@ -168,7 +234,13 @@ class InPlaceUpdater:
         if record.remaining.operating_system and ip.os_up_to_date(current, osc):
             log.info("the OS is on its new version", version=current)
             record = await self._clear_parts(record, operating_system=True)
-        self.phase = "pending: " + ", ".join(record.remaining.names())
+        self._view = replace(
+            self._view,
+            checksum=record.checksum,
+            parts=record.detected.names(),
+            remaining=record.remaining.names(),
+            reason=None,
+        )
         return record
 
     # -- the drain gate -------------------------------------------------------------------------
@@ -180,7 +252,11 @@ class InPlaceUpdater:
                 await self.ctx.event(REASON_STARTED, f"in-place update {_parts(record)} started")
             self._waiting_said = None
             return True
-        self.phase = "waiting for the node to be drained (condition InPlaceUpdate=ReadyForUpdate)"
+        self._enter(
+            "waiting-for-drain",
+            f"condition {ip.CONDITION_IN_PLACE_UPDATE} with reason {ip.REASON_READY_FOR_UPDATE}",
+            record,
+        )
         if self._waiting_said != record.checksum:
             self._waiting_said = record.checksum
             log.info("in-place update waits for the drain", parts=record.remaining.names())
@@ -228,16 +304,56 @@ class InPlaceUpdater:
             if record.remaining.operating_system:
                 record = await self._update_os(osc, record, node)
                 if record.remaining.operating_system:
-                    self.phase = "rebooting into the new OS version"
+                    self._enter("rebooting", f"into OS version {record.target_os}", record)
                     return "rebooting"
             record = await self._rotate_credentials(record)
         if ip.owes_outcome(node):
+            deleted = await self._delete_remaining_pods()
             await self.ctx.kube.patch_node(str(self.ctx.node_name), ip.successful_patch())
             parts = _parts(record) if record is not None else "(no in-place parts)"
             await self.ctx.event(REASON_SUCCEEDED, f"in-place update {parts} successful")
             log.info("in-place update successful", parts=record.detected.names() if record else ())
+            if record is not None:
+                await self._history(record, None)
+            view = self._view
+            self._enter(
+                "done",
+                f"in-place update {parts} successful",
+                record,
+                succeeded=view.succeeded + 1,
+                pods_deleted=view.pods_deleted + deleted,
+            )
         await self.clear()
         return "done"
+
+    async def _delete_remaining_pods(self) -> int:
+        """Upstream's last step before the success label: every Pod still bound to the Node
+        goes (DaemonSet Pods and Pods with local storage came back during the update; deleting
+        them has them recreated on the updated node). How many were deleted."""
+        node = str(self.ctx.node_name)
+        pods = await self.ctx.kube.list_pods_on_node(node)
+        for pod in pods:
+            meta = pod.get("metadata") or {}
+            await self.ctx.kube.delete_pod(str(meta.get("namespace")), str(meta.get("name")))
+        if pods:
+            log.info("pods on the node deleted after the in-place update", count=len(pods))
+        return len(pods)
+
+    async def _history(self, record: InPlaceRecord, error: str | None) -> None:
+        """One entry of the apply history per in-place outcome (``status --history``)."""
+        finished = report.now()
+        await self.ctx.state.append_history_async(
+            HistoryEntry(
+                started_at=record.began_at,
+                finished_at=finished,
+                duration_seconds=max(0.0, (finished - record.began_at).total_seconds()),
+                trigger="in-place",
+                checksum_to=record.checksum,
+                result="failed" if error is not None else "succeeded",
+                items_changed=record.detected.names(),
+                error=error,
+            )
+        )
 
     async def _update_os(
         self, osc: OperatingSystemConfig, record: InPlaceRecord, node: Mapping[str, Any]
@@ -264,7 +380,7 @@ class InPlaceUpdater:
             await self._failed("operating system version is not provided in OSC")
         args = [str(a) for a in update.get("args") or ()]
         await self.ctx.kube.patch_node(str(self.ctx.node_name), ip.updating_os_patch(desired))
-        self.phase = f"running the OS update command {command}"
+        self._enter("updating-os", f"{command} (to {desired})", record)
         await self.ctx.event(REASON_OS_UPDATE, f"updating the OS to {desired}: {command}")
         await self._run_os_command([command, *args])
         record = await self._save(record.model_copy(update={"os_command_boot": boot}))
@@ -281,7 +397,7 @@ class InPlaceUpdater:
         30 s for up to 5 min; any other failure ends the update."""
         deadline = time.monotonic() + self.retry_timeout
         while True:
-            self.command_runs += 1
+            self._view = replace(self._view, command_runs=self._view.command_runs + 1)
             code, output = await self._run(argv, self.retry_timeout)
             if code == 0:
                 log.info("OS update command succeeded", command=argv[0])
@@ -301,8 +417,9 @@ class InPlaceUpdater:
                 )
             if time.monotonic() + self.retry_interval > deadline:
                 reason = f"failed to execute OS update command: retriable error: {flat}"
-                await self.ctx.kube.patch_node(str(self.ctx.node_name), ip.failed_patch(reason))
-                raise InPlaceUpdateError(reason)  # retried by the controller, as upstream
+                # retried by the controller, as upstream (the failed label lets it through the
+                # drain gate again)
+                await self._failed(reason, terminal=False)
             await asyncio.sleep(self.retry_interval)
 
     async def _run_on_host(self, argv: Sequence[str], limit: float) -> tuple[int, str]:
@@ -343,9 +460,12 @@ class InPlaceUpdater:
 
     async def _kubelet_healthy(self, why: str) -> None:
         """Wait for the kubelet's ``/healthz`` (5 s apart, 5 min); unhealthy: failed."""
-        probe = self.kubelet_health or self._probe_kubelet
+        probe = self.kubelet_health
+        if probe is None:
+            log.warning("no kubelet health probe wired; not awaited", after=why)
+            return
         deadline = time.monotonic() + self.health_timeout
-        self.phase = f"waiting for the kubelet to be healthy {why}"
+        self._enter("kubelet", f"waiting for the kubelet to be healthy {why}")
         while True:
             error = await probe()
             if error is None:
@@ -355,21 +475,9 @@ class InPlaceUpdater:
                 await self._failed(f"kubelet is not healthy {why}: {error}")
             await asyncio.sleep(self.health_interval)
 
-    async def _probe_kubelet(self) -> str | None:
-        applied = await self.ctx.state.load_last_applied_async()
-        unit = applied.applied.units.get(ip.KUBELET_UNIT) if applied and applied.applied else None
-        path = kubelet_flags(unit).get("config", ip.KUBELET_CONFIG)
-        config = await self.ctx.fs.read_async(path)
-        url = kubelet_healthz_url(unit, config)
-        if url is None:
-            return None
-        probe = KubeletProbe(url, 10.0)
-        try:
-            return await probe()
-        finally:
-            await probe.close()
-
     async def _rotate_credentials(self, record: InPlaceRecord) -> InPlaceRecord:
+        if record.remaining.sa_key_rotation or record.remaining.ca_rotation_node_agent:
+            self._enter("credentials", "rotating the credentials", record)
         if record.remaining.sa_key_rotation:
             for resync in self.resync_tokens:
                 await resync()
@@ -416,18 +524,22 @@ class InPlaceUpdater:
             f"{ip.KUBELET_UNIT} restarted to bootstrap under the rotated CA: {result}",
         )
 
-    async def _failed(self, reason: str) -> None:
-        """Mark the Node failed (machine-controller-manager's label and reason) and end the
-        update until the Secret changes."""
-        log.error("in-place update failed", reason=reason)
-        self.phase = f"failed: {reason}"
+    async def _failed(self, reason: str, *, terminal: bool = True) -> None:
+        """Mark the Node failed (machine-controller-manager's label and reason), record the
+        outcome (history, ``status``) and end the update: until the Secret changes
+        (``terminal``), else until the controller's retry."""
+        log.error("in-place update failed", reason=reason, terminal=terminal)
+        record = self._current
+        self._enter("failed", reason, record, reason=reason, failed=self._view.failed + 1)
         if self.ctx.node_name is not None:
             try:
                 await self.ctx.kube.patch_node(self.ctx.node_name, ip.failed_patch(reason))
             except KubeError as exc:
                 raise InPlaceUpdateError(f"{reason} (Node not marked: {exc})") from exc
         await self.ctx.event(REASON_FAILED, reason, warning=True)
-        raise InPlaceUpdateError(reason, terminal=True)
+        if record is not None:
+            await self._history(record, reason)
+        raise InPlaceUpdateError(reason, terminal=terminal)
 
     async def _node(self) -> JSON | None:
         if self.ctx.node_name is None and not await self.ctx.look_up_node():
