@@ -9,7 +9,10 @@ The test plays machine-controller-manager (it sets the Node's ``InPlaceUpdate`` 
 from __future__ import annotations
 
 import base64
-from collections.abc import AsyncIterator
+import copy
+import functools
+import json
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +22,31 @@ import yaml
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client import ApiClient
 
+from node_agent.base.layout import KUBECONFIG_FILE
 from node_agent.osc import inplace as ip
-from tests.testbed.agent_harness import OSCAgent, inline_file, wait_for
-from tests.testbed.controlplane import ControlPlane
+from tests.conftest import PreparedAgentFactory
+from tests.integration.test_certificate_flow import gardener_layout, kubeconfig_certificate
+from tests.testbed import standin
+from tests.testbed.agent_harness import (
+    OSCAgent,
+    create_node,
+    host,
+    inline_file,
+    node_events,
+    node_labels,
+    publish_osc,
+    put_secret,
+    run_status,
+    running_agent,
+    service,
+    unique,
+    unit_props,
+    wait_applied,
+    wait_for,
+)
+from tests.testbed.controlplane import ControlPlane, free_port
+from tests.testbed.csr_approver import CSRApprover
+from tests.testbed.gardener_gen import generate
 from tests.testbed.systemd_ns import IsolatedSystemd
 
 pytestmark = pytest.mark.integration
@@ -39,22 +64,104 @@ echo "update to $version staged; reboot required"
 """
 
 
-def in_place_osc(os_version: str, text: str) -> dict[str, Any]:
-    kubelet = yaml.safe_dump({"kind": "KubeletConfiguration", "cpuManagerPolicy": "none"})
+KUBELET = "kubelet.service"
+KUBELET_BINARY = "/opt/bin/kubelet"
+FAIL_FILE = "/run/kubelet-unhealthy"
+
+
+@functools.cache
+def gardener_in_place() -> dict[str, Any]:
+    """The OSC Gardener v1.150.0 sends an in-place pool (gardener-gen's ``inplace`` shape)."""
+    doc: dict[str, Any] = generate("inplace").osc
+    return doc
+
+
+def kubelet_unit(port: int, version: str, extra: str = "") -> dict[str, Any]:
+    """The stand-in kubelet, its version in its unit (a new minor is a new binary and unit)."""
+    text = (
+        f"[Unit]\nStartLimitIntervalSec=0\n[Service]\nEnvironment=KUBELET_VERSION={version}\n"
+        f"{extra}ExecStart={KUBELET_BINARY} --config={ip.KUBELET_CONFIG} --healthz-port={port} "
+        f"--healthz-fail-file={FAIL_FILE}\n\n[Install]\nWantedBy=multi-user.target\n"
+    )
+    return {"name": KUBELET, "content": text, "enable": True, "command": "start",
+            "filePaths": [ip.KUBELET_CONFIG]}  # fmt: skip
+
+
+def in_place_osc(
+    os_version: str,
+    text: str,
+    *,
+    kubelet: str = "1.33.0",
+    port: int | None = None,
+    cpu_policy: str | None = None,
+    rotation: dict[str, Any] | None = None,
+    kubelet_extra: str = "",
+    units: Sequence[dict[str, Any]] = (),
+) -> dict[str, Any]:
+    """Gardener's in-place OSC on the bed: its kubelet config (with the stand-in's healthz
+    port), ``spec.inPlaceUpdates`` and the OS extension's ``status.inPlaceUpdates`` as generated,
+    with the targets of the test; the files and units that need Gardener's images are replaced
+    by a file of the test and the stand-in kubelet."""
+    base = gardener_in_place()
+    (config_file,) = [f for f in base["spec"]["files"] if f["path"] == ip.KUBELET_CONFIG]
+    config = yaml.safe_load(base64.b64decode(config_file["content"]["inline"]["data"]))
+    assert config["cpuManagerPolicy"] == "none"  # Gardener's default
+    config.update(healthzBindAddress="127.0.0.1", healthzPort=port or 0)
+    if cpu_policy is not None:
+        config["cpuManagerPolicy"] = cpu_policy
+    encoded = base64.b64encode(yaml.safe_dump(config).encode()).decode()
     files = [
-        {"path": ip.KUBELET_CONFIG, "permissions": 0o644,
-         "content": {"inline": {"encoding": "b64",
-                                "data": base64.b64encode(kubelet.encode()).decode()}}},
+        {**config_file, "content": {"inline": {"encoding": "b64", "data": encoded}}},
         inline_file("/etc/demo/inplace.conf", text),
-    ]  # fmt: skip
+    ]
+    spec = copy.deepcopy(base["spec"]["inPlaceUpdates"])
+    spec.update(operatingSystemVersion=os_version, kubelet=kubelet)
+    if rotation is not None:
+        spec["credentialsRotation"] = rotation
+    status = copy.deepcopy(base["status"]["inPlaceUpdates"])
+    assert status["osUpdate"]["command"] == UPDATE_SCRIPT
+    status["osUpdate"]["args"] = ["--version", os_version]
+    all_units = [*units, *([kubelet_unit(port, kubelet, kubelet_extra)] if port else [])]
     return {
-        "apiVersion": "extensions.gardener.cloud/v1alpha1",
-        "kind": "OperatingSystemConfig",
-        "spec": {"type": "test", "purpose": "reconcile", "files": files, "units": [],
-                 "inPlaceUpdates": {"operatingSystemVersion": os_version, "kubelet": "1.33.0"}},
-        "status": {"inPlaceUpdates": {"osUpdate": {"command": UPDATE_SCRIPT,
-                                                   "args": ["--version", os_version]}}},
+        "apiVersion": base["apiVersion"],
+        "kind": base["kind"],
+        "spec": {"type": base["spec"]["type"], "purpose": base["spec"]["purpose"],
+                 "files": files, "units": all_units, "inPlaceUpdates": spec},
+        "status": {"inPlaceUpdates": status},
     }  # fmt: skip
+
+
+def install_kubelet(node: IsolatedSystemd) -> None:
+    target = node.path(KUBELET_BINARY)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(standin.kubelet_binary())
+    target.chmod(0o755)
+
+
+def invocation(node: IsolatedSystemd, unit: str) -> str:
+    return unit_props(node, unit).get("InvocationID", "")
+
+
+def rotation(ca: str | None = None, sa: str | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if ca is not None:
+        out["certificateAuthorities"] = {"lastInitiationTime": ca}
+    if sa is not None:
+        out["serviceAccountKey"] = {"lastInitiationTime": sa}
+    return out
+
+
+async def in_place_history(root: Path) -> list[dict[str, Any]]:
+    doc = await status_json_history(root)
+    return [e for e in doc if e.get("trigger") == "in-place"]
+
+
+async def status_json_history(root: Path) -> list[dict[str, Any]]:
+    code, out, err = await run_status(root, "--history", "--json")
+    assert code in (0, 3), err.decode()
+    doc = json.loads(out)
+    entries = doc if isinstance(doc, list) else doc.get("history") or doc.get("entries") or []
+    return list(entries)
 
 
 def set_os(node: IsolatedSystemd, version: str) -> None:
@@ -85,12 +192,15 @@ async def agent(
         yield harness
 
 
+#: machine-controller-manager's condition, after draining the node
+READY = {"type": "InPlaceUpdate", "status": "True", "reason": "ReadyForUpdate",
+         "message": "node drained"}  # fmt: skip
+
+
 async def set_ready_for_update(agent: OSCAgent) -> None:
     """machine-controller-manager, after draining the node."""
-    condition = {"type": "InPlaceUpdate", "status": "True", "reason": "ReadyForUpdate",
-                 "message": "node drained"}  # fmt: skip
     await client.CoreV1Api(agent.admin).patch_node_status(
-        agent.node_name, {"status": {"conditions": [condition]}}
+        agent.node_name, {"status": {"conditions": [READY]}}
     )
 
 
@@ -146,3 +256,209 @@ async def test_a_non_retriable_os_update_failure(agent: OSCAgent, node: Isolated
     # the rest of the OSC is applied; the node keeps its OS and the old checksum
     assert node.path("/etc/demo/inplace.conf").read_text() == "two\n"
     assert (await agent.node_annotations())["checksum/cloud-config-data"] == first
+
+
+# --- the kubelet: a minor update and a CPU manager policy change ----------------------------------
+
+
+async def test_a_kubelet_minor_update_restarts_it_and_awaits_its_health(
+    agent: OSCAgent, node: IsolatedSystemd
+) -> None:
+    install_kubelet(node)
+    port = free_port()
+    first = await agent.publish(in_place_osc("1877.4", "one\n", kubelet="1.33.0", port=port))
+    await agent.wait_applied(first)
+    before = invocation(node, KUBELET)
+    assert agent.controller is not None
+    inplace = agent.controller.inplace
+    inplace.health_interval = 0.5
+    probe, answers = inplace.kubelet_health, []
+    assert probe is not None
+
+    async def counted() -> str | None:
+        answers.append(await probe())
+        return answers[-1]
+
+    inplace.kubelet_health = counted
+    node.path(FAIL_FILE).write_text("unhealthy\n")  # the new kubelet starts unhealthy
+    await set_ready_for_update(agent)
+
+    update = await agent.publish(in_place_osc("1877.4", "two\n", kubelet="1.34.0", port=port))
+    await wait_for(lambda: len(answers) >= 3, 60, "the kubelet's health asked three times")
+    assert all(answer is not None and "500" in answer for answer in answers), answers
+    assert inplace.phase == "kubelet"
+    after = invocation(node, KUBELET)
+    assert after
+    assert after != before  # restarted on its new version
+    assert (await agent.node_annotations())["checksum/cloud-config-data"] == first
+    assert ip.LABEL_UPDATE_RESULT not in await agent.node_labels()
+
+    node.path(FAIL_FILE).unlink()
+    await agent.wait_applied(update, timeout=30)
+    assert invocation(node, KUBELET) == after  # restarted once
+    assert (await agent.node_labels())[ip.LABEL_UPDATE_RESULT] == "successful"
+    await agent.wait_event("InPlaceUpdateSuccessful", "kubelet_minor_version")
+    assert inplace.view().phase == "done"
+    (entry,) = await in_place_history(node.root)
+    assert entry["result"] == "succeeded"
+    assert entry["items_changed"] == ["kubelet_minor_version"]
+
+
+CPU_STATE = '{"policyName":"none","defaultCpuSet":"","checksum":1353318690}'
+# the kubelet refuses to start on the state file of another CPU manager policy
+REFUSE_OLD_STATE = f"ExecStartPre=/bin/sh -c 'test ! -e {ip.CPU_MANAGER_STATE}'\n"
+
+
+async def test_a_cpu_manager_policy_change_removes_the_state_and_restarts_the_kubelet(
+    agent: OSCAgent, node: IsolatedSystemd
+) -> None:
+    install_kubelet(node)
+    port = free_port()
+    first = await agent.publish(in_place_osc("1877.4", "one\n", port=port))
+    await agent.wait_applied(first)
+    node.path(ip.CPU_MANAGER_STATE).write_text(CPU_STATE)  # what the kubelet keeps
+    before = invocation(node, KUBELET)
+    await set_ready_for_update(agent)
+
+    update = await agent.publish(
+        in_place_osc(
+            "1877.4", "one\n", port=port, cpu_policy="static", kubelet_extra=REFUSE_OLD_STATE
+        )
+    )
+    await agent.wait_applied(update, timeout=60)
+    assert not node.path(ip.CPU_MANAGER_STATE).exists()
+    after = invocation(node, KUBELET)
+    assert after
+    assert after != before
+    assert unit_props(node, KUBELET)["ActiveState"] == "active"
+    assert (await agent.node_labels())[ip.LABEL_UPDATE_RESULT] == "successful"
+    message = await agent.wait_event("InPlaceUpdateSuccessful", "cpu_manager_policy")
+    assert "kubelet_config" not in message  # the policy alone changed
+
+
+# --- credentials: service account key and CA rotation (the whole agent) ---------------------------
+
+SA_TOKEN_PATH = "/var/lib/sa-demo/token"
+T1, T2 = "2026-01-01T10:00:00Z", "2026-02-01T10:00:00Z"
+
+
+async def test_a_service_account_key_rotation_syncs_the_token_secrets_at_once(
+    admin_api: ApiClient, make_prepared_agent: PreparedAgentFactory, node: IsolatedSystemd
+) -> None:
+    token_secret = unique("sa-token")
+    await put_secret(admin_api, token_secret, {"token": b"token-after-rotation"})
+    prepared = await make_prepared_agent(node.root, extra_secrets=[token_secret])
+    doc = yaml.safe_load(prepared.setup.config_file.read_text())
+    doc["controllers"]["token"]["syncConfigs"] = [
+        {"secretName": token_secret, "path": SA_TOKEN_PATH}
+    ]
+    setup = prepared.setup.with_config(doc)
+    set_os(node, "1877.4")
+    name = prepared.name
+    bystander = [service("bystander.service", command="start", enable=True)]
+    async with running_agent(setup, host_name=name, systemd=node):
+        token = node.path(SA_TOKEN_PATH)
+        await wait_for(lambda: token.exists(), 30, "the token synced")
+        first = await publish_osc(
+            admin_api,
+            prepared.osc_secret,
+            in_place_osc("1877.4", "a\n", rotation=rotation(sa=T1), units=bystander),
+        )
+        await wait_applied(admin_api, name, first)
+        before = invocation(node, "bystander.service")
+        token.write_text("stale")  # a change the watch never delivered; the resync is hours away
+        await client.CoreV1Api(admin_api).patch_node_status(
+            name, {"status": {"conditions": [READY]}}
+        )
+
+        update = await publish_osc(
+            admin_api,
+            prepared.osc_secret,
+            in_place_osc("1877.4", "a\n", rotation=rotation(sa=T2), units=bystander),
+        )
+        await wait_applied(admin_api, name, update)
+        assert token.read_text() == "token-after-rotation"
+        assert invocation(node, "bystander.service") == before  # nothing restarted
+        assert (await node_labels(admin_api, name))[ip.LABEL_UPDATE_RESULT] == "successful"
+        messages = [
+            e.message
+            for e in await node_events(admin_api, name)
+            if e.reason == "InPlaceUpdateSuccessful"
+        ]
+        assert messages == ["in-place update (sa_key_rotation) successful"]
+
+
+BOOTSTRAP_SEEN = "/run/kubelet-bootstrap-seen"
+# the kubelet reads its bootstrap kubeconfig when it starts
+READ_BOOTSTRAP = (
+    f"ExecStartPre=/bin/sh -c 'if [ -e {ip.KUBELET_BOOTSTRAP_KUBECONFIG} ]; then "
+    f"cat {ip.KUBELET_BOOTSTRAP_KUBECONFIG} > {BOOTSTRAP_SEEN}; fi'\n"
+)
+
+
+def ca_osc(port: int, initiated: str) -> dict[str, Any]:
+    return in_place_osc(
+        "1877.4", "a\n", port=port, rotation=rotation(ca=initiated), kubelet_extra=READ_BOOTSTRAP
+    )
+
+
+async def test_a_ca_rotation_renews_the_agents_certificate_and_rebootstraps_the_kubelet(
+    gardener_controlplane: ControlPlane,
+    admin_api: ApiClient,
+    csr_approver: CSRApprover,
+    node: IsolatedSystemd,
+) -> None:
+    machine = unique("machine")
+    root = node.root
+    secret = f"osc-{machine}"
+    setup = await gardener_layout(root, gardener_controlplane, admin_api, machine, secret)
+    set_os(node, "1877.4")
+    install_kubelet(node)
+    port = free_port()
+    # what the kubelet has after its own bootstrap: its kubeconfig and client certificate
+    kubelet_cert = b"-----BEGIN CERTIFICATE-----\nc3RhbmQtaW4=\n-----END CERTIFICATE-----\n"
+    for path, data in (
+        (ip.KUBELET_KUBECONFIG, b"kind: Config\n"),
+        (ip.KUBELET_CLIENT_CERT, kubelet_cert),
+    ):
+        node.path(path).parent.mkdir(parents=True, exist_ok=True)
+        node.path(path).write_bytes(data)
+    async with running_agent(setup, host_name=machine, systemd=node):
+        await wait_for(lambda: host(root, KUBECONFIG_FILE).exists(), 30, "the agent's certificate")
+        await create_node(admin_api, machine)
+        first = await publish_osc(admin_api, secret, ca_osc(port, T1))
+        await wait_applied(admin_api, machine, first)
+        serial = kubeconfig_certificate(root).serial_number
+        before = invocation(node, KUBELET)
+        await client.CoreV1Api(admin_api).patch_node_status(
+            machine, {"status": {"conditions": [READY]}}
+        )
+
+        update = await publish_osc(admin_api, secret, ca_osc(port, T2))
+        await wait_applied(admin_api, machine, update, timeout=90)
+        # the agent: a new certificate from kube-controller-manager, asked with its own identity
+        assert kubeconfig_certificate(root).serial_number != serial
+        approved = [d for d in csr_approver.decisions if d.outcome == "approved"]
+        assert approved[-1].username == f"gardener.cloud:node-agent:machine:{machine}"
+        # the kubelet: restarted with its current certificate as its bootstrap credential
+        # (what it read at its start; the agent drops the file afterwards, as upstream does),
+        # its kubeconfig and certificates gone
+        assert not node.path(ip.KUBELET_KUBECONFIG).exists()
+        assert not node.path(ip.KUBELET_PKI_DIR).exists()
+        bootstrap = yaml.safe_load(node.path(BOOTSTRAP_SEEN).read_text())
+        user = bootstrap["users"][0]["user"]
+        assert base64.b64decode(user["client-certificate-data"]) == kubelet_cert
+        assert bootstrap["clusters"][0]["cluster"]["server"] == gardener_controlplane.server
+        after = invocation(node, KUBELET)
+        assert after
+        assert after != before
+        assert (await node_labels(admin_api, machine))[ip.LABEL_UPDATE_RESULT] == "successful"
+        messages = [
+            e.message
+            for e in await node_events(admin_api, machine)
+            if e.reason == "InPlaceUpdateSuccessful"
+        ]
+        assert messages == [
+            "in-place update (ca_rotation_kubelet, ca_rotation_node_agent) successful"
+        ]
+    assert csr_approver.errors == []
