@@ -410,3 +410,34 @@ async def test_a_service_account_key_rotation_syncs_the_tokens_at_once(tmp_path:
     await ctl.reconcile(secret(osc_doc(rotation=rotation)))
     assert synced == ["token"]
     assert (await host.labels())[ip.LABEL_UPDATE_RESULT] == "successful"
+
+
+async def test_after_the_reboot_pods_go_the_outcome_is_recorded_and_nothing_is_applied_again(
+    tmp_path: Path,
+) -> None:
+    host = Host(tmp_path)
+    ctl = host.controller()
+    await ctl.reconcile(secret(osc_doc()))
+    await host.set_condition("ReadyForUpdate")
+    update = secret(osc_doc(os_version="1877.5", text="two"))
+    await ctl.reconcile(update)
+    assert ctl.inplace.view().phase == "rebooting"
+    mine = {"metadata": {"name": "ds-pod", "namespace": "kube-system"}, "spec": {"nodeName": "n1"}}
+    other = {"metadata": {"name": "other", "namespace": "default"}, "spec": {"nodeName": "n2"}}
+    host.kube.pods("kube-system").put(mine)
+    host.kube.pods("default").put(other)
+
+    host.reboot()
+    back = host.controller()
+    events_before = len(host.kube.writes("create_event"))
+    await back.reconcile(update)
+    assert host.kube.writes("delete_pod") == [("delete_pod", "kube-system", "ds-pod")]
+    assert list(host.kube.pods("default").items) == ["other"]  # another node's Pod stays
+    events = [c[1]["reason"] for c in host.kube.writes("create_event")[events_before:]]
+    assert "OSCApplied" not in events  # the OSC was applied before the reboot, said once
+    assert "InPlaceUpdateSuccessful" in events
+    view = back.inplace.view()
+    assert (view.phase, view.succeeded, view.pods_deleted) == ("done", 1, 1)
+    history = await back.ctx.state.load_history_async()
+    in_place = [e for e in history.entries if e.trigger == "in-place"]
+    assert [(e.result, e.items_changed) for e in in_place] == [("succeeded", ("operating_system",))]
