@@ -389,10 +389,16 @@ async def test_a_service_account_key_rotation_syncs_the_token_secrets_at_once(
 
 
 BOOTSTRAP_SEEN = "/run/kubelet-bootstrap-seen"
-# the kubelet reads its bootstrap kubeconfig when it starts
+BOOTSTRAP_GO = "/run/kubelet-bootstrap-go"
+# A kubelet that bootstraps late: in the background of its start it waits until the test lets
+# it go, then reads its bootstrap kubeconfig and writes its client certificate and kubeconfig
+# (what a kubelet does once its CSR is signed).
 READ_BOOTSTRAP = (
-    f"ExecStartPre=/bin/sh -c 'if [ -e {ip.KUBELET_BOOTSTRAP_KUBECONFIG} ]; then "
-    f"cat {ip.KUBELET_BOOTSTRAP_KUBECONFIG} > {BOOTSTRAP_SEEN}; fi'\n"
+    f"ExecStartPost=/bin/sh -c '( while [ ! -e {BOOTSTRAP_GO} ]; do sleep 0.2; done; "
+    f"if [ -e {ip.KUBELET_BOOTSTRAP_KUBECONFIG} ]; then "
+    f"cat {ip.KUBELET_BOOTSTRAP_KUBECONFIG} > {BOOTSTRAP_SEEN}; mkdir -p {ip.KUBELET_PKI_DIR}; "
+    f"echo signed > {ip.KUBELET_CLIENT_CERT}; echo kind: Config > {ip.KUBELET_KUBECONFIG}; "
+    "fi ) >/dev/null 2>&1 &'\n"
 )
 
 
@@ -440,11 +446,24 @@ async def test_a_ca_rotation_renews_the_agents_certificate_and_rebootstraps_the_
         assert kubeconfig_certificate(root).serial_number != serial
         approved = [d for d in csr_approver.decisions if d.outcome == "approved"]
         assert approved[-1].username == f"gardener.cloud:node-agent:machine:{machine}"
-        # the kubelet: restarted with its current certificate as its bootstrap credential
-        # (what it read at its start; the agent drops the file afterwards, as upstream does),
-        # its kubeconfig and certificates gone
+        # the kubelet: restarted with its kubeconfig and certificates gone, and its current
+        # certificate as its bootstrap credential, which stays until the kubelet used it
         assert not node.path(ip.KUBELET_KUBECONFIG).exists()
         assert not node.path(ip.KUBELET_PKI_DIR).exists()
+        assert node.path(ip.KUBELET_BOOTSTRAP_KUBECONFIG).exists()
+        node.path(BOOTSTRAP_GO).write_text("")  # the kubelet bootstraps now, late
+        await wait_for(
+            lambda: node.path(ip.KUBELET_KUBECONFIG).exists(), 30, "the kubelet's kubeconfig"
+        )
+        # the next reconcile (any Secret event; upstream: its next one too) drops the file
+        await client.CoreV1Api(admin_api).patch_namespaced_secret(
+            secret, "kube-system", {"metadata": {"annotations": {"test/nudge": "1"}}}
+        )
+        await wait_for(
+            lambda: not node.path(ip.KUBELET_BOOTSTRAP_KUBECONFIG).exists(),
+            30,
+            "the used bootstrap kubeconfig removed",
+        )
         bootstrap = yaml.safe_load(node.path(BOOTSTRAP_SEEN).read_text())
         user = bootstrap["users"][0]["user"]
         assert base64.b64decode(user["client-certificate-data"]) == kubelet_cert

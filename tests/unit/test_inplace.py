@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ from node_agent.base.errors import InPlaceUpdateError
 from node_agent.base.loop import SKIPPED
 from node_agent.context import AgentContext
 from node_agent.controllers.osc.controller import OSCController
-from node_agent.controllers.osc.inplace import InPlaceRecord
+from node_agent.controllers.osc.inplace import InPlaceRecord, kubelet_bootstrapped
 from node_agent.kube.report import ANNOTATION_APPLIED_CHECKSUM, ANNOTATION_SECRET_CHECKSUM
 from node_agent.osc import inplace as ip
 from node_agent.osc.decode import parse_osc
@@ -441,3 +442,20 @@ async def test_after_the_reboot_pods_go_the_outcome_is_recorded_and_nothing_is_a
     history = await back.ctx.state.load_history_async()
     in_place = [e for e in history.entries if e.trigger == "in-place"]
     assert [(e.result, e.items_changed) for e in in_place] == [("succeeded", ("operating_system",))]
+
+
+def test_the_kubelets_bootstrap_kubeconfig_counts_as_used_once_its_own_is_newer(
+    tmp_path: Path,
+) -> None:
+    fs = make_ctx(tmp_path).fs
+    assert kubelet_bootstrapped(fs)  # nothing to keep
+    fs.write_atomic(ip.KUBELET_BOOTSTRAP_KUBECONFIG, b"kind: Config\n", 0o600)
+    assert not kubelet_bootstrapped(fs)  # the kubelet has no kubeconfig yet
+    fs.write_atomic(ip.KUBELET_KUBECONFIG, b"kind: Config\n", 0o600)
+    bootstrap = tmp_path / ip.KUBELET_BOOTSTRAP_KUBECONFIG.lstrip("/")
+    own = tmp_path / ip.KUBELET_KUBECONFIG.lstrip("/")
+    os.utime(own, ns=(1_000, 1_000))
+    os.utime(bootstrap, ns=(2_000, 2_000))
+    assert not kubelet_bootstrapped(fs)  # a kubeconfig from before the re-bootstrap
+    os.utime(own, ns=(3_000, 3_000))
+    assert kubelet_bootstrapped(fs)

@@ -39,7 +39,7 @@ from node_agent.config import ZONE_FILE
 from node_agent.context import AgentContext
 from node_agent.controllers.osc.breakage import Evidence
 from node_agent.controllers.osc.health_gate import GateRecord, HealthGate
-from node_agent.controllers.osc.inplace import InPlaceRecord, InPlaceUpdater
+from node_agent.controllers.osc.inplace import InPlaceRecord, InPlaceUpdater, kubelet_bootstrapped
 from node_agent.controllers.osc.rollout import Permit, Rollout
 from node_agent.host.history import HistoryEntry, HistoryRollback, Result, Trigger
 from node_agent.kube import report
@@ -463,6 +463,8 @@ class OSCController:
         if self._reported != desired.checksum:
             osc = decode_osc(desired.raw, desired.annotated, self.ctx.host_name)
             await self._report_applied(osc, desired.checksum, only_if_missing=True)
+        elif self.ctx.node_name is not None:
+            await self._drop_bootstrap_credentials()  # e.g. the kubelet re-bootstrapped since
         await self.rollout.up_to_date(desired.checksum)
         return True
 
@@ -895,7 +897,13 @@ class OSCController:
         fs = self.ctx.fs
         if await fs.read_async(self.ctx.config.client_connection.kubeconfig) is None:
             return
-        for path in (KUBELET_BOOTSTRAP_KUBECONFIG, BOOTSTRAP_TOKEN_FILE):
+        paths = [BOOTSTRAP_TOKEN_FILE]
+        # The kubelet's copy is kept until the kubelet used it (after a CA rotation's
+        # re-bootstrap it may read it well after the update is reported); a later reconcile
+        # drops it, as upstream's does.
+        if await asyncio.to_thread(kubelet_bootstrapped, fs):
+            paths.insert(0, KUBELET_BOOTSTRAP_KUBECONFIG)
+        for path in paths:
             if await fs.remove_async(path):
                 log.info("bootstrap credentials removed", path=path)
 

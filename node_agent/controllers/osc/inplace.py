@@ -40,6 +40,7 @@ from node_agent.base.errors import InPlaceUpdateError, KubeError, NodeAgentError
 from node_agent.base.log import get_logger
 from node_agent.context import AgentContext
 from node_agent.host.documents import Document
+from node_agent.host.fs import HostFS
 from node_agent.host.history import HistoryEntry
 from node_agent.kube import report
 from node_agent.osc import inplace as ip
@@ -545,6 +546,17 @@ class InPlaceUpdater:
         if self.ctx.node_name is None and not await self.ctx.look_up_node():
             return None
         return await self.ctx.kube.get_node(str(self.ctx.node_name))
+
+
+def kubelet_bootstrapped(fs: HostFS) -> bool:
+    """Whether the kubelet has used its bootstrap kubeconfig: its own kubeconfig was written
+    after it (a kubelet writes it once its certificate is signed). Until then the bootstrap
+    kubeconfig is still needed, e.g. by a kubelet re-bootstrapping after a CA rotation."""
+    bootstrap = fs.lstat(ip.KUBELET_BOOTSTRAP_KUBECONFIG)
+    if bootstrap is None:
+        return True
+    own = fs.lstat(ip.KUBELET_KUBECONFIG)
+    return own is not None and own.st_mtime_ns > bootstrap.st_mtime_ns
 
 
 def _parts(record: InPlaceRecord) -> str:
