@@ -459,3 +459,35 @@ def test_the_kubelets_bootstrap_kubeconfig_counts_as_used_once_its_own_is_newer(
     assert not kubelet_bootstrapped(fs)  # a kubeconfig from before the re-bootstrap
     os.utime(own, ns=(3_000, 3_000))
     assert kubelet_bootstrapped(fs)
+
+
+async def test_a_terminal_failure_survives_a_restart_until_the_osc_changes(
+    tmp_path: Path,
+) -> None:
+    host = Host(tmp_path)
+    ctl = host.controller()
+    await ctl.reconcile(secret(osc_doc()))
+    await host.set_condition("ReadyForUpdate")
+    host.answers = [(1, "error: invalid arguments")]
+    update = secret(osc_doc(os_version="1877.5", text="two"))
+    ctl._latest, ctl._seen = update, True
+    assert await ctl._step(True) is SKIPPED
+    assert len(host.runs) == 1
+
+    back = host.controller()  # the agent restarted (a kill, a self-update)
+    back._latest, back._seen = update, True
+    assert await back._step(True) is SKIPPED
+    assert len(host.runs) == 1  # not tried again
+    view = back.inplace.view()
+    assert view.phase == "failed"
+    assert view.reason is not None and "invalid arguments" in view.reason
+    history = await back.ctx.state.load_history_async()
+    in_place = [e for e in history.entries if e.trigger == "in-place"]
+    assert [e.result for e in in_place] == ["failed"]  # one outcome, recorded once
+    assert (await host.labels())[ip.LABEL_UPDATE_RESULT] == "failed"
+
+    # a new OSC is a new update
+    newer = secret(osc_doc(os_version="1877.6", text="two"))
+    back._latest = newer
+    assert await back._step(True) is not SKIPPED
+    assert host.runs[-1] == ["/opt/update.sh", "--v", "1877.6"]

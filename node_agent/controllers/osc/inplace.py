@@ -86,6 +86,9 @@ class InPlaceRecord(Document):
     #: the OS update command succeeded, on the boot named here (boot id + PID 1's start)
     os_command_boot: str | None = None
     began_at: datetime
+    #: a terminal failure (the reason on the Node): kept until the OSC changes, so that a
+    #: restarted agent neither tries the update again nor records its outcome twice
+    failed: str | None = None
 
 
 @dataclass(frozen=True)
@@ -208,6 +211,15 @@ class InPlaceUpdater:
             await self.clear()
             record = None
         self._current = record
+        if record is not None and record.failed is not None:
+            # failed for good before a restart: the outcome stands until the OSC changes
+            self._enter("failed", record.failed, record, reason=record.failed)
+            node = await self._node()
+            if node is not None and ip.update_result(node) != ip.RESULT_FAILED:
+                await self.ctx.kube.patch_node(
+                    str(self.ctx.node_name), ip.failed_patch(record.failed)
+                )
+            raise InPlaceUpdateError(record.failed, terminal=True)
         if osc.spec.in_place_updates is None:
             return None
         current = await asyncio.to_thread(self.current_os)
@@ -531,6 +543,9 @@ class InPlaceUpdater:
         (``terminal``), else until the controller's retry."""
         log.error("in-place update failed", reason=reason, terminal=terminal)
         record = self._current
+        if record is not None and terminal:
+            # persisted first: a restart keeps the outcome (and marks the Node if this did not)
+            record = await self._save(record.model_copy(update={"failed": reason}))
         self._enter("failed", reason, record, reason=reason, failed=self._view.failed + 1)
         if self.ctx.node_name is not None:
             try:
