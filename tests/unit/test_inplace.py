@@ -447,7 +447,8 @@ async def test_after_the_reboot_pods_go_the_outcome_is_recorded_and_nothing_is_a
 def test_the_kubelets_bootstrap_kubeconfig_counts_as_used_once_its_own_is_newer(
     tmp_path: Path,
 ) -> None:
-    fs = make_ctx(tmp_path).fs
+    ctx: AgentContext = make_ctx(tmp_path)
+    fs = ctx.fs
     assert kubelet_bootstrapped(fs)  # nothing to keep
     fs.write_atomic(ip.KUBELET_BOOTSTRAP_KUBECONFIG, b"kind: Config\n", 0o600)
     assert not kubelet_bootstrapped(fs)  # the kubelet has no kubeconfig yet
