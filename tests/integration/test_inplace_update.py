@@ -22,13 +22,16 @@ import yaml
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client import ApiClient
 
-from node_agent.base.layout import KUBECONFIG_FILE
+from node_agent.apply.executor import CRASH_HOOK_ENV
+from node_agent.base.layout import BASE_DIR, IN_PLACE, KUBECONFIG_FILE
 from node_agent.osc import inplace as ip
 from tests.conftest import PreparedAgentFactory
 from tests.integration.test_certificate_flow import gardener_layout, kubeconfig_certificate
 from tests.testbed import standin
 from tests.testbed.agent_harness import (
+    AgentProcess,
     OSCAgent,
+    counted_service,
     create_node,
     host,
     inline_file,
@@ -39,6 +42,7 @@ from tests.testbed.agent_harness import (
     run_status,
     running_agent,
     service,
+    starts,
     unique,
     unit_props,
     wait_applied,
@@ -481,3 +485,136 @@ async def test_a_ca_rotation_renews_the_agents_certificate_and_rebootstraps_the_
             "in-place update (ca_rotation_kubelet, ca_rotation_node_agent) successful"
         ]
     assert csr_approver.errors == []
+
+
+# --- kill -9 at each step of an OS update: the restarted agent resumes ----------------------------
+
+HOLD = "/run/inplace-hold"
+GO = "/run/inplace-go"
+# the command stand-in, held (while HOLD exists, until GO does) after it logged its run
+HELD_SCRIPT = SCRIPT.replace(
+    'echo "runs" >> /var/lib/inplace-update.runs\n',
+    'echo "runs" >> /var/lib/inplace-update.runs\n'
+    f"if [ -e {HOLD} ]; then while [ ! -e {GO} ]; do sleep 0.2; done; fi\n",
+)
+#: held by machine-controller-manager: selected, not drained (the condition without the reason
+#: the agent waits for)
+NOT_READY = {"type": "InPlaceUpdate", "status": "False", "reason": "SelectedForUpdate",
+             "message": "waiting for the drain"}  # fmt: skip
+KILL_POINTS = ["detected", "drain-gate", "os-command", "before-reboot", "after-reboot"]
+
+
+def process_osc(os_version: str, tag: str) -> dict[str, Any]:
+    """The in-place OSC with a unit that changes with the update and one that does not."""
+    units = [
+        counted_service("inplace-changed.service", tag, extra=f"Environment=TAG={tag}\n"),
+        counted_service("inplace-bystander.service", "same"),
+    ]
+    return in_place_osc(os_version, f"{tag}\n", units=units)
+
+
+async def in_place_phase(root: Path) -> str | None:
+    code, out, _ = await run_status(root, "--json")
+    if code not in (0, 3):
+        return None
+    doc = json.loads(out)
+    in_place = doc.get("in_place_update") or {}
+    phase = in_place.get("phase")
+    return str(phase) if phase is not None else None
+
+
+async def set_condition(harness: OSCAgent, condition: dict[str, Any]) -> None:
+    await client.CoreV1Api(harness.admin).patch_node_status(
+        harness.node_name, {"status": {"conditions": [condition]}}
+    )
+
+
+@pytest.mark.parametrize("point", KILL_POINTS)
+async def test_kill_9_at_each_step_of_an_os_update_resumes_it(
+    harness: OSCAgent, node: IsolatedSystemd, tmp_path: Path, point: str
+) -> None:
+    set_os(node, "1877.4")
+    script = node.path(UPDATE_SCRIPT)
+    script.parent.mkdir(parents=True, exist_ok=True)
+    script.write_text(HELD_SCRIPT)
+    script.chmod(0o755)
+    record = node.path(f"{BASE_DIR}/{IN_PLACE}")
+    agent = AgentProcess(harness, tmp_path / "agent.log")
+    try:
+        first = await harness.publish(process_osc("1877.4", "v1"))
+        await agent.start()
+        await harness.wait_applied(first)
+        assert await agent.terminate() == 0, agent.log_tail()
+        if point != "drain-gate":
+            await set_condition(harness, READY)
+        if point == "os-command":
+            node.path(HOLD).write_text("")
+
+        env = {CRASH_HOOK_ENV: "in-place:detected"} if point == "detected" else {}
+        await agent.start(**env)
+        update = await harness.publish(process_osc("1877.5", "v2"))
+        if point == "detected":
+            assert await agent.wait() == -9, agent.log_tail()
+            assert record.exists()
+            assert node.path("/etc/demo/inplace.conf").read_text() == "v1\n"  # nothing applied
+            await agent.start()
+        elif point == "drain-gate":
+            await wait_for(
+                lambda: event_seen(harness, "InPlaceUpdateWaitingForDrain"), 30, "waiting"
+            )
+            await agent.kill()
+            assert record.exists()
+            await agent.start()
+            await wait_for(lambda: phase_is(node.root, "waiting-for-drain"), 30, "the gate")
+            await set_condition(harness, READY)
+        elif point == "os-command":
+            await wait_for(lambda: runs(node) == 1, 30, "the command running")
+            await agent.kill()  # the command goes on running as an orphan, held
+            await agent.start()
+            await wait_for(lambda: runs(node) == 2, 30, "the command run again")
+            node.path(GO).write_text("")
+        await wait_for(lambda: event_seen(harness, "InPlaceUpdateRebooting"), 60, "rebooting")
+        if point == "before-reboot":
+            await agent.kill()
+            await agent.start()
+            await wait_for(lambda: phase_is(node.root, "rebooting"), 30, "the reboot awaited")
+        if point == "after-reboot":
+            await set_condition(harness, NOT_READY)  # held at the gate after the reboot
+        assert await agent.terminate() == 0, agent.log_tail()
+
+        reboot(node)
+        await agent.start()
+        if point == "after-reboot":
+            await wait_for(lambda: phase_is(node.root, "waiting-for-drain"), 30, "the gate")
+            await agent.kill()
+            await agent.start()
+            await wait_for(lambda: phase_is(node.root, "waiting-for-drain"), 30, "the gate")
+            await set_condition(harness, READY)
+        await harness.wait_applied(update, timeout=60)
+
+        labels, annotations = await harness.node_labels(), await harness.node_annotations()
+        assert labels[ip.LABEL_UPDATE_RESULT] == "successful"
+        assert ip.ANNOTATION_UPDATING_OS_VERSION not in annotations
+        assert ip.ANNOTATION_UPDATE_FAILED_REASON not in annotations
+        successes = [e for e in await harness.events() if e.reason == "InPlaceUpdateSuccessful"]
+        assert [e.count or 1 for e in successes] == [1]
+        assert [(e["result"], e["items_changed"]) for e in await in_place_history(node.root)] == [
+            ("succeeded", ["operating_system"])
+        ]
+        # the command ran once (a kill while it ran: once more, as designed)
+        assert runs(node) == (2 if point == "os-command" else 1)
+        assert node.path("/etc/demo/inplace.conf").read_text() == "v2\n"
+        assert starts(node, "inplace-changed.service") == ["v1", "v2"]  # restarted once
+        assert starts(node, "inplace-bystander.service") == ["same"]  # never
+        assert not record.exists()
+        assert await agent.terminate() == 0, agent.log_tail()
+    finally:
+        await agent.kill()
+
+
+async def event_seen(harness: OSCAgent, reason: str) -> bool:
+    return any(e.reason == reason for e in await harness.events())
+
+
+async def phase_is(root: Path, phase: str) -> bool:
+    return await in_place_phase(root) == phase

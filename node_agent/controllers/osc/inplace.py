@@ -35,6 +35,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 
+from node_agent.apply.executor import crash_hook
 from node_agent.base import layout
 from node_agent.base.errors import InPlaceUpdateError, KubeError, NodeAgentError
 from node_agent.base.log import get_logger
@@ -244,6 +245,7 @@ class InPlaceUpdater:
                 )
             )
             log.info("in-place update detected", checksum=checksum, parts=changes.names())
+            crash_hook("in-place:detected")
         if record.remaining.operating_system and ip.os_up_to_date(current, osc):
             log.info("the OS is on its new version", version=current)
             record = await self._clear_parts(record, operating_system=True)
