@@ -618,3 +618,41 @@ async def event_seen(harness: OSCAgent, reason: str) -> bool:
 
 async def phase_is(root: Path, phase: str) -> bool:
     return await in_place_phase(root) == phase
+
+
+ATTEMPTS = "/var/lib/inplace-update.attempts"
+
+
+async def test_kill_9_after_a_terminal_failure_keeps_the_outcome(
+    harness: OSCAgent, node: IsolatedSystemd, tmp_path: Path
+) -> None:
+    set_os(node, "1877.4")
+    script = node.path(UPDATE_SCRIPT)
+    script.parent.mkdir(parents=True, exist_ok=True)
+    # every attempt logged, the failing ones too
+    script.write_text(SCRIPT.replace("set -eu\n", f"set -eu\necho attempt >> {ATTEMPTS}\n"))
+    script.chmod(0o755)
+    agent = AgentProcess(harness, tmp_path / "agent.log")
+    try:
+        first = await harness.publish(process_osc("1877.4", "v1"))
+        await agent.start()
+        await harness.wait_applied(first)
+        await set_condition(harness, READY)
+        await harness.publish(process_osc("0", "v2"))  # the command refuses version 0
+        await wait_for(lambda: event_seen(harness, "InPlaceUpdateFailed"), 60, "the failure")
+        await wait_for(lambda: phase_is(node.root, "failed"), 30, "the failure in status")
+        await agent.kill()
+
+        await agent.start()
+        await wait_for(lambda: phase_is(node.root, "failed"), 30, "the failure after a restart")
+        assert node.path(ATTEMPTS).read_text().split() == ["attempt"]  # not tried again
+        history = await in_place_history(node.root)
+        assert [e["result"] for e in history] == ["failed"]
+        assert "invalid arguments" in history[0]["error"]
+        assert (await harness.node_labels())[ip.LABEL_UPDATE_RESULT] == "failed"
+        failures = [e for e in await harness.events() if e.reason == "InPlaceUpdateFailed"]
+        assert [e.count or 1 for e in failures] == [1]
+        assert (await harness.node_annotations())["checksum/cloud-config-data"] == first
+        assert await agent.terminate() == 0, agent.log_tail()
+    finally:
+        await agent.kill()
