@@ -340,3 +340,87 @@ def rolled_back_os(node: Mapping[str, Any], desired: str) -> bool:
         return same_version(tried, desired)
     except InPlaceError:
         return False
+
+
+# -- plan -------------------------------------------------------------------------------------
+
+
+class InPlacePlan(BaseModel):
+    """What ``node-agent plan`` shows of an OSC's in-place parts: what a change from the applied
+    OSC would ask, before the agent detects (and persists) it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    #: the parts detected (``InPlaceChanges.names``), empty when nothing happens in place
+    parts: tuple[str, ...] = ()
+    #: why nothing is compared (no applied OSC, or it has no ``inPlaceUpdates``)
+    skipped: str | None = None
+    #: why the change cannot be computed (the agent fails the update the same way)
+    error: str | None = None
+    current_os: str | None = None
+    target_os: str = ""
+    kubelet_from: str = ""
+    kubelet_to: str = ""
+    os_update_command: str = ""
+
+
+def plan(
+    old: OperatingSystemConfig | None, new: OperatingSystemConfig, os_release: str | None
+) -> InPlacePlan | None:
+    """The in-place parts of applying ``new`` over ``old`` (the applied OSC) on a host whose
+    os-release text is ``os_release``; None for a pool that is not updated in place."""
+    spec = new.spec.in_place_updates
+    if spec is None:
+        return None
+    status = new.status.in_place_updates
+    update = (status.os_update if status is not None else None) or {}
+    args = " ".join(str(a) for a in update.get("args") or ())
+    command = " ".join(filter(None, (str(update.get("command") or ""), args)))
+    result = InPlacePlan(target_os=spec.operating_system_version, os_update_command=command)
+    try:
+        current = os_version(os_release) if os_release is not None else None
+    except InPlaceError as exc:
+        return result.model_copy(update={"error": str(exc)})
+    result = result.model_copy(update={"current_os": current})
+    old_spec = old.spec.in_place_updates if old is not None else None
+    if old is None or old_spec is None:
+        why = "no OSC applied yet" if old is None else "the applied OSC has no inPlaceUpdates"
+        return result.model_copy(update={"skipped": why})
+    try:
+        changes = detect(old, new, current)
+    except InPlaceError as exc:
+        return result.model_copy(update={"error": str(exc)})
+    return result.model_copy(
+        update={
+            "parts": changes.names(),
+            "kubelet_from": old_spec.kubelet_version,
+            "kubelet_to": spec.kubelet_version,
+        }
+    )
+
+
+def describe(found: InPlacePlan) -> list[str]:
+    """The plan's in-place lines, as ``node-agent plan`` prints them."""
+    if found.error is not None:
+        return [f"in-place update: not computed: {found.error}"]
+    if found.skipped is not None:
+        return [f"in-place update: none ({found.skipped})"]
+    if not found.parts:
+        return ["in-place update: none"]
+    lines = [f"in-place update: {', '.join(found.parts)}"]
+    if "operating_system" in found.parts:
+        lines.append(
+            f"  operating_system: {found.current_os} -> {found.target_os} "
+            f"(runs {found.os_update_command or '(no command in the OSC)'}, then a reboot)"
+        )
+    if "kubelet_minor_version" in found.parts:
+        lines.append(f"  kubelet: {found.kubelet_from} -> {found.kubelet_to} (health awaited)")
+    if "cpu_manager_policy" in found.parts:
+        lines.append(
+            f"  cpu_manager_policy: {CPU_MANAGER_STATE} removed before the kubelet restarts"
+        )
+    lines.append(
+        f"  waits for the Node's condition {CONDITION_IN_PLACE_UPDATE} with reason "
+        f"{REASON_READY_FOR_UPDATE} before anything is applied"
+    )
+    return lines

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,6 +21,7 @@ from node_agent.agent import build_applier
 from node_agent.base import layout
 from node_agent.base.errors import InPlaceUpdateError
 from node_agent.base.loop import SKIPPED
+from node_agent.cli import main
 from node_agent.context import AgentContext
 from node_agent.controllers.osc.controller import OSCController
 from node_agent.controllers.osc.inplace import InPlaceRecord, kubelet_bootstrapped
@@ -481,7 +483,8 @@ async def test_a_terminal_failure_survives_a_restart_until_the_osc_changes(
     assert len(host.runs) == 1  # not tried again
     view = back.inplace.view()
     assert view.phase == "failed"
-    assert view.reason is not None and "invalid arguments" in view.reason
+    assert view.reason is not None
+    assert "invalid arguments" in view.reason
     history = await back.ctx.state.load_history_async()
     in_place = [e for e in history.entries if e.trigger == "in-place"]
     assert [e.result for e in in_place] == ["failed"]  # one outcome, recorded once
@@ -492,3 +495,68 @@ async def test_a_terminal_failure_survives_a_restart_until_the_osc_changes(
     back._latest = newer
     assert await back._step(True) is not SKIPPED
     assert host.runs[-1] == ["/opt/update.sh", "--v", "1877.6"]
+
+
+# -- node-agent plan ------------------------------------------------------------------------------
+
+RELEASE = 'PRETTY_NAME="Garden Linux 1877.4"\n'
+
+
+def test_plan_names_the_in_place_parts_of_a_change() -> None:
+    found = ip.plan(osc(), osc(os_version="1877.5", kubelet="1.34.1"), RELEASE)
+    assert found is not None
+    assert found.parts == ("operating_system", "kubelet_minor_version")
+    lines = ip.describe(found)
+    assert lines[0] == "in-place update: operating_system, kubelet_minor_version"
+    assert (
+        "  operating_system: 1877.4 -> 1877.5 (runs /opt/update.sh --v 1877.5, then a reboot)"
+        in (lines)
+    )
+    assert "  kubelet: 1.33.0 -> 1.34.1 (health awaited)" in lines
+    assert "ReadyForUpdate" in lines[-1]
+
+
+def test_plan_without_in_place_parts_or_without_a_comparison() -> None:
+    assert ip.plan(osc(), parse_osc(yaml.safe_dump(plain_doc()).encode()), RELEASE) is None
+    same = ip.plan(osc(), osc(), RELEASE)
+    assert same is not None
+    assert ip.describe(same) == ["in-place update: none"]
+    first = ip.plan(None, osc(), RELEASE)
+    assert first is not None
+    assert ip.describe(first) == ["in-place update: none (no OSC applied yet)"]
+    unknown = ip.plan(osc(), osc(os_version="1877.5"), None)
+    assert unknown is not None
+    assert ip.describe(unknown) == [
+        "in-place update: not computed: the current OS version is unknown"
+    ]
+
+
+def plain_doc() -> dict[str, Any]:
+    doc = osc_doc()
+    del doc["spec"]["inPlaceUpdates"], doc["status"]
+    return doc
+
+
+def test_the_plan_command_shows_the_in_place_parts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = tmp_path / "root"
+    (root / "etc").mkdir(parents=True)
+    (root / "etc/os-release").write_text(RELEASE)
+    old, new = tmp_path / "old.yaml", tmp_path / "new.yaml"
+    old.write_text(yaml.safe_dump(osc_doc()))
+    new.write_text(yaml.safe_dump(osc_doc(os_version="1877.5", text="two")))
+    common = ["--root", str(root), "--hostname", "n1"]
+    assert main(["apply", "--offline", *common, "--osc", str(old)]) == 0
+    capsys.readouterr()
+
+    assert main(["plan", *common, "--osc", str(new)]) == 0
+    out = capsys.readouterr().out
+    assert "write" in out  # the files' plan as before
+    assert "in-place update: operating_system\n" in out
+    assert main(["plan", *common, "--osc", str(new), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["in_place"]["parts"] == ["operating_system"]
+    assert doc["in_place"]["current_os"] == "1877.4"
+    assert doc["files_to_write"][0]["path"] == "/etc/test/a.conf"
+    assert all("content" not in f for f in doc["files_to_write"])
