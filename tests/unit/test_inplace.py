@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -21,7 +20,6 @@ from node_agent.agent import build_applier
 from node_agent.base import layout
 from node_agent.base.errors import InPlaceUpdateError
 from node_agent.base.loop import SKIPPED
-from node_agent.cli import main
 from node_agent.context import AgentContext
 from node_agent.controllers.osc.controller import OSCController
 from node_agent.controllers.osc.inplace import InPlaceRecord, kubelet_bootstrapped
@@ -535,28 +533,3 @@ def plain_doc() -> dict[str, Any]:
     doc = osc_doc()
     del doc["spec"]["inPlaceUpdates"], doc["status"]
     return doc
-
-
-def test_the_plan_command_shows_the_in_place_parts(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    root = tmp_path / "root"
-    (root / "etc").mkdir(parents=True)
-    (root / "etc/os-release").write_text(RELEASE)
-    old, new = tmp_path / "old.yaml", tmp_path / "new.yaml"
-    old.write_text(yaml.safe_dump(osc_doc()))
-    new.write_text(yaml.safe_dump(osc_doc(os_version="1877.5", text="two")))
-    common = ["--root", str(root), "--hostname", "n1"]
-    assert main(["apply", "--offline", *common, "--osc", str(old)]) == 0
-    capsys.readouterr()
-
-    assert main(["plan", *common, "--osc", str(new)]) == 0
-    out = capsys.readouterr().out
-    assert "write" in out  # the files' plan as before
-    assert "in-place update: operating_system\n" in out
-    assert main(["plan", *common, "--osc", str(new), "--json"]) == 0
-    doc = json.loads(capsys.readouterr().out)
-    assert doc["in_place"]["parts"] == ["operating_system"]
-    assert doc["in_place"]["current_os"] == "1877.4"
-    assert doc["files_to_write"][0]["path"] == "/etc/test/a.conf"
-    assert all("content" not in f for f in doc["files_to_write"])
