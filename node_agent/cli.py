@@ -373,17 +373,43 @@ def _read_osc(path: Path) -> tuple[bytes, OperatingSystemConfig]:
 
 
 async def _plan(args: argparse.Namespace) -> int:
+    import json
+
+    from node_agent.osc import inplace
+
     applier, osc, _raw, resolved = await _prepare(args, offline=True)
     change_set = (await applier.plan(osc, resolved)).change_set
+    old, os_release = _in_place_inputs(applier)
+    in_place = inplace.plan(old, osc, os_release)
     if args.json:
-        print(
-            change_set.model_dump_json(
-                indent=2, exclude={"files_to_write": {"__all__": {"content"}}}
-            )
+        doc = change_set.model_dump(
+            mode="json", exclude={"files_to_write": {"__all__": {"content"}}}
         )
+        doc["in_place"] = in_place.model_dump(mode="json") if in_place is not None else None
+        print(json.dumps(doc, indent=2))
     else:
         print(change_set.summary())
+        for line in inplace.describe(in_place) if in_place is not None else ():
+            print(line)
     return 0
+
+
+def _in_place_inputs(applier: Applier) -> tuple[OperatingSystemConfig | None, str | None]:
+    """What the in-place part of ``plan`` compares with: the applied OSC and the host's
+    os-release (``/usr/lib/os-release`` when ``/etc``'s is missing)."""
+    from node_agent.base.errors import NodeAgentError
+    from node_agent.osc.decode import parse_osc
+
+    last = applier.state.load_last_applied()
+    old = parse_osc(last.raw) if last is not None else None
+    for path in ("/etc/os-release", "/usr/lib/os-release"):
+        try:
+            raw = applier.fs.read(path, limit=1 << 16)
+        except NodeAgentError:
+            continue
+        if raw is not None:
+            return old, raw.decode(errors="replace")
+    return old, None
 
 
 async def _apply(args: argparse.Namespace) -> int:

@@ -121,6 +121,10 @@ def _crash_hook(step: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+#: the same hook for the steps around an apply (e.g. ``in-place:detected``)
+crash_hook = _crash_hook
+
+
 class Executor:
     def __init__(
         self,

@@ -40,6 +40,8 @@ INVENTORY = "inventory.json"
 STATUS = "status.json"
 # The health gate of an update in progress, or the verdict on a rolled-back OSC (quarantine).
 HEALTH_GATE = "health-gate.json"
+# The in-place parts of the update being applied (OS, kubelet, credentials), step by step.
+IN_PLACE = "in-place-update.json"
 # The last 50 applies, for ``node-agent status --history``.
 HISTORY = "apply-history.json"
 # The self-update guard (``host/selfupdate.py``): its script, the count of starts without a
@@ -61,6 +63,7 @@ STATE_FILES = (
     INVENTORY,
     STATUS,
     HEALTH_GATE,
+    IN_PLACE,
     HISTORY,
     SELF_UPDATE_GUARD,
     SELF_UPDATE_STARTS,

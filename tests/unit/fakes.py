@@ -288,6 +288,25 @@ class FakeKube:
         events.items[name] = dict(body)
         return events.items[name]
 
+    def pods(self, namespace: str) -> FakeResource:
+        return self._collection("Pod", namespace)
+
+    async def list_pods_on_node(self, node: str) -> list[JSON]:
+        self._read("list_pods_on_node", node)
+        return [
+            pod
+            for (kind, _), pods in self._collections.items()
+            if kind == "Pod"
+            for pod in pods.items.values()
+            if (pod.get("spec") or {}).get("nodeName") == node
+        ]
+
+    async def delete_pod(self, namespace: str, name: str) -> None:
+        self._write("delete_pod", namespace, name)
+        pods = self.pods(namespace)
+        if name in pods.items:
+            pods.delete(name)
+
 
 def issue_certificates(sign: Callable[[bytes], bytes]) -> Callable[[str, JSON], JSON]:
     """An ``on_create`` for ``FakeKube``: every CertificateSigningRequest is approved and issued at

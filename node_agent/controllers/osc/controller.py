@@ -23,6 +23,7 @@ from node_agent.base import retry
 from node_agent.base.durations import parse_duration
 from node_agent.base.errors import (
     ApplyError,
+    InPlaceUpdateError,
     KubeError,
     KubeNotFound,
     NodeAgentError,
@@ -38,6 +39,7 @@ from node_agent.config import ZONE_FILE
 from node_agent.context import AgentContext
 from node_agent.controllers.osc.breakage import Evidence
 from node_agent.controllers.osc.health_gate import GateRecord, HealthGate
+from node_agent.controllers.osc.inplace import InPlaceRecord, InPlaceUpdater, kubelet_bootstrapped
 from node_agent.controllers.osc.rollout import Permit, Rollout
 from node_agent.host.history import HistoryEntry, HistoryRollback, Result, Trigger
 from node_agent.kube import report
@@ -165,6 +167,8 @@ class Attempt:
     outcome: Outcome
     gate: GateRecord | None
     started: datetime
+    #: the in-place parts of the update (None: none)
+    in_place: InPlaceRecord | None = None
 
 
 class OSCController:
@@ -197,6 +201,9 @@ class OSCController:
         self._quarantine_logged: str | None = None
         #: serial mode and the paced rollout of the pool (the Lease <secretName>)
         self.rollout = Rollout(ctx, self._wake.set)
+        #: the in-place parts of an update (OS, kubelet, credentials) and the drain gate
+        self.inplace = InPlaceUpdater(ctx)
+        self.inplace.on_ready.append(self._wake.set)
         self._applying = 0  # applies (and rollbacks, drift repairs) running now
         #: called after an OSC was applied and reported (the unit check looks at once)
         self.on_applied: list[Callable[[], None]] = []
@@ -278,6 +285,15 @@ class OSCController:
         except ApplyError as exc:
             await self._partly_applied(exc)
             return RETRY
+        except InPlaceUpdateError as exc:
+            if not exc.terminal:
+                await self._failed(exc, transient=True)
+                return RETRY
+            # marked failed on the Node (its Event said why); left until the Secret changes
+            self._rejected = str((secret.get("metadata") or {}).get("resourceVersion"))
+            self.failures += 1
+            self.ctx.health.error("osc", f"InPlaceUpdateError: {exc}")
+            return SKIPPED
         except NodeAgentError as exc:
             await self._failed(exc, transient=True)
             return RETRY
@@ -390,13 +406,36 @@ class OSCController:
         if await self._already_applied(desired, applied, resync=resync):
             return None
         update = await self._prepare(desired, applied)
-        admission = await self._admit(update)
+        in_place = await self.inplace.begin(update.osc, update.checksum)
+        if in_place is not None:
+            # machine-controller-manager paces an in-place pool (it drains one node after
+            # another): the drain gate replaces the rollout's admission and the health gate
+            if not await self.inplace.admitted(in_place):
+                return None  # the Node's watch wakes the loop when it is drained
+            if update.applied == update.checksum and not update.retrying:
+                await self._resume_in_place(update, in_place)
+                return None
+            in_place = await self.inplace.before_apply(in_place)
+            admission: Admission | None = Admission(permit=None)
+        else:
+            admission = await self._admit(update)
         if admission is None:
             return None  # held by the pool's rollout; it wakes the loop to look again
-        attempt = await self._apply(update, admission.permit)
+        attempt = await self._apply(update, admission.permit, in_place)
         if attempt is None:
             return None  # the failed apply broke a unit: rolled back
         return await self._finish(update, attempt, admission.permit)
+
+    async def _resume_in_place(self, update: Update, in_place: InPlaceRecord) -> None:
+        """The OSC is applied (the journal is complete) but its in-place steps are not: after
+        the OS update's reboot, or a kill. Only those steps are left; the files and units
+        are not applied again and ``OSCApplied`` is not sent twice."""
+        log.info("resuming the in-place update", parts=in_place.remaining.names())
+        if await self.inplace.finish(update.osc, in_place) == "rebooting":
+            return
+        await self._report_applied(update.osc, update.checksum)
+        for hook in self.on_applied:
+            hook()
 
     def _read(self, secret: JSON) -> Desired | None:
         """The OSC bytes of the Secret and their checksum; None while it is the very version
@@ -416,11 +455,16 @@ class OSCController:
         learns that this node is up to date."""
         if applied != desired.checksum or await self.ctx.state.pending_async() is not None:
             return False
+        unfinished = await self.inplace.record()
+        if unfinished is not None and unfinished.checksum == desired.checksum:
+            return False  # applied, but its in-place steps are not all done (e.g. a reboot)
         if resync:
             await self._repair_drift(desired.raw, desired.annotated)
         if self._reported != desired.checksum:
             osc = decode_osc(desired.raw, desired.annotated, self.ctx.host_name)
             await self._report_applied(osc, desired.checksum, only_if_missing=True)
+        elif self.ctx.node_name is not None:
+            await self._drop_bootstrap_credentials()  # e.g. the kubelet re-bootstrapped since
         await self.rollout.up_to_date(desired.checksum)
         return True
 
@@ -435,7 +479,15 @@ class OSCController:
         self.desired_checksum = desired.checksum
         pending = await self.ctx.state.pending_async()
         retrying = pending is not None and pending.osc_checksum == desired.checksum
-        if applied != "" and not retrying and not self.rollout.skips_delay(desired.secret):
+        # an in-place update resumed (its reboot, a kill) waited out the delay before it began
+        unfinished = await self.inplace.record()
+        resuming = unfinished is not None and unfinished.checksum == desired.checksum
+        if (
+            applied != ""
+            and not retrying
+            and not resuming
+            and not self.rollout.skips_delay(desired.secret)
+        ):
             await self._reconciliation_delay()
         resolved = await self.resolve(osc)
         return Update(
@@ -461,13 +513,18 @@ class OSCController:
         )
         return Admission(permit=permit) if permit is not None else None
 
-    async def _apply(self, update: Update, permit: Permit | None) -> Attempt | None:
+    async def _apply(
+        self, update: Update, permit: Permit | None, in_place: InPlaceRecord | None = None
+    ) -> Attempt | None:
         """Apply the update under the health gate (an update, not the first apply or a retry,
         records the running units first). A failed apply is recorded in the history; if it
         broke a unit it is rolled back (None), else the rollout is told and ApplyError raised
         (the loop retries with backoff)."""
         gate = await self._gate_begin(
-            update.checksum, first_apply=update.first_apply, retrying=update.retrying
+            update.checksum,
+            first_apply=update.first_apply,
+            # an OS or kubelet update must never be rolled back by a settle window
+            retrying=update.retrying or in_place is not None,
         )
         # The Node may have been registered since the last lookup (every 10 s): look once
         # more, so that this apply's Events are recorded on it.
@@ -485,7 +542,7 @@ class OSCController:
                 return None
             await self.rollout.failed(permit, str(exc))
             raise
-        return Attempt(outcome=outcome, gate=gate, started=started)
+        return Attempt(outcome=outcome, gate=gate, started=started, in_place=in_place)
 
     async def _finish(
         self, update: Update, attempt: Attempt, permit: Permit | None
@@ -504,6 +561,8 @@ class OSCController:
         )
         if rolled_back:
             return None
+        if await self.inplace.finish(update.osc, attempt.in_place) == "rebooting":
+            return None  # completed when the agent is back on the new OS version
         await self._succeeded(update, outcome, permit)
         return outcome
 
@@ -838,7 +897,13 @@ class OSCController:
         fs = self.ctx.fs
         if await fs.read_async(self.ctx.config.client_connection.kubeconfig) is None:
             return
-        for path in (KUBELET_BOOTSTRAP_KUBECONFIG, BOOTSTRAP_TOKEN_FILE):
+        paths = [BOOTSTRAP_TOKEN_FILE]
+        # The kubelet's copy is kept until the kubelet used it (after a CA rotation's
+        # re-bootstrap it may read it well after the update is reported); a later reconcile
+        # drops it, as upstream's does.
+        if await asyncio.to_thread(kubelet_bootstrapped, fs):
+            paths.insert(0, KUBELET_BOOTSTRAP_KUBECONFIG)
+        for path in paths:
             if await fs.remove_async(path):
                 log.info("bootstrap credentials removed", path=path)
 
