@@ -11,7 +11,8 @@ For each OSC size (files/units) and with the health gate on and off, on a fresh 
 - the CPU of a Secret event whose osc.yaml is unchanged (an annotation changed): the cgroup's
   ``usage_usec`` over the events minus the idle rate over the same time;
 - idle CPU: the cgroup's ``usage_usec`` over --idle seconds after the last update settled,
-  per minute (the agent and its systemd worker; the OSC has no kubelet or containerd).
+  per minute (the agent and its systemd worker; the OSC has no kubelet or containerd; one
+  token Secret is synced to a file, as on every Gardener node).
 
 Run as root from the repository root:
   .venv/bin/python -m bench.osc_apply [--sizes 10:2,300:60,1200:240] [--rounds 20] [--idle 60]
@@ -37,6 +38,7 @@ from tests.conftest import api_client_from, cache_dir
 from tests.testbed.agent_harness import (
     create_node,
     inline_file,
+    put_secret,
     osc_document,
     prepare_agent,
     publish_osc,
@@ -48,6 +50,9 @@ from tests.testbed.controlplane import ControlPlane
 from tests.testbed.credentials import node_agent_credentials
 from tests.testbed.systemd_ns import IsolatedSystemd, _cgroup2_root
 
+#: a token synced to a file, as every Gardener node has (valitail's)
+TOKEN_SECRET = "gardener-valitail"
+TOKEN_PATH = "/var/lib/valitail/auth-token"
 APPLIED = re.compile(r"OSC applied.*?seconds=([0-9.]+)")
 
 
@@ -121,7 +126,7 @@ async def one_case(
             server=cp.server,
             ca_file=cp.ca_file,
             node_name=name,
-            secret_names=[secret],
+            secret_names=[secret, TOKEN_SECRET],
         )
         gate_cfg = {"enabled": gate, "settleWindow": f"{args.settle}s"}
         setup = prepare_agent(
@@ -130,6 +135,9 @@ async def one_case(
         doc = yaml.safe_load(setup.config_file.read_text())
         doc["logLevel"] = "info"
         doc["server"] = {"healthProbes": {"port": 0}, "metrics": {"port": 0}}
+        doc["controllers"]["token"]["syncConfigs"] = [
+            {"secretName": TOKEN_SECRET, "path": TOKEN_PATH}
+        ]
         setup.config_file.write_text(yaml.safe_dump(doc))
         log = work / f"{name}.log"
         proc = await spawn_agent(setup, node, name, log, env=dict(os.environ))
@@ -202,6 +210,8 @@ async def main(args: argparse.Namespace) -> None:
     work.mkdir(parents=True)
     cp = ControlPlane(work / "cp")
     cp.start()
+    async with await api_client_from(cp.admin_kubeconfig) as admin:
+        await put_secret(admin, TOKEN_SECRET, {"token": b"bench-token"})
     print(f"load average at start: {Path('/proc/loadavg').read_text().strip()}", flush=True)
     rows: list[tuple[str, dict[str, str]]] = []
     try:

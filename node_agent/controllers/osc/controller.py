@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -467,7 +467,10 @@ class OSCController:
         broke a unit it is rolled back (None), else the rollout is told and ApplyError raised
         (the loop retries with backoff)."""
         gate = await self._gate_begin(
-            update.checksum, first_apply=update.first_apply, retrying=update.retrying
+            update.checksum,
+            first_apply=update.first_apply,
+            retrying=update.retrying,
+            plan=update.plan.change_set,
         )
         # The Node may have been registered since the last lookup (every 10 s): look once
         # more, so that this apply's Events are recorded on it.
@@ -605,11 +608,20 @@ class OSCController:
         return False
 
     async def _gate_begin(
-        self, checksum: str, *, first_apply: bool, retrying: bool
+        self,
+        checksum: str,
+        *,
+        first_apply: bool,
+        retrying: bool,
+        plan: Callable[[], Awaitable[ChangeSet]],
     ) -> GateRecord | None:
         """Before an update: the gate's record (the running units), or None when not gated:
         the gate is off, this is the first apply (nothing to go back to), or a retry of a
-        partly failed update (its first try was gated)."""
+        partly failed update (its first try was gated).
+
+        Only the units the update's plan starts or restarts can be watched afterwards, so only
+        they are asked about (one small systemd call, not one for every unit of the OSC); the
+        plan is the one the apply then runs (``PlanOnce``)."""
         if not self.gate.enabled or first_apply:
             return None
         record = await self.gate.record()
@@ -620,7 +632,8 @@ class OSCController:
         previous = await self.ctx.state.load_last_applied_async()
         if previous is None:
             return None
-        units = (await asyncio.to_thread(self.applier.last_applied)).units
+        change_set = await plan()
+        units = [c.unit for c in change_set.unit_commands if not c.removed]
         return await self.gate.begin(checksum, previous, units)
 
     async def _gate_watch(
