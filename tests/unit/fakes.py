@@ -376,14 +376,17 @@ class FakeSystemd(OneJobUnits):
         self.calls.append(("daemon_reload",))
 
     async def enable(self, units: Sequence[str]) -> list[UnitFileChange]:
+        """Like systemd: a symlink made for each unit not enabled before, none for the rest."""
         self.calls.append(("enable", *units))
+        new = [u for u in dict.fromkeys(units) if u not in self.enabled]
         self.enabled.update(units)
-        return []
+        return [UnitFileChange("symlink", f"/etc/systemd/system/x.wants/{u}", "") for u in new]
 
     async def disable(self, units: Sequence[str]) -> list[UnitFileChange]:
         self.calls.append(("disable", *units))
+        gone = [u for u in dict.fromkeys(units) if u in self.enabled]
         self.enabled.difference_update(units)
-        return []
+        return [UnitFileChange("unlink", f"/etc/systemd/system/x.wants/{u}", "") for u in gone]
 
     async def run_jobs(
         self, jobs: Sequence[tuple[str, JobAction]], *, job_timeout: float = 10.0

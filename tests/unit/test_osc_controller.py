@@ -112,6 +112,21 @@ async def test_first_apply_writes_restarts_and_reports(tmp_path: Path) -> None:
     assert await applied_annotation(kube) == hashlib.sha256(raw).hexdigest()
 
 
+async def test_a_changed_file_restarts_its_unit_without_a_daemon_reload(tmp_path: Path) -> None:
+    """systemd re-reads every unit file on a reload: a change of a unit's file only (its
+    enablement already in place) restarts the unit and reloads nothing; a changed unit file
+    is reloaded before the restart."""
+    ctl, _, _, systemd = controller(tmp_path)
+    await ctl.reconcile(secret(osc_bytes("one\n")))
+    assert ("daemon_reload",) in systemd.calls  # the first apply enabled a.service
+    systemd.calls.clear()
+    await ctl.reconcile(secret(osc_bytes("two\n")))
+    assert systemd.calls == [("enable", "a.service"), ("restart", "a.service")]
+    systemd.calls.clear()
+    await ctl.reconcile(secret(osc_bytes("two\n", agent_unit="gardener-node-agent.service")))
+    assert ("daemon_reload",) in systemd.calls  # a new unit file
+
+
 async def test_an_unchanged_secret_does_nothing_on_the_host(tmp_path: Path) -> None:
     ctl, _, _, systemd = controller(tmp_path)
     raw = osc_bytes("one\n")
