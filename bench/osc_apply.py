@@ -38,10 +38,10 @@ from tests.conftest import api_client_from, cache_dir
 from tests.testbed.agent_harness import (
     create_node,
     inline_file,
-    put_secret,
     osc_document,
     prepare_agent,
     publish_osc,
+    put_secret,
     service,
     spawn_agent,
     wait_applied,

@@ -471,7 +471,9 @@ class ModelSystemd(OneJobUnits):
         self.machine.restarted(unit)
         return done("done", definition)
 
-    async def unit_states(self, names: Sequence[str]) -> dict[str, UnitState]:
+    async def unit_states(
+        self, names: Sequence[str], *, brief: bool = False
+    ) -> dict[str, UnitState]:
         out = {}
         for name in names:
             known = name in self.loaded or self.unit_file(name) is not None
