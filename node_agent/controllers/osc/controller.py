@@ -619,9 +619,9 @@ class OSCController:
         the gate is off, this is the first apply (nothing to go back to), or a retry of a
         partly failed update (its first try was gated).
 
-        Only the units the update's plan starts or restarts can be watched afterwards, so only
-        they are asked about (one small systemd call, not one for every unit of the OSC); the
-        plan is the one the apply then runs (``PlanOnce``)."""
+        Only units the update's plan has a command for can be watched afterwards, so only they
+        are asked about (one small systemd call, not one for every unit of the OSC); the plan
+        is the one the apply then runs (``PlanOnce``)."""
         if not self.gate.enabled or first_apply:
             return None
         record = await self.gate.record()
@@ -633,7 +633,7 @@ class OSCController:
         if previous is None:
             return None
         change_set = await plan()
-        units = [c.unit for c in change_set.unit_commands if not c.removed]
+        units = [c.unit for c in change_set.unit_commands]
         return await self.gate.begin(checksum, previous, units)
 
     async def _gate_watch(
