@@ -109,6 +109,7 @@ def build_agent(
     token = TokenController(ctx)
     health = HealthCheckController(ctx, applier, applying=lambda: osc.applying, guard=guard)
     node.observers.append(health.node_seen)  # the Node's Ready condition, from its watch
+    node.observers.append(osc.node_seen)  # its reconciliation delay, without a GET per update
     if sources is None:
         sources = Sources(watches=ctx.watches)
     sources.osc, sources.lease, sources.node = osc, lease, node

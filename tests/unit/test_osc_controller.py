@@ -280,6 +280,19 @@ async def test_the_first_apply_is_not_paced_nor_delayed(
     assert admitted == delayed == [checksum_of(second)]
 
 
+async def test_the_reconciliation_delay_is_read_from_the_nodes_watch(tmp_path: Path) -> None:
+    """With the Node seen through its watch, an update reads no Node before its apply (the
+    only read left is the one reporting the checksum afterwards)."""
+    ctl, _, kube, _ = controller(tmp_path)
+    await ctl.reconcile(secret(osc_bytes("one\n")))
+    node = await kube.nodes().get("n1")
+    delay = {report.ANNOTATION_RECONCILIATION_DELAY: "1ms"}
+    ctl.node_seen({**node, "metadata": {**node["metadata"], "annotations": delay}})
+    kube.reads.clear()
+    assert await ctl.reconcile(secret(osc_bytes("two\n"))) is not None
+    assert [r for r in kube.reads if r[0] == "get_node"] == [("get_node", "n1")]
+
+
 async def test_serial_mode_skips_the_reconciliation_delay(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -200,6 +200,9 @@ class OSCController:
         self._applying = 0  # applies (and rollbacks, drift repairs) running now
         #: called after an OSC was applied and reported (the unit check looks at once)
         self.on_applied: list[Callable[[], None]] = []
+        #: the Node's annotations as its watch last showed them (None: not seen yet, then the
+        #: reconciliation delay is read with a GET)
+        self._node_annotations: Mapping[str, str] | None = None
 
     @property
     def applying(self) -> bool:
@@ -356,7 +359,13 @@ class OSCController:
         """The Node appeared (registered for the first time, or deleted and registered again):
         report the applied checksum on it anew."""
         self._reported = None
+        self._node_annotations = None
         self._wake.set()
+
+    def node_seen(self, node: JSON) -> None:
+        """A version of the Node from the Node controller's watch (an observer): its
+        annotations, so that an update reads the reconciliation delay without a request."""
+        self._node_annotations = dict((node.get("metadata") or {}).get("annotations") or {})
 
     # -- one reconciliation -----------------------------------------------------------------
     def request_resync(self) -> None:
@@ -788,15 +797,18 @@ class OSCController:
         return await resolve_secret_refs(self.ctx.kube, osc, self.ctx.host_name)
 
     async def _reconciliation_delay(self) -> None:
+        """Wait out the delay the Node's annotation asks for: from the Node's watch when it
+        runs (no request on the update's critical path), else read once."""
         if self.ctx.node_name is None:
             return
-        try:
-            node = await self.ctx.kube.get_node(self.ctx.node_name)
-        except KubeError:
-            return
-        value = ((node.get("metadata") or {}).get("annotations") or {}).get(
-            report.ANNOTATION_RECONCILIATION_DELAY
-        )
+        annotations = self._node_annotations
+        if annotations is None:
+            try:
+                node = await self.ctx.kube.get_node(self.ctx.node_name)
+            except KubeError:
+                return
+            annotations = (node.get("metadata") or {}).get("annotations") or {}
+        value = annotations.get(report.ANNOTATION_RECONCILIATION_DELAY)
         if not value:
             return
         try:
