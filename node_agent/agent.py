@@ -112,6 +112,7 @@ def build_agent(
     node.observers.append(osc.inplace.node_seen)  # the drain gate of an in-place update
     osc.inplace.resync_tokens.extend(sync.sync for sync in token.syncs)
     osc.inplace.kubelet_health = health.kubelet_health  # the same probe as the checks
+    node.observers.append(osc.node_seen)  # its reconciliation delay, without a GET per update
     if sources is None:
         sources = Sources(watches=ctx.watches)
     sources.osc, sources.lease, sources.node = osc, lease, node

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -207,6 +207,9 @@ class OSCController:
         self._applying = 0  # applies (and rollbacks, drift repairs) running now
         #: called after an OSC was applied and reported (the unit check looks at once)
         self.on_applied: list[Callable[[], None]] = []
+        #: the Node's annotations as its watch last showed them (None: not seen yet, then the
+        #: reconciliation delay is read with a GET)
+        self._node_annotations: Mapping[str, str] | None = None
 
     @property
     def applying(self) -> bool:
@@ -372,7 +375,13 @@ class OSCController:
         """The Node appeared (registered for the first time, or deleted and registered again):
         report the applied checksum on it anew."""
         self._reported = None
+        self._node_annotations = None
         self._wake.set()
+
+    def node_seen(self, node: JSON) -> None:
+        """A version of the Node from the Node controller's watch (an observer): its
+        annotations, so that an update reads the reconciliation delay without a request."""
+        self._node_annotations = dict((node.get("metadata") or {}).get("annotations") or {})
 
     # -- one reconciliation -----------------------------------------------------------------
     def request_resync(self) -> None:
@@ -525,6 +534,7 @@ class OSCController:
             first_apply=update.first_apply,
             # an OS or kubelet update must never be rolled back by a settle window
             retrying=update.retrying or in_place is not None,
+            plan=update.plan.change_set,
         )
         # The Node may have been registered since the last lookup (every 10 s): look once
         # more, so that this apply's Events are recorded on it.
@@ -664,11 +674,20 @@ class OSCController:
         return False
 
     async def _gate_begin(
-        self, checksum: str, *, first_apply: bool, retrying: bool
+        self,
+        checksum: str,
+        *,
+        first_apply: bool,
+        retrying: bool,
+        plan: Callable[[], Awaitable[ChangeSet]],
     ) -> GateRecord | None:
         """Before an update: the gate's record (the running units), or None when not gated:
         the gate is off, this is the first apply (nothing to go back to), or a retry of a
-        partly failed update (its first try was gated)."""
+        partly failed update (its first try was gated).
+
+        Only units the update's plan has a command for can be watched afterwards, so only they
+        are asked about (one small systemd call, not one for every unit of the OSC); the plan
+        is the one the apply then runs (``PlanOnce``)."""
         if not self.gate.enabled or first_apply:
             return None
         record = await self.gate.record()
@@ -679,7 +698,8 @@ class OSCController:
         previous = await self.ctx.state.load_last_applied_async()
         if previous is None:
             return None
-        units = (await asyncio.to_thread(self.applier.last_applied)).units
+        change_set = await plan()
+        units = [c.unit for c in change_set.unit_commands]
         return await self.gate.begin(checksum, previous, units)
 
     async def _gate_watch(
@@ -834,15 +854,18 @@ class OSCController:
         return await resolve_secret_refs(self.ctx.kube, osc, self.ctx.host_name)
 
     async def _reconciliation_delay(self) -> None:
+        """Wait out the delay the Node's annotation asks for: from the Node's watch when it
+        runs (no request on the update's critical path), else read once."""
         if self.ctx.node_name is None:
             return
-        try:
-            node = await self.ctx.kube.get_node(self.ctx.node_name)
-        except KubeError:
-            return
-        value = ((node.get("metadata") or {}).get("annotations") or {}).get(
-            report.ANNOTATION_RECONCILIATION_DELAY
-        )
+        annotations = self._node_annotations
+        if annotations is None:
+            try:
+                node = await self.ctx.kube.get_node(self.ctx.node_name)
+            except KubeError:
+                return
+            annotations = (node.get("metadata") or {}).get("annotations") or {}
+        value = annotations.get(report.ANNOTATION_RECONCILIATION_DELAY)
         if not value:
             return
         try:
