@@ -243,8 +243,10 @@ async def test_gardener_node_bootstraps_updates_itself_and_resets(
     # The reconcile OSC carries the agent's own unit: the agent may still be restarting itself
     # when the old process last answered, so wait for the unit to settle before looking at it.
     await wait_for(
-        lambda: show(node, gu.AGENT_UNIT).get("ActiveState") == "active"
-        and bool(agent_status(node).get("osc", {}).get("up_to_date")),
+        lambda: (
+            show(node, gu.AGENT_UNIT).get("ActiveState") == "active"
+            and bool(agent_status(node).get("osc", {}).get("up_to_date"))
+        ),
         60,
         "converged with the agent's unit active",
     )
