@@ -417,7 +417,9 @@ async def measure(
             "healthProbes": {"bindAddress": "127.0.0.1", "port": free_port()},
             "metrics": {"bindAddress": "127.0.0.1", "port": metrics_port},
         },
-        "controllers": {"operatingSystemConfig": {"secretName": secret}},
+        "controllers": {
+            "operatingSystemConfig": {"secretName": secret, "kubernetesVersion": "1.33.4"}
+        },
     }
     node.path(CONFIG).parent.mkdir(parents=True, exist_ok=True)
     node.path(CONFIG).write_text(yaml.safe_dump(config))

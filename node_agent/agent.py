@@ -298,8 +298,8 @@ async def run_agent(
 
     started = time.monotonic()
     exit_code = 0
-    log.info(
-        "node-agent starting",
+    log.info(  # after cli's "node-agent starting" line: what it found once configured
+        "node-agent configured",
         version=__version__,
         executable=own_executable(),
         config=settings.config_file,

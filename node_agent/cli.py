@@ -8,7 +8,7 @@ are for bugs only.
 Upstream's command line works unchanged, whatever the executable is called (Gardener installs
 it as ``/opt/bin/gardener-node-agent``): ``--config-dir DIR`` on its own runs the agent,
 ``bootstrap --config-dir DIR`` and ``reset`` do what upstream's do. The config in that directory
-is ``config-<version>.yaml`` (see ``config.find_config``).
+is ``config-<version>.yaml`` (see ``base.configfile.find_config``).
 """
 
 from __future__ import annotations
@@ -202,8 +202,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     from node_agent.base import log
     from node_agent.base.errors import NodeAgentError
 
+    # The agent has no pydantic plugins: no scan of every installed package's entry points
+    # when the first model is built (set before pydantic reads it, inherited by nothing that
+    # minds).
+    os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
     try:
         if args.command == "run":
+            _log_start(args)
             settings, config = _load_settings(args, require_config=True)
             log.configure(args.log_level or config.log_level, args.log_format or config.log_format)
             return asyncio.run(_run(args, settings, config))
@@ -235,6 +240,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     parser.print_help(sys.stderr)
     return EXIT_USAGE
+
+
+def _log_start(args: argparse.Namespace) -> None:
+    """The daemon's first log line, logged before the config's models and the agent's modules are
+    imported (most of a start's CPU), so the journal shows when the process came up and which
+    binary and config it runs. It is JSON at info level unless the command line says otherwise:
+    the config's ``logLevel`` and ``logFormat`` are read next and apply from the following line
+    on."""
+    from node_agent.base import log
+    from node_agent.base.layout import CONFIG_FILE
+    from node_agent.base.selfexe import own_executable
+
+    chosen = _config_path(args)  # a missing config is one line on stderr, as before
+    log.configure(args.log_level or "info", args.log_format or "json")
+    log.get_logger("node-agent").info(
+        "node-agent starting",
+        version=__version__,
+        executable=own_executable(),
+        config=str(chosen.absolute() if chosen else args.root / CONFIG_FILE.lstrip("/")),
+        pid=os.getpid(),
+    )
 
 
 async def _run(
@@ -288,7 +314,7 @@ def _config_path(args: argparse.Namespace) -> Path | None:
         return Path(args.config)
     if not args.config_dir:
         return None
-    from node_agent.config import find_config
+    from node_agent.base.configfile import find_config  # without the config's models
 
     directory = Path(args.config_dir)
     if directory.is_absolute():

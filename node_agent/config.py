@@ -27,12 +27,15 @@ from pydantic import (
 )
 from pydantic_core import PydanticUseDefault
 
+from node_agent.base.configfile import config_version_key as config_version_key
+from node_agent.base.configfile import find_config as find_config
 from node_agent.base.durations import format_duration, parse_duration, parse_go_duration_ns
 from node_agent.base.errors import ConfigError
 from node_agent.base.goyaml import load_go_yaml
 from node_agent.base.layout import AGENT_UNIT
 from node_agent.base.layout import BASE_DIR as BASE_DIR
 from node_agent.base.layout import BOOTSTRAP_TOKEN_FILE as BOOTSTRAP_TOKEN_FILE
+from node_agent.base.layout import CONFIG_FILE as CONFIG_FILE
 from node_agent.base.layout import CREDENTIALS_DIR as CREDENTIALS_DIR
 from node_agent.base.layout import KUBECONFIG_FILE as KUBECONFIG_FILE
 from node_agent.base.layout import TOKEN_FILE as TOKEN_FILE
@@ -45,7 +48,6 @@ KIND = "NodeAgentConfiguration"
 CLUSTER_CA_FILE = f"{BASE_DIR}/cluster-ca.crt"
 MACHINE_NAME_FILE = f"{BASE_DIR}/machine-name"
 ZONE_FILE = f"{BASE_DIR}/zone"
-CONFIG_FILE = f"{BASE_DIR}/config.yaml"
 
 #: a duration of this agent's own settings (``nodeAgent``): Go spelling or a number of seconds
 Duration = Annotated[timedelta, BeforeValidator(parse_duration)]
@@ -542,53 +544,6 @@ def load_config(path: Path, *, validate: bool = True) -> NodeAgentConfiguration:
     if validate:
         return parse_config(raw, source=str(path))
     return decode_config(raw, source=str(path))
-
-
-_VERSIONED_CONFIG = re.compile(
-    r"config-v?(\d+)\.(\d+)\.(\d+)(?:-([0-9A-Za-z.-]+))?(?:\+[0-9A-Za-z.-]+)?\.yaml"
-)
-
-
-def _prerelease_key(text: str | None) -> tuple[int, tuple[tuple[int, int, str], ...]]:
-    """Semver precedence of a prerelease: a release sorts after all of its prereleases; numeric
-    identifiers compare as numbers and sort before alphanumeric ones."""
-    if text is None:
-        return (1, ())
-    parts = tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in text.split("."))
-    return (0, parts)
-
-
-def config_version_key(name: str) -> tuple[Any, ...] | None:
-    """Sort key of ``config-<version>.yaml`` by semantic version; None for any other name."""
-    match = _VERSIONED_CONFIG.fullmatch(name)
-    if match is None:
-        return None
-    major, minor, patch, pre = match.groups()
-    return (int(major), int(minor), int(patch), _prerelease_key(pre))
-
-
-def find_config(config_dir: Path) -> Path:
-    """The agent's config in ``config_dir`` (upstream's ``--config-dir``).
-
-    Gardener writes ``config-<gardener version>.yaml``; upstream's binary reads the one named
-    after its own version. We carry no Gardener version, so during an upgrade (the new file
-    written, the old one not yet deleted) the highest semantic version wins, never a lexical
-    sort. Only regular files count (a symlink is not followed: nothing planted there decides
-    which config runs). Without any versioned file, the standalone ``config.yaml``.
-    """
-    try:
-        with os.scandir(config_dir) as entries:
-            found = [(e.name, e.is_file(follow_symlinks=False), e.is_file()) for e in entries]
-    except OSError as exc:
-        raise ConfigError(f"cannot read config dir {config_dir}: {exc.strerror}") from exc
-    names = [name for name, _regular, is_file in found if is_file]
-    regular = [name for name, is_regular, _ in found if is_regular]
-    keyed = [(key, name) for name in regular if (key := config_version_key(name)) is not None]
-    if keyed:
-        return config_dir / max(keyed)[1]
-    if "config.yaml" in names:
-        return config_dir / "config.yaml"
-    raise ConfigError(f"no config-<version>.yaml or config.yaml in {config_dir}")
 
 
 class AgentSettings(_Config):

@@ -12,6 +12,8 @@ from __future__ import annotations
 # Upstream's directory for the agent's config, state and credentials (``config-<version>.yaml``,
 # ``cluster-ca.crt``, ``machine-name`` ... live here too and are written by a real OSC).
 BASE_DIR = "/var/lib/gardener-node-agent"
+#: The standalone config file (``--config-dir`` picks ``config-<version>.yaml`` there first).
+CONFIG_FILE = f"{BASE_DIR}/config.yaml"
 CREDENTIALS_DIR = f"{BASE_DIR}/credentials"
 KUBECONFIG_FILE = f"{CREDENTIALS_DIR}/kubeconfig"
 TOKEN_FILE = f"{CREDENTIALS_DIR}/token"
