@@ -30,7 +30,7 @@ from node_agent.host.documents import ApplyRecord, ItemFailure, Pending
 from node_agent.host.fs import HostFS
 from node_agent.host.state import UNIT_DIR, UNIT_FILE_MODE, StateStore, claims_for, write_claims
 from node_agent.osc import steps
-from node_agent.osc.applied import Applied, Owed, adopt
+from node_agent.osc.applied import Applied, AppliedUnit, Owed, adopt
 from node_agent.osc.decode import parse_osc, sha256_hex
 from node_agent.osc.merge import osc_units
 from node_agent.osc.models import OperatingSystemConfig
@@ -153,6 +153,8 @@ class Applier:
         # it on neither side, and the target keeps what was applied for it.
         target = Applied.of_osc(desired, self.host_name, resolved, required=True)
         target = _keep(target, base, not_derived)
+        owned = (await self.state.inventory_async()).entries
+        base = with_leftover_drop_ins(base, target, {p for p, e in owned.items() if e.created})
         running = await self._running(base, target)
         base = await asyncio.to_thread(self._adopt, base, target, running)
         change_set = await asyncio.to_thread(
@@ -547,6 +549,41 @@ class Applier:
             )
         except (NodeAgentError, ValueError) as exc:  # status is informational only
             log.warning("apply status not saved", error=str(exc))
+
+
+#: What a leftover drop-in's content is taken to be: nothing an OSC can hold, so the plan always
+#: rewrites (or deletes) it and restarts its unit.
+LEFTOVER_CONTENT = "\x00unknown: written by an apply whose journal was lost"
+
+
+def with_leftover_drop_ins(base: Applied, target: Applied, owned: set[str]) -> Applied:
+    """``base`` with the drop-ins the agent wrote (its inventory says so) that ``base`` does
+    not know: an apply interrupted after writing one, whose journal was then lost. Unknown to
+    the plan, such a drop-in would only be swept as a leftover after its unit was restarted
+    with it still in force; known, the plan deletes (or rewrites) it and restarts the unit.
+    A unit whose own file is such a leftover, and that ``target`` does not have, is left to the
+    leftover sweep (it stops the unit)."""
+    known = wanted_paths(base)
+    found: dict[str, dict[str, str]] = {}
+    prefix = UNIT_DIR + "/"
+    for path in owned - known:
+        rest = path.removeprefix(prefix)
+        if not path.startswith(prefix) or rest.count("/") != 1:
+            continue
+        directory, name = rest.split("/")
+        unit = directory.removesuffix(".d")
+        if unit == directory or not unit:
+            continue
+        if unit_path(unit) in owned - known and unit not in target.units:
+            continue
+        found.setdefault(unit, {})[name] = LEFTOVER_CONTENT
+    if not found:
+        return base
+    units = dict(base.units)
+    for unit, drop_ins in found.items():
+        have = units.get(unit) or AppliedUnit(name=unit)
+        units[unit] = have.model_copy(update={"drop_ins": {**drop_ins, **have.drop_ins}})
+    return base.model_copy(update={"units": units})
 
 
 def _set_aside(applied: Applied, paths: Mapping[str, str]) -> Applied:
