@@ -172,7 +172,11 @@ def check_structure(raw: bytes) -> None:
     open_anchors: list[list[Any]] = []
     try:
         while True:
-            event = loader.get_event()
+            try:
+                event = loader.get_event()
+            except yaml.MarkedYAMLError as exc:
+                _refuse_libyaml_nesting(exc)
+                raise
             kind = type(event)
             if kind is ScalarEvent:
                 nodes += 1
@@ -208,6 +212,17 @@ def check_structure(raw: bytes) -> None:
                 )
     finally:
         loader.dispose()
+
+
+def _refuse_libyaml_nesting(exc: yaml.MarkedYAMLError) -> None:
+    """libyaml 0.2.6 (PyYAML 6.0.4 wheels) stops at 1000 open flow collections while it scans
+    ahead, before this walk sees the 65th; report that as the same nesting error, not as
+    malformed YAML."""
+    if "maximum nesting depth" in (exc.problem or ""):
+        line = exc.problem_mark.line + 1 if exc.problem_mark is not None else 0
+        raise OSCDecodeError(
+            f"osc.yaml nests collections deeper than {MAX_NESTING_DEPTH} levels (line {line})"
+        ) from exc
 
 
 def _expand_alias(

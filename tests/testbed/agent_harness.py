@@ -21,6 +21,7 @@ import base64
 import contextlib
 import dataclasses
 import hashlib
+import io
 import json
 import os
 import subprocess
@@ -397,8 +398,22 @@ async def running_agent(
         assert not task.done() or task.cancelled() or task.exception() is None, task.exception()
     finally:
         task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.wait_for(task, 15)
+        # asyncio.wait, not wait_for: a task that does not end on cancel must fail the test
+        # here, naming where every task waits, not hang it until pytest-timeout.
+        done, _ = await asyncio.wait({task}, timeout=15)
+        if not done:
+            raise AssertionError(f"the agent did not stop within 15s of cancel:\n{task_stacks()}")
+        if not task.cancelled() and task.exception() is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                task.result()
+
+
+def task_stacks() -> str:
+    """Where each task of the running loop waits (for a failure message)."""
+    out = io.StringIO()
+    for each in asyncio.all_tasks():
+        each.print_stack(limit=8, file=out)
+    return out.getvalue()
 
 
 async def spawn_agent(

@@ -318,7 +318,7 @@ class ModelSystemd(OneJobUnits):
         names = self.fs.list_dir(directory) or []
         found = []
         for name in names:
-            if name.endswith(".conf"):
+            if name.endswith(".conf") and not name.startswith("."):  # systemd skips hidden files
                 data = self.fs.read(f"{directory}/{name}")
                 if data is not None:
                     found.append((name, data))
