@@ -120,7 +120,8 @@ def test_at_most_k_then_wait_for_slot() -> None:
         ledger = d.ledger
     d = decide(policy, ledger, "c", CS, 10.0)
     assert (d.action, d.reason) == ("wait", pacing.REASON_SLOT)
-    assert "holders: a, b" in d.message
+    # the holders are not in the words: a waiting node's condition does not change with them
+    assert d.message == "all 2 rollout slot(s) of OSC aaaaaaaaaaaa are taken"
     assert d.retry_in == 50.0
     # a holder asking again keeps its slot (renewed)
     assert decide(policy, ledger, "a", CS, 10.0).action == "proceed"
@@ -234,6 +235,9 @@ class Node:
     name: str
     state: str = "idle"  # idle -> applying -> done | failed; crashed
     canary: bool = False
+    #: its ticket in the line, and its own memory of what it saw when
+    ticket: int | None = None
+    seen: pacing.Sightings = field(default_factory=pacing.Sightings)
 
 
 @dataclass
@@ -260,8 +264,10 @@ def _run(pool: Pool, program: list[tuple[str, int, float]], fails: bool) -> None
     for action, index, amount in program:
         node = pool.nodes[index % len(pool.nodes)]
         if action == "try" and node.state == "idle":
-            d = decide(pool.policy, pool.ledger, node.name, CS, pool.now)
-            pool.ledger = d.ledger
+            d = decide(
+                pool.policy, pool.ledger, node.name, CS, pool.now, node.seen, ticket=node.ticket
+            )
+            pool.ledger, node.ticket = d.ledger, d.ticket
             if d.action == "proceed":
                 node.state, node.canary = "applying", d.canary
                 pool.started.add(node.name)
