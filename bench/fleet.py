@@ -348,6 +348,8 @@ class AuditFigures:
     watches_open: Counter[str] = field(default_factory=Counter)
     watch_users: set[str] = field(default_factory=set)
     codes: Counter[int] = field(default_factory=Counter)
+    #: requests on Leases by Lease name (the pool's Lease, each node's heartbeat Lease)
+    leases: Counter[str] = field(default_factory=Counter)
     #: [received, ended] of every watch that was open at some time in the window
     watch_spans: list[tuple[float, float]] = field(default_factory=list)
 
@@ -378,6 +380,9 @@ def audit_window(path: Path, users: set[str], start: float, end: float) -> Audit
             figures.requests += 1
             figures.users.add(user)
             figures.by_kind[f"{first['verb']} {resource_of(first)}"] += 1
+            ref = first.get("objectRef") or {}
+            if ref.get("resource") == "leases":
+                figures.leases[str(ref.get("name") or "")] += 1
             if done:
                 figures.codes[int((done[0].get("responseStatus") or {}).get("code", 0))] += 1
     return figures
@@ -613,13 +618,21 @@ async def api_note(fleet: Fleet, start: float, end: float, record: str = "") -> 
     n = len(fleet.members)
     top = ", ".join(f"{k} {v / n:.1f}" for k, v in figures.by_kind.most_common(4))
     if record:
+        pool_lease = figures.leases.get(fleet.secret, 0)
+        heartbeats = sum(v for k, v in figures.leases.items() if k and k != fleet.secret)
         fleet.figures.setdefault(record, {}).update(
             requests_per_node=figures.requests / n,
+            pool_lease_per_node=pool_lease / n,
+            heartbeat_per_node=heartbeats / n,
+            rollout_requests_per_node=(figures.requests - heartbeats) / n,
             conflicts=figures.codes.get(409, 0),
             by_kind_per_node={k: v / n for k, v in figures.by_kind.most_common()},
         )
+    heartbeats = sum(v for k, v in figures.leases.items() if k and k != fleet.secret)
     return (
-        f"{figures.requests / n:.1f} agent requests / node ({top}); "
+        f"{figures.requests / n:.1f} agent requests / node ({top}), "
+        f"{(figures.requests - heartbeats) / n:.1f} without the heartbeat Lease, "
+        f"{figures.leases.get(fleet.secret, 0) / n:.1f} on the pool's Lease; "
         f"409 conflicts {figures.codes.get(409, 0)}; agents' watches open at once: peak "
         f"{max_overlap(figures.watch_spans)}"
     )
