@@ -7,6 +7,7 @@ import copy
 import json
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -477,12 +478,14 @@ def test_any_ledger_never_raises_never_waits_for_ever_never_exceeds_k(
     seen = pacing.Sightings()
     bound = pacing.MAX_SLOT_TTL + pacing.CLOCK_SKEW + soak
     now = NOW
+    ticket: int | None = None
     for _ in range(4):
         # a slot of ours for this checksum, live as this reader believes it: deciding renews it
         # (a holder goes on even when the ledger lists more holders than K, e.g. K was lowered)
         live = pacing.current(ledger, CS, now, ttl, copy.deepcopy(seen))
         renewing = any(s.host == "me" and s.checksum == CS for s in live.slots)
-        d = decide(policy, ledger, "me", CS, now, seen)
+        d = decide(policy, ledger, "me", CS, now, seen, ticket=ticket)
+        ticket = d.ticket
         if d.action == "proceed":
             # never a new holder beyond K
             assert renewing or len(d.ledger.slots) <= k
@@ -522,3 +525,56 @@ def test_any_serial_lease_never_raises_and_expires_within_our_duration(
         assert 0.0 < step.expires_in <= duration + pacing.CLOCK_SKEW
         later = NOW + step.expires_in + 0.001
         assert pacing.serial_step(spec, "me", later, duration, seen).action == "acquire"
+
+
+# -- the line: only the next tickets act ------------------------------------------------------
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    n=st.integers(1, 12),
+    k=st.integers(1, 3),
+    dead=st.sets(st.integers(0, 11), max_size=4),
+    order=st.randoms(use_true_random=False),
+)
+def test_a_line_serves_every_live_node_with_a_bounded_number_of_writes(
+    n: int, k: int, dead: set[int], order: Any
+) -> None:
+    """Nodes look at the ledger after every change, in random order; a node writes only when
+    its decision changes the ledger. Waiters that die after drawing a ticket are passed over:
+    every live node applies (no deadlock), never more than K at once, each live node writes at
+    most 3 times (its ticket, its slot, its result) and in each round only as many nodes write
+    as there are places or newcomers (a node holding a ticket writes only to take its slot)."""
+    policy = Pacing(max_parallel=k, slot_ttl=600.0)
+    names = [f"n{i}" for i in range(n)]
+    ledger, now = Ledger(), 0.0
+    tickets: dict[str, int | None] = dict.fromkeys(names)
+    seen = {name: pacing.Sightings() for name in names}
+    state = dict.fromkeys(names, "idle")
+    writes = dict.fromkeys(names, 0)
+    for _ in range(60 * n + 100):
+        if all(state[x] in ("done", "dead") for x in names):
+            break
+        now += 1.0
+        turn = list(names)
+        order.shuffle(turn)
+        for name in turn:
+            if state[name] == "applying":
+                ledger = finish(ledger, name, CS, now, ok=True)
+                state[name], writes[name] = "done", writes[name] + 1
+            elif state[name] in ("idle", "drawn"):
+                d = decide(policy, ledger, name, CS, now, seen[name], ticket=tickets[name])
+                if d.ledger != ledger:
+                    # a node holding a ticket writes only to take its slot
+                    assert d.action == "proceed" or tickets[name] is None, (name, d)
+                    ledger, writes[name] = d.ledger, writes[name] + 1
+                tickets[name] = d.ticket
+                if d.action == "proceed":
+                    state[name] = "applying"
+                elif int(name[1:]) in dead:
+                    state[name] = "dead"  # drew its ticket, then its agent died
+            assert len(ledger.slots) <= k
+            assert sum(1 for x in names if state[x] == "applying") <= k
+    live = [x for x in names if int(x[1:]) not in dead or state[x] == "done"]
+    assert all(state[x] == "done" for x in live), (state, ledger)
+    assert all(writes[x] <= 3 for x in live), writes

@@ -467,3 +467,70 @@ async def test_a_waiting_condition_is_rewritten_for_a_new_message_at_most_once_a
     await node._condition("False", "CircuitBreakerOpen", "open, 2 failed")
     assert len(pool.kube.writes("patch_node_status")) == 3
     assert pool.condition("a")["message"] == "open, 2 failed"  # type: ignore[index]
+
+
+async def test_a_freed_slot_wakes_only_the_next_in_line(pool: Pool) -> None:
+    """K = 1, five nodes waiting: when the holder finishes, only the first ticket is woken and
+    acts; the others judge the change from their watch and make no request at all."""
+    annotations = paced()
+    a = pool.node("a")
+    waiters = [pool.node(name, recheck=("60s", "60s")) for name in ("b", "c", "d", "e", "f")]
+    permit = await a.admit(secret(annotations), CS, retrying=False, plan=KUBELET)
+    assert permit is not None
+    for node in waiters:
+        assert await node.admit(secret(annotations), CS, retrying=False, plan=KUBELET) is None
+        await pool.caught_up()
+    assert pool.ledger().waiting() == 5  # one ticket each, in the order they came
+    await pool.caught_up()
+    pool.woken.clear()
+
+    def lease_reads() -> int:
+        return sum(1 for c in pool.kube.reads if c[0] == "get_lease")
+
+    reads = lease_reads()
+    writes = len(pool.kube.writes("Lease.replace"))
+    await a.succeeded(permit)
+    await until(lambda: pool.woken == ["b"])
+    await pool.caught_up()
+    assert pool.woken == ["b"]
+    # b decides from the Lease its watch showed, and writes on that resourceVersion
+    assert await waiters[0].admit(secret(annotations), CS, retrying=False, plan=KUBELET)
+    assert pool.ledger().holders() == ("b",)
+    assert lease_reads() == reads + 1  # a's own read to release its slot
+    assert len(pool.kube.writes("Lease.replace")) == writes + 2  # a's release, b's take
+    # the others, woken by their timer anyway, wait again without a request
+    for node in waiters[1:]:
+        assert await node.admit(secret(annotations), CS, retrying=False, plan=KUBELET) is None
+    assert lease_reads() == reads + 1
+    assert len(pool.kube.writes("Lease.replace")) == writes + 2
+
+
+async def test_a_serial_release_wakes_only_the_next_in_line(pool: Pool) -> None:
+    a = pool.node("a")
+    waiters = [pool.node(name, recheck=("60s", "60s")) for name in ("b", "c", "d")]
+    permit = await a.admit(secret(SERIAL), CS, retrying=False, plan=KUBELET)
+    for node in waiters:
+        assert await node.admit(secret(SERIAL), CS, retrying=False, plan=KUBELET) is None
+    await pool.caught_up()
+    pool.woken.clear()
+    await a.succeeded(permit)
+    await until(lambda: pool.woken == ["b"])
+    await pool.caught_up()
+    assert pool.woken == ["b"]
+    assert await waiters[0].admit(secret(SERIAL), CS, retrying=False, plan=KUBELET)
+    assert pool.lease()["spec"]["holderIdentity"] == "b"  # Gardener's wire form, unchanged
+    assert await waiters[1].admit(secret(SERIAL), CS, retrying=False, plan=KUBELET) is None
+
+
+async def test_a_dead_waiter_is_passed_over_after_the_grace(pool: Pool) -> None:
+    a, b, c = pool.node("a"), pool.node("b"), pool.node("c")
+    permit = await a.admit(secret(paced()), CS, retrying=False, plan=KUBELET)
+    assert await b.admit(secret(paced()), CS, retrying=False, plan=KUBELET) is None
+    assert await c.admit(secret(paced()), CS, retrying=False, plan=KUBELET) is None
+    await b.close()  # killed while waiting: its ticket stays first in line
+    await a.succeeded(permit)
+    await pool.caught_up()
+    assert await c.admit(secret(paced()), CS, retrying=False, plan=KUBELET) is None
+    pool.clock.now += pacing.TICKET_GRACE
+    assert await c.admit(secret(paced()), CS, retrying=False, plan=KUBELET) is not None
+    assert pool.ledger().waiting() == 0  # b's ticket passed over: it draws a new one
