@@ -309,9 +309,13 @@ class Rollout:
         now = self.clock()
         duration = int(self.config.serial_lease_duration.total_seconds())
 
+        problems: tuple[str, ...] = ()
+
         def change(lease: JSON) -> tuple[bool, tuple[pacing.SerialStep, int | None]]:
+            nonlocal problems
             step, ticket, ledger = self._serial_turn(lease, checksum, now)
-            drawn = ledger != _ledger_of(lease)
+            read, problems = _parse_ledger(lease)
+            drawn = ledger != read or bool(problems)
             if step.action == "acquire":
                 lease["spec"] = dict(step.spec)
             if drawn:
@@ -320,6 +324,7 @@ class Rollout:
 
         step, ticket = await self._update(change, shown=self._live_shown())
         self._keep_ticket(checksum, ticket)
+        await self._report_ledger(problems)
         if step.action == "acquire":
             self._set(holders=(self.ctx.host_name,))
             log.info("serial Lease acquired, applying", lease=self.lease_name, checksum=checksum)
