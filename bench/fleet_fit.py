@@ -68,6 +68,9 @@ def main() -> None:
                 f"{f['apiserver_cpu_s']:>12.1f} {f['wall_s']:>7.1f} {f['max_down']:>8} "
                 f"{f['load_average']:>5.1f}"
             )
+        if len(rows) < 2:
+            print("  one pool size only: no fit, no model")
+            continue
         req = fit([(n, rollout_requests(f, f["wall_s"])) for n, f in rows])
         total = fit([(n, f["requests_per_node"]) for n, f in rows])
         conflicts = fit([(n, f["conflicts"] / n) for n, f in rows])
