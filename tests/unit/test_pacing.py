@@ -132,9 +132,25 @@ def test_finished_slot_frees_a_place() -> None:
     policy = Pacing(max_parallel=1, slot_ttl=60)
     ledger = decide(policy, Ledger(), "a", CS, 0.0).ledger
     ledger = finish(ledger, "a", CS, 5.0, ok=True)
-    assert ledger.healthy == {"a": 5.0}
+    assert ledger.healthy == {}  # not a canary: nothing waits for its result
     assert ledger.slots == ()
     assert decide(policy, ledger, "b", CS, 6.0).action == "proceed"
+
+
+def test_only_canaries_leave_a_result_so_the_ledger_does_not_grow_with_the_pool() -> None:
+    """Before, every node's success stayed in ``healthy``: 1,000 nodes made the ledger too big
+    to read (reset) and ~5,000 pushed the Lease past 256 KiB."""
+    policy = Pacing(max_parallel=3, canaries=1, soak=0.0, slot_ttl=60)
+    ledger, now = Ledger(), 0.0
+    for i in range(2000):
+        name = f"node-{i:04d}"
+        d = decide(policy, ledger, name, CS, now)
+        assert d.action == "proceed", (name, d.message)
+        ledger = finish(d.ledger, name, CS, now, ok=True)
+        now += 1.0
+    assert ledger.healthy.keys() == {"node-0000"}
+    assert Ledger.parse(ledger.dump()) == (ledger, ())
+    assert len(ledger.dump()) < 300
 
 
 def test_expired_slot_frees_the_place_and_counts_as_lost() -> None:
@@ -541,7 +557,8 @@ def test_a_line_serves_every_live_node_with_a_bounded_number_of_writes(
     n: int, k: int, dead: set[int], order: Any
 ) -> None:
     """Nodes look at the ledger after every change, in random order; a node writes only when
-    its decision changes the ledger. Waiters that die after drawing a ticket are passed over:
+    its decision changes the ledger; a node draws a ticket only into a line shorter than 2K.
+    Waiters that die after drawing a ticket are passed over:
     every live node applies (no deadlock), never more than K at once, each live node writes at
     most 3 times (its ticket, its slot, its result) plus once per time the line passed it for
     the dead ahead of it, and a node holding a waiting ticket writes only to take its slot."""
@@ -572,6 +589,10 @@ def test_a_line_serves_every_live_node_with_a_bounded_number_of_writes(
                     assert d.action == "proceed" or not held, (name, d)
                     if tickets[name] is not None and not held:
                         passed[name] += 1
+                    if d.action == "wait":
+                        # a draw joins a short line (only a line stalled by the dead ahead
+                        # lets the rest join behind it): the pool does not race to draw
+                        assert ledger.waiting() < pacing.JOIN_DEPTH * k or dead, (name, ledger)
                     ledger, writes[name] = d.ledger, writes[name] + 1
                 tickets[name] = d.ticket
                 if d.action == "proceed":
@@ -580,6 +601,7 @@ def test_a_line_serves_every_live_node_with_a_bounded_number_of_writes(
                     state[name] = "dead"  # drew its ticket, then its agent died
             assert len(ledger.slots) <= k
             assert sum(1 for x in names if state[x] == "applying") <= k
+            assert ledger.waiting() <= pacing.JOIN_DEPTH * k or dead, ledger
     live = [x for x in names if int(x[1:]) not in dead or state[x] == "done"]
     assert all(state[x] == "done" for x in live), (state, ledger)
     assert all(writes[x] <= 3 + passed[x] for x in live), writes

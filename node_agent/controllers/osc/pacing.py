@@ -67,6 +67,10 @@ MAX_LEDGER_ENTRIES = 1000
 TICKET_GRACE = 15.0
 #: the largest ticket number a ledger may carry (JSON numbers stay exact below it)
 MAX_TICKET = 2**53
+#: a node without a ticket draws one only while fewer than this many times K tickets wait (or
+#: the line stood still for a grace): the rest of the pool watches without writing until the
+#: line shortens, so a new Secret costs the pool ~2K draws at once, not N racing on one Lease
+JOIN_DEPTH = 2
 #: longest host name / failure reason kept from a ledger
 MAX_NAME = 253
 MAX_WHY = 300
@@ -326,7 +330,8 @@ class Ledger:
     slots: tuple[Slot, ...] = ()
     #: hosts that took a canary place for ``checksum``, in order
     canaries: tuple[str, ...] = ()
-    #: host -> when it applied ``checksum`` and passed the health gate
+    #: canary -> when it applied ``checksum`` and passed the health gate (the others' successes
+    #: are not kept: nothing waits for them, and the ledger stays O(K + C + F) in size)
     healthy: Mapping[str, float] = field(default_factory=dict)
     #: host -> why it failed ``checksum`` (apply error, rollback, slot lost)
     failed: Mapping[str, str] = field(default_factory=dict)
@@ -612,6 +617,7 @@ def turn(
     now: float,
     seen: Sightings | None = None,
     key: Hashable = (),
+    depth: int | None = None,
 ) -> Turn:
     """Is it this node's turn to take one of ``places`` free places? The first ``places``
     waiting tickets may take them; a newcomer without a ticket only when fewer are waiting.
@@ -619,14 +625,24 @@ def turn(
     request. When the free places stay untaken for :data:`TICKET_GRACE` (by this reader's own
     sightings of the line in the state ``key``: the place, the holders, the line's head), the
     next tickets may pass the idle ones, one more after one period, 3 after two, 2^k - 1 after
-    k: a dead waiter costs the pool one grace, a forged line of 2^53 tickets 53 of them."""
+    k: a dead waiter costs the pool one grace, a forged line of 2^53 tickets 53 of them.
+
+    ``depth``: a node without a ticket draws one only while fewer than ``depth`` tickets wait;
+    behind a longer line it stays out of it (``ticket`` None, the ledger unchanged: no write)
+    and looks again when the line shortens, or after a grace in which free places stood
+    untaken (a line of dead or forged tickets does not keep it out for ever)."""
     position = ledger.position(ticket)
     if position is None:
         ticket, position = None, ledger.waiting()
+    outside = ticket is None and depth is not None and position >= depth
     if places <= 0:
+        if outside:
+            return Turn(False, None, ledger)
         return _draw(ledger, ticket, retry_in=None)
     since = now if seen is None else seen.since((key, ledger.turn, ledger.served, places), now)
     periods = int(max(0.0, now - since) // TICKET_GRACE) if position >= places else 0
+    if outside and periods == 0:
+        return Turn(False, None, ledger, retry_in=max(0.0, since + TICKET_GRACE - now))
     if position < places + (2 ** min(periods, 60) - 1):
         return Turn(True, ticket, ledger)
     needed = math.ceil(math.log2(position - places + 2))
@@ -719,7 +735,8 @@ def decide(
         ticket = None
     else:
         key = (checksum, tuple(sorted(ledger.holders())))
-        step = turn(ledger, ticket, 0 if held is not None else places, now, seen, key)
+        depth = JOIN_DEPTH * pacing.max_parallel
+        step = turn(ledger, ticket, 0 if held is not None else places, now, seen, key, depth)
         ticket, ledger = step.ticket, step.ledger
         if held is not None:
             return Decision("wait", ledger, held[0], held[1], retry_in=held[2], ticket=ticket)
@@ -753,11 +770,15 @@ def finish(
     ledger: Ledger, host: str, checksum: str, now: float, *, ok: bool, why: str = ""
 ) -> Ledger:
     """Our slot freed and the result recorded (only for the ledger's own checksum: a result of
-    an older one means nothing to the pool now)."""
+    an older one means nothing to the pool now). Only a canary's success is kept (the rest of
+    the pool waits for it and its soak); any other node's success changes no decision, so the
+    ledger does not grow with the pool."""
     slots = tuple(s for s in ledger.slots if s.host != host)
     ledger = replace(ledger, slots=slots)
     if ledger.checksum != checksum:
         return ledger
     if ok:
+        if host not in ledger.canaries:
+            return ledger
         return replace(ledger, healthy={**ledger.healthy, host: now})
     return replace(ledger, failed={**ledger.failed, host: why or "failed"})
