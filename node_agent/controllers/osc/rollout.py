@@ -55,7 +55,20 @@ MESSAGE_REFRESH = 60.0
 #: (``recheckMin`` lowers it, down to ``RECHECK_FLOOR``).
 MIN_RECHECK = 1.0
 RECHECK_FLOOR = 0.05
+#: A node joining the line (drawing a ticket, or taking a free place without one) writes after a
+#: random delay up to its window, and only if the Lease its watch shows by then still asks for
+#: it: the first to write fills the line and the others stand down without a request. A 409 on
+#: such a write doubles the node's window (binary exponential backoff, up to JOIN_WINDOW_MAX): the
+#: windows grow until the pool's joins rarely collide, whatever its size; a write that lands
+#: resets it.
+JOIN_WINDOW = 1.0
+JOIN_WINDOW_MAX = 32.0
 State = Literal["idle", "waiting", "applying", "applied", "failed"]
+
+
+class _Contended(Exception):
+    """A compare-and-swap on the Lease lost a race (409): the watch brings the Lease that won,
+    and the node decides again from it instead of reading it again."""
 
 
 @dataclass(frozen=True)
@@ -130,6 +143,9 @@ class Rollout:
         self._seen_serial = pacing.Sightings()
         self._seen_slots = pacing.Sightings()
         self._looked_at = -math.inf  # loop time of the last read of the Lease
+        self._window = JOIN_WINDOW  # this node's join window (doubled per lost race)
+        self._join_at: float | None = None  # loop time of the join the watch asked for
+        self._lost_on: str | None = None  # resourceVersion a write of ours lost its race on
         self._ledger_problems: tuple[str, ...] = ()  # of the last ledger reset reported
 
     @property
@@ -178,6 +194,7 @@ class Rollout:
         node is already in the middle of it, and was counted), but serial mode renews its Lease
         on every try, as Gardener's agent does."""
         self._stop_timer()
+        self._join_at = None
         # A retry after an error we were not told about (the apply did not end in success or
         # failure): the slot taken for this checksum is still ours and still renewed.
         kept = self._permit
@@ -322,7 +339,15 @@ class Rollout:
                 _put_ledger(lease, ledger)
             return step.action == "acquire" or drawn, (step, ticket)
 
-        step, ticket = await self._update(change, shown=self._live_shown())
+        try:
+            step, ticket = await self._update(change, shown=self._live_shown(), contend=True)
+        except _Contended:
+            message = (
+                f"serial rollout: waiting in line for Lease {report.NAMESPACE}/{self.lease_name}"
+            )
+            await self._wait(pacing.REASON_SERIAL, message, checksum, self._contended(checksum))
+            return True
+        self._window = JOIN_WINDOW
         self._keep_ticket(checksum, ticket)
         await self._report_ledger(problems)
         if step.action == "acquire":
@@ -375,6 +400,23 @@ class Rollout:
     def _keep_ticket(self, checksum: str, ticket: int | None) -> None:
         self._ticket = None if ticket is None else (checksum, ticket)
 
+    def _contended(self, checksum: str) -> float:
+        """A write that lost its race: when to decide again. A node whose turn it was looks
+        at the next Lease its watch shows at once; a joining node doubles its window and waits
+        a random part of it (and the Lease that won may well have made its write needless)."""
+        if self._ticket_for(checksum) is not None:
+            return 0.0
+        self._window = min(self._window * 2, JOIN_WINDOW_MAX)
+        return self._join_delay()
+
+    def _join_delay(self) -> float:
+        """Seconds until this node's join: drawn once per wake-up from its window, so the
+        watch events that keep coming do not draw again (their minimum would shrink it)."""
+        now = asyncio.get_running_loop().time()
+        if self._join_at is None:
+            self._join_at = now + self._rng.uniform(0.0, self._window)
+        return max(0.0, self._join_at - now)
+
     async def _serial_release(self) -> None:
         def change(lease: JSON) -> tuple[bool, None]:
             spec = lease.get("spec") or {}
@@ -420,7 +462,23 @@ class Rollout:
                 _put_ledger(lease, decision.ledger)
             return changed, decision
 
-        decision = await self._update(change, shown=self._live_shown())
+        try:
+            decision = await self._update(change, shown=self._live_shown(), contend=True)
+        except _Contended:
+            message = (
+                f"waiting in line for one of {policy.max_parallel} rollout slot(s) of OSC "
+                f"{checksum[:12]}"
+            )
+            ticket = self._ticket_for(checksum)
+            return Decision(
+                "wait",
+                pacing.for_checksum(Ledger(), checksum),
+                pacing.REASON_SLOT,
+                message,
+                retry_in=self._contended(checksum),
+                ticket=ticket,
+            )
+        self._window = JOIN_WINDOW
         self._keep_ticket(decision.ledger.checksum, decision.ticket)
         await self._report_ledger(problems)
         ledger = decision.ledger
@@ -539,6 +597,7 @@ class Rollout:
         policy, checksum = self._waiting_for
         lease, now = self._shown, self.clock()
         act, retry_in, reason = False, None, None
+        mine = self._ticket_for(checksum)
         if policy.serial:
             step, ticket, ledger = self._serial_turn(lease, checksum, now)
             act = step.action == "acquire" or ticket != self._ticket_for(ledger.checksum)
@@ -549,7 +608,11 @@ class Rollout:
                 decision.ledger.checksum
             )
             retry_in, reason = decision.retry_in, decision.reason
-        if act or reason != self._view.reason:
+        if act and mine is None:
+            # a join (a ticket to draw, a free place to take without one): the pool sees the
+            # same Lease at once, so each node writes after its own random delay
+            self._schedule_sooner(self._join_delay())
+        elif act or reason != self._view.reason:
             self._schedule_sooner(0.0)
         elif retry_in is not None:
             self._schedule_sooner(max(retry_in, 0.0) + self._rng.uniform(0.05, 0.5))
@@ -624,13 +687,17 @@ class Rollout:
         *,
         create: bool = True,
         shown: JSON | None = None,
+        contend: bool = False,
     ) -> T:
         """Read the Lease, let ``change`` edit it, write it back with compare-and-swap (the read
         resourceVersion); on a conflict read again and decide again. ``shown``: the Lease as
         the watch last showed it, used instead of the first read (a waiting node that decides
-        to wait again costs no request at all)."""
+        to wait again costs no request at all). ``contend``: a conflict raises
+        :class:`_Contended` instead (the caller waits for the watch to show the winner)."""
         kube = self.ctx.kube
         backoff = Backoff.of(retry.CONFLICT, rng=self._rng)
+        if shown is not None and _resource_version(shown) == self._lost_on:
+            shown = None  # the watch has not shown the winner yet: read it
         for attempt in range(CAS_ATTEMPTS):
             if attempt == 0 and shown is not None:
                 lease, exists = shown, True
@@ -644,7 +711,10 @@ class Rollout:
                     self._decided_on = _resource_version(written)
                     self._saw(written)
                     return result
-                except KubeConflict:  # the watch was behind: read it
+                except KubeConflict:  # another node wrote first (or the watch was behind)
+                    if contend:
+                        self._lost_on = self._decided_on
+                        raise _Contended() from None
                     continue
             self._looked_at = asyncio.get_running_loop().time()
             try:
@@ -671,6 +741,9 @@ class Rollout:
                 self._saw(written)
                 return result
             except KubeConflict:  # also AlreadyExists: someone else wrote first
+                if contend:
+                    self._lost_on = self._decided_on
+                    raise _Contended() from None
                 if attempt + 1 == CAS_ATTEMPTS:
                     raise
                 await backoff.wait()
