@@ -599,3 +599,17 @@ async def test_a_dead_waiter_is_passed_over_after_the_grace(pool: Pool) -> None:
     pool.clock.now += pacing.TICKET_GRACE
     assert await c.admit(secret(paced()), CS, retrying=False, plan=KUBELET) is not None
     assert pool.ledger().waiting() == 0  # b's ticket passed over: it draws a new one
+
+
+async def test_serial_waiters_beyond_two_stay_out_of_the_line(pool: Pool) -> None:
+    """Under the serial Lease only two waiting nodes hold a ticket (one place, twice that); the
+    others write nothing until the line shortens."""
+    a = pool.node("a")
+    waiters = [pool.node(name, recheck=("60s", "60s")) for name in ("b", "c", "d", "e")]
+    assert await a.admit(secret(SERIAL), CS, retrying=False, plan=KUBELET) is not None
+    writes = len(pool.kube.writes("Lease.replace"))
+    for node in waiters:
+        assert await node.admit(secret(SERIAL), CS, retrying=False, plan=KUBELET) is None
+        await pool.caught_up()
+    assert pool.ledger().waiting() == pacing.JOIN_DEPTH
+    assert len(pool.kube.writes("Lease.replace")) == writes + pacing.JOIN_DEPTH

@@ -385,7 +385,7 @@ class Rollout:
         places = 1 if step.action == "acquire" else 0
         key = ("serial", checksum, str(spec.get("holderIdentity")))
         mine = self._ticket_for(ledger.checksum)
-        go = pacing.turn(ledger, mine, places, now, self._seen_slots, key)
+        go = pacing.turn(ledger, mine, places, now, self._seen_slots, key, pacing.JOIN_DEPTH)
         if go.now:
             return step, None, pacing.serve(ledger, go.ticket, places)
         if step.action == "acquire":  # free, but others are ahead in line
