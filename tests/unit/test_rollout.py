@@ -329,12 +329,13 @@ def lease_requests(pool: Pool) -> int:
 
 
 async def test_a_lost_race_to_join_waits_for_the_watch_and_widens_the_window(
-    pool: Pool,
+    pool: Pool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A 409 on taking a place is not answered by a fresh read and another write: the node
     waits (its join window doubled, a random part of it), then decides from the Lease its watch
     showed, and writes on that resourceVersion. Before, every conflict cost a read and a write
     at once, and the pool's join burst raced on the one Lease."""
+    monkeypatch.setattr(rollout_module, "JOIN_WINDOW", 0.1)  # a unit test does not wait seconds
     b = pool.node("b", recheck=("60s", "60s"))
     a, c = pool.node("a"), pool.node("c")
     await a.admit(secret(paced(3)), CS, retrying=False, plan=KUBELET)  # creates the Lease
@@ -521,11 +522,14 @@ async def test_a_waiting_condition_is_rewritten_for_a_new_message_at_most_once_a
     assert pool.condition("a")["message"] == "open, 2 failed"  # type: ignore[index]
 
 
-async def test_a_freed_slot_wakes_only_the_next_in_line(pool: Pool) -> None:
+async def test_a_freed_slot_wakes_only_the_next_in_line(
+    pool: Pool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """K = 1, five nodes waiting: only 2K of them draw a ticket, the rest watch without a
     request. When the holder finishes, only the first ticket is woken and acts; the others
     judge the change from their watch and make no request at all. When the line shortens, the
     nodes outside it join after a random delay, each only if the line still needs it."""
+    monkeypatch.setattr(rollout_module, "JOIN_WINDOW", 0.5)  # a unit test does not wait seconds
     annotations = paced()
     a = pool.node("a")
     waiters = [pool.node(name, recheck=("60s", "60s")) for name in ("b", "c", "d", "e", "f")]

@@ -61,7 +61,7 @@ RECHECK_FLOOR = 0.05
 #: such a write doubles the node's window (binary exponential backoff, up to JOIN_WINDOW_MAX): the
 #: windows grow until the pool's joins rarely collide, whatever its size; a write that lands
 #: resets it.
-JOIN_WINDOW = 1.0
+JOIN_WINDOW = 4.0
 JOIN_WINDOW_MAX = 32.0
 State = Literal["idle", "waiting", "applying", "applied", "failed"]
 
