@@ -10,7 +10,7 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-APT_PACKAGES := gcc pkg-config libsystemd-dev dbus util-linux e2fsprogs iproute2 openssl curl shellcheck containerd docker-registry
+APT_PACKAGES := gcc pkg-config libsystemd-dev libzstd-dev zstd dbus util-linux e2fsprogs iproute2 openssl curl shellcheck containerd docker-registry
 CONTROLPLANE_STAMP := $(VENV)/.controlplane
 PYTEST_ARGS ?=
 # Everything the tests build or write stays in this cache, never in the host's /tmp.

@@ -155,6 +155,28 @@ def exec_started(node: IsolatedSystemd) -> float:
     )
 
 
+def timeline(node: IsolatedSystemd, since_exec: float, until: float) -> list[str]:
+    """The service's journal lines from exec to ``until`` (both on CLOCK_MONOTONIC, which the
+    node shares), each with the milliseconds since exec: where a start's time goes."""
+    out = node.run(["journalctl", "-u", UNIT, "-o", "json", "--no-pager", "-n", "400"]).stdout
+    lines: list[str] = []
+    for raw in out.splitlines():
+        entry = json.loads(raw)
+        at = int(entry.get("__MONOTONIC_TIMESTAMP", 0)) / 1e6
+        if not since_exec <= at <= until + 0.05:
+            continue
+        message = entry.get("MESSAGE", "")
+        if isinstance(message, list):  # journald's form of a line that is not valid UTF-8
+            message = bytes(message).decode(errors="replace")
+        try:
+            event = json.loads(message.split(" ", 1)[-1] if message[:1] == "<" else message)
+            text = str(event.get("event", message))
+        except (ValueError, AttributeError):
+            text = message
+        lines.append(f"  {(at - since_exec) * 1000:7.0f} ms  {text[:100]}")
+    return lines
+
+
 def cgroup(node: IsolatedSystemd) -> str:
     return "/sys/fs/cgroup" + show(node, "ControlGroup")["ControlGroup"]
 
@@ -395,7 +417,9 @@ async def measure(
             "healthProbes": {"bindAddress": "127.0.0.1", "port": free_port()},
             "metrics": {"bindAddress": "127.0.0.1", "port": metrics_port},
         },
-        "controllers": {"operatingSystemConfig": {"secretName": secret}},
+        "controllers": {
+            "operatingSystemConfig": {"secretName": secret, "kubernetesVersion": "1.33.4"}
+        },
     }
     node.path(CONFIG).parent.mkdir(parents=True, exist_ok=True)
     node.path(CONFIG).write_text(yaml.safe_dump(config))
@@ -417,9 +441,14 @@ async def measure(
     systemctl(node, "start")
     first_ready = ready_seconds(node)
     await applied(checksum)
-    first_apply = time.monotonic() - exec_started(node)
+    first_cpu = cpu_usec(node, cgroup(node)) / 1e6
+    exec_at = exec_started(node)
+    first_apply = time.monotonic() - exec_at
     print(f"first start: exec -> READY {ms(first_ready)}, exec -> first small apply done "
-          f"{ms(first_apply)} (20 ms poll)")  # fmt: skip
+          f"{ms(first_apply)} (20 ms poll); the service's CPU until then {ms(first_cpu)} "
+          f"(launcher, agent, systemd worker: cgroup usage_usec)")  # fmt: skip
+    print("first start, the service's journal (ms since exec; journald's receive time):")
+    print("\n".join(timeline(node, exec_at, exec_at + first_apply)) or "  (no lines)")
 
     # Idle memory.
     await asyncio.sleep(opts.idle)
@@ -464,16 +493,24 @@ async def measure(
 
     # exec -> first small apply: the agent stopped, a changed small OSC published, started.
     first: list[float] = []
+    start_cpu: list[float] = []  # the service's CPU from exec to the apply seen on the Node
     ready_with_change: list[float] = []
     for i in range(opts.apply_rounds):
         systemctl(node, "stop")
         checksum = await publish_osc(admin, secret, small_osc(f"round {i}"))
         systemctl(node, "start")
         await applied(checksum)
-        first.append(time.monotonic() - exec_started(node))
+        start_cpu.append(cpu_usec(node, cgroup(node)) / 1e6)
+        exec_at = exec_started(node)
+        first.append(time.monotonic() - exec_at)
         ready_with_change.append(ready_seconds(node))
+        if i == opts.apply_rounds - 1:
+            print("the last start with a change pending, the service's journal:")
+            print("\n".join(timeline(node, exec_at, exec_at + first[-1])) or "  (no lines)")
     print(f"start with a changed small OSC pending: exec -> READY {p50(ready_with_change)}")
     print(f"start with a changed small OSC pending: exec -> apply done on the Node {p50(first)}")
+    print(f"start with a changed small OSC pending: the service's CPU until then {p50(start_cpu)} "
+          f"(load average {os.getloadavg()[0]:.2f})")  # fmt: skip
 
     # The loop during a 500-file apply: strace on the main thread (the loop's thread).
     main_pid = int(show(node, "MainPID")["MainPID"])

@@ -21,10 +21,12 @@ import time
 from typing import Any
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
-#: What ``node-agent run`` imports before its loop starts (cli, then the agent it runs).
+#: What ``node-agent run`` imports before its loop starts (cli, then the agent it runs); aiohttp
+#: is imported through ``load_aiohttp`` first, as ``run`` does.
 DAEMON_MODULES = (
     "node_agent.cli",
     "node_agent.base.log",
+    "node_agent.kube.lean",
     "node_agent.agent",
     "node_agent.kube.client",
 )
@@ -97,7 +99,9 @@ def main() -> None:
     sys.meta_path.insert(0, MeasuringFinder(tally))
     started = time.process_time()
     for name in DAEMON_MODULES:
-        importlib.import_module(name)
+        module = importlib.import_module(name)
+        if name == "node_agent.kube.lean":
+            module.load_aiohttp()
     cpu = time.process_time() - started
     print(
         json.dumps(

@@ -109,6 +109,10 @@ def build_agent(
     token = TokenController(ctx)
     health = HealthCheckController(ctx, applier, applying=lambda: osc.applying, guard=guard)
     node.observers.append(health.node_seen)  # the Node's Ready condition, from its watch
+    node.observers.append(osc.inplace.node_seen)  # the drain gate of an in-place update
+    osc.inplace.resync_tokens.extend(sync.sync for sync in token.syncs)
+    osc.inplace.kubelet_health = health.kubelet_health  # the same probe as the checks
+    node.observers.append(osc.node_seen)  # its reconciliation delay, without a GET per update
     if sources is None:
         sources = Sources(watches=ctx.watches)
     sources.osc, sources.lease, sources.node = osc, lease, node
@@ -116,6 +120,7 @@ def build_agent(
     osc.on_applied.append(unitcheck.poke)  # units a new OSC (re)started are judged at once
     sources.unitcheck, sources.healthcheck = unitcheck, health
     sources.gate, sources.guard, sources.rollout = osc.gate, guard, osc.rollout
+    sources.in_place = osc.inplace
     return Agent(ctx, applier, osc, lease, node, token, health, unitcheck, sources)
 
 
@@ -261,6 +266,7 @@ async def run_agent(
         images = CtrImages(root=settings.root, pull_timeout=pull_timeout)
         agent = build_agent(ctx, images=images, sources=sources)
         osc, lease, node, token = agent.osc, agent.lease, agent.node, agent.token
+        osc.inplace.renew_certificate = lambda: certs.renew(ctx.kube)  # a CA rotation
         async with asyncio.TaskGroup() as tasks:
             tasks.create_task(find_node_then(osc.node_recreated), name="find-node")
             tasks.create_task(osc.run(), name="osc")
@@ -292,8 +298,8 @@ async def run_agent(
 
     started = time.monotonic()
     exit_code = 0
-    log.info(
-        "node-agent starting",
+    log.info(  # after cli's "node-agent starting" line: what it found once configured
+        "node-agent configured",
         version=__version__,
         executable=own_executable(),
         config=settings.config_file,

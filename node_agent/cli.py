@@ -8,7 +8,7 @@ are for bugs only.
 Upstream's command line works unchanged, whatever the executable is called (Gardener installs
 it as ``/opt/bin/gardener-node-agent``): ``--config-dir DIR`` on its own runs the agent,
 ``bootstrap --config-dir DIR`` and ``reset`` do what upstream's do. The config in that directory
-is ``config-<version>.yaml`` (see ``config.find_config``).
+is ``config-<version>.yaml`` (see ``base.configfile.find_config``).
 """
 
 from __future__ import annotations
@@ -202,8 +202,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     from node_agent.base import log
     from node_agent.base.errors import NodeAgentError
 
+    # The agent has no pydantic plugins: no scan of every installed package's entry points
+    # when the first model is built (set before pydantic reads it, inherited by nothing that
+    # minds).
+    os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
     try:
         if args.command == "run":
+            _log_start(args)
             settings, config = _load_settings(args, require_config=True)
             log.configure(args.log_level or config.log_level, args.log_format or config.log_format)
             return asyncio.run(_run(args, settings, config))
@@ -237,6 +242,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     return EXIT_USAGE
 
 
+def _log_start(args: argparse.Namespace) -> None:
+    """The daemon's first log line, logged before the config's models and the agent's modules are
+    imported (most of a start's CPU), so the journal shows when the process came up and which
+    binary and config it runs. It is JSON at info level unless the command line says otherwise:
+    the config's ``logLevel`` and ``logFormat`` are read next and apply from the following line
+    on."""
+    from node_agent.base import log
+    from node_agent.base.layout import CONFIG_FILE
+    from node_agent.base.selfexe import own_executable
+
+    chosen = _config_path(args)  # a missing config is one line on stderr, as before
+    log.configure(args.log_level or "info", args.log_format or "json")
+    log.get_logger("node-agent").info(
+        "node-agent starting",
+        version=__version__,
+        executable=own_executable(),
+        config=str(chosen.absolute() if chosen else args.root / CONFIG_FILE.lstrip("/")),
+        pid=os.getpid(),
+    )
+
+
 async def _run(
     args: argparse.Namespace, settings: AgentSettings, config: NodeAgentConfiguration
 ) -> int:
@@ -244,6 +270,9 @@ async def _run(
     from node_agent.systemd.client import start_early
 
     early = await start_early(args.systemd_bus, settings.systemd_job_timeout + 10)
+    from node_agent.kube.lean import load_aiohttp
+
+    load_aiohttp()  # before any module imports it
     from node_agent.agent import run_agent
 
     return await run_agent(
@@ -285,7 +314,7 @@ def _config_path(args: argparse.Namespace) -> Path | None:
         return Path(args.config)
     if not args.config_dir:
         return None
-    from node_agent.config import find_config
+    from node_agent.base.configfile import find_config  # without the config's models
 
     directory = Path(args.config_dir)
     if directory.is_absolute():
@@ -296,6 +325,9 @@ def _config_path(args: argparse.Namespace) -> Path | None:
 def _fleet(args: argparse.Namespace) -> int:
     """``node-agent fleet``: the lean kube client and the fleet module only (no daemon parts)."""
     from node_agent.base.errors import NodeAgentError
+    from node_agent.kube.lean import load_aiohttp
+
+    load_aiohttp()  # before any module imports it
     from node_agent.observe.fleet import kubeconfig_path, run_fleet
 
     if args.interval <= 0:
@@ -367,17 +399,43 @@ def _read_osc(path: Path) -> tuple[bytes, OperatingSystemConfig]:
 
 
 async def _plan(args: argparse.Namespace) -> int:
+    import json
+
+    from node_agent.osc import inplace
+
     applier, osc, _raw, resolved = await _prepare(args, offline=True)
     change_set = (await applier.plan(osc, resolved)).change_set
+    old, os_release = _in_place_inputs(applier)
+    in_place = inplace.plan(old, osc, os_release)
     if args.json:
-        print(
-            change_set.model_dump_json(
-                indent=2, exclude={"files_to_write": {"__all__": {"content"}}}
-            )
+        doc = change_set.model_dump(
+            mode="json", exclude={"files_to_write": {"__all__": {"content"}}}
         )
+        doc["in_place"] = in_place.model_dump(mode="json") if in_place is not None else None
+        print(json.dumps(doc, indent=2))
     else:
         print(change_set.summary())
+        for line in inplace.describe(in_place) if in_place is not None else ():
+            print(line)
     return 0
+
+
+def _in_place_inputs(applier: Applier) -> tuple[OperatingSystemConfig | None, str | None]:
+    """What the in-place part of ``plan`` compares with: the applied OSC and the host's
+    os-release (``/usr/lib/os-release`` when ``/etc``'s is missing)."""
+    from node_agent.base.errors import NodeAgentError
+    from node_agent.osc.decode import parse_osc
+
+    last = applier.state.load_last_applied()
+    old = parse_osc(last.raw) if last is not None else None
+    for path in ("/etc/os-release", "/usr/lib/os-release"):
+        try:
+            raw = applier.fs.read(path, limit=1 << 16)
+        except NodeAgentError:
+            continue
+        if raw is not None:
+            return old, raw.decode(errors="replace")
+    return old, None
 
 
 async def _apply(args: argparse.Namespace) -> int:

@@ -8,8 +8,10 @@ name, timeouts) live in ``AgentSettings``, each with its default documented next
 
 from __future__ import annotations
 
+import math
 import os
 import re
+from collections.abc import Mapping
 from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any
@@ -25,11 +27,15 @@ from pydantic import (
 )
 from pydantic_core import PydanticUseDefault
 
-from node_agent.base.durations import format_duration, parse_duration
+from node_agent.base.configfile import config_version_key as config_version_key
+from node_agent.base.configfile import find_config as find_config
+from node_agent.base.durations import format_duration, parse_duration, parse_go_duration_ns
 from node_agent.base.errors import ConfigError
+from node_agent.base.goyaml import load_go_yaml
 from node_agent.base.layout import AGENT_UNIT
 from node_agent.base.layout import BASE_DIR as BASE_DIR
 from node_agent.base.layout import BOOTSTRAP_TOKEN_FILE as BOOTSTRAP_TOKEN_FILE
+from node_agent.base.layout import CONFIG_FILE as CONFIG_FILE
 from node_agent.base.layout import CREDENTIALS_DIR as CREDENTIALS_DIR
 from node_agent.base.layout import KUBECONFIG_FILE as KUBECONFIG_FILE
 from node_agent.base.layout import TOKEN_FILE as TOKEN_FILE
@@ -42,8 +48,8 @@ KIND = "NodeAgentConfiguration"
 CLUSTER_CA_FILE = f"{BASE_DIR}/cluster-ca.crt"
 MACHINE_NAME_FILE = f"{BASE_DIR}/machine-name"
 ZONE_FILE = f"{BASE_DIR}/zone"
-CONFIG_FILE = f"{BASE_DIR}/config.yaml"
 
+#: a duration of this agent's own settings (``nodeAgent``): Go spelling or a number of seconds
 Duration = Annotated[timedelta, BeforeValidator(parse_duration)]
 
 
@@ -57,6 +63,99 @@ def _zero_is_unset(value: object) -> object:
 
 #: a field whose zero value ("" or 0) takes the default, as upstream's SetDefaults_* do
 ZeroIsUnset = BeforeValidator(_zero_is_unset)
+
+
+# --- Gardener's fields are decoded as Go's encoding/json decodes them -------------------------
+# Upstream turns the YAML into JSON and unmarshals it into typed Go fields: a string is never a
+# number, a number never a string, a bool only true/false, an int32 stays in range. pydantic
+# alone would coerce "5" into 5 and "true" into True, accepting files upstream refuses.
+
+
+def _go_string(value: object) -> object:
+    if not isinstance(value, str):
+        raise ValueError(f"expected a string, got {type(value).__name__}")
+    return value
+
+
+def _go_bool(value: object) -> object:
+    if not isinstance(value, bool):
+        raise ValueError(f"expected true or false, got {type(value).__name__}")
+    return value
+
+
+def _go_int(bits: int) -> BeforeValidator:
+    low, high = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+
+    def check(value: object) -> object:
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)  # YAML 1.0 reaches Go's decoder as the JSON number 1
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"expected an integer, got {type(value).__name__}")
+        if not low <= value <= high:
+            raise ValueError(f"{value} does not fit a {bits}-bit integer")
+        return value
+
+    return BeforeValidator(check)
+
+
+_FLOAT32_MAX = 3.4028234663852886e38
+
+
+def _go_float32(value: object) -> object:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"expected a number, got {type(value).__name__}")
+    if not math.isfinite(value) or abs(value) > _FLOAT32_MAX:
+        raise ValueError(f"{value} does not fit a 32-bit float")
+    return value
+
+
+def _go_duration(value: object) -> object:
+    """metav1.Duration: a string in Go's duration syntax (a number is refused)."""
+    if isinstance(value, timedelta):
+        return value  # set in code, not read from a file
+    if not isinstance(value, str):
+        raise ValueError(f"expected a Go duration string such as 1m30s, got {value!r}")
+    # whole microseconds, rounded down: a comparison with a whole-second minimum stays exact
+    return timedelta(microseconds=parse_go_duration_ns(value) // 1000)
+
+
+GoString = BeforeValidator(_go_string)
+GoBool = BeforeValidator(_go_bool)
+GoInt32 = _go_int(32)
+GoInt64 = _go_int(64)
+GoFloat32 = BeforeValidator(_go_float32)
+#: a duration of Gardener's config (``metav1.Duration``)
+GoDuration = Annotated[timedelta, BeforeValidator(_go_duration)]
+
+# Masterminds/semver's lenient reading (NewVersion), which upstream decodes kubernetesVersion with
+_SEMVER = re.compile(
+    r"v?([0-9]+)(?:\.([0-9]+))?(?:\.([0-9]+))?"
+    r"(?:-([0-9A-Za-z-]+(?:\.[0-9A-Za-z-]+)*))?"
+    r"(?:\+([0-9A-Za-z-]+(?:\.[0-9A-Za-z-]+)*))?"
+)
+_SEMVER_MAX_LENGTH = 256
+
+
+def kubernetes_version(value: object) -> str:
+    """The version as upstream prints it (``v1.33`` is ``1.33.0``): what the Node's
+    ``worker.gardener.cloud/kubernetes-version`` label carries."""
+    if not isinstance(value, str):
+        raise ValueError(f"expected a version string such as 1.33.4, got {value!r}")
+    match = _SEMVER.fullmatch(value) if len(value) <= _SEMVER_MAX_LENGTH else None
+    if match is None:
+        raise ValueError(f"not a semantic version: {value!r}")
+    major, minor, patch, pre, meta = match.groups()
+    numbers = [int(part or "0") for part in (major, minor, patch)]
+    if any(n >= 1 << 64 for n in numbers):
+        raise ValueError(f"not a semantic version: {value!r} (a number is too large)")
+    for part in (pre or "").split(".") if pre else ():
+        if part.isdigit() and len(part) > 1 and part.startswith("0"):
+            raise ValueError(f"not a semantic version: {value!r} (prerelease {part!r})")
+    text = ".".join(str(n) for n in numbers)
+    return text + (f"-{pre}" if pre else "") + (f"+{meta}" if meta else "")
+
+
+KubernetesVersion = BeforeValidator(kubernetes_version)
 
 
 class _Config(BaseModel):
@@ -73,24 +172,29 @@ class _Config(BaseModel):
 
 
 class ClientConnection(_Config):
-    kubeconfig: Annotated[str, ZeroIsUnset] = Field(
+    kubeconfig: Annotated[str, ZeroIsUnset, GoString] = Field(
         default=KUBECONFIG_FILE, description="kubeconfig of the agent"
     )
-    qps: Annotated[float, ZeroIsUnset] = 50.0
-    burst: Annotated[int, ZeroIsUnset] = 100
+    #: read (and type-checked) as upstream does; this agent speaks JSON whatever they say
+    accept_content_types: Annotated[str, GoString] = Field(default="", alias="acceptContentTypes")
+    content_type: Annotated[str, GoString] = Field(default="", alias="contentType")
+    qps: Annotated[float, ZeroIsUnset, GoFloat32] = 50.0
+    burst: Annotated[int, ZeroIsUnset, GoInt32] = 100
 
 
 class ServerEndpoint(_Config):
-    bind_address: str = Field(default="", alias="bindAddress", description="'' = all addresses")
-    port: int
+    bind_address: Annotated[str, GoString] = Field(
+        default="", alias="bindAddress", description="'' = all addresses"
+    )
+    port: Annotated[int, GoInt64]
 
 
 class HealthProbesEndpoint(ServerEndpoint):
-    port: Annotated[int, ZeroIsUnset] = 2751
+    port: Annotated[int, ZeroIsUnset, GoInt64] = 2751
 
 
 class MetricsEndpoint(ServerEndpoint):
-    port: Annotated[int, ZeroIsUnset] = 2752
+    port: Annotated[int, ZeroIsUnset, GoInt64] = 2752
 
 
 class ServerConfiguration(_Config):
@@ -101,39 +205,54 @@ class ServerConfiguration(_Config):
 
 
 class APIServer(_Config):
-    server: str = ""
+    server: Annotated[str, GoString] = ""
     #: upstream leaves an empty caFile empty; Gardener always writes the cluster CA's path, which
     #: is also what we take for "" (an empty host path would stop the agent)
-    ca_file: Annotated[str, ZeroIsUnset] = Field(default=CLUSTER_CA_FILE, alias="caFile")
+    ca_file: Annotated[str, ZeroIsUnset, GoString] = Field(default=CLUSTER_CA_FILE, alias="caFile")
 
 
 class BootstrapConfiguration(_Config):
-    kubelet_data_volume_size: int | None = Field(default=None, alias="kubeletDataVolumeSize")
+    kubelet_data_volume_size: Annotated[int, GoInt64] | None = Field(
+        default=None, alias="kubeletDataVolumeSize"
+    )
+
+
+class DebuggingConfiguration(_Config):
+    """Upstream's profiling switches: read and type-checked, not acted on (no pprof here)."""
+
+    enable_profiling: Annotated[bool, GoBool] | None = Field(default=None, alias="enableProfiling")
+    enable_contention_profiling: Annotated[bool, GoBool] | None = Field(
+        default=None, alias="enableContentionProfiling"
+    )
 
 
 class OSCControllerConfig(_Config):
-    sync_period: Duration = Field(
+    sync_period: GoDuration = Field(
         default=timedelta(minutes=10),
         alias="syncPeriod",
         description="full re-check of the OSC and the disk even without events (min 15s)",
     )
-    secret_name: str = Field(default="", alias="secretName")
-    kubernetes_version: str | None = Field(default=None, alias="kubernetesVersion")
+    secret_name: Annotated[str, GoString] = Field(default="", alias="secretName")
+    #: as upstream prints it (``v1.33`` reads as ``1.33.0``); required by validate_config
+    kubernetes_version: Annotated[str, KubernetesVersion] | None = Field(
+        default=None, alias="kubernetesVersion"
+    )
 
 
 class TokenSyncConfig(_Config):
-    secret_name: str = Field(alias="secretName")
-    path: str
+    #: both required by validate_config (upstream's decoder leaves a missing one empty)
+    secret_name: Annotated[str, GoString] = Field(default="", alias="secretName")
+    path: Annotated[str, GoString] = ""
 
 
 class TokenControllerConfig(_Config):
     sync_configs: tuple[TokenSyncConfig, ...] = Field(default=(), alias="syncConfigs")
-    sync_period: Duration = Field(default=timedelta(hours=1), alias="syncPeriod")
+    sync_period: GoDuration = Field(default=timedelta(hours=1), alias="syncPeriod")
 
 
 class SystemdUnitCheckConfig(_Config):
-    sync_period: Duration = Field(default=timedelta(minutes=1), alias="syncPeriod")
-    stuck_threshold: Duration = Field(default=timedelta(minutes=5), alias="stuckThreshold")
+    sync_period: GoDuration = Field(default=timedelta(minutes=1), alias="syncPeriod")
+    stuck_threshold: GoDuration = Field(default=timedelta(minutes=5), alias="stuckThreshold")
 
 
 class ControllerConfiguration(_Config):
@@ -229,15 +348,20 @@ def _go_durations(value: Any) -> Any:
 class NodeAgentConfiguration(_Config):
     """Gardener's component config, ``nodeagent.config.gardener.cloud/v1alpha1``."""
 
-    api_version: str = Field(default=API_VERSION, alias="apiVersion")
-    kind: str = KIND
+    api_version: Annotated[str, ZeroIsUnset, GoString] = Field(
+        default=API_VERSION, alias="apiVersion"
+    )
+    kind: Annotated[str, ZeroIsUnset, GoString] = KIND
     client_connection: ClientConnection = Field(
         default=ClientConnection(), alias="clientConnection"
     )
-    log_level: Annotated[str, ZeroIsUnset] = Field(default="info", alias="logLevel")
-    log_format: Annotated[str, ZeroIsUnset] = Field(default="json", alias="logFormat")
+    log_level: Annotated[str, ZeroIsUnset, GoString] = Field(default="info", alias="logLevel")
+    log_format: Annotated[str, ZeroIsUnset, GoString] = Field(default="json", alias="logFormat")
     server: ServerConfiguration = ServerConfiguration()
-    feature_gates: dict[str, bool] = Field(default_factory=dict, alias="featureGates")
+    debugging: DebuggingConfiguration | None = None
+    feature_gates: dict[str, Annotated[bool, GoBool]] = Field(
+        default_factory=dict, alias="featureGates"
+    )
     api_server: APIServer = Field(default=APIServer(), alias="apiServer")
     bootstrap: BootstrapConfiguration | None = None
     controllers: ControllerConfiguration = ControllerConfiguration()
@@ -266,90 +390,160 @@ class NodeAgentConfiguration(_Config):
         return yaml.safe_dump(self.dump(), sort_keys=False)
 
 
-MIN_OSC_SYNC_PERIOD = timedelta(seconds=15)
+# --- upstream's validation (ValidateNodeAgentConfiguration of Gardener v1.150.0) ---------------
+
+MIN_SYNC_PERIOD = timedelta(seconds=15)
+MIN_STUCK_THRESHOLD = timedelta(seconds=30)
+LOG_LEVELS = ("debug", "info", "error")
+LOG_FORMATS = ("json", "text")
+#: the only feature gates upstream's agent knows: component-base's own (it registers none)
+FEATURE_GATES = ("AllAlpha", "AllBeta")
+#: the Kubernetes minor versions Gardener v1.150.0 supports; any patch of them is accepted
+SUPPORTED_KUBERNETES_MINORS = ((1, 32), (1, 33), (1, 34), (1, 35), (1, 36))
+#: upstream's escape hatch: "true" accepts any kubernetesVersion (at the operator's own risk)
+DISABLE_VERSION_CHECK_ENV = "EXPERIMENTAL_DISABLE_KUBERNETES_VERSION_CHECK"
+
+
+def _supported_kubernetes_version(version: str) -> bool:
+    major, minor = (int(n) for n in re.split(r"[-+.]", version)[:2])
+    return (major, minor) in SUPPORTED_KUBERNETES_MINORS
+
+
+def validate_config(
+    config: NodeAgentConfiguration, environ: Mapping[str, str] | None = None
+) -> list[str]:
+    """What upstream refuses to start with, one ``field: why`` per problem (empty: valid).
+
+    Kept apart from decoding (``NodeAgentConfiguration.model_validate``), as upstream keeps
+    its Validate apart from its decoder: code and tests may build a config that runs a
+    controller faster than a node should."""
+    env = os.environ if environ is None else environ
+    problems: list[str] = []
+    if config.client_connection.burst < 0:
+        problems.append(
+            f"clientConnection.burst: must not be negative, got {config.client_connection.burst}"
+        )
+    if config.log_level not in LOG_LEVELS:
+        problems.append(f"logLevel: {config.log_level!r} is none of {', '.join(LOG_LEVELS)}")
+    if config.log_format not in LOG_FORMATS:
+        problems.append(f"logFormat: {config.log_format!r} is none of {', '.join(LOG_FORMATS)}")
+    for gate in config.feature_gates:
+        if gate not in FEATURE_GATES:
+            problems.append(
+                f"featureGates: unknown feature gate {gate!r} (known: {', '.join(FEATURE_GATES)})"
+            )
+
+    def at_least(path: str, value: timedelta, minimum: timedelta) -> None:
+        if value < minimum:
+            problems.append(
+                f"{path}: must be at least {format_duration(minimum)}, got {format_duration(value)}"
+            )
+
+    controllers = "controllers"
+    osc = config.controllers.operating_system_config
+    if not osc.secret_name:
+        problems.append(
+            f"{controllers}.operatingSystemConfig.secretName: required (the OSC Secret's name)"
+        )
+    at_least(f"{controllers}.operatingSystemConfig.syncPeriod", osc.sync_period, MIN_SYNC_PERIOD)
+    version_path = f"{controllers}.operatingSystemConfig.kubernetesVersion"
+    if osc.kubernetes_version is None:
+        problems.append(f"{version_path}: required (the worker pool's Kubernetes version)")
+    elif (
+        not _supported_kubernetes_version(osc.kubernetes_version)
+        and env.get(DISABLE_VERSION_CHECK_ENV) != "true"
+    ):
+        supported = ", ".join(f"{a}.{b}" for a, b in SUPPORTED_KUBERNETES_MINORS)
+        problems.append(
+            f"{version_path}: {osc.kubernetes_version} is not a supported Kubernetes version "
+            f"({supported}; {DISABLE_VERSION_CHECK_ENV}=true accepts it anyway)"
+        )
+    token = config.controllers.token
+    paths: set[str] = set()
+    for index, sync in enumerate(token.sync_configs):
+        item = f"{controllers}.token.syncConfigs[{index}]"
+        if not sync.secret_name:
+            problems.append(f"{item}.secretName: required (the Secret holding the token)")
+        if not sync.path:
+            problems.append(f"{item}.path: required (where the token is written)")
+        elif sync.path in paths:
+            problems.append(f"{item}.path: {sync.path} is already the path of another token")
+        paths.add(sync.path)
+    at_least(f"{controllers}.token.syncPeriod", token.sync_period, MIN_SYNC_PERIOD)
+    check = config.controllers.systemd_unit_check
+    at_least(f"{controllers}.systemdUnitCheck.syncPeriod", check.sync_period, MIN_SYNC_PERIOD)
+    at_least(
+        f"{controllers}.systemdUnitCheck.stuckThreshold", check.stuck_threshold, MIN_STUCK_THRESHOLD
+    )
+    return problems
+
+
+def _type_meta(data: dict[Any, Any], source: str) -> None:
+    """Upstream's decoder fills an empty or missing apiVersion/kind with its own; any other
+    group, version or kind is not a NodeAgentConfiguration."""
+    for key, wanted in (("apiVersion", API_VERSION), ("kind", KIND)):
+        value = data.get(key)
+        if value is None or value == "":
+            continue
+        if not isinstance(value, str):
+            raise ConfigError(f"{source}: {key}: expected a string, got {type(value).__name__}")
+        if value != wanted:
+            raise ConfigError(
+                f"{source}: expected apiVersion {API_VERSION} kind {KIND}, "
+                f"got {data.get('apiVersion')!r} {data.get('kind')!r}"
+            )
+
+
+def _field_path(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def decode_config(raw: bytes | str, *, source: str = "config") -> NodeAgentConfiguration:
+    """The config as upstream's decoder and defaulting read it, not yet validated."""
+    try:
+        data = load_go_yaml(raw)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{source}: not valid YAML: {exc}") from exc
+    except ValueError as exc:
+        raise ConfigError(f"{source}: not valid as JSON, as upstream reads it: {exc}") from exc
+    if not isinstance(data, dict):
+        got = "an empty file" if data is None else type(data).__name__
+        raise ConfigError(f"{source}: expected a mapping, got {got}")
+    _type_meta(data, source)
+    try:
+        # only Gardener's spelling: upstream ignores a key such as secret_name
+        return NodeAgentConfiguration.model_validate(data, by_alias=True, by_name=False)
+    except ValidationError as exc:
+        problems = [
+            f"{_field_path(e['loc'])}: {e['msg'].removeprefix('Value error, ')}"
+            for e in exc.errors()
+        ]
+        raise ConfigError(f"{source}: {'; '.join(problems)}") from exc
 
 
 def parse_config(raw: bytes | str, *, source: str = "config") -> NodeAgentConfiguration:
-    """Parse and check a NodeAgentConfiguration; errors name the file and field."""
-    try:
-        data = yaml.safe_load(raw)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{source}: not valid YAML: {exc}") from exc
-    if not isinstance(data, dict):
-        raise ConfigError(f"{source}: expected a mapping, got {type(data).__name__}")
-    if data.get("apiVersion", API_VERSION) != API_VERSION or data.get("kind", KIND) != KIND:
-        raise ConfigError(
-            f"{source}: expected apiVersion {API_VERSION} kind {KIND}, "
-            f"got {data.get('apiVersion')!r} {data.get('kind')!r}"
-        )
-    try:
-        config = NodeAgentConfiguration.model_validate(data)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise ConfigError(f"{source}: {where}: {first['msg']}") from exc
-    osc = config.controllers.operating_system_config
-    if osc.sync_period < MIN_OSC_SYNC_PERIOD:
-        raise ConfigError(
-            f"{source}: controllers.operatingSystemConfig.syncPeriod must be at least 15s, "
-            f"got {format_duration(osc.sync_period)}"
-        )
+    """Decode and validate a NodeAgentConfiguration as upstream does before it starts; the
+    error names the file and every field that is wrong."""
+    config = decode_config(raw, source=source)
+    problems = validate_config(config)
+    if problems:
+        raise ConfigError(f"{source}: {'; '.join(problems)}")
     return config
 
 
-def load_config(path: Path) -> NodeAgentConfiguration:
+def load_config(path: Path, *, validate: bool = True) -> NodeAgentConfiguration:
+    """The config file at ``path``; ``validate=False`` for a reader that only reports (``status``
+    must show what a config says even when the agent refuses to start with it)."""
     try:
         raw = path.read_bytes()
     except OSError as exc:
         raise ConfigError(f"cannot read config {path}: {exc.strerror}") from exc
-    return parse_config(raw, source=str(path))
-
-
-_VERSIONED_CONFIG = re.compile(
-    r"config-v?(\d+)\.(\d+)\.(\d+)(?:-([0-9A-Za-z.-]+))?(?:\+[0-9A-Za-z.-]+)?\.yaml"
-)
-
-
-def _prerelease_key(text: str | None) -> tuple[int, tuple[tuple[int, int, str], ...]]:
-    """Semver precedence of a prerelease: a release sorts after all of its prereleases; numeric
-    identifiers compare as numbers and sort before alphanumeric ones."""
-    if text is None:
-        return (1, ())
-    parts = tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in text.split("."))
-    return (0, parts)
-
-
-def config_version_key(name: str) -> tuple[Any, ...] | None:
-    """Sort key of ``config-<version>.yaml`` by semantic version; None for any other name."""
-    match = _VERSIONED_CONFIG.fullmatch(name)
-    if match is None:
-        return None
-    major, minor, patch, pre = match.groups()
-    return (int(major), int(minor), int(patch), _prerelease_key(pre))
-
-
-def find_config(config_dir: Path) -> Path:
-    """The agent's config in ``config_dir`` (upstream's ``--config-dir``).
-
-    Gardener writes ``config-<gardener version>.yaml``; upstream's binary reads the one named
-    after its own version. We carry no Gardener version, so during an upgrade (the new file
-    written, the old one not yet deleted) the highest semantic version wins, never a lexical
-    sort. Only regular files count (a symlink is not followed: nothing planted there decides
-    which config runs). Without any versioned file, the standalone ``config.yaml``.
-    """
-    try:
-        with os.scandir(config_dir) as entries:
-            found = [(e.name, e.is_file(follow_symlinks=False), e.is_file()) for e in entries]
-    except OSError as exc:
-        raise ConfigError(f"cannot read config dir {config_dir}: {exc.strerror}") from exc
-    names = [name for name, _regular, is_file in found if is_file]
-    regular = [name for name, is_regular, _ in found if is_regular]
-    keyed = [(key, name) for name in regular if (key := config_version_key(name)) is not None]
-    if keyed:
-        return config_dir / max(keyed)[1]
-    if "config.yaml" in names:
-        return config_dir / "config.yaml"
-    raise ConfigError(f"no config-<version>.yaml or config.yaml in {config_dir}")
+    if validate:
+        return parse_config(raw, source=str(path))
+    return decode_config(raw, source=str(path))
 
 
 class AgentSettings(_Config):

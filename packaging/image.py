@@ -31,6 +31,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import time
 from pathlib import Path, PurePosixPath
 
 SRC = Path(__file__).resolve().parent.parent
@@ -41,8 +42,12 @@ KO_FILE = "ko-app/gardener-node-agent"
 
 MAGIC = b"NAGENTX1"
 FORMAT = 1
+STORED, ZSTD = 0, 1  # the trailer's compression field
+#: zstd's level for the payload: the strongest, as it is paid once per build (cached) and
+#: decompression speed hardly depends on it
+ZSTD_LEVEL = 19
 ENTRY = struct.Struct("<BBHHHQ")  # type, 0, mode, path length, 0, size
-TRAILER = struct.Struct("<8sIIQQ32s")  # magic, format, 0, payload offset, length, sha256
+TRAILER = struct.Struct("<8sIIQQ32s")  # magic, format, compression, offset, length, sha256
 
 INDEX_TYPE = "application/vnd.oci.image.index.v1+json"
 MANIFEST_TYPE = "application/vnd.oci.image.manifest.v1+json"
@@ -65,10 +70,13 @@ def _json(value: object) -> bytes:
 
 # -- the single file --------------------------------------------------------------------------
 def compile_launcher(out: Path) -> None:
-    """gcc, optimised and stripped; no paths of the build machine end up in the binary."""
+    """gcc, optimised and stripped; no paths of the build machine end up in the binary. zstd's
+    decoder is linked in statically: the launcher runs before anything else and needs only
+    glibc (libzstd-dev at build time)."""
     subprocess.run(
         ["gcc", "-std=gnu11", "-O2", "-s", "-Wall", "-Wextra", "-Werror",
-         f"-ffile-prefix-map={LAUNCHER_C.parent}=.", "-o", str(out), str(LAUNCHER_C)],
+         f"-ffile-prefix-map={LAUNCHER_C.parent}=.", "-o", str(out), str(LAUNCHER_C),
+         "-l:libzstd.a"],
         check=True,
     )  # fmt: skip
 
@@ -110,10 +118,25 @@ def payload_from_artifact(artifact: Path) -> bytes:
     return payload_from_entries([found[path] for path in sorted(found)])
 
 
-def single_file(launcher: bytes, payload: bytes) -> bytes:
-    """Launcher, payload, trailer: the whole executable."""
-    digest = hashlib.sha256(payload).digest()
-    return launcher + payload + TRAILER.pack(MAGIC, FORMAT, 0, len(launcher), len(payload), digest)
+def zstd_compress(data: bytes) -> bytes:
+    """One zstd frame that records the decompressed size (the launcher sizes its buffer by
+    it) and zstd's checksum of the content. The same bytes for the same input whatever the
+    number of threads (zstd's multi-threaded mode is deterministic)."""
+    return subprocess.run(
+        ["zstd", f"-{ZSTD_LEVEL}", "-T0", "-q", "-c", "--check", f"--stream-size={len(data)}"],
+        input=data,
+        stdout=subprocess.PIPE,
+        check=True,
+    ).stdout
+
+
+def single_file(launcher: bytes, payload: bytes, *, compress: bool = True) -> bytes:
+    """Launcher, payload (zstd-compressed unless ``compress`` is False), trailer: the whole
+    executable. The trailer's sha256 is of the payload as stored, and names the unpacked copy."""
+    stored = zstd_compress(payload) if compress else payload
+    digest = hashlib.sha256(stored).digest()
+    kind = ZSTD if compress else STORED
+    return launcher + stored + TRAILER.pack(MAGIC, FORMAT, kind, len(launcher), len(stored), digest)
 
 
 # -- the OCI image layout ---------------------------------------------------------------------
@@ -212,6 +235,15 @@ def _artifact(out: Path) -> Path:
     return Path(built.stdout.strip().splitlines()[-1])
 
 
+def _wait_synced(root: Path, timeout: float = 120.0) -> None:
+    """Until the launcher's background sync has marked the unpacked copy as on disk."""
+    deadline = time.monotonic() + timeout
+    while not any(root.glob("*/.complete")):
+        if time.monotonic() > deadline:
+            _die(f"the unpacked copy under {root} was never marked complete")
+        time.sleep(0.01)
+
+
 def _gcc_version() -> str:
     return subprocess.run(
         ["gcc", "--version"], capture_output=True, text=True, check=True
@@ -259,6 +291,7 @@ def build(out: Path) -> Path:
             )
             if check.stdout.strip() != f"node-agent {version}":
                 _die(f"the single file does not run: {check.stdout!r} {check.stderr!r}")
+            _wait_synced(tmp / "unpack")  # its background sync writes there; then it goes
             layout, _ = image_layout(executable, version)
             (tmp / "done" / layout_name).write_bytes(layout)
             shutil.rmtree(done, ignore_errors=True)

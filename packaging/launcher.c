@@ -4,23 +4,33 @@
  * The image ships the agent as ONE executable: this small program with the PyInstaller onedir
  * bundle appended as a payload and a fixed 64-byte trailer at the very end of the file:
  *
- *   magic "NAGENTX1" | u32 format (1) | u32 0 | u64 payload offset | u64 payload length |
- *   sha256 of the payload (32 bytes)                                   (little-endian)
+ *   magic "NAGENTX1" | u32 format (1) | u32 compression | u64 payload offset |
+ *   u64 payload length | sha256 of the payload as stored (32 bytes)      (little-endian)
  *
- * Payload: entries of a 16-byte header (u8 type 'd'/'f'/'l', u8 0, u16 mode, u16 path length,
- * u16 0, u64 size), the relative path, then `size` bytes (file content or link target); a
- * header of type 0 ends it. Directories come before what they contain.
+ * Compression 0: the payload is stored as it is; 1: it is one zstd frame that records its
+ * decompressed size and carries zstd's checksum of the content. Decompressed, the
+ * payload is: entries of a 16-byte header (u8 type 'd'/'f'/'l', u8 0, u16 mode, u16 path
+ * length, u16 0, u64 size), the relative path, then `size` bytes (file content or link target);
+ * a header of type 0 ends it. Directories come before what they contain.
  *
  * On start the bundle is used from <root>/<sha256>/ (root: $NODE_AGENT_UNPACK_DIR, else
  * /var/cache/node-agent for root, else $XDG_CACHE_HOME/node-agent or ~/.cache/node-agent):
- *   - warm: <sha256>/.complete exists -> take a shared flock on <sha256>/.lock (the fd stays open
+ *   - warm: the copy is usable -> take a shared flock on <sha256>/.lock (the fd stays open
  *     through exec, so the running agent keeps holding it) and exec the bundle's bootloader with
  *     the same argv (argv[0] unchanged). No hashing, no writes.
- *   - cold: under an exclusive flock on <root>/.lock, verify the payload's sha256, unpack it into
- *     <root>/.tmp-*, syncfs, write .complete, rename to <root>/<sha256> (complete or absent),
- *     then collect garbage: stale .tmp-* (only the lock holder unpacks, so any is left over from
- *     a killed start) and old copies, keeping the current one and one other. A copy whose .lock
- *     cannot be locked exclusively is in use and is never removed.
+ *   - cold: under an exclusive flock on <root>/.lock, check the payload (stored: its sha256;
+ *     compressed: zstd's checksum of the content, while decompressing) and unpack it into <root>/.tmp-*, write .boot (this boot's id), rename to <root>/<sha256>
+ *     (complete or absent), then collect garbage: stale .tmp-* (only the lock holder unpacks, so
+ *     any is left over from a killed start) and old copies, keeping the current one and one
+ *     other. A copy whose .lock cannot be locked exclusively is in use and is never removed.
+ *
+ * A copy is usable when it has .complete (its files are on disk: written after a syncfs), or
+ * when its .boot names the running boot (its files are in the page cache, which only a crash or
+ * a reboot loses, and either one changes the boot id). The sync is not waited for: a process of
+ * its own (idle I/O priority, detached from the agent's stdio) syncs the file system and then
+ * writes .complete, while the agent starts. So a first start costs a decompression and writes
+ * to the page cache, not a flush of the whole file system; a copy whose sync never finished is
+ * unpacked again after the next boot. Without a readable boot id the sync is done before exec.
  * The unpack root must be a directory owned by the effective user and not group/world-writable.
  *
  * Exported to the agent: NODE_AGENT_EXECUTABLE (this file's path) and NODE_AGENT_BUNDLE (the
@@ -40,11 +50,19 @@
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/types.h>
+#include <sys/wait.h>
 #include <unistd.h>
+#include <zstd.h>
 
 #define MAGIC "NAGENTX1"
 #define FORMAT 1
+#define STORED 0
+#define ZSTD 1
+#define MAX_PAYLOAD (4ULL << 30) /* decompressed; far above any real bundle */
+#define BOOT_ID "/proc/sys/kernel/random/boot_id"
+#define BOOT_ID_LEN 36
 #define TRAILER_SIZE 64
 #define ENTRY_HEADER 16
 #define BOOTLOADER "node-agent"
@@ -197,9 +215,41 @@ static int open_root(void) {
     return fd;
 }
 
-/* A complete copy of <key>, with a shared lock held on its .lock (fd left open through exec);
- * -1 if there is none (or the garbage collector holds it right now). */
-static int use_copy(int rootfd, const char *key) {
+/* This boot's id (36 characters), or "" when it cannot be read. */
+static const char *boot_id(void) {
+    static char id[BOOT_ID_LEN + 1];
+    static int read_once;
+    if (!read_once) {
+        read_once = 1;
+        int fd = open(BOOT_ID, O_RDONLY | O_CLOEXEC);
+        if (fd >= 0) {
+            if (read(fd, id, BOOT_ID_LEN) != BOOT_ID_LEN)
+                id[0] = '\0';
+            close(fd);
+        }
+    }
+    return id;
+}
+
+/* Does <key>/.boot name this boot? */
+static int unpacked_this_boot(int rootfd, const char *key) {
+    const char *now = boot_id();
+    char path[128], seen[BOOT_ID_LEN + 1] = "";
+    if (!now[0])
+        return 0;
+    snprintf(path, sizeof path, "%s/.boot", key);
+    int fd = openat(rootfd, path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    ssize_t n = read(fd, seen, BOOT_ID_LEN);
+    close(fd);
+    return n == BOOT_ID_LEN && memcmp(seen, now, BOOT_ID_LEN) == 0;
+}
+
+/* A usable copy of <key>, with a shared lock held on its .lock (fd left open through exec);
+ * -1 if there is none (or the garbage collector holds it right now). *synced: whether its
+ * files are known to be on disk (.complete) rather than only unpacked during this boot. */
+static int use_copy(int rootfd, const char *key, int *synced) {
     char lock[128], done[128];
     snprintf(lock, sizeof lock, "%s/.lock", key);
     snprintf(done, sizeof done, "%s/.complete", key);
@@ -209,11 +259,78 @@ static int use_copy(int rootfd, const char *key) {
     struct stat held, now, marker;
     if (flock(fd, LOCK_SH | LOCK_NB) != 0 || fstat(fd, &held) != 0 ||
         fstatat(rootfd, lock, &now, AT_SYMLINK_NOFOLLOW) != 0 || held.st_ino != now.st_ino ||
-        held.st_dev != now.st_dev || fstatat(rootfd, done, &marker, AT_SYMLINK_NOFOLLOW) != 0) {
+        held.st_dev != now.st_dev) {
+        close(fd);
+        return -1;
+    }
+    *synced = fstatat(rootfd, done, &marker, AT_SYMLINK_NOFOLLOW) == 0;
+    if (!*synced && !unpacked_this_boot(rootfd, key)) {
         close(fd);
         return -1;
     }
     return fd;
+}
+
+/* Write <dirfd>/.complete (the key) through a temporary name and fsync it; 0 on success. */
+static int mark_complete(int dfd, const char *key) {
+    char tmp[64];
+    snprintf(tmp, sizeof tmp, ".complete.tmp-%ld", (long)getpid());
+    int fd = openat(dfd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return -1;
+    char line[66];
+    memcpy(line, key, 64);
+    line[64] = '\n';
+    int ok = write(fd, line, 65) == 65 && fsync(fd) == 0;
+    ok = close(fd) == 0 && ok;
+    if (!ok || renameat(dfd, tmp, dfd, ".complete") != 0) {
+        unlinkat(dfd, tmp, 0);
+        return -1;
+    }
+    return fsync(dfd);
+}
+
+/* Make <root>/<key> durable in a process of its own, not waited for: syncfs, then .complete.
+ * Double fork, so the agent (exec'd in this process) never sees it as a child; its stdio goes
+ * to /dev/null, so whoever reads the agent's output is not held up by it. Best effort: if it
+ * dies, the copy stays usable for this boot and is unpacked again after the next one. */
+static void sync_later(int rootfd, const char *key) {
+    pid_t child = fork();
+    if (child < 0)
+        return;
+    if (child > 0) {
+        while (waitpid(child, NULL, 0) < 0 && errno == EINTR)
+            ;
+        return;
+    }
+    if (fork() != 0)
+        _exit(0);
+    int null = open("/dev/null", O_RDWR | O_CLOEXEC);
+    if (null >= 0) {
+        dup2(null, 0), dup2(null, 1), dup2(null, 2);
+        close(null);
+    }
+    int dfd = openat(rootfd, key, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (dfd < 0)
+        _exit(1);
+    /* Nothing else stays open here: not the copy's lock (it would look in use after the agent
+     * stopped), nor any pipe someone waits on for the agent's end. */
+    DIR *fds = opendir("/proc/self/fd");
+    if (fds) {
+        int own = dirfd(fds);
+        struct dirent *e;
+        while ((e = readdir(fds)) != NULL) {
+            int n = atoi(e->d_name);
+            if (e->d_name[0] != '.' && n > 2 && n != own && n != dfd && n != rootfd)
+                close(n);
+        }
+        closedir(fds);
+    }
+    /* IOPRIO_WHO_PROCESS, this process, class idle: the agent's own writes go first. */
+    syscall(SYS_ioprio_set, 1, 0, 3 << 13);
+    if (syncfs(dfd) != 0 || mark_complete(dfd, key) != 0 || fsync(rootfd) != 0)
+        _exit(1);
+    _exit(0);
 }
 
 static int valid_path(const char *p, size_t len) {
@@ -243,18 +360,48 @@ static void write_all(int fd, const uint8_t *p, uint64_t n, const char *what) {
     }
 }
 
-/* Unpack the verified payload into <root>/<key>, atomically. Caller holds <root>/.lock. */
-static void unpack(int rootfd, const char *key, const uint8_t *payload, uint64_t len,
-                   const char *exe) {
-    uint8_t digest[32];
-    char hex[65];
-    sha256(payload, len, digest);
-    for (int i = 0; i < 32; i++)
-        snprintf(hex + 2 * i, 3, "%02x", digest[i]);
-    if (strcmp(hex, key) != 0)
-        die("%s is corrupted: its payload does not match its checksum (sha256 %s, expected %s)",
-            exe, hex, key);
+/* The payload's entries, checked: in memory of their own (an anonymous mapping) when it is
+ * compressed, else the stored bytes. A stored payload is checked against the key (its sha256);
+ * a compressed one by zstd's checksum of the content, which the frame must carry: that finds
+ * the same damage without hashing the file a second time on the path of a first start. */
+static const uint8_t *open_payload(const char *key, uint32_t compression, const uint8_t *stored,
+                                   uint64_t stored_len, uint64_t *len, const char *exe) {
+    if (compression == STORED) {
+        uint8_t digest[32];
+        char hex[65];
+        sha256(stored, stored_len, digest);
+        for (int i = 0; i < 32; i++)
+            snprintf(hex + 2 * i, 3, "%02x", digest[i]);
+        if (strcmp(hex, key) != 0)
+            die("%s is corrupted: its payload does not match its checksum (sha256 %s, "
+                "expected %s)", exe, hex, key);
+        *len = stored_len;
+        return stored;
+    }
+    /* Frame: magic 28 b5 2f fd, then the descriptor byte; bit 2 is Content_Checksum_flag. */
+    static const uint8_t zstd_magic[4] = {0x28, 0xb5, 0x2f, 0xfd};
+    unsigned long long size = ZSTD_getFrameContentSize(stored, stored_len);
+    if (stored_len < 5 || memcmp(stored, zstd_magic, 4) != 0 || !(stored[4] & 0x04) ||
+        size == ZSTD_CONTENTSIZE_UNKNOWN || size == ZSTD_CONTENTSIZE_ERROR || size == 0 ||
+        size > MAX_PAYLOAD)
+        die("%s is corrupted: its payload does not match its checksum (no zstd frame with a "
+            "size and a checksum)", exe);
+    void *out =
+        mmap(NULL, (size_t)size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (out == MAP_FAILED)
+        die("cannot allocate %llu bytes to decompress %s: %s", size, exe, strerror(errno));
+    size_t got = ZSTD_decompress(out, (size_t)size, stored, (size_t)stored_len);
+    if (ZSTD_isError(got) || got != size)
+        die("%s is corrupted: its payload does not match its checksum (zstd: %s)", exe,
+            ZSTD_isError(got) ? ZSTD_getErrorName(got) : "short");
+    *len = size;
+    return out;
+}
 
+/* Unpack the payload into <root>/<key>, atomically. Caller holds <root>/.lock. Returns whether
+ * the copy is already on disk (no boot id to tie it to: synced here, before anything runs). */
+static int unpack(int rootfd, const char *key, const uint8_t *payload, uint64_t len,
+                  const char *exe) {
     char tmp[128];
     snprintf(tmp, sizeof tmp, ".tmp-%.16s-%ld", key, (long)getpid());
     if (mkdirat(rootfd, tmp, 0755) != 0)
@@ -313,17 +460,21 @@ static void unpack(int rootfd, const char *key, const uint8_t *payload, uint64_t
     }
     if (pos != len)
         die("%s is corrupted: data after the payload's end", exe);
-    if (syncfs(dfd) != 0)
-        die("cannot sync %s: %s", root_path, strerror(errno));
-    int mfd = openat(dfd, ".complete", O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-    if (mfd < 0)
-        die("cannot create %s/%s/.complete: %s", root_path, tmp, strerror(errno));
-    write_all(mfd, (const uint8_t *)key, 64, ".complete");
-    write_all(mfd, (const uint8_t *)"\n", 1, ".complete");
-    if (fsync(mfd) != 0 || close(mfd) != 0 || fsync(dfd) != 0)
-        die("cannot sync %s/%s: %s", root_path, tmp, strerror(errno));
+    const char *boot = boot_id();
+    int synced = !boot[0];
+    if (synced) {
+        if (syncfs(dfd) != 0 || mark_complete(dfd, key) != 0)
+            die("cannot sync %s/%s: %s", root_path, tmp, strerror(errno));
+    } else {
+        int bfd = openat(dfd, ".boot", O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+        if (bfd < 0)
+            die("cannot create %s/%s/.boot: %s", root_path, tmp, strerror(errno));
+        write_all(bfd, (const uint8_t *)boot, BOOT_ID_LEN, ".boot");
+        write_all(bfd, (const uint8_t *)"\n", 1, ".boot");
+        close(bfd);
+    }
     close(dfd);
-    /* A <key> without .complete is a broken leftover (we hold the lock): replace it. */
+    /* A <key> that is not usable is a broken leftover (we hold the lock): replace it. */
     if (renameat(rootfd, tmp, rootfd, key) != 0) {
         char old[128];
         snprintf(old, sizeof old, ".tmp-old-%.16s-%ld", key, (long)getpid());
@@ -331,8 +482,9 @@ static void unpack(int rootfd, const char *key, const uint8_t *payload, uint64_t
             die("cannot move %s/%s into place: %s", root_path, tmp, strerror(errno));
         rm_tree(old);
     }
-    if (fsync(rootfd) != 0)
+    if (synced && fsync(rootfd) != 0)
         die("cannot sync %s: %s", root_path, strerror(errno));
+    return synced;
 }
 
 static int is_key(const char *name) {
@@ -367,9 +519,8 @@ static void collect(int rootfd, const char *key) {
             continue;
         struct old *o = &olds[n++];
         snprintf(o->name, sizeof o->name, "%s", e->d_name);
-        char lock[128], done[128];
+        char lock[128];
         snprintf(lock, sizeof lock, "%s/.lock", o->name);
-        snprintf(done, sizeof done, "%s/.complete", o->name);
         o->lockfd = openat(rootfd, lock, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
         if (o->lockfd >= 0 && flock(o->lockfd, LOCK_EX | LOCK_NB) != 0) {
             close(o->lockfd);
@@ -379,10 +530,9 @@ static void collect(int rootfd, const char *key) {
         }
         if (o->lockfd < 0)
             o->lockfd = -2; /* no lock file: not a copy anyone can be using */
-        struct stat st;
-        o->mtime = fstatat(rootfd, done, &st, AT_SYMLINK_NOFOLLOW) == 0
-                       ? st.st_mtim
-                       : (struct timespec){0, 0};
+        struct stat st; /* when it was unpacked: .lock is its first file, never written again */
+        o->mtime = o->lockfd >= 0 && fstat(o->lockfd, &st) == 0 ? st.st_mtim
+                                                                 : (struct timespec){0, 0};
     }
     closedir(dir);
     /* Keep one other copy besides the current one: one in use if any, else the newest. */
@@ -430,8 +580,11 @@ int main(int argc, char **argv) {
         memcmp(t, MAGIC, 8) != 0)
         die("%s has no node-agent payload trailer: the file is truncated or corrupted", exe);
     uint64_t off = le64(t + 16), len = le64(t + 24);
+    uint32_t compression = le32(t + 12);
     if (le32(t + 8) != FORMAT)
         die("%s: unknown payload format %u", exe, le32(t + 8));
+    if (compression != STORED && compression != ZSTD)
+        die("%s: unknown payload compression %u", exe, compression);
     if (off == 0 || off > (uint64_t)st.st_size || len != (uint64_t)st.st_size - TRAILER_SIZE - off)
         die("%s is truncated or corrupted: the payload does not fit the file", exe);
     char key[65];
@@ -439,25 +592,33 @@ int main(int argc, char **argv) {
         snprintf(key + 2 * i, 3, "%02x", t[32 + i]);
 
     int rootfd = open_root();
-    int lockfd = use_copy(rootfd, key);
+    int synced = 0;
+    int lockfd = use_copy(rootfd, key, &synced);
     if (lockfd < 0) {
         int gfd = openat(rootfd, ".lock", O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
         if (gfd < 0 || flock(gfd, LOCK_EX) != 0)
             die("cannot lock %s/.lock: %s", root_path, strerror(errno));
-        lockfd = use_copy(rootfd, key); /* another start may have unpacked it meanwhile */
+        lockfd = use_copy(rootfd, key, &synced); /* another start may have unpacked it */
         if (lockfd < 0) {
             void *map = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
             if (map == MAP_FAILED)
                 die("cannot map %s: %s", exe, strerror(errno));
-            unpack(rootfd, key, (const uint8_t *)map + off, len, exe);
+            uint64_t size;
+            const uint8_t *stored = (const uint8_t *)map + off;
+            const uint8_t *payload = open_payload(key, compression, stored, len, &size, exe);
+            unpack(rootfd, key, payload, size, exe);
+            if (payload != stored)
+                munmap((void *)payload, (size_t)size);
             munmap(map, (size_t)st.st_size);
-            lockfd = use_copy(rootfd, key);
+            lockfd = use_copy(rootfd, key, &synced);
             if (lockfd < 0)
                 die("unpacked %s/%s but cannot use it", root_path, key);
         }
         collect(rootfd, key);
         close(gfd);
     }
+    if (!synced)
+        sync_later(rootfd, key);
     close(fd);
     close(rootfd);
 

@@ -30,7 +30,7 @@ from node_agent.host.documents import ApplyRecord, ItemFailure, Pending
 from node_agent.host.fs import HostFS
 from node_agent.host.state import UNIT_DIR, UNIT_FILE_MODE, StateStore, claims_for, write_claims
 from node_agent.osc import steps
-from node_agent.osc.applied import Applied, Owed, adopt
+from node_agent.osc.applied import Applied, AppliedUnit, Owed, adopt
 from node_agent.osc.decode import parse_osc, sha256_hex
 from node_agent.osc.merge import osc_units
 from node_agent.osc.models import OperatingSystemConfig
@@ -153,6 +153,8 @@ class Applier:
         # it on neither side, and the target keeps what was applied for it.
         target = Applied.of_osc(desired, self.host_name, resolved, required=True)
         target = _keep(target, base, not_derived)
+        owned = (await self.state.inventory_async()).entries
+        base = with_leftover_drop_ins(base, target, {p for p, e in owned.items() if e.created})
         running = await self._running(base, target)
         base = await asyncio.to_thread(self._adopt, base, target, running)
         change_set = await asyncio.to_thread(
@@ -196,17 +198,25 @@ class Applier:
         pending = await self.state.pending_async()
         resumed = pending is not None and pending.osc_checksum == checksum
         if pending is not None and resumed:
-            log.info(
-                "continuing an unfinished apply of the same OSC",
-                checksum=checksum,
-                remaining=len(pending.remaining()),
-                failed_before=sorted(pending.failed),
-            )
             desired = await asyncio.to_thread(self.expand, osc)
             not_derived = dict(self.not_derived())
-            if self.prepare is not None:  # a crash may have come before it ran
-                await asyncio.to_thread(self.prepare, desired)
-        else:
+            stale = self._derived_since(pending, desired, resolved, not_derived)
+            if stale:
+                # A derived file (config.toml) that could not be made when this journal began
+                # can be made now, or came out differently: resuming would finish the journal
+                # without it and report the OSC applied. Plan again over the journal instead.
+                log.info("re-planning the same OSC: derived files changed", paths=stale)
+                resumed = False
+            else:
+                log.info(
+                    "continuing an unfinished apply of the same OSC",
+                    checksum=checksum,
+                    remaining=len(pending.remaining()),
+                    failed_before=sorted(pending.failed),
+                )
+                if self.prepare is not None:  # a crash may have come before it ran
+                    await asyncio.to_thread(self.prepare, desired)
+        if not resumed:
             if planned is None or planned.pending_id != (pending.id if pending else None):
                 planned = await self.plan(osc, resolved)
             if pending is not None:  # writes of the unfinished journal seen on disk are ours
@@ -222,6 +232,7 @@ class Applier:
             )
             if self.prepare is not None:
                 await asyncio.to_thread(self.prepare, planned.desired)
+        assert pending is not None  # resumed, or begun just above
         report = await self.executor.execute(pending)
         for path, why in not_derived.items():
             report.failures[steps.file_step(path)] = ItemFailure(kind="file", item=path, error=why)
@@ -233,6 +244,27 @@ class Applier:
         return await self._complete(
             raw, osc, applied, checksum, resolved, pending.change_set, report, started, resumed
         )
+
+    def _derived_since(
+        self,
+        pending: Pending,
+        desired: OperatingSystemConfig,
+        resolved: Mapping[str, bytes],
+        not_derived: Mapping[str, str],
+    ) -> list[str]:
+        """Files the OSC brings now (derivable this time) whose content the journal's target
+        does not have: the journal was planned for another derivation of the same OSC."""
+        if pending.target is None:  # a journal from an older agent: no target to compare
+            return []
+        now = Applied.of_osc(desired, self.host_name, resolved, required=True)
+        stale = []
+        for path, item in now.files.items():
+            if path in not_derived or item.sha256 is None:
+                continue
+            then = pending.target.files.get(path)
+            if then is None or (then.sha256 is not None and then.sha256 != item.sha256):
+                stale.append(path)
+        return sorted(stale)
 
     def claim_observed(self, pending: Pending) -> None:
         """Claim in the inventory the writes of an unfinished journal found on disk (a crash
@@ -517,6 +549,41 @@ class Applier:
             )
         except (NodeAgentError, ValueError) as exc:  # status is informational only
             log.warning("apply status not saved", error=str(exc))
+
+
+#: What a leftover drop-in's content is taken to be: nothing an OSC can hold, so the plan always
+#: rewrites (or deletes) it and restarts its unit.
+LEFTOVER_CONTENT = "\x00unknown: written by an apply whose journal was lost"
+
+
+def with_leftover_drop_ins(base: Applied, target: Applied, owned: set[str]) -> Applied:
+    """``base`` with the drop-ins the agent wrote (its inventory says so) that ``base`` does
+    not know: an apply interrupted after writing one, whose journal was then lost. Unknown to
+    the plan, such a drop-in would only be swept as a leftover after its unit was restarted
+    with it still in force; known, the plan deletes (or rewrites) it and restarts the unit.
+    A unit whose own file is such a leftover, and that ``target`` does not have, is left to the
+    leftover sweep (it stops the unit)."""
+    known = wanted_paths(base)
+    found: dict[str, dict[str, str]] = {}
+    prefix = UNIT_DIR + "/"
+    for path in owned - known:
+        rest = path.removeprefix(prefix)
+        if not path.startswith(prefix) or rest.count("/") != 1:
+            continue
+        directory, name = rest.split("/")
+        unit = directory.removesuffix(".d")
+        if unit == directory or not unit:
+            continue
+        if unit_path(unit) in owned - known and unit not in target.units:
+            continue
+        found.setdefault(unit, {})[name] = LEFTOVER_CONTENT
+    if not found:
+        return base
+    units = dict(base.units)
+    for unit, drop_ins in found.items():
+        have = units.get(unit) or AppliedUnit(name=unit)
+        units[unit] = have.model_copy(update={"drop_ins": {**drop_ins, **have.drop_ins}})
+    return base.model_copy(update={"units": units})
 
 
 def _set_aside(applied: Applied, paths: Mapping[str, str]) -> Applied:

@@ -121,6 +121,10 @@ def _crash_hook(step: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+#: the same hook for the steps around an apply (e.g. ``in-place:detected``)
+crash_hook = _crash_hook
+
+
 class Executor:
     def __init__(
         self,
@@ -141,6 +145,8 @@ class Executor:
         self.keep_previous = frozenset(keep_previous)
         self.images = images
         self._digests: dict[str, str] = {}  # image -> digest, pulled once per attempt
+        #: enable/disable steps run in this attempt that changed no symlink (see ``_needless``)
+        self._quiet: set[str] = set()
         self.systemd = systemd
         self.state = state
         self.job_timeout = job_timeout
@@ -155,6 +161,7 @@ class Executor:
         started = time.monotonic()
         report = ApplyReport()
         self._digests = {}
+        self._quiet = set()
         if self.guard is not None:
             self.guard.osc(pending.osc_checksum)
         cs = pending.change_set
@@ -289,11 +296,13 @@ class Executor:
                 ok.append(step)
         elif kind in ("enable", "disable"):
             names = {args[s]: s for s in steps}
-            good, bad = await self._unit_files(kind, list(names))
+            good, bad, changed = await self._unit_files(kind, list(names))
             ok += [names[n] for n in good]
             errors |= {names[n]: why for n, why in bad.items()}
+            if not changed and not bad:
+                self._quiet |= set(steps)
         elif kind in ("reload", "reload-after-delete"):
-            if self.systemd is not None:
+            if self.systemd is not None and not (kind == "reload" and self._needless(pending)):
                 await self.systemd.daemon_reload()
             ok += steps
         elif kind == "cmd":
@@ -413,16 +422,39 @@ class Executor:
         self.state.release([path])
         return True
 
-    async def _unit_files(self, kind: str, units: list[str]) -> tuple[list[str], dict[str, str]]:
+    def _needless(self, pending: Pending) -> bool:
+        """Whether the reload before the commands would change nothing systemd has loaded: no
+        unit file or drop-in is written or deleted before it, no command is carried over from
+        an unfinished apply, and every enable/disable before it ran in this attempt without
+        changing a symlink (re-asserting the enablement of a unit whose file only a changed
+        ``filePaths`` file restarts). systemd re-reads every unit file on a reload, so on a
+        node with many units it is the costliest step of a one-file change."""
+        cs = pending.change_set
+        if cs.reload:
+            return False
+        steps = pending.steps
+        before = steps[: steps.index(S.RELOAD)] if S.RELOAD in steps else steps
+        for step in before:
+            kind = step.split(":", 1)[0]
+            if kind == "file":
+                continue
+            if kind in ("enable", "disable") and step in self._quiet:
+                continue
+            return False
+        return True
+
+    async def _unit_files(
+        self, kind: str, units: list[str]
+    ) -> tuple[list[str], dict[str, str], bool]:
         """Enable or disable ``units``: one call, or one per unit after a failure so that one
         unknown or masked unit does not hold back the others. Disabling a unit whose file is
-        already gone is success."""
+        already gone is success. The last value: whether any symlink changed (or may have)."""
         if self.systemd is None or not units:
-            return units, {}
+            return units, {}, True
         call = self.systemd.enable if kind == "enable" else self.systemd.disable
         try:
-            await call(units)
-            return units, {}
+            changes = await call(units)
+            return units, {}, bool(changes)
         except SystemdCallError:
             pass
         ok: list[str] = []
@@ -436,7 +468,7 @@ class Executor:
                     ok.append(unit)
                 else:
                     bad[unit] = f"{kind} {unit}: {exc}"
-        return ok, bad
+        return ok, bad, True
 
     async def _commands(
         self, units: list[str], cs: ChangeSet, rep: ApplyReport

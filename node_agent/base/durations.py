@@ -59,5 +59,82 @@ def format_duration(value: timedelta) -> str:
     if minutes:
         out += f"{int(minutes)}m"
     if seconds or not out:
-        out += f"{seconds:g}s"
+        out += f"{seconds:.9g}s"
     return sign + out
+
+
+#: nanoseconds per unit, as Go's time.ParseDuration knows them (both micro signs)
+_GO_UNITS_NS = {
+    "ns": 1,
+    "us": 1_000,
+    "\u00b5s": 1_000,
+    "\u03bcs": 1_000,
+    "ms": 1_000_000,
+    "s": 1_000_000_000,
+    "m": 60_000_000_000,
+    "h": 3_600_000_000_000,
+}
+_GO_UNIT = re.compile(r"[^0-9.]+")
+_INT64_LIMIT = 1 << 63
+
+
+def _leading_digits(text: str) -> int:
+    return len(text) - len(text.lstrip("0123456789"))
+
+
+def parse_go_duration_ns(text: str) -> int:
+    """A duration exactly as Go's ``time.ParseDuration`` reads it, in nanoseconds.
+
+    Stricter than :func:`parse_duration`: no spaces, one optional sign, a unit on every number,
+    the int64 range, Go's rounding of fractions. The component config is decoded this way so
+    that the agent accepts what upstream accepts and refuses what it refuses."""
+    bad = ValueError(f"not a Go duration: {text!r} (examples: 30s, 1m30s, 10m, 1h)")
+    rest = text
+    negative = False
+    if rest[:1] in ("-", "+"):
+        negative = rest[0] == "-"
+        rest = rest[1:]
+    if rest == "0":
+        return 0
+    if not rest:
+        raise bad
+    total = 0
+    while rest:
+        n = _leading_digits(rest)
+        whole, rest = rest[:n], rest[n:]
+        value = 0
+        for digit in whole:  # Go stops at 2**63 (the magnitude of the smallest int64)
+            value = value * 10 + int(digit)
+            if value > _INT64_LIMIT:
+                raise bad
+        fraction, scale = 0, 1.0
+        has_fraction = False
+        if rest[:1] == ".":
+            n = _leading_digits(rest[1:])
+            digits, rest = rest[1 : 1 + n], rest[1 + n :]
+            has_fraction = n > 0
+            for digit in digits:  # digits beyond int64 precision are dropped, as Go does
+                if fraction > (_INT64_LIMIT - 1) // 10 or fraction * 10 + int(digit) > _INT64_LIMIT:
+                    break
+                fraction = fraction * 10 + int(digit)
+                scale *= 10
+        if not whole and not has_fraction:
+            raise bad
+        unit = _GO_UNIT.match(rest)
+        per_unit = _GO_UNITS_NS.get(unit.group()) if unit else None
+        if unit is None or per_unit is None:
+            raise bad
+        rest = rest[unit.end() :]
+        if value > _INT64_LIMIT // per_unit:
+            raise bad
+        value *= per_unit
+        if fraction > 0:
+            value += int(float(fraction) * (float(per_unit) / scale))
+            if value > _INT64_LIMIT:
+                raise bad
+        total += value
+        if total > _INT64_LIMIT:
+            raise bad
+    if not negative and total > _INT64_LIMIT - 1:
+        raise bad
+    return -total if negative else total

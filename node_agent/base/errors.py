@@ -250,3 +250,14 @@ class ApplyError(NodeAgentError):
 
 class ResetBusyError(NodeAgentError):
     """Another ``node-agent reset`` held the node's reset lock for longer than we wait."""
+
+
+class InPlaceUpdateError(NodeAgentError):
+    """A step of an in-place update (OS update command, kubelet health afterwards, credentials
+    rotation) failed. ``terminal``: retrying the same OSC cannot help (a non-retriable OS
+    update error, an OS that came back on its old version); the Node carries the outcome and
+    the agent waits for the Secret to change. Otherwise the reconcile is retried."""
+
+    def __init__(self, message: str, *, terminal: bool = False) -> None:
+        super().__init__(message)
+        self.terminal = terminal

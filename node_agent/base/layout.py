@@ -12,6 +12,8 @@ from __future__ import annotations
 # Upstream's directory for the agent's config, state and credentials (``config-<version>.yaml``,
 # ``cluster-ca.crt``, ``machine-name`` ... live here too and are written by a real OSC).
 BASE_DIR = "/var/lib/gardener-node-agent"
+#: The standalone config file (``--config-dir`` picks ``config-<version>.yaml`` there first).
+CONFIG_FILE = f"{BASE_DIR}/config.yaml"
 CREDENTIALS_DIR = f"{BASE_DIR}/credentials"
 KUBECONFIG_FILE = f"{CREDENTIALS_DIR}/kubeconfig"
 TOKEN_FILE = f"{CREDENTIALS_DIR}/token"
@@ -40,6 +42,8 @@ INVENTORY = "inventory.json"
 STATUS = "status.json"
 # The health gate of an update in progress, or the verdict on a rolled-back OSC (quarantine).
 HEALTH_GATE = "health-gate.json"
+# The in-place parts of the update being applied (OS, kubelet, credentials), step by step.
+IN_PLACE = "in-place-update.json"
 # The last 50 applies, for ``node-agent status --history``.
 HISTORY = "apply-history.json"
 # The self-update guard (``host/selfupdate.py``): its script, the count of starts without a
@@ -61,6 +65,7 @@ STATE_FILES = (
     INVENTORY,
     STATUS,
     HEALTH_GATE,
+    IN_PLACE,
     HISTORY,
     SELF_UPDATE_GUARD,
     SELF_UPDATE_STARTS,

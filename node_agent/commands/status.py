@@ -169,6 +169,7 @@ def skeleton() -> dict[str, Any]:
         "health_checks": None,
         "health_gate": None,
         "rollout": None,
+        "in_place_update": None,
     }
 
 
@@ -260,7 +261,7 @@ def offline_document(root: Path, config_file: Path | None, reason: str) -> dict[
         with contextlib.suppress(Exception):
             from node_agent.config import load_config
 
-            config = load_config(config_file)
+            config = load_config(config_file, validate=False)
             doc["osc"]["secret_name"] = config.controllers.operating_system_config.secret_name
     raw = read(LAST_APPLIED_OSC)
     if raw is not None:
@@ -608,6 +609,23 @@ def _render_rollout(out: _Lines, doc: Mapping[str, Any], now: float) -> None:
         out.row("  breaker", f"OPEN after {rollout.get('failures')} failed nodes")
 
 
+def _render_in_place(out: _Lines, doc: Mapping[str, Any], now: float) -> None:
+    in_place = doc.get("in_place_update")
+    if not in_place or not in_place.get("phase"):
+        return
+    parts = ", ".join(in_place.get("parts") or []) or "-"
+    out.row(
+        "In-place update",
+        f"{in_place['phase']} since {_ago(in_place.get('since'), now)} ({parts})",
+    )
+    if in_place.get("detail"):
+        out.row("  now", str(in_place["detail"]))
+    if in_place.get("remaining") and in_place["phase"] not in ("done", "failed"):
+        out.row("  remaining", ", ".join(in_place["remaining"]))
+    if in_place.get("reason"):
+        out.row("  reason", str(in_place["reason"]))
+
+
 #: The text of ``node-agent status``, section by section, in this order. A new section of the
 #: document gets one renderer here (it must cope with ``null``: an older agent, or not running).
 RENDERERS: tuple[Renderer, ...] = (
@@ -623,6 +641,7 @@ RENDERERS: tuple[Renderer, ...] = (
     _render_health_checks,
     _render_health_gate,
     _render_rollout,
+    _render_in_place,
     _render_health,
     _render_inventory,
     _render_errors,

@@ -288,6 +288,12 @@ class CertificateController:
             wait = min(self._check_period, (self.renew_at - now).total_seconds())
             await asyncio.sleep(max(wait, 0.05))
 
+    async def renew(self, kube: KubeSeam) -> None:
+        """A new certificate now, whatever its age: the cluster's CA is being rotated (an
+        in-place update). Only a certificate of the agent's own is renewed."""
+        if self.info is not None:
+            await self._rotate(kube)
+
     def _refused(self, kube: KubeSeam) -> bool:
         """The certificate expired, or the server's latest verdict on it was 401."""
         return self.info is not None and (self.info.expired() or kube.stats.rejected())

@@ -412,6 +412,15 @@ class HealthCheckController:
         self._next_round = loop.time() + period
         return answer
 
+    async def kubelet_health(self) -> str | None:
+        """The kubelet's ``/healthz`` now, as these checks ask it (an in-place update awaits a
+        healthy kubelet with it): its URL looked up again from the applied OSC first. None:
+        healthy, or no endpoint to ask (healthzPort 0)."""
+        await self.managed()
+        if not self.kubelet_url:
+            return None
+        return await self.probes[KUBELET.name]()
+
     async def check_once(self) -> None:
         """One round: both components checked side by side, then acted on."""
         self.checks += 1

@@ -7,7 +7,8 @@ and every client re-reads the file on its next request. Each Secret is list+watc
 event cannot leave a stale token for longer than that), and its file is checked for existence
 every few seconds: an OSC apply that deletes the path (an orphaned file) gets it rewritten at
 once from the last known token, without an API call. A periodic ``stat`` was chosen over a hook
-into the applier because it also covers anyone else deleting the file and costs one syscall.
+into the applier because it also covers anyone else deleting the file and costs a few
+syscalls, made on the loop (a thread hop for them would cost more than they do).
 
 Writes go through ``HostFS.write_atomic`` (temp file + rename, mode exactly 0640, parents 0755),
 which writes nothing when the bytes and mode already match. A failed write (a full or read-only
@@ -143,7 +144,9 @@ class TokenSync:
             log.info("retrying the token file write", path=self.path)
             return DONE if await self._write(self.token, why="retry") else SKIPPED
         try:
-            missing = not await asyncio.to_thread(self.ctx.fs.exists, self.path)
+            # On the loop: an lstat walk of a few microseconds costs less than the thread hop
+            # it would take to move it off (every 2 s, the idle agent's largest cost otherwise).
+            missing = not self.ctx.fs.exists(self.path)
         except HostError as exc:
             log.warning("token file not checked", path=self.path, error=str(exc))
             return SKIPPED

@@ -350,7 +350,7 @@ class UnitCheckController:
             if expected is None:
                 await self._release_held({})  # a held unit of a first apply that never finished
                 return self._view  # nothing applied yet: no condition (like upstream)
-            states = await self._states([u.name for u in expected])
+            states = await self._checked_states(expected)
             await self._release_held(states)
             guard = self.guard
             held = {h.unit: h.reason() for h in guard.view()} if guard is not None else {}
@@ -420,19 +420,36 @@ class UnitCheckController:
         self._expected = (checksum, expected)
         return expected
 
-    async def _states(self, names: Sequence[str]) -> dict[str, UnitState]:
+    async def _checked_states(self, expected: Sequence[ExpectedUnit]) -> dict[str, UnitState]:
+        """The states the verdict needs: the load/active/sub state of every unit in one brief
+        call, then everything only of the units the verdict looks closer at: not active, or
+        active where the OSC wants them stopped (a trigger of their own may excuse that), and
+        those the restart-storm guard holds (when they came up counts). The units that run as
+        expected, nearly all of them, cost no per-unit call."""
+        names = [u.name for u in expected]
+        states = await self._states(names, brief=True)
+        stopped = {u.name for u in expected if u.want == "stopped"}
+        stopped |= {h.unit for h in self.guard.view()} if self.guard is not None else set()
+        closer = [
+            n for n in names if n in states and (states[n].active_state != "active" or n in stopped)
+        ]
+        if closer:
+            states.update(await self._states(closer))
+        return states
+
+    async def _states(self, names: Sequence[str], *, brief: bool = False) -> dict[str, UnitState]:
         """All states in one call; if systemd refuses the batch (one odd name), unit by unit,
         leaving out those it refuses."""
         systemd = self.ctx.systemd
         try:
-            return await systemd.unit_states(names)
+            return await systemd.unit_states(names, brief=brief)
         except SystemdError as exc:
             if len(names) < 2 or not isinstance(exc, SystemdCallError):
                 raise
         states: dict[str, UnitState] = {}
         for name in names:
             try:
-                states.update(await systemd.unit_states([name]))
+                states.update(await systemd.unit_states([name], brief=brief))
             except SystemdError as exc:
                 if not isinstance(exc, SystemdCallError):
                     raise

@@ -42,7 +42,7 @@ HISTORY_LIMIT = 50
 #: first apply of a large OSC does not make every later history write large.
 ITEMS_LIMIT = 100
 
-Trigger = Literal["secret", "drift", "resume", "annotation", "rollback", "health"]
+Trigger = Literal["secret", "drift", "resume", "annotation", "rollback", "health", "in-place"]
 Result = Literal["succeeded", "failed", "rolled-back", "quarantined"]
 
 
@@ -63,9 +63,11 @@ class HistoryEntry(BaseModel):
     ``trigger``: ``secret`` (a new or changed OSC Secret), ``drift`` (the host differed from the
     applied OSC), ``resume`` (a change set interrupted by a crash or restart, finished),
     ``annotation`` (the Node's restart-systemd-services annotation), ``rollback`` (the automatic
-    rollback of a bad OSC), ``health`` (a restart by the kubelet/containerd health check).
-    ``duration_seconds`` is computed from the two times when not given; ``items_changed_count``
-    is the number of changed items, of which at most ``ITEMS_LIMIT`` are named."""
+    rollback of a bad OSC), ``health`` (a restart by the kubelet/containerd health check),
+    ``in-place`` (the outcome of an in-place update: its parts in ``items_changed``, a failure's
+    reason in ``error``). ``duration_seconds`` is computed from the two times when not given;
+    ``items_changed_count`` is the number of changed items, of which at most ``ITEMS_LIMIT``
+    are named."""
 
     model_config = ConfigDict(frozen=True, extra="ignore")
 

@@ -169,6 +169,11 @@ class StateStore:
         self._inventory: Inventory | None = None
         #: sha256 of last-applied-osc.yaml as last read or written ('' none); None: not read yet
         self._applied: str | None = None
+        #: the last applied OSC as last read or written (None: none); kept in memory so that
+        #: an update does not read, hash and parse the whole previous OSC again (the agent is
+        #: its only writer); ``_last_known`` False: not read yet
+        self._last: LastApplied | None = None
+        self._last_known = False
         self._no_journal = False  # True: read once and found none, and none begun since
         self._lock = asyncio.Lock()  # one state change at a time from the loop
         self._history: HistoryLog | None = None  # the apply history once read (history.py)
@@ -196,10 +201,17 @@ class StateStore:
     # --- last applied OSC ------------------------------------------------------------------------
 
     def load_last_applied(self) -> LastApplied | None:
+        """The last applied OSC: read from disk once, then from memory."""
+        if self._last_known:
+            return self._last
         raw = self._read(LAST_APPLIED_OSC)
-        return self._last_applied(raw, self._load(LAST_APPLIED_META, LastAppliedMeta))
+        last = self._last_applied(raw, self._load(LAST_APPLIED_META, LastAppliedMeta))
+        self._last, self._last_known = last, True
+        return last
 
     async def load_last_applied_async(self) -> LastApplied | None:
+        if self._last_known:
+            return self._last
         return await _off_loop(self.load_last_applied)  # reading and hashing up to 1 MiB
 
     def _last_applied(self, raw: bytes | None, meta: LastAppliedMeta | None) -> LastApplied | None:
@@ -235,17 +247,20 @@ class StateStore:
             resolved=dict(resolved or {}),
             applied=applied,
         )
+        self._last_known = False  # unknown if a write below fails half-way
         self._save(LAST_APPLIED_META, meta, SECRET_MODE)
-        self._applied = None  # unknown if the write below fails half-way
+        self._applied = None
         self._save_bytes(LAST_APPLIED_OSC, raw, SECRET_MODE)
         self._applied = meta.checksum
-        return LastApplied(
+        self._last = LastApplied(
             raw=raw,
             checksum=meta.checksum,
             applied_at=when,
             resolved=dict(meta.resolved),
             applied=applied,
         )
+        self._last_known = True
+        return self._last
 
     async def save_last_applied_async(
         self,
@@ -262,9 +277,11 @@ class StateStore:
 
     def clear_last_applied(self) -> None:
         self._applied = None
+        self._last_known = False
         self.fs.remove(self.path(LAST_APPLIED_OSC))
         self.fs.remove(self.path(LAST_APPLIED_META))
         self._applied = ""
+        self._last, self._last_known = None, True
 
     def applied_checksum(self) -> str:
         """sha256 of the last applied osc.yaml ('' if none), from memory once known: read and

@@ -37,7 +37,13 @@ import aiohttp
 import yaml
 
 from node_agent import __version__
-from node_agent.base.errors import KubeConfigError, KubeError, KubeTimeout, KubeTransportError
+from node_agent.base.errors import (
+    KubeConfigError,
+    KubeError,
+    KubeNotFound,
+    KubeTimeout,
+    KubeTransportError,
+)
 from node_agent.kube import lean
 from node_agent.kube.api_errors import ObjectRef, status_from_body
 
@@ -407,6 +413,9 @@ class KubeClient:
     def events(self, namespace: str) -> Resource:
         return Resource(self, CORE_V1, "events", "Event", namespace)
 
+    def pods(self, namespace: str | None = None) -> Resource:
+        return Resource(self, CORE_V1, "pods", "Pod", namespace)
+
     def certificate_signing_requests(self) -> Resource:
         kind = "CertificateSigningRequest"
         return Resource(self, CERTIFICATES_V1, "certificatesigningrequests", kind)
@@ -456,6 +465,19 @@ class KubeClient:
                 "metadata": {**(meta if isinstance(meta, Mapping) else {}), "namespace": namespace},
             }
         return await self.events(namespace).create(body)
+
+    async def list_pods_on_node(self, node: str) -> list[JSON]:
+        """The Pods bound to ``node`` (field selector ``spec.nodeName``)."""
+        listed = await self.pods().list(field_selector=f"spec.nodeName={node}")
+        return [p for p in listed.get("items") or [] if isinstance(p, dict)]
+
+    async def delete_pod(self, namespace: str, name: str) -> None:
+        """Delete one Pod (its default grace period); one already gone is fine."""
+        pods = self.pods(namespace)
+        try:
+            await self.request("DELETE", pods.item_path(name), pods.ref("delete", name))
+        except KubeNotFound:
+            return
 
     # -- raw requests -------------------------------------------------------------------------
 

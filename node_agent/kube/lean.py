@@ -1,4 +1,5 @@
-"""kubernetes-asyncio's ``ApiClient`` without the package initialisers that import everything.
+"""kubernetes-asyncio's ``ApiClient`` without the package initialisers that import everything;
+aiohttp without the system trust store it loads on import.
 
 Why: ``from kubernetes_asyncio.client.api_client import ApiClient`` first runs
 ``kubernetes_asyncio/__init__.py`` and ``kubernetes_asyncio/client/__init__.py``, which import
@@ -8,12 +9,23 @@ and tens of MiB that stay resident — although the agent talks to the API throu
 import, the two packages are registered from their specs without running their ``__init__``
 (their submodules still load from the same files), and ``kubernetes_asyncio.client.models`` is an
 empty module: ``ApiClient`` only looks into it to deserialize into models, which the agent never
-asks for. If kubernetes-asyncio is already imported (a test process), nothing changes.
+asks for. ``urllib3``, which ``Configuration`` imports for its basic-auth helper alone (the agent
+authenticates by token or client certificate), is registered as a lazy module: it loads on first
+use, if ever. If kubernetes-asyncio is already imported (a test process), nothing changes.
+
+``aiohttp.connector`` builds two default TLS contexts when it is imported, and the verifying one
+reads and parses the system's whole CA bundle (tens of milliseconds of CPU at every start). The
+agent never uses them: the Kubernetes client makes its TLS context from the kubeconfig's CA, the
+registry probes make their own, the health checks speak plain HTTP to localhost. ``load_aiohttp``
+imports aiohttp with that default context left without trust anchors, so a connection that
+relied on it fails verification rather than going unverified.
 """
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
+import ssl
 import sys
 import types
 from typing import TYPE_CHECKING
@@ -24,6 +36,8 @@ if TYPE_CHECKING:
 
 _PACKAGES = ("kubernetes_asyncio", "kubernetes_asyncio.client")
 _MODELS = "kubernetes_asyncio.client.models"
+#: imported by the client's modules, used only on paths the agent never takes
+_LAZY = ("urllib3",)
 
 
 def _register_bare(name: str) -> None:
@@ -39,6 +53,25 @@ def _register_bare(name: str) -> None:
         setattr(sys.modules[parent], child, module)
 
 
+class _OnFirstUse(types.ModuleType):
+    """Stands in for a module until one of its attributes is used, then imports it for real.
+
+    Not ``importlib.util.LazyLoader``: on Python 3.11 a plain ``import`` of a lazy module already
+    touches its ``__spec__``, which loads it."""
+
+    def __getattr__(self, attr: str) -> object:
+        # Any attribute not set on the stand-in, ``__path__`` of a submodule import included.
+        if sys.modules.get(self.__name__) is self:
+            del sys.modules[self.__name__]
+        return getattr(importlib.import_module(self.__name__), attr)
+
+
+def _register_lazy(name: str) -> None:
+    """``name`` in ``sys.modules`` as a stand-in that imports it on first use."""
+    if name not in sys.modules and importlib.util.find_spec(name) is not None:
+        sys.modules[name] = _OnFirstUse(name, "imported on first use (node_agent.kube.lean)")
+
+
 def load() -> tuple[type[ApiClient], type[Configuration]]:
     """``ApiClient`` and ``Configuration``, importing as little of kubernetes-asyncio as works."""
     if "kubernetes_asyncio.client.api_client" not in sys.modules:
@@ -48,7 +81,28 @@ def load() -> tuple[type[ApiClient], type[Configuration]]:
             models = types.ModuleType(_MODELS, "not loaded: the agent never deserializes models")
             sys.modules[_MODELS] = models
             sys.modules["kubernetes_asyncio.client"].models = models  # type: ignore[attr-defined]
+        for name in _LAZY:
+            _register_lazy(name)
     from kubernetes_asyncio.client.api_client import ApiClient
     from kubernetes_asyncio.client.configuration import Configuration
 
     return ApiClient, Configuration
+
+
+def load_aiohttp() -> None:
+    """Import aiohttp, skipping the system trust store for its default TLS context (see the
+    module). Call before anything else imports aiohttp; if something did, nothing changes."""
+    if "aiohttp" in sys.modules:
+        return
+    real = ssl.SSLContext.load_default_certs
+
+    def without_trust_store(
+        self: ssl.SSLContext, purpose: ssl.Purpose = ssl.Purpose.SERVER_AUTH
+    ) -> None:
+        del self, purpose
+
+    ssl.SSLContext.load_default_certs = without_trust_store  # type: ignore[method-assign]
+    try:
+        importlib.import_module("aiohttp")
+    finally:
+        ssl.SSLContext.load_default_certs = real  # type: ignore[method-assign]

@@ -86,6 +86,15 @@ class KubeSeam(Protocol):
         """Create a core/v1 Event in the body's ``metadata.namespace`` (default ``default``)."""
         ...
 
+    async def list_pods_on_node(self, node: str) -> list[JSON]:
+        """The Pods bound to ``node`` (field selector ``spec.nodeName``, the only list
+        Gardener's node-agent authorizer allows)."""
+        ...
+
+    async def delete_pod(self, namespace: str, name: str) -> None:
+        """Delete one Pod (its default grace period); one already gone is fine."""
+        ...
+
 
 if TYPE_CHECKING:
     # mypy proves the real client and its collections satisfy the seam.

@@ -71,6 +71,7 @@ class AgentCollector(Collector):
             self.health_checks,
             self.safety,
             self.rollout,
+            self.in_place,
             self.certificate,
         )
 
@@ -284,6 +285,35 @@ class AgentCollector(Collector):
             "node_agent_rollout_waits",
             "Times this node had to wait for its turn in a rollout.",
             rollout.waits,
+        )
+
+    def in_place(self, view: AgentView) -> Metrics:
+        in_place = view.in_place
+        if in_place is None:
+            return
+        from node_agent.controllers.osc.inplace import PHASES
+
+        phase = GaugeMetricFamily(
+            "node_agent_inplace_update_phase",
+            "1 for the phase the node's in-place update is in (done and failed: its last "
+            "outcome), 0 for the others.",
+            labels=("phase",),
+        )
+        for name in PHASES:
+            phase.add_metric((name,), float(in_place.phase == name))
+        yield phase
+        outcomes = CounterMetricFamily(
+            "node_agent_inplace_updates",
+            "In-place updates this process finished, by result.",
+            labels=("result",),
+        )
+        outcomes.add_metric(("succeeded",), in_place.succeeded)
+        outcomes.add_metric(("failed",), in_place.failed)
+        yield outcomes
+        yield _counter(
+            "node_agent_inplace_os_update_command_runs",
+            "Runs of the OS extension's update command (retries included).",
+            in_place.command_runs,
         )
 
     def certificate(self, view: AgentView) -> Metrics:

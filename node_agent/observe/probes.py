@@ -35,8 +35,10 @@ class Probes:
         self.started = time.monotonic()
         self.loop_lag = 0.0
 
-    async def measure_loop(self, interval: float = 1.0) -> None:
-        """Keep :attr:`loop_lag` current: how late a 1 s sleep wakes up."""
+    async def measure_loop(self, interval: float = 5.0) -> None:
+        """Keep :attr:`loop_lag` current: how late a 5 s sleep wakes up (a loop held longer
+        than ``MAX_LOOP_LAG`` shows when the sleep ends; a shorter period only wakes an idle
+        agent more often)."""
         loop = asyncio.get_running_loop()
         while True:
             before = loop.time()

@@ -162,6 +162,16 @@ def rollout_section(view: AgentView) -> dict[str, Any] | None:
     return out
 
 
+def in_place_section(view: AgentView) -> dict[str, Any] | None:
+    """The in-place update: None until one was detected by this process."""
+    in_place = view.in_place
+    if in_place is None or in_place.phase is None:
+        return None
+    out: dict[str, Any] = _jsonable(in_place)
+    out["since"] = iso(in_place.since)
+    return out
+
+
 #: Document key -> its builder from the view. A new section of the view gets one entry here (and
 #: its key in ``status.skeleton()``, its lines in ``status.render``).
 SECTIONS: Mapping[str, Callable[[AgentView], Any]] = {
@@ -177,6 +187,7 @@ SECTIONS: Mapping[str, Callable[[AgentView], Any]] = {
     "health_checks": health_checks_section,
     "health_gate": health_gate_section,
     "rollout": rollout_section,
+    "in_place_update": in_place_section,
 }
 
 

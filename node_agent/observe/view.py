@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from node_agent.controllers.lease import LeaseStats
     from node_agent.controllers.node import NodeStats
     from node_agent.controllers.osc.health_gate import GateView
+    from node_agent.controllers.osc.inplace import InPlaceView
     from node_agent.controllers.osc.rollout import RolloutView
     from node_agent.controllers.unitcheck import UnitCheckView
     from node_agent.kube.watch import WatchStats
@@ -124,6 +125,12 @@ class RolloutSource(Protocol):
     def view(self) -> RolloutView: ...
 
 
+class InPlaceSource(Protocol):
+    """The in-place update of the node (OS, kubelet, credentials) and its phase."""
+
+    def view(self) -> InPlaceView: ...
+
+
 class GuardSource(Protocol):
     """The restart-storm guard: the units it holds."""
 
@@ -174,6 +181,7 @@ class Sources:
     gate: GateSource | None = None
     guard: GuardSource | None = None
     rollout: RolloutSource | None = None
+    in_place: InPlaceSource | None = None
     #: The agent's live list+watches (their counters are summed by kind); the controllers hand
     #: it to ``list_watch(registry=...)``, and a watch that is gone drops out (weak references).
     watches: MutableSet[Any] = field(default_factory=weakref.WeakSet, repr=False)
@@ -293,6 +301,7 @@ class AgentView(NamedTuple):
     gate: GateView | None = None
     held_units: tuple[HeldUnit, ...] = ()
     rollout: RolloutView | None = None
+    in_place: InPlaceView | None = None
 
 
 def reader(
@@ -365,6 +374,7 @@ def read_view(
         gate=sources.gate.view() if sources.gate is not None else None,
         held_units=sources.guard.view() if sources.guard is not None else (),
         rollout=sources.rollout.view() if sources.rollout is not None else None,
+        in_place=sources.in_place.view() if sources.in_place is not None else None,
     )
 
 

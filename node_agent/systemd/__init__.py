@@ -77,8 +77,12 @@ class SystemdSeam(Protocol):
 
     async def restart_unit(self, unit: str, *, job_timeout: float = 10.0) -> JobResult: ...
 
-    async def unit_states(self, names: Sequence[str]) -> dict[str, UnitState]:
-        """Current state per name (``load_state`` ``not-found`` for unknown units)."""
+    async def unit_states(
+        self, names: Sequence[str], *, brief: bool = False
+    ) -> dict[str, UnitState]:
+        """Current state per name (``load_state`` ``not-found`` for unknown units). ``brief``:
+        only ``id``, ``load_state``, ``active_state`` and ``sub_state`` are read (one call for
+        all units); the other fields may be left at their zero values."""
         ...
 
     async def failed_units(self) -> list[str]:

@@ -421,12 +421,19 @@ class Systemd:
     async def restart_unit(self, unit: str, *, job_timeout: float = 10.0) -> JobResult:
         return (await self.run_jobs([(unit, "restart")], job_timeout=job_timeout))[unit]
 
-    async def unit_states(self, names: Sequence[str]) -> dict[str, UnitState]:
+    async def unit_states(
+        self, names: Sequence[str], *, brief: bool = False
+    ) -> dict[str, UnitState]:
         """Current state of each named unit (a unit that does not exist has load_state
-        ``not-found``)."""
+        ``not-found``). ``brief``: one ``ListUnitsByNames`` call for all of them (id, load,
+        active and sub state only; the rest at zero values) instead of reading each unit's
+        properties, e.g. for a periodic check of units that mostly just run."""
         if not names:
             return {}
-        raw = await self._call("unit_states", {"units": list(names)}, units=names)
+        args: dict[str, Any] = {"units": list(names)}
+        if brief:
+            args["brief"] = True
+        raw = await self._call("unit_states", args, units=names)
         return {name: _unit_state(name, raw[name]) for name in names}
 
     async def failed_units(self) -> list[str]:

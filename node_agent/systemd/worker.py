@@ -214,7 +214,25 @@ class Worker:
             raise
 
     def op_unit_states(self, args: dict[str, Any]) -> dict[str, Any]:
-        return {name: self.unit_state(name) for name in _names(args)}
+        names = _names(args)
+        if args.get("brief"):
+            return self.brief_states(names)
+        return {name: self.unit_state(name) for name in names}
+
+    def brief_states(self, names: list[str]) -> dict[str, Any]:
+        """Load, active and sub state of every unit in one ``ListUnitsByNames`` call (systemd
+        answers in the order asked, loading units as ``LoadUnit`` does)."""
+        rows = self.manager(b"ListUnitsByNames", b"as", [_b(n) for n in names]) or []
+        return {
+            name: {
+                **_ZERO_STATE,
+                "id": _s(row[0]),
+                "load_state": _s(row[2]),
+                "active_state": _s(row[3]),
+                "sub_state": _s(row[4]),
+            }
+            for name, row in zip(names, rows, strict=False)
+        }
 
     def unit_state(self, name: str) -> dict[str, Any]:
         path = self.manager(b"LoadUnit", b"s", _b(name))
@@ -237,12 +255,17 @@ class Worker:
             "triggered_by": [_s(u) for u in unit.get(b"TriggeredBy") or []],
         }
         if state["id"].endswith(".service") and state["load_state"] == "loaded":
-            service = self.get_all(path, SERVICE)
-            state["n_restarts"] = int(service.get(b"NRestarts") or 0)
-            state["main_pid"] = int(service.get(b"MainPID") or 0)
-            state["exec_main_start_timestamp"] = int(service.get(b"ExecMainStartTimestamp") or 0)
-            state["result"] = _s(service.get(b"Result", ""))
-            state["service_type"] = _s(service.get(b"Type", ""))
+            # Five properties one by one: the Service interface's GetAll answers some 250 (the
+            # command lines, the sandboxing...), which cost systemd and this process three times
+            # as much as these calls.
+            def get(name: bytes, rtype: bytes) -> Any:
+                return self.get_property(path, SERVICE, name, rtype)
+
+            state["n_restarts"] = int(get(b"NRestarts", b"u") or 0)
+            state["main_pid"] = int(get(b"MainPID", b"u") or 0)
+            state["exec_main_start_timestamp"] = int(get(b"ExecMainStartTimestamp", b"t") or 0)
+            state["result"] = _s(get(b"Result", b"s") or "")
+            state["service_type"] = _s(get(b"Type", b"s") or "")
         return state
 
     def op_failed_units(self, args: dict[str, Any]) -> list[str]:
@@ -367,6 +390,22 @@ class Worker:
                     line, buffer = buffer.split(b"\n", 1)
                     if line.strip():
                         self.handle_line(line)
+
+
+#: The fields of a unit state that a brief read leaves at their zero values.
+_ZERO_STATE: dict[str, Any] = {
+    "unit_file_state": "",
+    "invocation_id": "",
+    "fragment_path": "",
+    "drop_in_paths": [],
+    "state_change_timestamp": 0,
+    "n_restarts": None,
+    "main_pid": None,
+    "exec_main_start_timestamp": None,
+    "result": None,
+    "service_type": "",
+    "triggered_by": [],
+}
 
 
 def _names(args: dict[str, Any]) -> list[str]:

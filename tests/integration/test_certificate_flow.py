@@ -74,7 +74,9 @@ async def gardener_layout(
         "kind": "NodeAgentConfiguration",
         "logFormat": "text",
         "apiServer": {"server": control_plane.server, "caFile": CA_FILE},
-        "controllers": {"operatingSystemConfig": {"secretName": osc_secret}},
+        "controllers": {
+            "operatingSystemConfig": {"secretName": osc_secret, "kubernetesVersion": "1.33.4"}
+        },
     }
     config_file = base / "config-v1.150.0.yaml"
     config_file.write_text(yaml.safe_dump(doc))

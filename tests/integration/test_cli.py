@@ -125,3 +125,44 @@ async def test_plan_from_the_secret_and_apply_against_systemd(
     assert "restarted: cli-demo.service" in applied.stdout
     assert node.path("/var/lib/cli/kubeconfig").read_bytes() == b"from-the-cluster"
     assert node.run(["systemctl", "is-active", "cli-demo.service"]).stdout.strip() == "active"
+
+
+def in_place_osc(tmp_path: Path, name: str, os_version: str) -> Path:
+    """An OSC of an in-place pool: the kubelet's config, the targets and the OS extension's
+    update command."""
+    doc = osc_document(
+        [
+            inline_file("/var/lib/kubelet/config/kubelet", "kind: KubeletConfiguration\n"),
+            inline_file("/etc/cli/a.conf", f"{os_version}\n"),
+        ],
+        [],
+    )
+    doc["spec"]["inPlaceUpdates"] = {"operatingSystemVersion": os_version, "kubelet": "1.33.0"}
+    doc["status"] = {"inPlaceUpdates": {"osUpdate": {"command": "/opt/update.sh"}}}
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def test_plan_shows_the_in_place_parts_of_an_update(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    (root / "etc").mkdir(parents=True)
+    (root / "etc/os-release").write_text('PRETTY_NAME="Garden Linux 1877.4"\n')
+    common = ["--root", str(root), "--hostname", "h"]
+    old = in_place_osc(tmp_path, "old.yaml", "1877.4")
+    assert cli("apply", "--offline", *common, "--osc", str(old)).returncode == 0
+    new = in_place_osc(tmp_path, "new.yaml", "1877.5")
+
+    planned = cli("plan", *common, "--osc", str(new))
+    assert planned.returncode == 0, planned.stderr
+    assert ["write", "/etc/cli/a.conf (0644)", "content changed"] in rows(planned.stdout)
+    lines = planned.stdout.splitlines()
+    assert "in-place update: operating_system" in lines
+    assert "  operating_system: 1877.4 -> 1877.5 (runs /opt/update.sh, then a reboot)" in lines
+    as_json = json.loads(cli("plan", *common, "--osc", str(new), "--json").stdout)
+    assert as_json["in_place"]["parts"] == ["operating_system"]
+    assert as_json["in_place"]["current_os"] == "1877.4"
+    assert [f["path"] for f in as_json["files_to_write"]] == ["/etc/cli/a.conf"]
+
+    same = cli("plan", *common, "--osc", str(old))
+    assert same.stdout.splitlines()[-1] == "in-place update: none"

@@ -341,3 +341,26 @@ async def test_a_containerd_item_that_cannot_be_derived_fails_alone_and_the_next
     final = await bed.invocations()
     assert final[CONTAINERD] != after[CONTAINERD] or case == "caCerts with .."
     assert (await bed.agent.unit_states([CONTAINERD]))[CONTAINERD].active_state == "active"
+
+
+async def test_a_config_toml_repaired_during_the_retries_is_patched_before_the_osc_counts(
+    bed: Bed,
+) -> None:
+    """config.toml cannot be patched, so the OSC's retries go on; someone repairs the file
+    meanwhile. The retry of the same OSC must patch it now: the checksum on the Node says
+    containerd reads the OSC's settings. (The retry used to find its journal finished, with
+    config.toml set aside when the journal began, and reported the OSC applied with the old
+    sandbox image; found by the containerd campaign.)"""
+    await bed.apply(bed.osc(sandbox="registry.k8s.io/pause:3.10"))
+    config = bed.node.node.path(CONFIG)
+    good = config.read_bytes()
+    config.write_bytes(b"[plugins\n")
+    checksum = await bed.agent.publish(bed.osc(sandbox="registry.k8s.io/pause:3.11", other="x\n"))
+    await bed.agent.wait_warning(f"{CONFIG}: ", "not valid TOML", timeout=60)
+    await wait_for(lambda: bed.read("/etc/other.conf") == b"x\n", 30, "the rest applied")
+    assert checksum != (await bed.agent.node_annotations()).get("checksum/cloud-config-data")
+
+    config.write_bytes(good)  # repaired by hand; the OSC stays the same
+    await bed.agent.wait_applied(checksum, timeout=120)
+    assert bed.config()["plugins"][CRI_V2]["sandbox_image"] == "registry.k8s.io/pause:3.11"
+    assert bed.effective_cri()["sandbox_image"] == "registry.k8s.io/pause:3.11"

@@ -240,10 +240,17 @@ async def test_gardener_node_bootstraps_updates_itself_and_resets(
     print(f"reconcile OSC published -> applied: {time.monotonic() - clock:.1f}s")
     await wait_for(lambda: not node.path(BOOTSTRAP_TOKEN).exists(), 30, "the token deleted")
     await wait_for(lambda: main_pid(node) > 0, 30, "the agent running")
-    await wait_for(lambda: agent_status(node).get("osc", {}).get("up_to_date"), 60, "converged")
+    # The reconcile OSC carries the agent's own unit: the agent may still be restarting itself
+    # when the old process last answered, so wait for the unit to settle before looking at it.
+    await wait_for(
+        lambda: (
+            show(node, gu.AGENT_UNIT).get("ActiveState") == "active"
+            and bool(agent_status(node).get("osc", {}).get("up_to_date"))
+        ),
+        60,
+        "converged with the agent's unit active",
+    )
     pid = main_pid(node)
-    unit = show(node, gu.AGENT_UNIT)
-    assert unit["ActiveState"] == "active"
     env = process_env(node, pid)
     assert env["NODE_AGENT_EXECUTABLE"] == gu.AGENT_BINARY  # the single file, unpacked once
     assert env["NODE_AGENT_BUNDLE"].startswith(f"{UNPACK_ROOT}/")

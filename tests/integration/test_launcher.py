@@ -1,8 +1,9 @@
 """The single-file launcher (packaging/launcher.c) on this host, with small payloads.
 
-Each single file is the real launcher with the real payload format (``packaging/image.py``);
-its bundle holds a tiny compiled stand-in for PyInstaller's bootloader that prints what it was
-started with. The real bundle is covered by test_agent_image.py.
+Each single file is the real launcher with the real payload format (``packaging/image.py``:
+zstd-compressed unless a test says otherwise); its bundle holds a tiny compiled stand-in for
+PyInstaller's bootloader that prints what it was started with. The real bundle is covered by
+test_agent_image.py.
 """
 
 from __future__ import annotations
@@ -54,20 +55,27 @@ def parts(tmp_path_factory: pytest.TempPathFactory) -> tuple[bytes, bytes]:
     return (build / "launcher").read_bytes(), (build / "boot").read_bytes()
 
 
-def write_single(parts: tuple[bytes, bytes], path: Path, entries: Sequence[bytes]) -> str:
-    """A single file at ``path`` with the stand-in bootloader and ``entries``; returns its key."""
+def write_single(
+    parts: tuple[bytes, bytes], path: Path, entries: Sequence[bytes], *, compress: bool = True
+) -> str:
+    """A single file at ``path`` with the stand-in bootloader and ``entries``; returns its key
+    (the sha256 of the payload as stored, read back from the trailer)."""
     tool = image_tool()
     launcher, boot = parts
     payload = tool.payload_from_entries(
         [tool.payload_entry(b"f", "node-agent", 0o755, boot), *entries]
     )
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(tool.single_file(launcher, payload))
+    single = tool.single_file(launcher, payload, compress=compress)
+    path.write_bytes(single)
     path.chmod(0o755)
-    return hashlib.sha256(payload).hexdigest()
+    magic, _, kind, offset, length, digest = tool.TRAILER.unpack(single[-tool.TRAILER.size :])
+    assert (magic, kind) == (tool.MAGIC, tool.ZSTD if compress else tool.STORED)
+    assert hashlib.sha256(single[offset : offset + length]).digest() == digest
+    return bytes(digest).hex()
 
 
-def make_single(parts: tuple[bytes, bytes], path: Path, tag: str) -> str:
+def make_single(parts: tuple[bytes, bytes], path: Path, tag: str, *, compress: bool = True) -> str:
     """A single file at ``path`` whose bundle prints ``tag``; returns its content key."""
     tool = image_tool()
     return write_single(
@@ -78,7 +86,21 @@ def make_single(parts: tuple[bytes, bytes], path: Path, tag: str) -> str:
             tool.payload_entry(b"l", "sub/link", 0o777, b"../tag"),
             tool.payload_entry(b"f", "tag", 0o644, tag.encode()),
         ],
+        compress=compress,
     )
+
+
+def this_boot() -> str:
+    return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+
+
+def synced(copy: Path, timeout: float = 60.0) -> None:
+    """Wait until the background sync has marked ``copy`` as on disk (``.complete``)."""
+    deadline = time.monotonic() + timeout
+    while not (copy / ".complete").is_file():
+        assert time.monotonic() < deadline, f"{copy} never got its .complete"
+        time.sleep(0.01)
+    assert (copy / ".complete").read_text() == copy.name + "\n"
 
 
 def run(
@@ -108,9 +130,12 @@ def leftovers(root: Path) -> set[str]:
     return {p.name for p in root.iterdir() if p.name.startswith(".tmp-")}
 
 
-def test_first_start_unpacks_warm_start_reuses(parts: tuple[bytes, bytes], tmp_path: Path) -> None:
+@pytest.mark.parametrize("compress", [True, False], ids=["zstd", "stored"])
+def test_first_start_unpacks_warm_start_reuses(
+    parts: tuple[bytes, bytes], tmp_path: Path, compress: bool
+) -> None:
     exe, root = tmp_path / "bin" / "gardener-node-agent", tmp_path / "unpack"
-    key = make_single(parts, exe, "one")
+    key = make_single(parts, exe, "one", compress=compress)
     first = output(run(exe, root, "version", "--x"))
     assert first == {
         "argv0": "gardener-node-agent",  # argv[0] reaches the bundle unchanged
@@ -124,6 +149,8 @@ def test_first_start_unpacks_warm_start_reuses(parts: tuple[bytes, bytes], tmp_p
     assert stat.S_IMODE(root.stat().st_mode) == 0o700
     assert os.readlink(root / key / "sub" / "link") == "../tag"
     assert stat.S_IMODE((root / key / "node-agent").stat().st_mode) == 0o755
+    assert (root / key / ".boot").read_text() == this_boot() + "\n"
+    synced(root / key)  # in the background, after the start
     before = {p: (p.lstat().st_ino, p.lstat().st_mtime_ns) for p in (root / key).rglob("*")}
     before[root / key] = ((root / key).stat().st_ino, (root / key).stat().st_mtime_ns)
     root_mtime = root.stat().st_mtime_ns
@@ -193,6 +220,7 @@ def test_killed_while_unpacking_leaves_no_half_copy(
             *(tool.payload_entry(b"f", name, 0o644, data) for name, data in extra),
             tool.payload_entry(b"f", "tag", 0o644, b"big"),
         ],
+        compress=False,  # random bytes do not compress; the unpack after it is the same code
     )
 
     killed_during_unpack = False
@@ -211,6 +239,7 @@ def test_killed_while_unpacking_leaves_no_half_copy(
             killed_during_unpack = True
             break
         for name in copies(root):  # it finished first: start over
+            synced(root / name)
             subprocess.run(["rm", "-rf", str(root / name)], check=True)
     assert killed_during_unpack
     assert leftovers(root)  # the half copy stays under its temporary name ...
@@ -219,7 +248,7 @@ def test_killed_while_unpacking_leaves_no_half_copy(
     assert output(run(exe, root))["tag"] == "big"
     assert copies(root) == {key}
     assert leftovers(root) == set()  # the next start collected it
-    assert (root / key / ".complete").read_text() == key + "\n"
+    synced(root / key)
     assert len(list((root / key / "data").iterdir())) == 120
 
 
@@ -246,6 +275,34 @@ def test_corrupted_or_truncated_file_is_refused(parts: tuple[bytes, bytes], tmp_
     assert result.stdout == ""
     assert copies(root) == set()
     assert leftovers(root) == set()
+
+    # Compressed, the payload is checked by zstd's own checksum while it is decompressed: a
+    # trailer naming the damaged bytes does not make them good.
+    tool = image_tool()
+    launcher = parts[0]
+    magic, fmt, kind, offset, length, _ = tool.TRAILER.unpack(good[-tool.TRAILER.size :])
+    assert kind == tool.ZSTD
+    stored = bytearray(good[offset : offset + length])
+    stored[len(stored) // 2] ^= 0xFF  # inside zstd's compressed blocks
+    forged = hashlib.sha256(stored).digest()
+    exe.write_bytes(
+        launcher + bytes(stored) + tool.TRAILER.pack(magic, fmt, kind, offset, length, forged)
+    )
+    result = run(exe, root)
+    assert result.returncode == 2
+    assert "is corrupted: its payload does not match its checksum (zstd: " in result.stderr
+    assert copies(root) == set()
+    assert leftovers(root) == set()
+
+    # Stored as it is, the payload is checked against its sha256.
+    make_single(parts, exe, "good", compress=False)
+    stored_good = bytearray(exe.read_bytes())
+    stored_good[len(launcher) + 100] ^= 0xFF
+    exe.write_bytes(bytes(stored_good))
+    result = run(exe, root)
+    assert result.returncode == 2
+    assert "is corrupted: its payload does not match its checksum (sha256 " in result.stderr
+    assert copies(root) == set()
 
     exe.write_bytes(good)
     assert output(run(exe, root))["tag"] == "good"
@@ -287,3 +344,51 @@ def test_layout_is_reproducible(tmp_path: Path) -> None:
     tool.compile_launcher(tmp_path / "b")
     assert (tmp_path / "a").read_bytes() == (tmp_path / "b").read_bytes()
     assert executable.startswith((tmp_path / "a").read_bytes())
+
+
+def test_copy_of_another_boot_without_sync_is_unpacked_again(
+    parts: tuple[bytes, bytes], tmp_path: Path
+) -> None:
+    """A copy is trusted without its sync only in the boot that unpacked it: after a crash the
+    page cache that held its files is gone, and so is the boot id."""
+    exe, root = tmp_path / "agent", tmp_path / "unpack"
+    key = make_single(parts, exe, "one")
+    assert output(run(exe, root))["tag"] == "one"
+    copy = root / key
+    synced(copy)
+
+    # Unpacked in this boot, not (yet) synced: used as it is, and synced again behind the start.
+    (copy / ".complete").unlink()
+    inode = copy.stat().st_ino
+    assert output(run(exe, root))["tag"] == "one"
+    assert copy.stat().st_ino == inode
+    synced(copy)
+
+    # Unpacked in another boot whose sync never finished: unpacked again.
+    (copy / ".complete").unlink()
+    (copy / ".boot").write_text("00000000-0000-0000-0000-000000000000\n")
+    (copy / "tag").write_text("")  # what a crash may leave of a file never written back
+    assert output(run(exe, root))["tag"] == "one"
+    assert copy.stat().st_ino != inode
+    assert (copy / ".boot").read_text() == this_boot() + "\n"
+    assert copies(root) == {key}
+    assert leftovers(root) == set()
+    synced(copy)
+
+
+def test_without_a_boot_id_the_copy_is_synced_before_it_runs(
+    parts: tuple[bytes, bytes], tmp_path: Path
+) -> None:
+    """Where the boot id cannot be read, nothing could tell a copy unpacked before a crash from
+    a good one: the launcher syncs before exec, and the copy is complete when the start is."""
+    exe, root = tmp_path / "agent", tmp_path / "unpack"
+    key = make_single(parts, exe, "one")
+    hidden = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+         'mount --bind /dev/null /proc/sys/kernel/random/boot_id && exec "$@"', "sh",
+         "env", "-i", f"NODE_AGENT_UNPACK_DIR={root}", str(exe)],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert output(hidden)["tag"] == "one"
+    assert (root / key / ".complete").read_text() == key + "\n"  # already, not eventually
+    assert not (root / key / ".boot").exists()

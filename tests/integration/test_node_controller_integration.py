@@ -124,7 +124,7 @@ async def test_secret_name_label_rewrites_config_and_restarts_agent(
         )
         config = parse_config(setup.config_file.read_bytes())
         assert config.controllers.operating_system_config.secret_name == new_osc
-        assert config.controllers.operating_system_config.kubernetes_version == "1.31.4"
+        assert config.controllers.operating_system_config.kubernetes_version == "1.33.4"
         assert config.log_format == "text"
         await asyncio.sleep(3)
         assert starts.read_text().count("started") == 2  # restarted once, no loop

@@ -136,7 +136,7 @@ async def test_first_apply_writes_exact_files_and_units(agent: OSCAgent) -> None
     assert node.run(["systemctl", "show", "-P", "Environment", FOREIGN]).stdout.strip() == "F=1"
 
     labels = await agent.node_labels()
-    assert labels["worker.gardener.cloud/kubernetes-version"] == "1.31.4"
+    assert labels["worker.gardener.cloud/kubernetes-version"] == "1.33.4"
     assert labels["node-role.kubernetes.io/worker"] == ""
     message = await agent.wait_event("OSCApplied")
     assert checksum[:12] in message
@@ -228,18 +228,18 @@ async def test_version_label_follows_the_config_after_a_restart(agent: OSCAgent)
     already reported. It must still bring the version label to its own config's version."""
     label = "worker.gardener.cloud/kubernetes-version"
     await agent.stop()
-    agent.kubernetes_version = "1.31.3"  # the old process's config
+    agent.kubernetes_version = "1.33.3"  # the old process's config
     await agent.start()
     checksum = await agent.publish(base_osc())
     await agent.wait_applied(checksum)
-    assert (await agent.node_labels())[label] == "1.31.3"
+    assert (await agent.node_labels())[label] == "1.33.3"
 
     await agent.stop()
-    agent.kubernetes_version = "1.31.4"  # the new process's config; the Node is up to date
+    agent.kubernetes_version = "1.33.4"  # the new process's config; the Node is up to date
     await agent.start()
 
     async def relabelled() -> bool:
-        return (await agent.node_labels()).get(label) == "1.31.4"
+        return (await agent.node_labels()).get(label) == "1.33.4"
 
     await wait_for(relabelled, 20, "the version label of the new config")
     assert agent.controller is not None

@@ -14,6 +14,7 @@ import pytest
 
 from node_agent.apply.executor import CRASH_HOOK_ENV
 from tests.testbed.agent_harness import AgentProcess, OSCAgent, inline_file, osc_document, service
+from tests.testbed.state_shapes import plant_unusable
 from tests.testbed.systemd_ns import IsolatedSystemd
 
 pytestmark = pytest.mark.integration
@@ -99,5 +100,45 @@ async def test_kill_after_each_step_kind_converges(harness: OSCAgent, tmp_path: 
             await harness.wait_applied(checksum)
             assert await agent.terminate() == 0, agent.log_tail()
             assert_converged(node, k)
+    finally:
+        await agent.kill()
+
+
+async def test_drop_in_of_an_apply_whose_journal_was_lost_is_not_left_in_force(
+    harness: OSCAgent, tmp_path: Path
+) -> None:
+    """An apply adds a unit with a drop-in and is killed after writing them, before the
+    restart; its journal is then lost (something unusable planted there, set aside). The next
+    OSC has the unit without the drop-in: the unit must run without it. Planned only from the
+    last applied OSC, the drop-in was swept as a leftover after the unit had been started with
+    it still in force (found by the fault campaign, seed 4151794189)."""
+    node = harness.node
+    agent = AgentProcess(harness, tmp_path / "agent.log")
+    dropin = {"name": "10-lost.conf", "content": "[Service]\nEnvironment=LOST=yes\n"}
+    try:
+        checksum = await harness.publish(osc_document([inline_file("/etc/lost/f", "0\n")], []))
+        await agent.start()
+        await harness.wait_applied(checksum)
+        assert await agent.terminate() == 0
+
+        with_dropin = osc_document([], [service("lost-a.service", dropIns=[dropin])])
+        await harness.publish(with_dropin)
+        await agent.start(**{CRASH_HOOK_ENV: "cmd"})
+        assert await agent.wait() == -9, agent.log_tail()
+        assert node.path("/etc/systemd/system/lost-a.service.d/10-lost.conf").exists()
+        plant_unusable(node.path(f"{STATE}/last-computed-osc-changes.yaml"), "fifo")
+
+        checksum = await harness.publish(osc_document([], [service("lost-a.service")]))
+        await agent.start()
+        await harness.wait_applied(checksum)
+        assert await agent.terminate() == 0, agent.log_tail()
+        assert not node.path("/etc/systemd/system/lost-a.service.d/10-lost.conf").exists()
+        env = node.run(["systemctl", "show", "-P", "Environment", "lost-a.service"]).stdout
+        assert "LOST=yes" not in env.split(), env
+        assert node.run(["systemctl", "is-active", "lost-a.service"]).stdout.strip() == "active"
+        # What runs, not only what systemd would start next time: the process's environment.
+        pid = node.run(["systemctl", "show", "-P", "MainPID", "lost-a.service"]).stdout.strip()
+        environ = node.run(["cat", f"/proc/{pid}/environ"]).stdout
+        assert "LOST=yes" not in environ.split("\0"), environ
     finally:
         await agent.kill()

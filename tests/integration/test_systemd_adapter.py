@@ -24,7 +24,7 @@ from node_agent.base.errors import (
     SystemdUnavailable,
     SystemdWorkerDied,
 )
-from node_agent.systemd import Systemd, SystemdSeam
+from node_agent.systemd import Systemd, SystemdSeam, UnitState
 from tests.testbed.systemd_ns import IsolatedSystemd
 
 pytestmark = pytest.mark.integration
@@ -207,6 +207,31 @@ async def test_start_restart_stop(systemd: IsolatedSystemd, adapter: Systemd) ->
     stopped = await adapter.stop_unit(unit)
     assert stopped.result == "done"
     assert (await adapter.unit_states([unit]))[unit].active_state == "inactive"
+
+
+async def test_brief_states_are_the_full_ones_without_the_details(
+    systemd: IsolatedSystemd, adapter: Systemd
+) -> None:
+    """One ListUnitsByNames call answers for all units, in the order asked, as the per-unit
+    reads do for id, load, active and sub state (a missing unit too)."""
+    write_unit(systemd, "brief-a.service", SLEEPER)
+    write_unit(systemd, "brief-b.service", SLEEPER)
+    await adapter.daemon_reload()
+    assert (await adapter.start_unit("brief-b.service")).ok
+    names = ["brief-b.service", "brief-missing.service", "brief-a.service"]
+    full = await adapter.unit_states(names)
+    brief = await adapter.unit_states(names, brief=True)
+    assert list(brief) == names
+
+    def core(states: dict[str, UnitState]) -> dict[str, tuple[str, ...]]:
+        return {n: (s.id, s.load_state, s.active_state, s.sub_state) for n, s in states.items()}
+
+    assert core(brief) == core(full)
+    assert core(brief)["brief-b.service"][2:] == ("active", "running")
+    assert core(brief)["brief-missing.service"][1] == "not-found"
+    assert brief["brief-b.service"].invocation_id == ""  # details are not read
+    assert full["brief-b.service"].service_type == "simple"
+    assert full["brief-b.service"].n_restarts == 0
 
 
 async def test_oneshot_unit(systemd: IsolatedSystemd, adapter: Systemd) -> None:

@@ -53,6 +53,7 @@ from node_agent.config import (
 from node_agent.containerd.expand import ContainerdExpander
 from node_agent.containerd.images import ImageStore
 from node_agent.context import AgentContext
+from node_agent.controllers.healthcheck import KubeletProbe
 from node_agent.controllers.osc.controller import OSCController
 from node_agent.host.fs import HostFS
 from node_agent.host.state import StateStore
@@ -65,7 +66,7 @@ from tests.testbed.systemd_ns import IsolatedSystemd
 NS = NAMESPACE
 AGENT_UNIT = "node-agent-under-test.service"
 REPO = Path(__file__).resolve().parents[2]
-KUBERNETES_VERSION = "1.31.4"
+KUBERNETES_VERSION = "1.33.4"
 
 
 #: The ``nodeAgent`` config section of test agents: the health gate is off, so that an update
@@ -460,6 +461,7 @@ class OSCAgent:
     #: the config's ``controllers.operatingSystemConfig.kubernetesVersion``
     kubernetes_version: str = KUBERNETES_VERSION
     _task: asyncio.Task[None] | None = None
+    _kubelet_probe: KubeletProbe | None = None
 
     def __post_init__(self) -> None:
         # The agent writes anywhere (/etc, /var/lib): only a throwaway node keeps the host clean.
@@ -518,6 +520,7 @@ class OSCAgent:
         self.ctx.node_uid = node["metadata"]["uid"]
         agent = build_agent(self.ctx, images=self.images, expander=self.expander)
         self.controller = agent.osc
+        self._kubelet_probe = agent.health.kubelet_probe  # an in-place update may ask it
         self._task = asyncio.create_task(self.controller.run())
 
     async def stop(self) -> None:
@@ -525,6 +528,8 @@ class OSCAgent:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
+        if self._kubelet_probe is not None:
+            await self._kubelet_probe.close()
         if self.ctx is not None:
             await self.ctx.kube.close()
             await self.ctx.systemd.close()

@@ -89,7 +89,8 @@ def node_agent_rules(
     heartbeat) and of the Lease named like the pool's OSC Secret (the serial reconciliation
     Lease; the first of ``secret_names`` is the OSC Secret, the one the Node's
     ``worker.gardener.cloud/gardener-node-agent-secret-name`` label names), create of any Lease
-    in kube-system (a name is not known at create time) — no patch, no delete."""
+    in kube-system (a name is not known at create time) — no patch, no delete — and the list
+    and delete of Pods (those left on its Node after an in-place update)."""
     leases = [f"gardener-node-agent-{node_name}", *secret_names[:1]]
     namespaced = [
         _rule([""], ["secrets"], ["get", "list", "watch"], sorted(set(secret_names))),
@@ -102,6 +103,10 @@ def node_agent_rules(
         # its Node's conditions (SystemdUnitsReady), as Gardener's node-agent authorizer allows
         _rule([""], ["nodes/status"], ["get", "patch", "update"], [node_name]),
         _rule(["", "events.k8s.io"], ["events"], ["create", "patch"]),
+        # the Pods left on its Node after an in-place update (Gardener's authorizer allows
+        # list with spec.nodeName=<node> and delete of that node's Pods; RBAC cannot scope
+        # by node, so this is wider)
+        _rule([""], ["pods"], ["list", "delete"]),
     ]
     return namespaced, cluster
 

@@ -153,7 +153,7 @@ def install_credentials(
         "controllers": {
             "operatingSystemConfig": {
                 "secretName": agent.secret_name,
-                "kubernetesVersion": "1.31.4",
+                "kubernetesVersion": "1.33.4",
             },
             **(controllers or {}),
         },

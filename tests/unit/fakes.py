@@ -288,6 +288,25 @@ class FakeKube:
         events.items[name] = dict(body)
         return events.items[name]
 
+    def pods(self, namespace: str) -> FakeResource:
+        return self._collection("Pod", namespace)
+
+    async def list_pods_on_node(self, node: str) -> list[JSON]:
+        self._read("list_pods_on_node", node)
+        return [
+            pod
+            for (kind, _), pods in self._collections.items()
+            if kind == "Pod"
+            for pod in pods.items.values()
+            if (pod.get("spec") or {}).get("nodeName") == node
+        ]
+
+    async def delete_pod(self, namespace: str, name: str) -> None:
+        self._write("delete_pod", namespace, name)
+        pods = self.pods(namespace)
+        if name in pods.items:
+            pods.delete(name)
+
 
 def issue_certificates(sign: Callable[[bytes], bytes]) -> Callable[[str, JSON], JSON]:
     """An ``on_create`` for ``FakeKube``: every CertificateSigningRequest is approved and issued at
@@ -345,7 +364,8 @@ class FakeSystemd(OneJobUnits):
       ``("daemon_reload",)``.
     - ``hang``: ``unit_states`` never answers (a stuck systemd).
     - ``props``: more ``UnitState`` fields per unit, e.g. ``{"service_type": "oneshot",
-      "triggered_by": ("x.timer",), "state_change_timestamp": usec, "load_state": "masked"}``.
+      "triggered_by": ("x.timer",), "state_change_timestamp": usec, "load_state": "masked"}``;
+      a ``brief`` read leaves them out (except ``load_state``), as systemd's does.
     """
 
     def __init__(
@@ -376,14 +396,17 @@ class FakeSystemd(OneJobUnits):
         self.calls.append(("daemon_reload",))
 
     async def enable(self, units: Sequence[str]) -> list[UnitFileChange]:
+        """Like systemd: a symlink made for each unit not enabled before, none for the rest."""
         self.calls.append(("enable", *units))
+        new = [u for u in dict.fromkeys(units) if u not in self.enabled]
         self.enabled.update(units)
-        return []
+        return [UnitFileChange("symlink", f"/etc/systemd/system/x.wants/{u}", "") for u in new]
 
     async def disable(self, units: Sequence[str]) -> list[UnitFileChange]:
         self.calls.append(("disable", *units))
+        gone = [u for u in dict.fromkeys(units) if u in self.enabled]
         self.enabled.difference_update(units)
-        return []
+        return [UnitFileChange("unlink", f"/etc/systemd/system/x.wants/{u}", "") for u in gone]
 
     async def run_jobs(
         self, jobs: Sequence[tuple[str, JobAction]], *, job_timeout: float = 10.0
@@ -400,7 +423,9 @@ class FakeSystemd(OneJobUnits):
                 results[unit] = JobResult(unit, action, "done")
         return results
 
-    async def unit_states(self, names: Sequence[str]) -> dict[str, UnitState]:
+    async def unit_states(
+        self, names: Sequence[str], *, brief: bool = False
+    ) -> dict[str, UnitState]:
         if self.hang:
             await asyncio.Event().wait()
         out = {}
@@ -410,12 +435,16 @@ class FakeSystemd(OneJobUnits):
                 "load_state": "loaded" if name in self.units else "not-found",
                 **self.props.get(name, {}),
             }
+            if brief:  # like systemd's ListUnitsByNames: the states only
+                fields = {k: v for k, v in fields.items() if k == "load_state"}
             out[name] = UnitState(
                 name=name,
                 id=name,
                 active_state=active,
                 sub_state=sub,
-                unit_file_state="enabled" if name in self.enabled else "disabled",
+                unit_file_state=(
+                    "" if brief else "enabled" if name in self.enabled else "disabled"
+                ),
                 invocation_id="",
                 fragment_path="",
                 drop_in_paths=(),

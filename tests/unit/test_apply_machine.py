@@ -389,10 +389,11 @@ class ModelSystemd(OneJobUnits):
                     errno.ENOENT,
                     f"Unit file {unit} does not exist.",
                 )
+        new = [u for u in dict.fromkeys(units) if u not in self.enabled]  # like systemd
         self.enabled |= set(units)
         self.machine.tick("after enable")
         return [
-            UnitFileChange("symlink", f"{UNIT_DIR}/multi-user.target.wants/{u}", "") for u in units
+            UnitFileChange("symlink", f"{UNIT_DIR}/multi-user.target.wants/{u}", "") for u in new
         ]
 
     async def disable(self, units: Sequence[str]) -> list[UnitFileChange]:
@@ -406,9 +407,12 @@ class ModelSystemd(OneJobUnits):
                     errno.ENOENT,
                     f"Unit file {unit} does not exist.",
                 )
+        gone = [u for u in dict.fromkeys(units) if u in self.enabled]
         self.enabled -= set(units)
         self.machine.tick("after disable")
-        return []
+        return [
+            UnitFileChange("unlink", f"{UNIT_DIR}/multi-user.target.wants/{u}", "") for u in gone
+        ]
 
     async def run_jobs(
         self, jobs: Sequence[tuple[str, JobAction]], *, job_timeout: float = 10.0
@@ -467,7 +471,9 @@ class ModelSystemd(OneJobUnits):
         self.machine.restarted(unit)
         return done("done", definition)
 
-    async def unit_states(self, names: Sequence[str]) -> dict[str, UnitState]:
+    async def unit_states(
+        self, names: Sequence[str], *, brief: bool = False
+    ) -> dict[str, UnitState]:
         out = {}
         for name in names:
             known = name in self.loaded or self.unit_file(name) is not None

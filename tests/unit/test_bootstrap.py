@@ -31,6 +31,7 @@ apiServer:
 controllers:
   operatingSystemConfig:
     secretName: gardener-node-agent-pool-a-0123456789abcdef
+    kubernetesVersion: 1.33.4
 """
 
 

@@ -3,6 +3,7 @@ command line (``gardener-node-agent --config-dir DIR``, ``bootstrap``, ``reset``
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -112,3 +113,49 @@ def test_invoked_as_gardener_node_agent(
     assert "usage: gardener-node-agent" in capsys.readouterr().err
     assert main(["version"]) == 0
     assert capsys.readouterr().out.strip() == f"node-agent {__version__}"
+
+
+# ``run``'s first log line, with what it had imported by then: run in a process of its own (the
+# test process has long imported everything).
+FIRST_LINE_PROBE = """
+import sys
+from node_agent import cli
+
+
+def stop(*args, **kwargs):
+    print("IMPORTED:" + ",".join(m for m in ("pydantic", "aiohttp", "yaml") if m in sys.modules))
+    raise SystemExit(0)
+
+
+cli._load_settings = stop  # the config is read right after the first line
+raise SystemExit(cli.main(sys.argv[1:]))
+"""
+
+
+def test_run_logs_its_first_line_before_the_costly_imports(tmp_path: Path) -> None:
+    """The journal's first line of a start is when the process came up, not ~0.5 s of imports
+    later: it names the version, the binary and the config file the agent found."""
+    _config_dir(tmp_path)
+    config = tmp_path / "var/lib/gardener-node-agent/config-v1.150.0.yaml"
+    config.write_text("apiVersion: x\n")
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            FIRST_LINE_PROBE,
+            "--root",
+            str(tmp_path),
+            "--config-dir=/var/lib/gardener-node-agent",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    first, imported = result.stdout.splitlines()
+    line = json.loads(first)
+    assert line["event"] == "node-agent starting"
+    assert line["version"] == __version__
+    assert line["config"] == str(config)
+    assert imported == "IMPORTED:"  # none of pydantic, aiohttp, yaml yet

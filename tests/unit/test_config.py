@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from node_agent.base.durations import format_duration, parse_duration
 from node_agent.base.errors import ConfigError
-from node_agent.config import config_version_key, find_config, parse_config
+from node_agent.config import config_version_key, decode_config, find_config, parse_config
 
 KUBECONFIG = "/var/lib/gardener-node-agent/credentials/kubeconfig"
 
@@ -29,7 +29,7 @@ logLevel: info
 logFormat: json
 server: {}
 featureGates:
-  SomeFutureGate: true
+  AllBeta: true
 apiServer:
   server: https://api.shoot.example:443
   caFile: /var/lib/gardener-node-agent/cluster-ca.crt
@@ -38,7 +38,7 @@ bootstrap:
 controllers:
   operatingSystemConfig:
     secretName: gardener-node-agent-worker-a-77ac3
-    kubernetesVersion: 1.31.4
+    kubernetesVersion: 1.33.4
     syncPeriod: 1m30s
   token:
     syncConfigs:
@@ -55,7 +55,7 @@ def test_gardener_config_is_accepted_with_defaults() -> None:
     config = parse_config(GARDENER_CONFIG)
     osc = config.controllers.operating_system_config
     assert osc.secret_name == "gardener-node-agent-worker-a-77ac3"
-    assert osc.kubernetes_version == "1.31.4"
+    assert osc.kubernetes_version == "1.33.4"
     assert osc.sync_period == timedelta(seconds=90)
     assert [s.path for s in config.controllers.token.sync_configs] == [
         "/var/lib/gardener-node-agent/credentials/token",
@@ -66,7 +66,7 @@ def test_gardener_config_is_accepted_with_defaults() -> None:
     assert config.server.health_probes.port == 2751
     assert config.server.metrics.port == 2752
     assert config.api_server.server == "https://api.shoot.example:443"
-    assert config.feature_gates == {"SomeFutureGate": True}
+    assert config.feature_gates == {"AllBeta": True}
     assert config.bootstrap is not None
     assert config.bootstrap.kubelet_data_volume_size == 68719476736
 
@@ -87,7 +87,7 @@ def test_dump_round_trips_in_gardener_spelling() -> None:
         ("apiVersion: v1\nkind: ConfigMap\n", "expected apiVersion"),
         (
             "controllers:\n  operatingSystemConfig:\n    syncPeriod: 5s\n",
-            "syncPeriod must be at least 15s",
+            "controllers.operatingSystemConfig.syncPeriod: must be at least 15s",
         ),
         (
             "controllers:\n  operatingSystemConfig:\n    syncPeriod: soon\n",
@@ -269,7 +269,7 @@ def test_gardener_zero_values_mean_upstream_defaults() -> None:
 def test_null_and_zero_fields_take_upstream_defaults(
     text: str, field: str, expected: object
 ) -> None:
-    value: object = parse_config(text)
+    value: object = decode_config(text)  # the defaults alone (no secretName, no version here)
     for name in field.split("."):
         value = getattr(value, name)
     assert value == expected

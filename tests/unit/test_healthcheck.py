@@ -87,7 +87,9 @@ class InvocationSystemd(FakeSystemd):
         self.restarted_elsewhere(unit)
         return result
 
-    async def unit_states(self, names: Sequence[str]) -> dict[str, UnitState]:
+    async def unit_states(
+        self, names: Sequence[str], *, brief: bool = False
+    ) -> dict[str, UnitState]:
         states = await super().unit_states(names)
         return {
             name: UnitState(

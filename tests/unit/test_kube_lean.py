@@ -12,6 +12,11 @@ loaded = sorted(m for m in sys.modules if m.startswith("kubernetes_asyncio"))
 conf = Configuration(host="https://127.0.0.1:1")
 print(len(loaded), ApiClientClass.__module__, hasattr(ApiClientClass, "call_api"))
 print(" ".join(loaded))
+print("urllib3.util" in sys.modules)
+conf.username, conf.password = "u", "p"
+print(conf.get_basic_auth_token(), "urllib3.util" in sys.modules)
+import urllib3.exceptions
+print(urllib3.exceptions.HTTPError.__module__)
 """
 
 
@@ -24,6 +29,9 @@ def test_only_the_client_modules_are_loaded() -> None:
     assert has_call_api == "True"
     assert int(count) <= 10, out[1]  # the full package is ~900 modules
     assert "kubernetes_asyncio.client.api.core_v1_api" not in out[1]
+    assert out[2] == "False"  # urllib3: registered, not loaded ...
+    assert out[3] == "Basic dTpw True"  # ... until something of it is used
+    assert out[4] == "urllib3.exceptions"
 
 
 def test_an_already_imported_package_is_left_as_it_is() -> None:
@@ -34,3 +42,42 @@ def test_an_already_imported_package_is_left_as_it_is() -> None:
     api_client, _ = lean.load()
     assert api_client is full.ApiClient
     assert hasattr(full, "CoreV1Api")
+
+
+TRUST_PROBE = """
+import ssl, sys
+if sys.argv[1] == "lean":
+    from node_agent.kube.lean import load_aiohttp
+    load_aiohttp()
+import aiohttp.connector
+default = aiohttp.connector._SSL_CONTEXT_VERIFIED
+after = ssl.create_default_context()
+print(default.cert_store_stats()["x509_ca"], after.cert_store_stats()["x509_ca"])
+"""
+
+
+def trust_anchors(mode: str) -> tuple[int, int]:
+    """(CA certificates in aiohttp's default verifying context, in a default context made
+    afterwards), in a fresh interpreter importing aiohttp ``mode`` = lean | plain."""
+    out = subprocess.run(
+        [sys.executable, "-c", TRUST_PROBE, mode], capture_output=True, text=True, check=True
+    ).stdout.split()
+    return int(out[0]), int(out[1])
+
+
+def test_aiohttp_is_imported_without_the_system_trust_store() -> None:
+    plain_default, plain_after = trust_anchors("plain")
+    assert plain_default > 0  # what aiohttp costs every start when imported as it comes
+    lean_default, lean_after = trust_anchors("lean")
+    assert lean_default == 0  # nothing trusted: a connection relying on it fails, never passes
+    assert lean_after == plain_after > 0  # ssl's own method is put back
+
+
+def test_aiohttp_already_imported_is_left_as_it_is() -> None:
+    import aiohttp.connector
+
+    from node_agent.kube import lean
+
+    before = aiohttp.connector._SSL_CONTEXT_VERIFIED
+    lean.load_aiohttp()
+    assert aiohttp.connector._SSL_CONTEXT_VERIFIED is before

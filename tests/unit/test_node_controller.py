@@ -113,7 +113,7 @@ async def test_secret_name_label_rewrites_config_and_restarts_once(tmp_path: Pat
         "controllers:\n"
         "  operatingSystemConfig:\n"
         "    secretName: osc-a\n"
-        "    kubernetesVersion: 1.31.4\n"
+        "    kubernetesVersion: 1.33.4\n"
         "  token:\n"
         "    syncConfigs:\n"
         "    - secretName: t\n"
@@ -130,7 +130,7 @@ async def test_secret_name_label_rewrites_config_and_restarts_once(tmp_path: Pat
     await controller.reconcile(node)  # same label again: no second restart
     config = parse_config(path.read_bytes())
     assert config.controllers.operating_system_config.secret_name == "osc-b"
-    assert config.controllers.operating_system_config.kubernetes_version == "1.31.4"
+    assert config.controllers.operating_system_config.kubernetes_version == "1.33.4"
     assert config.log_level == "debug"
     assert config.controllers.token.sync_configs[0].path == "/var/lib/t"
     assert path.stat().st_mode & 0o777 == 0o640

@@ -26,6 +26,7 @@ from node_agent.kube import report
 from node_agent.kube.report import ANNOTATION_APPLIED_CHECKSUM, ANNOTATION_SECRET_CHECKSUM
 from node_agent.osc.decode import decode_osc
 from node_agent.osc.models import OperatingSystemConfig
+from node_agent.systemd import UnitState
 from tests.unit.fakes import Call, FakeKube, FakeSystemd, make_ctx, osc_document
 
 SECRET = "gardener-node-agent-pool-a-0123456789abcdef"
@@ -76,16 +77,17 @@ class CountingApplier:
 
 
 def controller(
-    tmp_path: Path, calls: list[Call] | None = None
+    tmp_path: Path, calls: list[Call] | None = None, *, gate: dict[str, Any] | None = None
 ) -> tuple[OSCController, AgentContext, FakeKube, FakeSystemd]:
-    """``calls``: one list for the API writes and the systemd jobs, in the order they happened."""
+    """``calls``: one list for the API writes and the systemd jobs, in the order they happened.
+    ``gate``: the health gate's settings (default: off)."""
     kube, systemd = FakeKube(calls=calls), FakeSystemd(calls=calls)
     kube.nodes().put({"metadata": {"name": "n1", "uid": "u1", "resourceVersion": "1"}})
     ctx: AgentContext = make_ctx(
         tmp_path,
         config={
             "controllers": {"operatingSystemConfig": {"secretName": SECRET}},
-            "nodeAgent": {"healthGate": {"enabled": False}},
+            "nodeAgent": {"healthGate": gate or {"enabled": False}},
         },
         kube=kube,
         systemd=systemd,
@@ -110,6 +112,50 @@ async def test_first_apply_writes_restarts_and_reports(tmp_path: Path) -> None:
     assert (tmp_path / "etc/test/a.conf").read_text() == "one\n"
     assert ("restart", "a.service") in systemd.calls
     assert await applied_annotation(kube) == hashlib.sha256(raw).hexdigest()
+
+
+async def test_a_changed_file_restarts_its_unit_without_a_daemon_reload(tmp_path: Path) -> None:
+    """systemd re-reads every unit file on a reload: a change of a unit's file only (its
+    enablement already in place) restarts the unit and reloads nothing; a changed unit file
+    is reloaded before the restart."""
+    ctl, _, _, systemd = controller(tmp_path)
+    await ctl.reconcile(secret(osc_bytes("one\n")))
+    assert ("daemon_reload",) in systemd.calls  # the first apply enabled a.service
+    systemd.calls.clear()
+    await ctl.reconcile(secret(osc_bytes("two\n")))
+    assert systemd.calls == [("enable", "a.service"), ("restart", "a.service")]
+    systemd.calls.clear()
+    await ctl.reconcile(secret(osc_bytes("two\n", agent_unit="gardener-node-agent.service")))
+    assert ("daemon_reload",) in systemd.calls  # a new unit file
+
+
+async def test_the_health_gate_asks_only_about_the_units_the_update_restarts(
+    tmp_path: Path,
+) -> None:
+    """The gate's baseline is on the critical path of every update: it reads the units the
+    plan has a command for, not every unit of the OSC."""
+    ctl, _, _, systemd = controller(tmp_path, gate={"enabled": True, "settleWindow": "50ms"})
+    bystander = {"name": "b.service", "enable": True, "content": "[Service]\nExecStart=/b\n"}
+
+    def with_bystander(text: str) -> bytes:
+        doc = yaml.safe_load(osc_bytes(text))
+        doc["spec"]["units"].append(bystander)
+        return yaml.safe_dump(doc).encode()
+
+    await ctl.reconcile(secret(with_bystander("one\n")))
+    real = systemd.unit_states
+    asked: list[str] = []
+
+    async def recording(names: Any, *, brief: bool = False) -> dict[str, UnitState]:
+        asked.extend(names)
+        return await real(names, brief=brief)
+
+    systemd.unit_states = recording  # type: ignore[method-assign]
+    outcome = await ctl.reconcile(secret(with_bystander("two\n")))
+    assert outcome is not None
+    assert outcome.report.restarted == ["a.service"]
+    assert asked
+    assert set(asked) == {"a.service"}
 
 
 async def test_an_unchanged_secret_does_nothing_on_the_host(tmp_path: Path) -> None:
@@ -238,8 +284,7 @@ async def test_a_node_held_by_the_rollout_waits_its_delay_once_per_checksum(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A waiting node is woken again and again for one update (its turn, the fallback
-    re-check); each wake read the Node for the delay annotation: a Node read per wake-up, ~9
-    per node of an 80-node paced rollout. The delay spreads an update once."""
+    re-check); the delay spreads an update's start once, not again on every wake-up."""
     ctl, _, _, _ = controller(tmp_path)
     delayed: list[str] = []
 
@@ -258,6 +303,19 @@ async def test_a_node_held_by_the_rollout_waits_its_delay_once_per_checksum(
     assert delayed == [checksum_of(osc_bytes("two\n"))]
     assert await ctl.reconcile(secret(osc_bytes("three\n"), annotations)) is None
     assert delayed == [checksum_of(osc_bytes("two\n")), checksum_of(osc_bytes("three\n"))]
+
+
+async def test_the_reconciliation_delay_is_read_from_the_nodes_watch(tmp_path: Path) -> None:
+    """With the Node seen through its watch, an update reads no Node before its apply (the
+    only read left is the one reporting the checksum afterwards)."""
+    ctl, _, kube, _ = controller(tmp_path)
+    await ctl.reconcile(secret(osc_bytes("one\n")))
+    node = await kube.nodes().get("n1")
+    delay = {report.ANNOTATION_RECONCILIATION_DELAY: "1ms"}
+    ctl.node_seen({**node, "metadata": {**node["metadata"], "annotations": delay}})
+    kube.reads.clear()
+    assert await ctl.reconcile(secret(osc_bytes("two\n"))) is not None
+    assert [r for r in kube.reads if r[0] == "get_node"] == [("get_node", "n1")]
 
 
 async def test_serial_mode_skips_the_reconciliation_delay(

@@ -162,6 +162,9 @@ def test_a_job_still_running_at_the_deadline_times_out(pipe: tuple[int, int]) ->
         b"ActiveState": b"activating",
         b"SubState": b"start",
     }
+    service = {b"NRestarts": 0, b"MainPID": 0, b"ExecMainStartTimestamp": 0, b"Result": b""}
+    bus.props.update({(b"/unit/hang", name): value for name, value in service.items()})
+    bus.props[(b"/unit/hang", b"Type")] = b"simple"
     worker = make_worker(bus, write_fd)
     request = {
         "id": 3,

@@ -9,6 +9,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from node_agent.base.retry import Backoff
 from node_agent.config import TokenSyncConfig
 from node_agent.context import AgentContext
@@ -115,3 +117,21 @@ async def test_failed_write_is_retried_with_backoff_from_the_last_token(tmp_path
         assert sync.stats.writes == 1
     finally:
         task.cancel()
+
+
+async def test_the_existence_check_takes_no_thread_hop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It runs every 2 s for the agent's whole life: a hop to a worker thread would cost more
+    than the lstat walk itself (the idle agent's largest cost when it did)."""
+    kube = FakeKube()
+    _secrets(kube).put(_secret(b"tok"))
+    sync = _sync(tmp_path, kube)
+    assert await sync.sync()
+
+    async def no_thread(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("a thread hop")
+
+    monkeypatch.setattr(asyncio, "to_thread", no_thread)
+    await sync._existence_step(False)
+    assert sync.stats.rewrites_after_delete == 0

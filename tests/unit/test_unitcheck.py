@@ -528,10 +528,10 @@ async def test_one_unreadable_unit_does_not_block_the_others(tmp_path: Path) -> 
     )
     real = systemd.unit_states
 
-    async def picky(names: Any) -> dict[str, UnitState]:
+    async def picky(names: Any, **kw: Any) -> dict[str, UnitState]:
         if "b.service" in names:
             raise SystemdCallError("bad name", op="unit_states", name="x", errno=22, units=())
-        return await real(names)
+        return await real(names, **kw)
 
     systemd.unit_states = picky  # type: ignore[method-assign]
     await c.check_once()
@@ -652,3 +652,34 @@ async def test_unit_held_while_running_is_not_released(tmp_path: Path) -> None:
         clock.now += timedelta(minutes=1)
         await c.check_once()
     assert [h.unit for h in guard.view()] == ["a.service"]
+
+
+async def test_only_units_not_running_as_expected_are_read_in_full(tmp_path: Path) -> None:
+    """Every unit's state in one brief read; each unit's properties only where the verdict
+    needs them: a periodic check of a node whose units run costs one systemd call."""
+    names = [f"u{i}.service" for i in range(20)]
+    applied = Applied(
+        units={
+            **{n: unit(n, enable=True) for n in names},
+            "off.service": unit("off.service", enable=False),
+        }
+    )
+    running = {n: ACTIVE for n in names}
+    c, kube, systemd, *_ = _controller(
+        tmp_path, {**running, "u3.service": ("failed", "failed"), "off.service": ACTIVE},
+        applied, _node(),
+    )  # fmt: skip
+    real = systemd.unit_states
+    full: list[str] = []
+
+    async def counting(names: Any, *, brief: bool = False) -> dict[str, UnitState]:
+        if not brief:
+            full.extend(names)
+        return await real(names, brief=brief)
+
+    systemd.unit_states = counting  # type: ignore[method-assign]
+    await c.check_once()
+    assert sorted(full) == ["off.service", "u3.service"]
+    assert _ours(kube)["message"] == (
+        "off.service: active but should be disabled; u3.service: failed"
+    )

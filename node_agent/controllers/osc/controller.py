@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -23,6 +23,7 @@ from node_agent.base import retry
 from node_agent.base.durations import parse_duration
 from node_agent.base.errors import (
     ApplyError,
+    InPlaceUpdateError,
     KubeError,
     KubeNotFound,
     NodeAgentError,
@@ -38,6 +39,7 @@ from node_agent.config import ZONE_FILE
 from node_agent.context import AgentContext
 from node_agent.controllers.osc.breakage import Evidence
 from node_agent.controllers.osc.health_gate import GateRecord, HealthGate
+from node_agent.controllers.osc.inplace import InPlaceRecord, InPlaceUpdater, kubelet_bootstrapped
 from node_agent.controllers.osc.rollout import Permit, Rollout
 from node_agent.host.history import HistoryEntry, HistoryRollback, Result, Trigger
 from node_agent.kube import report
@@ -165,6 +167,8 @@ class Attempt:
     outcome: Outcome
     gate: GateRecord | None
     started: datetime
+    #: the in-place parts of the update (None: none)
+    in_place: InPlaceRecord | None = None
 
 
 class OSCController:
@@ -200,9 +204,15 @@ class OSCController:
         self._quarantine_logged: str | None = None
         #: serial mode and the paced rollout of the pool (the Lease <secretName>)
         self.rollout = Rollout(ctx, self._wake.set)
+        #: the in-place parts of an update (OS, kubelet, credentials) and the drain gate
+        self.inplace = InPlaceUpdater(ctx)
+        self.inplace.on_ready.append(self._wake.set)
         self._applying = 0  # applies (and rollbacks, drift repairs) running now
         #: called after an OSC was applied and reported (the unit check looks at once)
         self.on_applied: list[Callable[[], None]] = []
+        #: the Node's annotations as its watch last showed them (None: not seen yet, then the
+        #: reconciliation delay is read with a GET)
+        self._node_annotations: Mapping[str, str] | None = None
 
     @property
     def applying(self) -> bool:
@@ -281,6 +291,15 @@ class OSCController:
         except ApplyError as exc:
             await self._partly_applied(exc)
             return RETRY
+        except InPlaceUpdateError as exc:
+            if not exc.terminal:
+                await self._failed(exc, transient=True)
+                return RETRY
+            # marked failed on the Node (its Event said why); left until the Secret changes
+            self._rejected = str((secret.get("metadata") or {}).get("resourceVersion"))
+            self.failures += 1
+            self.ctx.health.error("osc", f"InPlaceUpdateError: {exc}")
+            return SKIPPED
         except NodeAgentError as exc:
             await self._failed(exc, transient=True)
             return RETRY
@@ -359,7 +378,13 @@ class OSCController:
         """The Node appeared (registered for the first time, or deleted and registered again):
         report the applied checksum on it anew."""
         self._reported = None
+        self._node_annotations = None
         self._wake.set()
+
+    def node_seen(self, node: JSON) -> None:
+        """A version of the Node from the Node controller's watch (an observer): its
+        annotations, so that an update reads the reconciliation delay without a request."""
+        self._node_annotations = dict((node.get("metadata") or {}).get("annotations") or {})
 
     # -- one reconciliation -----------------------------------------------------------------
     def request_resync(self) -> None:
@@ -393,13 +418,36 @@ class OSCController:
         if await self._already_applied(desired, applied, resync=resync):
             return None
         update = await self._prepare(desired, applied)
-        admission = await self._admit(update)
+        in_place = await self.inplace.begin(update.osc, update.checksum)
+        if in_place is not None:
+            # machine-controller-manager paces an in-place pool (it drains one node after
+            # another): the drain gate replaces the rollout's admission and the health gate
+            if not await self.inplace.admitted(in_place):
+                return None  # the Node's watch wakes the loop when it is drained
+            if update.applied == update.checksum and not update.retrying:
+                await self._resume_in_place(update, in_place)
+                return None
+            in_place = await self.inplace.before_apply(in_place)
+            admission: Admission | None = Admission(permit=None)
+        else:
+            admission = await self._admit(update)
         if admission is None:
             return None  # held by the pool's rollout; it wakes the loop to look again
-        attempt = await self._apply(update, admission.permit)
+        attempt = await self._apply(update, admission.permit, in_place)
         if attempt is None:
             return None  # the failed apply broke a unit: rolled back
         return await self._finish(update, attempt, admission.permit)
+
+    async def _resume_in_place(self, update: Update, in_place: InPlaceRecord) -> None:
+        """The OSC is applied (the journal is complete) but its in-place steps are not: after
+        the OS update's reboot, or a kill. Only those steps are left; the files and units
+        are not applied again and ``OSCApplied`` is not sent twice."""
+        log.info("resuming the in-place update", parts=in_place.remaining.names())
+        if await self.inplace.finish(update.osc, in_place) == "rebooting":
+            return
+        await self._report_applied(update.osc, update.checksum)
+        for hook in self.on_applied:
+            hook()
 
     def _read(self, secret: JSON) -> Desired | None:
         """The OSC bytes of the Secret and their checksum; None while it is the very version
@@ -419,11 +467,16 @@ class OSCController:
         learns that this node is up to date."""
         if applied != desired.checksum or await self.ctx.state.pending_async() is not None:
             return False
+        unfinished = await self.inplace.record()
+        if unfinished is not None and unfinished.checksum == desired.checksum:
+            return False  # applied, but its in-place steps are not all done (e.g. a reboot)
         if resync:
             await self._repair_drift(desired.raw, desired.annotated)
         if self._reported != desired.checksum:
             osc = decode_osc(desired.raw, desired.annotated, self.ctx.host_name)
             await self._report_applied(osc, desired.checksum, only_if_missing=True)
+        elif self.ctx.node_name is not None:
+            await self._drop_bootstrap_credentials()  # e.g. the kubelet re-bootstrapped since
         await self.rollout.up_to_date(desired.checksum)
         return True
 
@@ -439,9 +492,13 @@ class OSCController:
         self.desired_checksum = desired.checksum
         pending = await self.ctx.state.pending_async()
         retrying = pending is not None and pending.osc_checksum == desired.checksum
+        # an in-place update resumed (its reboot, a kill) waited out the delay before it began
+        unfinished = await self.inplace.record()
+        resuming = unfinished is not None and unfinished.checksum == desired.checksum
         if (
             applied != ""
             and not retrying
+            and not resuming
             and self._delayed != desired.checksum
             and not self.rollout.skips_delay(desired.secret)
         ):
@@ -471,13 +528,19 @@ class OSCController:
         )
         return Admission(permit=permit) if permit is not None else None
 
-    async def _apply(self, update: Update, permit: Permit | None) -> Attempt | None:
+    async def _apply(
+        self, update: Update, permit: Permit | None, in_place: InPlaceRecord | None = None
+    ) -> Attempt | None:
         """Apply the update under the health gate (an update, not the first apply or a retry,
         records the running units first). A failed apply is recorded in the history; if it
         broke a unit it is rolled back (None), else the rollout is told and ApplyError raised
         (the loop retries with backoff)."""
         gate = await self._gate_begin(
-            update.checksum, first_apply=update.first_apply, retrying=update.retrying
+            update.checksum,
+            first_apply=update.first_apply,
+            # an OS or kubelet update must never be rolled back by a settle window
+            retrying=update.retrying or in_place is not None,
+            plan=update.plan.change_set,
         )
         # The Node may have been registered since the last lookup (every 10 s): look once
         # more, so that this apply's Events are recorded on it.
@@ -495,7 +558,7 @@ class OSCController:
                 return None
             await self.rollout.failed(permit, str(exc))
             raise
-        return Attempt(outcome=outcome, gate=gate, started=started)
+        return Attempt(outcome=outcome, gate=gate, started=started, in_place=in_place)
 
     async def _finish(
         self, update: Update, attempt: Attempt, permit: Permit | None
@@ -514,6 +577,8 @@ class OSCController:
         )
         if rolled_back:
             return None
+        if await self.inplace.finish(update.osc, attempt.in_place) == "rebooting":
+            return None  # completed when the agent is back on the new OS version
         await self._succeeded(update, outcome, permit)
         return outcome
 
@@ -615,11 +680,20 @@ class OSCController:
         return False
 
     async def _gate_begin(
-        self, checksum: str, *, first_apply: bool, retrying: bool
+        self,
+        checksum: str,
+        *,
+        first_apply: bool,
+        retrying: bool,
+        plan: Callable[[], Awaitable[ChangeSet]],
     ) -> GateRecord | None:
         """Before an update: the gate's record (the running units), or None when not gated:
         the gate is off, this is the first apply (nothing to go back to), or a retry of a
-        partly failed update (its first try was gated)."""
+        partly failed update (its first try was gated).
+
+        Only units the update's plan has a command for can be watched afterwards, so only they
+        are asked about (one small systemd call, not one for every unit of the OSC); the plan
+        is the one the apply then runs (``PlanOnce``)."""
         if not self.gate.enabled or first_apply:
             return None
         record = await self.gate.record()
@@ -630,7 +704,8 @@ class OSCController:
         previous = await self.ctx.state.load_last_applied_async()
         if previous is None:
             return None
-        units = (await asyncio.to_thread(self.applier.last_applied)).units
+        change_set = await plan()
+        units = [c.unit for c in change_set.unit_commands]
         return await self.gate.begin(checksum, previous, units)
 
     async def _gate_watch(
@@ -785,15 +860,18 @@ class OSCController:
         return await resolve_secret_refs(self.ctx.kube, osc, self.ctx.host_name)
 
     async def _reconciliation_delay(self) -> None:
+        """Wait out the delay the Node's annotation asks for: from the Node's watch when it
+        runs (no request on the update's critical path), else read once."""
         if self.ctx.node_name is None:
             return
-        try:
-            node = await self.ctx.kube.get_node(self.ctx.node_name)
-        except KubeError:
-            return
-        value = ((node.get("metadata") or {}).get("annotations") or {}).get(
-            report.ANNOTATION_RECONCILIATION_DELAY
-        )
+        annotations = self._node_annotations
+        if annotations is None:
+            try:
+                node = await self.ctx.kube.get_node(self.ctx.node_name)
+            except KubeError:
+                return
+            annotations = (node.get("metadata") or {}).get("annotations") or {}
+        value = annotations.get(report.ANNOTATION_RECONCILIATION_DELAY)
         if not value:
             return
         try:
@@ -848,7 +926,13 @@ class OSCController:
         fs = self.ctx.fs
         if await fs.read_async(self.ctx.config.client_connection.kubeconfig) is None:
             return
-        for path in (KUBELET_BOOTSTRAP_KUBECONFIG, BOOTSTRAP_TOKEN_FILE):
+        paths = [BOOTSTRAP_TOKEN_FILE]
+        # The kubelet's copy is kept until the kubelet used it (after a CA rotation's
+        # re-bootstrap it may read it well after the update is reported); a later reconcile
+        # drops it, as upstream's does.
+        if await asyncio.to_thread(kubelet_bootstrapped, fs):
+            paths.insert(0, KUBELET_BOOTSTRAP_KUBECONFIG)
+        for path in paths:
             if await fs.remove_async(path):
                 log.info("bootstrap credentials removed", path=path)
 

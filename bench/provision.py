@@ -1,0 +1,77 @@
+"""A machine from Gardener's own generated user data to an updated node: how long each step takes.
+
+Boots the test bed (kube-apiserver + etcd, kube-controller-manager signing CSRs, the Gardener-like
+CSR approver, a TLS registry, a throwaway node running containerd) and plays, per round,
+``tests/testbed/gardener_provision.py`` on a fresh node: gardener-gen's ``init.sh`` pulls
+node-agent's image under Gardener's name through a mirror ``hosts.toml``, the agent gets a
+certificate for an MCM-length machine name, applies the reconcile OSC (replacing itself by the
+OSC's unit and binary), then a Kubernetes patch update. Prints per round and the median:
+user data -> certificate, user data -> reconcile OSC applied (Node annotated), update published
+-> applied, update published -> the restarted agent's version label.
+
+Run as root from the repository root:  .venv/bin/python -m bench.provision [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shutil
+import statistics
+import time
+import uuid
+
+from tests.conftest import api_client_from, cache_dir
+from tests.testbed import gardener_provision as gp
+from tests.testbed.agent_image import agent_image_layout
+from tests.testbed.bootstrap import allow_bootstrappers
+from tests.testbed.containerd import containerd_node
+from tests.testbed.controlplane import ControlPlane
+from tests.testbed.csr_approver import CSRApprover
+from tests.testbed.pki import CertificateAuthority
+from tests.testbed.registry import Registry
+
+
+async def main(args: argparse.Namespace) -> None:
+    work = cache_dir() / "bench" / f"provision-{uuid.uuid4().hex[:8]}"
+    work.mkdir(parents=True)
+    clock = time.monotonic()
+    image = agent_image_layout(work / "image-dist")
+    print(f"agent image ({image.version}): {time.monotonic() - clock:.1f} s (cached by its key)")
+    ca = CertificateAuthority(work / "registry-pki", name="node-agent-bench-registry-ca")
+    cp = ControlPlane(work / "cp")
+    registry = Registry(work / "registry", ca)
+    rounds: list[dict[str, float]] = []
+    try:
+        cp.start()
+        cp.start_controller_manager()
+        registry.start()
+        async with await api_client_from(cp.admin_kubeconfig) as admin:
+            await allow_bootstrappers(admin)
+            for number in range(1, args.rounds + 1):
+                with containerd_node(work / f"nodes-{number}", ca.cert_path) as node:
+                    async with CSRApprover(admin) as approver:
+                        run = await gp.provision_from_user_data(
+                            admin, cp, approver, node, registry, image
+                        )
+                rounds.append(run.timings)
+                print(
+                    f"round {number} (machine {run.machine}, {len(run.machine)} characters; "
+                    f"the update restarted {', '.join(sorted(run.update_restarted))}):"
+                )
+                for step, seconds in run.timings.items():
+                    print(f"  {step:38} {seconds:6.1f} s")
+    finally:
+        registry.stop()
+        cp.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    if len(rounds) > 1:
+        print(f"median of {len(rounds)} rounds:")
+        for step in rounds[0]:
+            print(f"  {step:38} {statistics.median(r[step] for r in rounds):6.1f} s")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    asyncio.run(main(parser.parse_args()))

@@ -1,0 +1,76 @@
+"""End to end from Gardener's own user data: the generated ``init.sh`` pulls the agent's image
+under its upstream name through a mirror, the agent gets a certificate for an MCM-length machine
+name, applies the generated reconcile OSC (and with it becomes the OSC's own unit and binary),
+then applies a Kubernetes patch update (tests/testbed/gardener_provision.py; the timings of the
+same run are printed by bench/provision.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from kubernetes_asyncio.client import ApiClient
+
+from tests.testbed import gardener_provision as gp
+from tests.testbed.agent_image import AgentImage, agent_image_layout
+from tests.testbed.containerd import ContainerdNode
+from tests.testbed.controlplane import ControlPlane
+from tests.testbed.csr_approver import CSRApprover
+from tests.testbed.registry import Registry
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+
+
+@pytest.fixture(scope="session")
+def agent_image(workdir: Path) -> AgentImage:
+    return agent_image_layout(workdir / "image-dist")
+
+
+@pytest.fixture
+def journal(containerd_node: ContainerdNode) -> Iterator[None]:
+    """The init unit's and the agent's journal in the report of a failing test."""
+    yield
+    out = containerd_node.node.run(
+        ["journalctl", "--no-pager", "-o", "cat", "-u", gp.INIT_UNIT, "-u", gp.AGENT_UNIT],
+        check=False,
+    ).stdout
+    print("--- journal of the init unit and the agent ---\n" + out[-8000:])
+
+
+async def test_a_machine_comes_up_from_gardeners_generated_user_data_and_updates(
+    agent_image: AgentImage,
+    admin_api: ApiClient,
+    gardener_controlplane: ControlPlane,
+    csr_approver: CSRApprover,
+    containerd_node: ContainerdNode,
+    registry: Registry,
+    journal: None,
+) -> None:
+    run = await gp.provision_from_user_data(
+        admin_api, gardener_controlplane, csr_approver, containerd_node, registry, agent_image
+    )
+    node = containerd_node.node
+    print("timings:", {k: round(v, 1) for k, v in run.timings.items()})
+    assert len(run.machine) >= 40
+    # the init script pulled the image by Gardener's name, through the mirror
+    image = f"{gp.UPSTREAM_REGISTRY}/{gp.AGENT_REPOSITORY}:{run.first.gardener_version}"
+    assert image in run.first.init_script
+    assert image in containerd_node.images()
+    assert f"/v2/{gp.AGENT_REPOSITORY}/manifests/{run.first.gardener_version}" in run.image_pulls
+    # the certificate, requested with the bootstrap token, for the machine's full name
+    assert run.requester == run.bootstrap_username
+    assert run.common_name == f"gardener.cloud:node-agent:machine:{run.machine}"
+    assert len(run.common_name) > 64
+    # the reconcile OSC replaced the bootstrap's agent by the OSC's own unit and binary
+    assert run.agent_unit_after == run.agent_unit_in_osc
+    assert run.agent_pids[1] not in (0, run.agent_pids[0])
+    assert node.path(gp.AGENT_BINARY).read_bytes() == agent_image.executable.read_bytes()
+    assert not node.path(gp.BOOTSTRAP_TOKEN).exists()
+    # the patch update: the new kubelet, restarted with the agent (its config changed), nothing
+    # else; the Node's version label follows
+    assert run.update_restarted == {gp.KUBELET, gp.AGENT_UNIT}
+    assert run.labels[gp.VERSION_LABEL] == "1.33.1"
+    assert f"/v2/{gp.HYPERKUBE_REPOSITORY}/manifests/v1.33.1" in run.image_pulls
+    assert csr_approver.errors == []

@@ -1,0 +1,245 @@
+"""NodeAgentConfiguration files that upstream gardener-node-agent v1.150.0 accepts or refuses.
+
+One table for two tests: tests/unit/test_config_upstream.py checks that node-agent gives each
+file the verdict listed here (and that a refusal names the field), and
+tests/integration/test_config_oracle.py starts upstream's own binary on each file and checks that
+the listed verdict is upstream's. Every case is Gardener's own rendering of the file (as its
+generator writes it for a worker pool) with one change.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+#: the file exactly as Gardener v1.150.0 renders it for a pool (gardener-gen, shape k8s-1.33)
+GARDENER_RENDERED = """\
+apiServer:
+  caFile: /var/lib/gardener-node-agent/cluster-ca.crt
+  server: https://api.testshoot.testproj.example:443
+apiVersion: nodeagent.config.gardener.cloud/v1alpha1
+bootstrap: {}
+clientConnection:
+  acceptContentTypes: ""
+  burst: 0
+  contentType: ""
+  kubeconfig: ""
+  qps: 0
+controllers:
+  operatingSystemConfig:
+    kubernetesVersion: 1.33.0
+    secretName: gardener-node-agent-worker-f8cc3ecb9ae0b769
+  systemdUnitCheck: {}
+  token:
+    syncPeriod: 12h0m0s
+kind: NodeAgentConfiguration
+logFormat: ""
+logLevel: ""
+server: {}
+"""
+
+_DELETE = object()
+
+
+@dataclass(frozen=True)
+class ConfigCase:
+    """One file and upstream's verdict; ``field``: what a refusal must name."""
+
+    name: str
+    text: str
+    accepted: bool
+    field: str = ""
+
+
+def _with(changes: dict[str, Any]) -> str:
+    """Gardener's rendering with ``changes`` applied (dotted paths; _DELETE removes a key)."""
+    doc: dict[str, Any] = yaml.safe_load(GARDENER_RENDERED)
+    for path, value in changes.items():
+        *parents, last = path.split(".")
+        node = doc
+        for key in parents:
+            if not isinstance(node.get(key), dict):
+                node[key] = {}
+            node = node[key]
+        if value is _DELETE:
+            node.pop(last, None)
+        else:
+            node[last] = copy.deepcopy(value)
+    return yaml.safe_dump(doc, sort_keys=True)
+
+
+def _raw(old: str, new: str) -> str:
+    """Gardener's rendering with one line's text replaced (for YAML the dumper would quote)."""
+    assert old in GARDENER_RENDERED, old
+    return GARDENER_RENDERED.replace(old, new, 1)
+
+
+def ok(name: str, changes: dict[str, Any] | None = None, *, text: str = "") -> ConfigCase:
+    return ConfigCase(name, text if changes is None else _with(changes), True)
+
+
+def refused(
+    name: str, field: str, changes: dict[str, Any] | None = None, *, text: str = ""
+) -> ConfigCase:
+    return ConfigCase(name, text if changes is None else _with(changes), False, field)
+
+
+OSC = "controllers.operatingSystemConfig"
+TOKEN = "controllers.token"
+CHECK = "controllers.systemdUnitCheck"
+VERSION = f"{OSC}.kubernetesVersion"
+SECRET = "secretName: gardener-node-agent-worker-f8cc3ecb9ae0b769"
+SYNC_A = {"secretName": "gardener-node-agent", "path": "/var/lib/gardener-node-agent/token"}
+SYNC_B = {"secretName": "valitail", "path": "/var/lib/valitail/auth-token"}
+
+CASES: tuple[ConfigCase, ...] = (
+    # --- accepted: Gardener's rendering, its zero values, nulls, omissions ---------------------
+    ok("gardener-rendered", text=GARDENER_RENDERED),
+    ok("no-type-meta", {"apiVersion": _DELETE, "kind": _DELETE}),
+    ok("empty-type-meta", {"apiVersion": "", "kind": ""}),
+    ok("null-sections", {"clientConnection": None, "server": None, "bootstrap": None}),
+    ok("null-fields", {"logLevel": None, "featureGates": None, f"{TOKEN}.syncPeriod": None}),
+    ok("unknown-fields", {"someNewField": 1, "controllers.someNewController": {"x": 1}}),
+    ok("go-spelling-only", {f"{OSC}.secret_name": "ignored-by-upstream"}),
+    ok("burst-and-qps", {"clientConnection.burst": 5, "clientConnection.qps": 0.5}),
+    ok("negative-qps", {"clientConnection.qps": -1}),
+    ok("integral-float-burst", text=_raw("  burst: 0\n", "  burst: 7.0\n")),
+    ok("log-debug-text", {"logLevel": "debug", "logFormat": "text"}),
+    ok("log-error", {"logLevel": "error"}),
+    ok("feature-gates-all-alpha", {"featureGates": {"AllAlpha": True, "AllBeta": False}}),
+    ok("ports", {"server.healthProbes": {"port": 8080}, "server.metrics": {"port": 0}}),
+    ok("port-out-of-range", {"server.metrics": {"port": 70000}}),
+    ok("debugging", {"debugging": {"enableProfiling": True}}),
+    ok("data-volume", {"bootstrap.kubeletDataVolumeSize": 68719476736}),
+    ok("sync-period-15s", {f"{OSC}.syncPeriod": "15s"}),
+    ok("sync-period-fraction", {f"{OSC}.syncPeriod": ".25m"}),
+    ok("sync-period-plus", {f"{OSC}.syncPeriod": "+1m30s"}),
+    ok("sync-period-ms", {f"{OSC}.syncPeriod": "15000ms"}),
+    ok("sync-period-micro-sign", {f"{OSC}.syncPeriod": "15000000\u00b5s"}),
+    ok("sync-period-greek-mu", {f"{OSC}.syncPeriod": "15000000\u03bcs"}),
+    ok("stuck-threshold-30s", {f"{CHECK}.stuckThreshold": "30s", f"{CHECK}.syncPeriod": "15s"}),
+    ok("token-sync-configs", {f"{TOKEN}.syncConfigs": [SYNC_A, SYNC_B]}),
+    ok("version-oldest", {VERSION: "1.32.0"}),
+    ok("version-newest", {VERSION: "1.36.99"}),
+    ok("version-v-prefix", {VERSION: "v1.34.2"}),
+    ok("version-minor-only", {VERSION: "1.35"}),
+    ok("version-prerelease", {VERSION: "1.33.0-rc.1"}),
+    ok("version-build", {VERSION: "1.33.4+build.7"}),
+    ok("version-leading-zeros", {VERSION: "01.033.00"}),
+    # --- YAML as go-yaml v2 resolves it (sigs.k8s.io/yaml), not as PyYAML does ---------------
+    ok("yaml-exponent-float", text=_raw("  qps: 0\n", "  qps: 1e38\n")),
+    ok("yaml-hex-int", text=_raw("  burst: 0\n", "  burst: 0x10\n")),
+    ok("yaml-duplicate-key", text=GARDENER_RENDERED + "logLevel: debug\n"),
+    ok("yaml-second-document", text=GARDENER_RENDERED + "---\nlogLevel: bogus\n"),
+    ok("yaml-merge-key", text=_raw("  token:\n", "  token:\n    <<: {syncPeriod: 1h}\n")),
+    ok("yaml-date-is-a-string", text=_raw(SECRET, "secretName: 2001-12-14")),
+    ok("yaml-sexagesimal-is-a-string", text=_raw(SECRET, "secretName: 1:30")),
+    refused("yaml-y-is-a-bool", f"{OSC}.secretName", text=_raw(SECRET, "secretName: y")),
+    refused("yaml-exponent-is-a-number", f"{OSC}.secretName", text=_raw(SECRET, "secretName: 1e3")),
+    refused("yaml-dot-float", f"{OSC}.secretName", text=_raw(SECRET, "secretName: .5_5")),
+    refused("yaml-infinity", "JSON", text=_raw("  qps: 0\n", "  qps: .inf\n")),
+    refused("yaml-nan-unknown-field", "JSON", text=GARDENER_RENDERED + "someNewField: .nan\n"),
+    refused("yaml-null-key", "JSON", text=GARDENER_RENDERED + "featureGates: {~: true}\n"),
+    refused(
+        "qps-float32-overflow", "clientConnection.qps", text=_raw("  qps: 0\n", "  qps: 1e39\n")
+    ),
+    refused(
+        "version-capital-v",
+        VERSION,
+        text=_raw("kubernetesVersion: 1.33.0", "kubernetesVersion: V1.33.0"),
+    ),
+    refused("version-four-parts", VERSION, {VERSION: "1.33.0.1"}),
+    refused("version-space", VERSION, {VERSION: " 1.33.0"}),
+    refused("version-huge-patch", VERSION, {VERSION: "1.33.99999999999999999999"}),
+    refused("kind-lower-case", "kind", {"kind": "nodeagentconfiguration"}),
+    refused("api-version-no-group", "apiVersion", {"apiVersion": "v1alpha1"}),
+    refused("sync-config-null", f"{TOKEN}.syncConfigs[0]", {f"{TOKEN}.syncConfigs": [None]}),
+    refused("sync-period-exponent", f"{TOKEN}.syncPeriod", {f"{TOKEN}.syncPeriod": "1e3s"}),
+    refused(
+        "sync-period-int64", f"{TOKEN}.syncPeriod", {f"{TOKEN}.syncPeriod": "9223372036854775808ns"}
+    ),
+    ok("sync-period-int64-max", {f"{TOKEN}.syncPeriod": "9223372036854775807ns"}),
+    # --- refused: what upstream's validation requires -----------------------------------------
+    refused("no-secret-name", f"{OSC}.secretName", {f"{OSC}.secretName": _DELETE}),
+    refused("empty-secret-name", f"{OSC}.secretName", {f"{OSC}.secretName": ""}),
+    refused(
+        "python-spelling",
+        f"{OSC}.secretName",
+        {f"{OSC}.secretName": _DELETE, f"{OSC}.secret_name": "x"},
+    ),
+    refused("no-version", VERSION, {VERSION: _DELETE}),
+    refused("null-version", VERSION, {VERSION: None}),
+    refused("version-too-old", VERSION, {VERSION: "1.31.9"}),
+    refused("version-too-new", VERSION, {VERSION: "1.37.0"}),
+    refused("version-major-2", VERSION, {VERSION: "2.33.0"}),
+    refused("version-not-semver", VERSION, {VERSION: "latest"}),
+    refused("version-empty", VERSION, {VERSION: ""}),
+    refused("version-prerelease-zero", VERSION, {VERSION: "1.33.0-01"}),
+    refused(
+        "version-yaml-number",
+        VERSION,
+        text=_raw("kubernetesVersion: 1.33.0", "kubernetesVersion: 1.33"),
+    ),
+    refused("sync-period-14s", f"{OSC}.syncPeriod", {f"{OSC}.syncPeriod": "14s"}),
+    refused("sync-period-just-below", f"{OSC}.syncPeriod", {f"{OSC}.syncPeriod": "14.9999999s"}),
+    refused("sync-period-zero", f"{OSC}.syncPeriod", {f"{OSC}.syncPeriod": "0s"}),
+    refused("sync-period-negative", f"{OSC}.syncPeriod", {f"{OSC}.syncPeriod": "-10m"}),
+    refused("sync-period-number", f"{OSC}.syncPeriod", {f"{OSC}.syncPeriod": 600}),
+    refused("sync-period-space", f"{OSC}.syncPeriod", {f"{OSC}.syncPeriod": "10 m"}),
+    refused("sync-period-days", f"{OSC}.syncPeriod", {f"{OSC}.syncPeriod": "1d"}),
+    refused("sync-period-empty", f"{OSC}.syncPeriod", {f"{OSC}.syncPeriod": ""}),
+    refused("sync-period-two-signs", f"{OSC}.syncPeriod", {f"{OSC}.syncPeriod": "--10m"}),
+    refused("sync-period-overflow", f"{OSC}.syncPeriod", {f"{OSC}.syncPeriod": "3000000h"}),
+    refused("token-sync-period", f"{TOKEN}.syncPeriod", {f"{TOKEN}.syncPeriod": "5s"}),
+    refused("unit-check-sync-period", f"{CHECK}.syncPeriod", {f"{CHECK}.syncPeriod": "1s"}),
+    refused("stuck-threshold", f"{CHECK}.stuckThreshold", {f"{CHECK}.stuckThreshold": "29s"}),
+    refused(
+        "sync-config-no-secret",
+        f"{TOKEN}.syncConfigs[0].secretName",
+        {f"{TOKEN}.syncConfigs": [{"path": "/var/lib/x/token"}]},
+    ),
+    refused(
+        "sync-config-no-path",
+        f"{TOKEN}.syncConfigs[1].path",
+        {f"{TOKEN}.syncConfigs": [SYNC_A, {"secretName": "x"}]},
+    ),
+    refused(
+        "sync-config-same-path",
+        f"{TOKEN}.syncConfigs[1].path",
+        {f"{TOKEN}.syncConfigs": [SYNC_A, {**SYNC_B, "path": SYNC_A["path"]}]},
+    ),
+    refused("log-level-warn", "logLevel", {"logLevel": "warn"}),
+    refused("log-level-upper", "logLevel", {"logLevel": "INFO"}),
+    refused("log-format-yaml", "logFormat", {"logFormat": "yaml"}),
+    refused("feature-gate-unknown", "featureGates", {"featureGates": {"SomeFutureGate": True}}),
+    refused(
+        "feature-gate-gardener", "featureGates", {"featureGates": {"InPlaceNodeUpdates": True}}
+    ),
+    refused("feature-gate-string", "featureGates", {"featureGates": {"AllAlpha": "true"}}),
+    refused("burst-negative", "clientConnection.burst", {"clientConnection.burst": -1}),
+    refused("burst-string", "clientConnection.burst", {"clientConnection.burst": "5"}),
+    refused("burst-int32-overflow", "clientConnection.burst", {"clientConnection.burst": 1 << 31}),
+    refused("burst-fraction", "clientConnection.burst", {"clientConnection.burst": 1.5}),
+    refused("qps-string", "clientConnection.qps", {"clientConnection.qps": "5"}),
+    refused("qps-bool", "clientConnection.qps", {"clientConnection.qps": True}),
+    refused("kubeconfig-number", "clientConnection.kubeconfig", {"clientConnection.kubeconfig": 5}),
+    refused("port-string", "server.metrics.port", {"server.metrics": {"port": "2752"}}),
+    refused("secret-name-number", f"{OSC}.secretName", {f"{OSC}.secretName": 42}),
+    refused(
+        "data-volume-string",
+        "bootstrap.kubeletDataVolumeSize",
+        {"bootstrap.kubeletDataVolumeSize": "64Gi"},
+    ),
+    refused(
+        "debugging-string", "debugging.enableProfiling", {"debugging": {"enableProfiling": "true"}}
+    ),
+    refused("other-kind", "kind", {"kind": "ConfigMap"}),
+    refused("other-api-version", "apiVersion", {"apiVersion": "v1"}),
+    refused("api-version-number", "apiVersion", {"apiVersion": 5}),
+    refused("not-a-mapping", "mapping", text="- 1\n"),
+    refused("empty-file", "empty", text="\n"),
+    refused("controllers-list", "controllers", {"controllers": [1]}),
+)

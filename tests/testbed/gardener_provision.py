@@ -1,0 +1,266 @@
+"""A worker machine provisioned from what Gardener's own code generates, end to end.
+
+Nothing of Gardener's output is rewritten: gardener-gen renders the provision files (the real
+``init.sh``, ``gardener-node-init.service``, the agent's ``config-<version>.yaml``, the bootstrap
+token) and the reconcile OSC for an MCM machine name; ``init.sh`` pulls the agent's image under
+its name, ``europe-docker.pkg.dev/gardener-project/releases/gardener/node-agent:<version>``.
+The bed has no network: a ``hosts.toml`` for ``europe-docker.pkg.dev`` sends containerd to the
+bed's registry as a mirror, which holds node-agent's image under the agent's upstream name and
+a stand-in kubelet under the hyperkube's. From there the agent must get its certificate, apply
+the reconcile OSC (which replaces the agent by the OSC's own unit and binary) and then a
+Kubernetes patch update.
+
+What the bed changes, because its nodes share the host's network (several agents and kubelets
+at once): the agent's two ports and the kubelet's health port move to free ports, in the
+provision config and in the OSC's copy of it alike (the agent's own ``nodeAgent`` section names
+the kubelet's ``/healthz``), through the unit's ``$KUBELET_EXTRA_ARGS`` file, as a machine image
+would carry it. ``logrotate`` (which every Gardener node image has and the bed lacks) is a
+stand-in. Timings are returned for ``bench/provision.py``; ``tests/integration/
+test_gardener_provision.py`` asserts the behaviour.
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+from kubernetes_asyncio.client import ApiClient
+
+from tests.testbed import gardener_osc as g
+from tests.testbed import oci, standin
+from tests.testbed.agent_harness import (
+    create_node,
+    node_labels,
+    publish_osc,
+    unique,
+    wait_applied,
+    wait_for,
+)
+from tests.testbed.agent_image import AgentImage, read_layout
+from tests.testbed.bootstrap import create_bootstrap_token, grant_node_agent_identity
+from tests.testbed.containerd import ContainerdNode
+from tests.testbed.controlplane import ControlPlane, free_port
+from tests.testbed.csr_approver import CSRApprover
+from tests.testbed.gardener_gen import Generated, generate
+from tests.testbed.registry import Registry
+from tests.testbed.systemd_ns import IsolatedSystemd
+from tests.testbed.userdata import hide_python, show
+
+#: the registry every image of Gardener's OSC names
+UPSTREAM_REGISTRY = "europe-docker.pkg.dev"
+AGENT_REPOSITORY = "gardener-project/releases/gardener/node-agent"
+HYPERKUBE_REPOSITORY = "gardener-project/releases/hyperkube"
+BASE = "/var/lib/gardener-node-agent"
+KUBECONFIG = f"{BASE}/credentials/kubeconfig"
+BOOTSTRAP_TOKEN = f"{BASE}/credentials/bootstrap-token"
+AGENT_UNIT = "gardener-node-agent.service"
+INIT_UNIT = "gardener-node-init.service"
+AGENT_BINARY = "/opt/bin/gardener-node-agent"
+KUBELET = "kubelet.service"
+KUBELET_EXTRA_ARGS = "/var/lib/kubelet/extra_args"
+#: the Kubernetes versions of the two OSCs: the pool's and its patch update
+FIRST, UPDATE = "k8s-1.33", "k8s-1.33-patch"
+VERSIONS = ("1.33.0", "1.33.1")
+#: Gardener's sshd-ensurer.service restarts every 5 s on a machine without sshd (the bed's): its
+#: starts are that loop's, not the agent's
+LOOPING = ("sshd-ensurer.service",)
+VERSION_LABEL = "worker.gardener.cloud/kubernetes-version"
+
+
+def mcm_machine_name() -> str:
+    """``shoot--<project>--<shoot>-<pool>-z1-<hash>-<hash>``: as long as machine-controller-manager
+    makes them (well over 40 characters, so the CSR's CN is over 64), unique in the session."""
+    return f"shoot--testproj--{unique('shoot')}-worker-z1-7d9f8b6c5-q4x2z"
+
+
+@dataclass(frozen=True)
+class LocalPorts:
+    """Where the bed's shared network moves the agent's and the kubelet's ports."""
+
+    health: int
+    metrics: int
+    kubelet_healthz: int
+
+    @classmethod
+    def free(cls) -> LocalPorts:
+        return cls(free_port(), free_port(), free_port())
+
+    def config(self, text: str) -> str:
+        """Gardener's rendering of the agent's config with the ports moved."""
+        doc = yaml.safe_load(text)
+        doc["server"] = {"healthProbes": {"port": self.health}, "metrics": {"port": self.metrics}}
+        url = f"http://127.0.0.1:{self.kubelet_healthz}/healthz"
+        doc["nodeAgent"] = {"healthCheck": {"kubeletHealthz": url}}
+        return yaml.safe_dump(doc)
+
+    def osc_yaml(self, gen: Generated) -> bytes:
+        """Gardener's osc.yaml with only its copy of the agent's config localized (the rest
+        byte for byte as Gardener encoded it)."""
+        (item,) = [f for f in gen.osc["spec"]["files"] if f["path"] == gen.config_path]
+        old = item["content"]["inline"]["data"]
+        new = base64.b64encode(self.config(base64.b64decode(old).decode()).encode()).decode()
+        assert gen.osc_yaml.count(old) == 1
+        return gen.osc_yaml.replace(old, new).encode()
+
+
+def serve_gardener_images(
+    registry: Registry, cn: ContainerdNode, agent: AgentImage, gardener_version: str
+) -> None:
+    """node-agent's image and stand-in hyperkube images under Gardener's names in the bed's
+    registry, and the node's ``certs.d`` sending Gardener's registry to it as a mirror."""
+    registry.push(AGENT_REPOSITORY, gardener_version, read_layout(agent.layout))
+    for version in VERSIONS:
+        image = oci.build_image(standin.kubelet_image_files(f"v{version}"))
+        registry.push(HYPERKUBE_REPOSITORY, f"v{version}", image)
+    cn.write_hosts_toml(
+        UPSTREAM_REGISTRY, f"https://{UPSTREAM_REGISTRY}", (f"https://{registry.host}",)
+    )
+
+
+def prepare_machine(cn: ContainerdNode, machine: str, ports: LocalPorts) -> None:
+    """What the machine image brings: its host name, no Python, logrotate, the kubelet's
+    extra arguments file."""
+    node = cn.node
+    node.run(["hostname", machine])
+    g.unmask(node, g.SYSCTL)
+    hide_python(node)
+    logrotate = node.path("/usr/sbin/logrotate")
+    logrotate.write_text("#!/bin/sh\nexit 0\n")
+    logrotate.chmod(0o755)
+    extra = node.path(KUBELET_EXTRA_ARGS)
+    extra.parent.mkdir(parents=True, exist_ok=True)
+    extra.write_text(f"KUBELET_EXTRA_ARGS=--healthz-port={ports.kubelet_healthz}\n")
+    if not node.path("/etc/environment").exists():
+        node.path("/etc/environment").write_text("")
+
+
+def play_user_data(node: IsolatedSystemd, gen: Generated, ports: LocalPorts) -> None:
+    """The provision OSC as cloud-init runs it: every file with its permissions, every unit
+    written and enabled as asked, the ones with ``command: start`` started (not waited for)."""
+    for file in gen.provision_files:
+        target = node.path(file.path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        content = ports.config(file.content) if file.path == gen.config_path else file.content
+        target.write_text(content)
+        target.chmod(file.permissions if file.permissions is not None else 0o644)
+    for unit in gen.provision_units:
+        node.path(f"/etc/systemd/system/{unit['name']}").write_text(unit["content"])
+    node.run(["systemctl", "daemon-reload"])
+    for unit in gen.provision_units:
+        if unit.get("enable"):
+            node.run(["systemctl", "enable", unit["name"]], check=False)
+    for unit in gen.provision_units:
+        if unit.get("command") == "start":
+            node.run(["systemctl", "restart", "--no-block", unit["name"]])
+
+
+@dataclass
+class ProvisionRun:
+    """What happened, for the test to check and the bench to print."""
+
+    machine: str
+    first: Generated
+    update: Generated
+    #: seconds from starting the user data (or publishing the update) to each milestone
+    timings: dict[str, float] = field(default_factory=dict)
+    common_name: str = ""
+    requester: str = ""
+    bootstrap_username: str = ""
+    checksums: tuple[str, str] = ("", "")
+    #: the units the update started again
+    update_restarted: set[str] = field(default_factory=set)
+    #: the agent unit's text after the first OSC, and the OSC's text for it
+    agent_unit_after: str = ""
+    agent_unit_in_osc: str = ""
+    agent_pids: tuple[int, int] = (0, 0)
+    labels: dict[str, str] = field(default_factory=dict)
+    image_pulls: list[str] = field(default_factory=list)
+
+
+def _main_pid(node: IsolatedSystemd) -> int:
+    return int(show(node, AGENT_UNIT).get("MainPID") or 0)
+
+
+async def _label(admin: ApiClient, machine: str, version: str) -> bool:
+    return (await node_labels(admin, machine)).get(VERSION_LABEL) == version
+
+
+def _agent_unit(osc: dict[str, Any]) -> str:
+    (unit,) = [u for u in osc["spec"]["units"] if u["name"] == AGENT_UNIT]
+    return str(unit["content"])
+
+
+async def provision_from_user_data(
+    admin: ApiClient,
+    control_plane: ControlPlane,
+    approver: CSRApprover,
+    cn: ContainerdNode,
+    registry: Registry,
+    agent: AgentImage,
+    *,
+    tick: Callable[[str], None] = lambda _: None,
+) -> ProvisionRun:
+    """Provision, first OSC, Kubernetes patch update; ``tick(step)`` after each milestone."""
+    node = cn.node
+    machine = mcm_machine_name()
+    token = await create_bootstrap_token(admin)
+    args: dict[str, Any] = {
+        "machine_name": machine,
+        "api_server": control_plane.server,
+        "ca_file": control_plane.ca_file,
+        "bootstrap_token": token.token,
+    }
+    first, update = generate(FIRST, **args), generate(UPDATE, **args)
+    assert first.secret_name == update.secret_name  # a patch update keeps the Secret
+    run = ProvisionRun(machine, first, update, bootstrap_username=token.username)
+    serve_gardener_images(registry, cn, agent, first.gardener_version)
+    await grant_node_agent_identity(admin, machine, secret_names=[first.secret_name])
+    ports = LocalPorts.free()
+    prepare_machine(cn, machine, ports)
+    # The Secret exists before the machine does, as in a shoot.
+    checksum = await publish_osc(admin, first.secret_name, ports.osc_yaml(first))
+    run.agent_unit_in_osc = _agent_unit(first.osc)
+
+    started = time.monotonic()
+    play_user_data(node, first, ports)
+    decision = await approver.wait_for_decision(outcome="approved", timeout=180)
+    run.common_name, run.requester = decision.common_name, decision.username
+    await wait_for(lambda: node.path(KUBECONFIG).exists(), 60, "the agent's kubeconfig")
+    run.timings["user data -> certificate"] = time.monotonic() - started
+    tick("certificate")
+    run.agent_pids = (_main_pid(node), 0)
+    # The OSC starts the kubelet, which registers its Node (the stand-in cannot: the test does).
+    await wait_for(
+        lambda: show(node, KUBELET).get("ActiveState") == "active", 180, "kubelet started"
+    )
+    await create_node(admin, machine)
+    await wait_applied(admin, machine, checksum, timeout=180)
+    run.timings["user data -> reconcile OSC applied"] = time.monotonic() - started
+    tick("reconcile OSC applied")
+    await wait_for(lambda: _main_pid(node) not in (0, run.agent_pids[0]), 60, "the agent restarted")
+    await wait_for(lambda: not node.path(BOOTSTRAP_TOKEN).exists(), 60, "the token dropped")
+    run.agent_pids = (run.agent_pids[0], _main_pid(node))
+    run.agent_unit_after = node.path(f"/etc/systemd/system/{AGENT_UNIT}").read_text()
+
+    units = tuple(u["name"] for u in first.osc["spec"]["units"] if u["name"] not in LOOPING)
+    before = g.unit_marks(node, units)
+    clock = time.monotonic()
+    checksum2 = await publish_osc(admin, update.secret_name, ports.osc_yaml(update))
+    await wait_applied(admin, machine, checksum2, timeout=180)
+    run.timings["update published -> applied"] = time.monotonic() - clock
+    tick("update applied")
+    # The agent restarts last, on its new config; that process labels the Node's new version.
+    await wait_for(
+        lambda: _label(admin, machine, VERSIONS[1]), 60, "the version label of the update"
+    )
+    run.timings["update published -> version label"] = time.monotonic() - clock
+    await wait_for(lambda: _main_pid(node) > 0, 60, "the agent running after the update")
+    run.update_restarted = g.started_again(before, g.unit_marks(node, units))
+    run.labels = await node_labels(admin, machine)
+    run.checksums = (checksum, checksum2)
+    run.image_pulls = [e.path for e in registry.access_log() if "/manifests/" in e.path]
+    return run
