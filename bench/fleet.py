@@ -348,6 +348,8 @@ class AuditFigures:
     watches_open: Counter[str] = field(default_factory=Counter)
     watch_users: set[str] = field(default_factory=set)
     codes: Counter[int] = field(default_factory=Counter)
+    #: requests on Leases by Lease name (the pool's Lease, each node's heartbeat Lease)
+    leases: Counter[str] = field(default_factory=Counter)
     #: [received, ended] of every watch that was open at some time in the window
     watch_spans: list[tuple[float, float]] = field(default_factory=list)
 
@@ -378,6 +380,9 @@ def audit_window(path: Path, users: set[str], start: float, end: float) -> Audit
             figures.requests += 1
             figures.users.add(user)
             figures.by_kind[f"{first['verb']} {resource_of(first)}"] += 1
+            ref = first.get("objectRef") or {}
+            if ref.get("resource") == "leases":
+                figures.leases[str(ref.get("name") or "")] += 1
             if done:
                 figures.codes[int((done[0].get("responseStatus") or {}).get("code", 0))] += 1
     return figures
@@ -437,6 +442,8 @@ class Fleet:
     version: int = 0
     audit_log: Path = Path()
     restarts: dict[str, int] = field(default_factory=dict)
+    #: per rollout scenario: its figures, for ``--json`` (bench/fleet_fit.py reads them)
+    figures: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def names(self) -> list[str]:
@@ -602,15 +609,30 @@ async def steady(fleet: Fleet, audit_log: Path) -> None:
     )
 
 
-async def api_note(fleet: Fleet, start: float, end: float) -> str:
-    """The agents' requests in a window, per node, with the conflicts (compare-and-swap)."""
+async def api_note(fleet: Fleet, start: float, end: float, record: str = "") -> str:
+    """The agents' requests in a window, per node, with the conflicts (compare-and-swap);
+    ``record``: the scenario whose figures also go into ``--json``."""
     await asyncio.sleep(1.5)  # the audit batch of the window's last second is written
     users = {m.user for m in fleet.members}
     figures = audit_window(fleet.audit_log, users, start, end)
     n = len(fleet.members)
     top = ", ".join(f"{k} {v / n:.1f}" for k, v in figures.by_kind.most_common(4))
+    if record:
+        pool_lease = figures.leases.get(fleet.secret, 0)
+        heartbeats = sum(v for k, v in figures.leases.items() if k and k != fleet.secret)
+        fleet.figures.setdefault(record, {}).update(
+            requests_per_node=figures.requests / n,
+            pool_lease_per_node=pool_lease / n,
+            heartbeat_per_node=heartbeats / n,
+            rollout_requests_per_node=(figures.requests - heartbeats) / n,
+            conflicts=figures.codes.get(409, 0),
+            by_kind_per_node={k: v / n for k, v in figures.by_kind.most_common()},
+        )
+    heartbeats = sum(v for k, v in figures.leases.items() if k and k != fleet.secret)
     return (
-        f"{figures.requests / n:.1f} agent requests / node ({top}); "
+        f"{figures.requests / n:.1f} agent requests / node ({top}), "
+        f"{(figures.requests - heartbeats) / n:.1f} without the heartbeat Lease, "
+        f"{figures.leases.get(fleet.secret, 0) / n:.1f} on the pool's Lease; "
         f"409 conflicts {figures.codes.get(409, 0)}; agents' watches open at once: peak "
         f"{max_overlap(figures.watch_spans)}"
     )
@@ -663,11 +685,20 @@ async def rollout(
         f"outage p50 {statistics.median([b - a for a, b in spans]) if spans else 0:.1f} s); "
         f"{verdict}",
     )
+    fleet.figures[label] = {
+        "k": k,
+        "serial": serial,
+        "wall_s": elapsed,
+        "converged": len(converged),
+        "max_down": peak,
+        "apiserver_cpu_s": cpu.total,
+        "load_average": os.getloadavg()[0],
+    }
     fleet.row(
         f"{label}: kube-apiserver CPU",
         f"mean {cpu.total / cpu.wall * 100:.0f} %, busiest second "
         f"{max(cpu.samples, default=0) * 100:.0f} % of a core",
-        f"{cpu.total:.1f} CPU s over {cpu.wall:.1f} s; " + await api_note(fleet, t0, t1),
+        f"{cpu.total:.1f} CPU s over {cpu.wall:.1f} s; " + await api_note(fleet, t0, t1, label),
     )
 
 
@@ -840,6 +871,19 @@ async def run(args: argparse.Namespace) -> None:
             supervisor.cancel()
             await asyncio.gather(supervisor, return_exceptions=True)
         print_table(fleet, time.monotonic() - started)
+        if args.json is not None:
+            load = os.getloadavg()
+            Path(args.json).write_text(
+                json.dumps(
+                    {
+                        "agents": args.agents,
+                        "settle_s": args.settle,
+                        "load_average": load,
+                        "scenarios": fleet.figures,
+                    },
+                    indent=1,
+                )
+            )
     finally:
         for task in tasks:
             task.cancel()
@@ -923,6 +967,9 @@ def main() -> None:
     parser.add_argument("--spawn-gap", type=float, default=1.0, help="s between agent spawns")
     parser.add_argument("--timeout", type=float, default=1800.0, help="s per rollout")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
+    parser.add_argument(
+        "--json", help="also write each rollout's figures to this file (for bench.fleet_fit)"
+    )
     parser.add_argument(
         "--fleet-view",
         action="store_true",

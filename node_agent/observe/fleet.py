@@ -748,7 +748,8 @@ def _render_pool(pool: PoolReport, max_nodes: int) -> str:
             f"{pool.policy.max_parallel}{': ' + slots if slots else ''}"
         )
         out.append(
-            f"    canaries: {', '.join(ledger.canaries) or '-'}; healthy {len(ledger.healthy)}; "
+            f"    canaries: {', '.join(ledger.canaries) or '-'}; "
+            f"canaries healthy {len(ledger.healthy)}; "
             f"failed {len(ledger.failed)}"
         )
         open_, why = pool.breaker()

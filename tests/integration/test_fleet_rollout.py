@@ -266,7 +266,9 @@ async def test_paced_never_more_than_k(fleet: Fleet) -> None:
     ledger = await fleet.ledger()
     assert ledger.checksum == v2
     assert ledger.slots == ()
-    assert set(ledger.healthy) == {a.node_name for a in fleet.agents}
+    # every node applied (converged above) and none failed; no canaries, so no success is kept
+    assert ledger.failed == {}
+    assert ledger.healthy == {}
     waited = [e for a in fleet.agents for e in await a.events() if e.reason == "WaitingForSlot"]
     assert waited, "no node ever waited for a slot"
 
@@ -291,6 +293,7 @@ async def test_canary_applies_first_and_the_rest_waits_for_the_soak(fleet: Fleet
     await fleet.converge(v2)
     ledger = await fleet.ledger()
     assert len(ledger.canaries) == 1
+    assert set(ledger.healthy) == set(ledger.canaries)  # only the canary's success is kept
     canary = next(a for a in fleet.agents if a.node_name == ledger.canaries[0])
     (c_start, c_end) = runs(canary, "v2")[0]
     rest = [r for a in fleet.agents if a is not canary for r in runs(a, "v2")]

@@ -280,6 +280,31 @@ async def test_the_first_apply_is_not_paced_nor_delayed(
     assert admitted == delayed == [checksum_of(second)]
 
 
+async def test_a_node_held_by_the_rollout_waits_its_delay_once_per_checksum(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A waiting node is woken again and again for one update (its turn, the fallback
+    re-check); the delay spreads an update's start once, not again on every wake-up."""
+    ctl, _, _, _ = controller(tmp_path)
+    delayed: list[str] = []
+
+    async def delay() -> None:
+        delayed.append(str(ctl.desired_checksum))
+
+    async def held(secret: Any, checksum: str, **kwargs: Any) -> Any:
+        return None  # the pool's rollout holds the update back
+
+    await ctl.reconcile(secret(osc_bytes("one\n")))
+    monkeypatch.setattr(ctl, "_reconciliation_delay", delay)
+    monkeypatch.setattr(ctl.rollout, "admit", held)
+    annotations = {pacing.ANNOTATION_MAX_PARALLEL: "1"}
+    for _ in range(3):
+        assert await ctl.reconcile(secret(osc_bytes("two\n"), annotations)) is None
+    assert delayed == [checksum_of(osc_bytes("two\n"))]
+    assert await ctl.reconcile(secret(osc_bytes("three\n"), annotations)) is None
+    assert delayed == [checksum_of(osc_bytes("two\n")), checksum_of(osc_bytes("three\n"))]
+
+
 async def test_the_reconciliation_delay_is_read_from_the_nodes_watch(tmp_path: Path) -> None:
     """With the Node seen through its watch, an update reads no Node before its apply (the
     only read left is the one reporting the checksum afterwards)."""

@@ -7,6 +7,7 @@ import copy
 import json
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -120,7 +121,8 @@ def test_at_most_k_then_wait_for_slot() -> None:
         ledger = d.ledger
     d = decide(policy, ledger, "c", CS, 10.0)
     assert (d.action, d.reason) == ("wait", pacing.REASON_SLOT)
-    assert "holders: a, b" in d.message
+    # the holders are not in the words: a waiting node's condition does not change with them
+    assert d.message == "all 2 rollout slot(s) of OSC aaaaaaaaaaaa are taken"
     assert d.retry_in == 50.0
     # a holder asking again keeps its slot (renewed)
     assert decide(policy, ledger, "a", CS, 10.0).action == "proceed"
@@ -130,9 +132,25 @@ def test_finished_slot_frees_a_place() -> None:
     policy = Pacing(max_parallel=1, slot_ttl=60)
     ledger = decide(policy, Ledger(), "a", CS, 0.0).ledger
     ledger = finish(ledger, "a", CS, 5.0, ok=True)
-    assert ledger.healthy == {"a": 5.0}
+    assert ledger.healthy == {}  # not a canary: nothing waits for its result
     assert ledger.slots == ()
     assert decide(policy, ledger, "b", CS, 6.0).action == "proceed"
+
+
+def test_only_canaries_leave_a_result_so_the_ledger_does_not_grow_with_the_pool() -> None:
+    """Before, every node's success stayed in ``healthy``: 1,000 nodes made the ledger too big
+    to read (reset) and ~5,000 pushed the Lease past 256 KiB."""
+    policy = Pacing(max_parallel=3, canaries=1, soak=0.0, slot_ttl=60)
+    ledger, now = Ledger(), 0.0
+    for i in range(2000):
+        name = f"node-{i:04d}"
+        d = decide(policy, ledger, name, CS, now)
+        assert d.action == "proceed", (name, d.message)
+        ledger = finish(d.ledger, name, CS, now, ok=True)
+        now += 1.0
+    assert ledger.healthy.keys() == {"node-0000"}
+    assert Ledger.parse(ledger.dump()) == (ledger, ())
+    assert len(ledger.dump()) < 300
 
 
 def test_expired_slot_frees_the_place_and_counts_as_lost() -> None:
@@ -234,6 +252,9 @@ class Node:
     name: str
     state: str = "idle"  # idle -> applying -> done | failed; crashed
     canary: bool = False
+    #: its ticket in the line, and its own memory of what it saw when
+    ticket: int | None = None
+    seen: pacing.Sightings = field(default_factory=pacing.Sightings)
 
 
 @dataclass
@@ -260,8 +281,10 @@ def _run(pool: Pool, program: list[tuple[str, int, float]], fails: bool) -> None
     for action, index, amount in program:
         node = pool.nodes[index % len(pool.nodes)]
         if action == "try" and node.state == "idle":
-            d = decide(pool.policy, pool.ledger, node.name, CS, pool.now)
-            pool.ledger = d.ledger
+            d = decide(
+                pool.policy, pool.ledger, node.name, CS, pool.now, node.seen, ticket=node.ticket
+            )
+            pool.ledger, node.ticket = d.ledger, d.ticket
             if d.action == "proceed":
                 node.state, node.canary = "applying", d.canary
                 pool.started.add(node.name)
@@ -471,12 +494,14 @@ def test_any_ledger_never_raises_never_waits_for_ever_never_exceeds_k(
     seen = pacing.Sightings()
     bound = pacing.MAX_SLOT_TTL + pacing.CLOCK_SKEW + soak
     now = NOW
+    ticket: int | None = None
     for _ in range(4):
         # a slot of ours for this checksum, live as this reader believes it: deciding renews it
         # (a holder goes on even when the ledger lists more holders than K, e.g. K was lowered)
         live = pacing.current(ledger, CS, now, ttl, copy.deepcopy(seen))
         renewing = any(s.host == "me" and s.checksum == CS for s in live.slots)
-        d = decide(policy, ledger, "me", CS, now, seen)
+        d = decide(policy, ledger, "me", CS, now, seen, ticket=ticket)
+        ticket = d.ticket
         if d.action == "proceed":
             # never a new holder beyond K
             assert renewing or len(d.ledger.slots) <= k
@@ -516,3 +541,68 @@ def test_any_serial_lease_never_raises_and_expires_within_our_duration(
         assert 0.0 < step.expires_in <= duration + pacing.CLOCK_SKEW
         later = NOW + step.expires_in + 0.001
         assert pacing.serial_step(spec, "me", later, duration, seen).action == "acquire"
+
+
+# -- the line: only the next tickets act ------------------------------------------------------
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    n=st.integers(1, 12),
+    k=st.integers(1, 3),
+    dead=st.sets(st.integers(0, 11), max_size=4),
+    order=st.randoms(use_true_random=False),
+)
+def test_a_line_serves_every_live_node_with_a_bounded_number_of_writes(
+    n: int, k: int, dead: set[int], order: Any
+) -> None:
+    """Nodes look at the ledger after every change, in random order; a node writes only when
+    its decision changes the ledger; a node draws a ticket only into a line shorter than 2K.
+    Waiters that die after drawing a ticket are passed over:
+    every live node applies (no deadlock), never more than K at once, each live node writes at
+    most 3 times (its ticket, its slot, its result) plus once per time the line passed it for
+    the dead ahead of it, and a node holding a waiting ticket writes only to take its slot."""
+    policy = Pacing(max_parallel=k, slot_ttl=600.0)
+    names = [f"n{i}" for i in range(n)]
+    ledger, now = Ledger(), 0.0
+    tickets: dict[str, int | None] = dict.fromkeys(names)
+    seen = {name: pacing.Sightings() for name in names}
+    state = dict.fromkeys(names, "idle")
+    writes = dict.fromkeys(names, 0)
+    passed = dict.fromkeys(names, 0)
+    for _ in range(60 * n + 100):
+        if all(state[x] in ("done", "dead") for x in names):
+            break
+        now += 1.0
+        turn = list(names)
+        order.shuffle(turn)
+        for name in turn:
+            if state[name] == "applying":
+                ledger = finish(ledger, name, CS, now, ok=True)
+                state[name], writes[name] = "done", writes[name] + 1
+            elif state[name] in ("idle", "drawn"):
+                d = decide(policy, ledger, name, CS, now, seen[name], ticket=tickets[name])
+                if d.ledger != ledger:
+                    # a node holding a waiting ticket writes only to take its slot; one passed
+                    # over (the line widened past it for dead tickets ahead) draws again
+                    held = ledger.position(tickets[name]) is not None
+                    assert d.action == "proceed" or not held, (name, d)
+                    if tickets[name] is not None and not held:
+                        passed[name] += 1
+                    if d.action == "wait":
+                        # a draw joins a short line (only a line stalled by the dead ahead
+                        # lets the rest join behind it): the pool does not race to draw
+                        assert ledger.waiting() < pacing.JOIN_DEPTH * k or dead, (name, ledger)
+                    ledger, writes[name] = d.ledger, writes[name] + 1
+                tickets[name] = d.ticket
+                if d.action == "proceed":
+                    state[name] = "applying"
+                elif int(name[1:]) in dead:
+                    state[name] = "dead"  # drew its ticket, then its agent died
+            assert len(ledger.slots) <= k
+            assert sum(1 for x in names if state[x] == "applying") <= k
+            assert ledger.waiting() <= pacing.JOIN_DEPTH * k or dead, ledger
+    live = [x for x in names if int(x[1:]) not in dead or state[x] == "done"]
+    assert all(state[x] == "done" for x in live), (state, ledger)
+    assert all(writes[x] <= 3 + passed[x] for x in live), writes
+    assert all(passed[x] <= len(dead) for x in live), passed

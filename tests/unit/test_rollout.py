@@ -21,13 +21,15 @@ from node_agent.controllers.osc import rollout as rollout_module
 from node_agent.controllers.osc.rollout import Permit, Rollout
 from node_agent.kube import report
 from node_agent.osc.plan import ChangeSet, UnitCommand
-from tests.unit.fakes import FakeKube, make_ctx
+from tests.unit.fakes import FakeKube, make_ctx, until
 
 SECRET = "gardener-node-agent-pool-a"
 NS = "kube-system"
 CS = "a" * 64
 CS2 = "b" * 64
 SERIAL = {"reconciliation.osc.node-agent.gardener.cloud/serial": "true"}
+#: one canary: its success is what the ledger keeps (the others' are not recorded)
+CANARY = {"node-agent.gardener.cloud/rollout-canaries": "1"}
 
 
 class Clock:
@@ -110,6 +112,16 @@ class Pool:
             self.lease()["metadata"]["annotations"].get(pacing.ANNOTATION_LEDGER)
         )
 
+    async def caught_up(self) -> None:
+        """Every waiting node's watch has shown the Lease as it is now (a waiting node decides
+        from what its watch showed)."""
+        rv = self.lease()["metadata"].get("resourceVersion")
+
+        def shown() -> bool:
+            return all(n._live_shown() is None or n._watched == rv for n in self.nodes)
+
+        await until(shown)
+
     def condition(self, node: str) -> dict[str, Any] | None:
         obj = self.kube.nodes().items[node]
         for c in (obj.get("status") or {}).get("conditions") or []:
@@ -164,7 +176,8 @@ async def test_serial_lease_as_gardener_writes_it(pool: Pool) -> None:
     condition = pool.condition("b")
     assert condition is not None
     assert (condition["status"], condition["reason"]) == ("False", pacing.REASON_SERIAL)
-    assert "node a holds Lease kube-system/" + SECRET in condition["message"]
+    # the holder is in the view; the words stay the same whoever holds it (no rewrite per holder)
+    assert "another node holds Lease kube-system/" + SECRET in condition["message"]
     assert b.view().state == "waiting"
     assert b.view().holders == ("a",)
     # the wait wakes the loop again after the (test) recheck time
@@ -179,6 +192,7 @@ async def test_serial_lease_as_gardener_writes_it(pool: Pool) -> None:
     assert "renewTime" not in spec
     assert "acquireTime" not in spec
     assert pool.condition("a")["reason"] == report.REASON_ROLLOUT_APPLIED  # type: ignore[index]
+    await pool.caught_up()
     permit_b = await b.admit(secret(SERIAL), CS, retrying=False, plan=KUBELET)
     assert permit_b is not None
     assert pool.lease()["spec"]["holderIdentity"] == "b"
@@ -220,6 +234,7 @@ async def test_slots_canary_breaker_and_reset(pool: Pool) -> None:
     assert pool.condition("b")["reason"] == pacing.REASON_CANARIES  # type: ignore[index]
     await a.failed(pa, "rolled back: kubelet.service failed")
     assert pool.ledger().failed == {"a": "rolled back: kubelet.service failed"}
+    await pool.caught_up()
     for node, name in ((b, "b"), (c, "c")):
         assert await node.admit(secret(annotations), CS, retrying=False, plan=KUBELET) is None
         condition = pool.condition(name)
@@ -273,20 +288,20 @@ async def test_retry_of_a_failed_update_is_not_paced_again(pool: Pool) -> None:
     assert await b.admit(secret(paced()), CS, retrying=False, plan=KUBELET) is None
 
 
-async def test_conflicts_are_retried_with_a_fresh_read(pool: Pool) -> None:
+async def test_a_release_that_conflicts_is_retried_with_a_fresh_read(pool: Pool) -> None:
     a, b = pool.node("a"), pool.node("b")
-    await a.admit(secret(paced(2)), CS, retrying=False, plan=KUBELET)
+    permit = await a.admit(secret(paced(2)), CS, retrying=False, plan=KUBELET)
+    assert await b.admit(secret(paced(2)), CS, retrying=False, plan=KUBELET) is not None
     pool.kube.fail("Lease.replace", KubeConflict("conflict", status=409), times=2)
-    pb = await b.admit(secret(paced(2)), CS, retrying=False, plan=KUBELET)
-    assert pb is not None
-    assert set(pool.ledger().holders()) == {"a", "b"}
+    await a.succeeded(permit)
+    assert pool.ledger().holders() == ("b",)
 
 
 async def test_conflicts_back_off_on_the_agents_one_backoff(
     pool: Pool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The Lease's compare-and-swap retries wait as ``retry.CONFLICT`` says (growing, jittered),
-    one fresh backoff per write."""
+    """A write that must land (a slot's release, its renewal) retries a compare-and-swap
+    conflict as ``retry.CONFLICT`` says (growing, jittered), one fresh backoff per write."""
     delays: list[float] = []
 
     class Recorded(Backoff):
@@ -295,15 +310,62 @@ async def test_conflicts_back_off_on_the_agents_one_backoff(
             return 0.0  # no real waiting in a unit test
 
     monkeypatch.setattr(rollout_module, "Backoff", Recorded, raising=False)
-    a, b = pool.node("a"), pool.node("b")
-    await a.admit(secret(paced(2)), CS, retrying=False, plan=KUBELET)
+    a = pool.node("a")
+    permit = await a.admit(secret(paced(2)), CS, retrying=False, plan=KUBELET)
     pool.kube.fail("Lease.replace", KubeConflict("conflict", status=409), times=3)
-    assert await b.admit(secret(paced(2)), CS, retrying=False, plan=KUBELET) is not None
+    await a.succeeded(permit)
+    assert pool.ledger().holders() == ()
     base, cap = retry.CONFLICT
     assert len(delays) == 3
     assert base / 2 <= delays[0] <= base
     assert base <= delays[1] <= 2 * base
     assert 2 * base <= delays[2] <= min(cap, 4 * base)
+
+
+def lease_requests(pool: Pool) -> int:
+    return sum(1 for c in pool.kube.reads if c[0] == "get_lease") + len(
+        pool.kube.writes("Lease.replace")
+    )
+
+
+async def test_a_lost_race_to_join_waits_for_the_watch_and_widens_the_window(
+    pool: Pool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 409 on taking a place is not answered by a fresh read and another write: the node
+    waits (its join window doubled, a random part of it), then decides from the Lease its watch
+    showed, and writes on that resourceVersion. Before, every conflict cost a read and a write
+    at once, and the pool's join burst raced on the one Lease."""
+    monkeypatch.setattr(rollout_module, "JOIN_WINDOW", 0.1)  # a unit test does not wait seconds
+    b = pool.node("b", recheck=("60s", "60s"))
+    a, c = pool.node("a"), pool.node("c")
+    await a.admit(secret(paced(3)), CS, retrying=False, plan=KUBELET)  # creates the Lease
+    before = lease_requests(pool)
+    pool.kube.fail("Lease.replace", KubeConflict("conflict", status=409), times=1)
+    assert await b.admit(secret(paced(3)), CS, retrying=False, plan=KUBELET) is None
+    # one read and the lost write (the fake records only writes that land): no retry
+    assert lease_requests(pool) == before + 1
+    assert b._window == 2 * rollout_module.JOIN_WINDOW
+    assert b.view().state == "waiting"
+    assert await c.admit(secret(paced(3)), CS, retrying=False, plan=KUBELET) is not None
+    await until(lambda: "b" in pool.woken)  # within its window, not after the 60 s re-check
+    await pool.caught_up()
+    before = lease_requests(pool)
+    assert await b.admit(secret(paced(3)), CS, retrying=False, plan=KUBELET) is not None
+    assert lease_requests(pool) == before + 1  # on the watched Lease: no read
+    assert b._window == rollout_module.JOIN_WINDOW  # a write that landed resets it
+    assert set(pool.ledger().holders()) == {"a", "b", "c"}
+
+
+async def test_windows_double_per_lost_race_up_to_their_cap(pool: Pool) -> None:
+    node = pool.node("a")
+    delays = []
+    for _ in range(8):
+        node._join_at = None
+        delays.append(node._contended(CS))
+    assert node._window == rollout_module.JOIN_WINDOW_MAX
+    assert all(0.0 <= d <= rollout_module.JOIN_WINDOW_MAX for d in delays)
+    node._keep_ticket(CS, 3)  # a node whose turn it was looks again at once
+    assert node._contended(CS) == 0.0
 
 
 async def test_stale_resource_version_is_a_conflict_not_a_lost_write(pool: Pool) -> None:
@@ -320,9 +382,13 @@ async def test_stale_resource_version_is_a_conflict_not_a_lost_write(pool: Pool)
         return lease
 
     pool.kube.get_lease = racing_get  # type: ignore[method-assign]
-    with pytest.raises(KubeConflict):  # every try raced: given up, never written blindly
+    # the race is lost: the node waits (never writes blindly) and decides again later
+    assert (
         await b.admit(secret(paced(2)), CS, retrying=False, plan=plan_of("containerd.service"))
+        is None
+    )
     assert pool.ledger().holders() == ("a",)
+    assert b._lost_on is not None
 
 
 async def test_renewer_keeps_the_slot_and_dies_with_its_task(pool: Pool) -> None:
@@ -353,7 +419,7 @@ async def test_renewer_keeps_the_slot_and_dies_with_its_task(pool: Pool) -> None
 
 async def test_up_to_date_releases_a_forgotten_permit(pool: Pool) -> None:
     a = pool.node("a")
-    await a.admit(secret(paced()), CS, retrying=False, plan=KUBELET)
+    await a.admit(secret(paced_with(1, CANARY)), CS, retrying=False, plan=KUBELET)
     await a.up_to_date(CS)
     assert pool.ledger().holders() == ()
     assert "a" in pool.ledger().healthy
@@ -375,17 +441,17 @@ async def test_a_waiting_node_is_woken_when_the_lease_changes(pool: Pool) -> Non
 
 async def test_a_retry_after_an_unreported_error_keeps_its_slot(pool: Pool) -> None:
     a, b = pool.node("a"), pool.node("b")
-    first = await a.admit(secret(paced()), CS, retrying=False, plan=KUBELET)
+    first = await a.admit(secret(paced_with(1, CANARY)), CS, retrying=False, plan=KUBELET)
     assert first is not None
     assert first.renewer is not None
     # the reconcile ended by an error before the apply's verdict; the loop retries
-    again = await a.admit(secret(paced()), CS, retrying=True, plan=KUBELET)
+    again = await a.admit(secret(paced_with(1, CANARY)), CS, retrying=True, plan=KUBELET)
     assert again is not None
     assert again.slot
     assert again.renewer is first.renewer
     assert not first.renewer.done()
     assert pool.ledger().holders() == ("a",)
-    assert await b.admit(secret(paced()), CS, retrying=False, plan=KUBELET) is None
+    assert await b.admit(secret(paced_with(1, CANARY)), CS, retrying=False, plan=KUBELET) is None
     await a.succeeded(again)
     assert pool.ledger().healthy == {"a": pool.clock.now}
     assert again.renewer is None
@@ -393,12 +459,12 @@ async def test_a_retry_after_an_unreported_error_keeps_its_slot(pool: Pool) -> N
 
 async def test_an_agent_restarted_mid_apply_takes_its_slot_up_again(pool: Pool) -> None:
     a = pool.node("a")
-    first = await a.admit(secret(paced()), CS, retrying=False, plan=KUBELET)
+    first = await a.admit(secret(paced_with(1, CANARY)), CS, retrying=False, plan=KUBELET)
     assert first is not None
     await a.close()  # killed: the renewer is gone, the slot is still in the ledger
     restarted = pool.node("a")
     pool.clock.now += 5
-    resumed = await restarted.admit(secret(paced()), CS, retrying=True, plan=KUBELET)
+    resumed = await restarted.admit(secret(paced_with(1, CANARY)), CS, retrying=True, plan=KUBELET)
     assert resumed is not None
     assert resumed.slot
     assert resumed.renewer is not None
@@ -454,3 +520,100 @@ async def test_a_waiting_condition_is_rewritten_for_a_new_message_at_most_once_a
     await node._condition("False", "CircuitBreakerOpen", "open, 2 failed")
     assert len(pool.kube.writes("patch_node_status")) == 3
     assert pool.condition("a")["message"] == "open, 2 failed"  # type: ignore[index]
+
+
+async def test_a_freed_slot_wakes_only_the_next_in_line(
+    pool: Pool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """K = 1, five nodes waiting: only 2K of them draw a ticket, the rest watch without a
+    request. When the holder finishes, only the first ticket is woken and acts; the others
+    judge the change from their watch and make no request at all. When the line shortens, the
+    nodes outside it join after a random delay, each only if the line still needs it."""
+    monkeypatch.setattr(rollout_module, "JOIN_WINDOW", 0.5)  # a unit test does not wait seconds
+    annotations = paced()
+    a = pool.node("a")
+    waiters = [pool.node(name, recheck=("60s", "60s")) for name in ("b", "c", "d", "e", "f")]
+    permit = await a.admit(secret(annotations), CS, retrying=False, plan=KUBELET)
+    assert permit is not None
+    for node in waiters:
+        assert await node.admit(secret(annotations), CS, retrying=False, plan=KUBELET) is None
+        await pool.caught_up()
+    # b and c drew tickets in the order they came; d, e and f stay out of the line
+    assert pool.ledger().waiting() == pacing.JOIN_DEPTH * 1
+    assert [n._ticket_for(CS) for n in waiters] == [0, 1, None, None, None]
+    await pool.caught_up()
+    pool.woken.clear()
+
+    def lease_reads() -> int:
+        return sum(1 for c in pool.kube.reads if c[0] == "get_lease")
+
+    reads = lease_reads()
+    writes = len(pool.kube.writes("Lease.replace"))
+    await a.succeeded(permit)
+    await until(lambda: pool.woken == ["b"])
+    await pool.caught_up()
+    assert pool.woken == ["b"]
+    # b decides from the Lease its watch showed, and writes on that resourceVersion
+    assert await waiters[0].admit(secret(annotations), CS, retrying=False, plan=KUBELET)
+    assert pool.ledger().holders() == ("b",)
+    assert lease_reads() == reads + 1  # a's own read to release its slot
+    assert len(pool.kube.writes("Lease.replace")) == writes + 2  # a's release, b's take
+    # c, woken by its timer anyway, waits again without a request
+    assert await waiters[1].admit(secret(annotations), CS, retrying=False, plan=KUBELET) is None
+    assert lease_reads() == reads + 1
+    assert len(pool.kube.writes("Lease.replace")) == writes + 2
+    # the line shortened: d, e and f are woken within their join window (not the re-check);
+    # the first to look draws a ticket, the others then find the line full again
+    await until(lambda: {"d", "e", "f"} <= set(pool.woken))
+    await pool.caught_up()
+    for node in waiters[2:]:
+        assert await node.admit(secret(annotations), CS, retrying=False, plan=KUBELET) is None
+        await pool.caught_up()
+    assert pool.ledger().waiting() == 2
+    assert len(pool.kube.writes("Lease.replace")) == writes + 3
+    assert lease_reads() == reads + 1
+
+
+async def test_a_serial_release_wakes_only_the_next_in_line(pool: Pool) -> None:
+    a = pool.node("a")
+    waiters = [pool.node(name, recheck=("60s", "60s")) for name in ("b", "c", "d")]
+    permit = await a.admit(secret(SERIAL), CS, retrying=False, plan=KUBELET)
+    for node in waiters:
+        assert await node.admit(secret(SERIAL), CS, retrying=False, plan=KUBELET) is None
+    await pool.caught_up()
+    pool.woken.clear()
+    await a.succeeded(permit)
+    await until(lambda: pool.woken == ["b"])
+    await pool.caught_up()
+    assert pool.woken == ["b"]
+    assert await waiters[0].admit(secret(SERIAL), CS, retrying=False, plan=KUBELET)
+    assert pool.lease()["spec"]["holderIdentity"] == "b"  # Gardener's wire form, unchanged
+    assert await waiters[1].admit(secret(SERIAL), CS, retrying=False, plan=KUBELET) is None
+
+
+async def test_a_dead_waiter_is_passed_over_after_the_grace(pool: Pool) -> None:
+    a, b, c = pool.node("a"), pool.node("b"), pool.node("c")
+    permit = await a.admit(secret(paced()), CS, retrying=False, plan=KUBELET)
+    assert await b.admit(secret(paced()), CS, retrying=False, plan=KUBELET) is None
+    assert await c.admit(secret(paced()), CS, retrying=False, plan=KUBELET) is None
+    await b.close()  # killed while waiting: its ticket stays first in line
+    await a.succeeded(permit)
+    await pool.caught_up()
+    assert await c.admit(secret(paced()), CS, retrying=False, plan=KUBELET) is None
+    pool.clock.now += pacing.TICKET_GRACE
+    assert await c.admit(secret(paced()), CS, retrying=False, plan=KUBELET) is not None
+    assert pool.ledger().waiting() == 0  # b's ticket passed over: it draws a new one
+
+
+async def test_serial_waiters_beyond_two_stay_out_of_the_line(pool: Pool) -> None:
+    """Under the serial Lease only two waiting nodes hold a ticket (one place, twice that); the
+    others write nothing until the line shortens."""
+    a = pool.node("a")
+    waiters = [pool.node(name, recheck=("60s", "60s")) for name in ("b", "c", "d", "e")]
+    assert await a.admit(secret(SERIAL), CS, retrying=False, plan=KUBELET) is not None
+    writes = len(pool.kube.writes("Lease.replace"))
+    for node in waiters:
+        assert await node.admit(secret(SERIAL), CS, retrying=False, plan=KUBELET) is None
+        await pool.caught_up()
+    assert pool.ledger().waiting() == pacing.JOIN_DEPTH
+    assert len(pool.kube.writes("Lease.replace")) == writes + pacing.JOIN_DEPTH

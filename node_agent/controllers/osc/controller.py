@@ -182,6 +182,9 @@ class OSCController:
         self._recheck = Backoff.of(retry.HELD_BACK)  # derived items held back
         self._rejected: str | None = None  # resourceVersion of a Secret found invalid
         self._reported: str | None = None  # checksum last written to the Node
+        # checksum whose reconciliation delay was waited out: a node the rollout holds back is
+        # woken many times for the same update, and each look would read the Node again
+        self._delayed: str | None = None
         self._resync = False
         self.applies = 0
         self.failures = 0
@@ -481,7 +484,8 @@ class OSCController:
         """Everything the update needs before it may start: the OSC decoded (off the loop: a
         large one takes tens of ms of CPU, and heartbeats must keep ticking), the Node's
         reconciliation delay waited out (not before a first apply, a retry, or where the
-        rollout paces the pool itself), secretRefs resolved, and one plan to be shared."""
+        rollout paces the pool itself; once per checksum), secretRefs resolved, and one plan to
+        be shared."""
         osc = await asyncio.to_thread(
             decode_osc, desired.raw, desired.annotated, self.ctx.host_name
         )
@@ -495,9 +499,11 @@ class OSCController:
             applied != ""
             and not retrying
             and not resuming
+            and self._delayed != desired.checksum
             and not self.rollout.skips_delay(desired.secret)
         ):
             await self._reconciliation_delay()
+            self._delayed = desired.checksum
         resolved = await self.resolve(osc)
         return Update(
             desired=desired,

@@ -29,7 +29,7 @@ import math
 from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any, Literal, TypeGuard
 
 from node_agent.base.durations import parse_duration
 from node_agent.kube.report import ANNOTATION_SERIAL
@@ -62,6 +62,15 @@ MAX_SLOT_TTL = 3600.0
 MAX_SOAK = 86400.0
 #: a ledger listing more entries than this (slots, canaries, results) is not one we wrote
 MAX_LEDGER_ENTRIES = 1000
+#: how long a free place may stay untaken by the tickets whose turn it is before the next ones in
+#: line may pass them over (their holders died or restarted); doubled in reach each period
+TICKET_GRACE = 15.0
+#: the largest ticket number a ledger may carry (JSON numbers stay exact below it)
+MAX_TICKET = 2**53
+#: a node without a ticket draws one only while fewer than this many times K tickets wait (or
+#: the line stood still for a grace): the rest of the pool watches without writing until the
+#: line shortens, so a new Secret costs the pool ~2K draws at once, not N racing on one Lease
+JOIN_DEPTH = 2
 #: longest host name / failure reason kept from a ledger
 MAX_NAME = 253
 MAX_WHY = 300
@@ -173,6 +182,7 @@ class Sightings:
 
     def __init__(self) -> None:
         self._first: dict[Hashable, float] = {}
+        self._line: tuple[Hashable, float] | None = None
 
     def first(self, key: Hashable, now: float) -> float:
         return self._first.setdefault(key, now)
@@ -180,6 +190,14 @@ class Sightings:
     def keep(self, keys: Iterable[Hashable]) -> None:
         wanted = set(keys)
         self._first = {k: v for k, v in self._first.items() if k in wanted}
+
+    def since(self, key: Hashable, now: float) -> float:
+        """When this reader first saw the line in the state ``key`` (one state remembered: a
+        new state starts a new clock)."""
+        if self._line is None or self._line[0] != key:
+            self._line = (key, now)
+            return now
+        return self._line[1]
 
     def believed(self, key: Hashable, written: float | None, now: float) -> float:
         """The time to judge a record by: the writer's, unless it is unknown, not finite, or
@@ -312,10 +330,29 @@ class Ledger:
     slots: tuple[Slot, ...] = ()
     #: hosts that took a canary place for ``checksum``, in order
     canaries: tuple[str, ...] = ()
-    #: host -> when it applied ``checksum`` and passed the health gate
+    #: canary -> when it applied ``checksum`` and passed the health gate (the others' successes
+    #: are not kept: nothing waits for them, and the ledger stays O(K + C + F) in size)
     healthy: Mapping[str, float] = field(default_factory=dict)
     #: host -> why it failed ``checksum`` (apply error, rollback, slot lost)
     failed: Mapping[str, str] = field(default_factory=dict)
+    #: the line of waiting nodes, as numbered tickets (a bakery): the next number to hand out,
+    #: the lowest number that may still be waiting, and the numbers at or above ``turn`` that
+    #: were already served (at most K: served ones below ``turn`` are forgotten)
+    tickets: int = 0
+    turn: int = 0
+    served: tuple[int, ...] = ()
+
+    def waiting(self) -> int:
+        """Tickets handed out and not served (or passed over) yet."""
+        return self.tickets - self.turn - len(self.served)
+
+    def position(self, ticket: int | None) -> int | None:
+        """How many waiting tickets are ahead of ``ticket``; None when it is not a waiting
+        ticket of this ledger (served, passed over, from another checksum, or no ticket); a
+        node without one would stand behind all of them."""
+        if ticket is None or not self.turn <= ticket < self.tickets or ticket in self.served:
+            return None
+        return ticket - self.turn - sum(1 for t in self.served if t < ticket)
 
     def holders(self) -> tuple[str, ...]:
         return tuple(s.host for s in self.slots)
@@ -345,6 +382,11 @@ class Ledger:
                 "canaries": list(self.canaries),
                 "healthy": {k: round(v, 3) for k, v in sorted(self.healthy.items())},
                 "failed": dict(sorted(self.failed.items())),
+                **(
+                    {"line": {"tickets": self.tickets, "turn": self.turn, "served": self.served}}
+                    if self.tickets
+                    else {}
+                ),
             },
             sort_keys=True,
             separators=(",", ":"),
@@ -419,14 +461,42 @@ class Ledger:
         failed = {
             str(h)[:MAX_NAME]: str(why)[:MAX_WHY] for h, why in entries("failed", dict).items()
         }
+        tickets, turn, served = _line(doc.get("line"), problems)
         ledger = cls(
             checksum=checksum or "",
             slots=tuple(slots),
             canaries=canaries,
             healthy=healthy,
             failed=failed,
+            tickets=tickets,
+            turn=turn,
+            served=served,
         )
         return ledger, tuple(problems)
+
+
+def _line(raw: object, problems: list[str]) -> tuple[int, int, tuple[int, ...]]:
+    """The line's numbers, or a fresh line (every waiter then draws a new ticket) when they are
+    not whole numbers with 0 <= turn <= tickets <= MAX_TICKET and served within [turn, tickets)."""
+    if raw is None:
+        return 0, 0, ()
+    if isinstance(raw, dict):
+        tickets, head, served = raw.get("tickets"), raw.get("turn"), raw.get("served", [])
+        if (
+            _whole(tickets)
+            and _whole(head)
+            and isinstance(served, list)
+            and len(served) <= MAX_LEDGER_ENTRIES
+            and all(_whole(t) and head <= t < tickets for t in served)
+            and head <= tickets
+        ):
+            return tickets, head, tuple(sorted(set(served)))
+    problems.append(f"line {str(raw)[:80]} is not a line of tickets (started afresh)")
+    return 0, 0, ()
+
+
+def _whole(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_TICKET
 
 
 def _name(value: object) -> bool:
@@ -486,9 +556,7 @@ def current(
     they still count against K); an expired slot is freed, and if it was for ``checksum`` and
     its holder never reported, that holder counts as failed (it may have died of the change);
     so does a canary of ``checksum`` that holds no slot and has no result (its slot is gone)."""
-    ledger = believed(ledger, now, ttl, seen)
-    if ledger.checksum != checksum:
-        ledger = Ledger(checksum=checksum, slots=ledger.slots)
+    ledger = for_checksum(believed(ledger, now, ttl, seen), checksum)
     failed = dict(ledger.failed)
     slots = []
     for slot in ledger.slots:
@@ -503,6 +571,14 @@ def current(
     return replace(ledger, slots=tuple(slots), failed=failed)
 
 
+def for_checksum(ledger: Ledger, checksum: str) -> Ledger:
+    """The ledger as the record of ``checksum``: another checksum's record starts afresh
+    (its holders keep their slots), as in :func:`current`."""
+    if ledger.checksum == checksum:
+        return ledger
+    return Ledger(checksum=checksum, slots=ledger.slots)
+
+
 @dataclass(frozen=True)
 class Decision:
     """``proceed``: the ledger with our slot in it (write it, then apply); ``wait``: why."""
@@ -513,8 +589,92 @@ class Decision:
     message: str = ""
     canary: bool = False
     #: when waiting: seconds until the situation may change by time alone (a slot's expiry, the
-    #: end of the soak); None when only other nodes can change it
+    #: end of the soak, the grace of a turn not taken); None when only other nodes can change it
     retry_in: float | None = None
+    #: the ticket this node holds in the line after this decision (a wait hands one out when
+    #: the node has none that is still waiting)
+    ticket: int | None = None
+
+
+@dataclass(frozen=True)
+class Turn:
+    """Whose turn it is in the line (:func:`turn`)."""
+
+    #: the node may take a place now
+    now: bool
+    #: its ticket (None: it takes a place without one, or must draw one)
+    ticket: int | None
+    #: the ledger with a ticket drawn for it (when it has to wait and held none)
+    ledger: Ledger
+    #: when waiting with places free: seconds until the grace lets it pass those ahead
+    retry_in: float | None = None
+
+
+def turn(
+    ledger: Ledger,
+    ticket: int | None,
+    places: int,
+    now: float,
+    seen: Sightings | None = None,
+    key: Hashable = (),
+    depth: int | None = None,
+) -> Turn:
+    """Is it this node's turn to take one of ``places`` free places? The first ``places``
+    waiting tickets may take them; a newcomer without a ticket only when fewer are waiting.
+    Only those wake up when a place frees: the rest of the pool keeps watching without a
+    request. When the free places stay untaken for :data:`TICKET_GRACE` (by this reader's own
+    sightings of the line in the state ``key``: the place, the holders, the line's head), the
+    next tickets may pass the idle ones, one more after one period, 3 after two, 2^k - 1 after
+    k: a dead waiter costs the pool one grace, a forged line of 2^53 tickets 53 of them.
+
+    ``depth``: a node without a ticket draws one only while fewer than ``depth`` tickets wait;
+    behind a longer line it stays out of it (``ticket`` None, the ledger unchanged: no write)
+    and looks again when the line shortens, or after a grace in which free places stood
+    untaken (a line of dead or forged tickets does not keep it out for ever)."""
+    position = ledger.position(ticket)
+    if position is None:
+        ticket, position = None, ledger.waiting()
+    outside = ticket is None and depth is not None and position >= depth
+    if places <= 0:
+        if outside:
+            return Turn(False, None, ledger)
+        return _draw(ledger, ticket, retry_in=None)
+    since = now if seen is None else seen.since((key, ledger.turn, ledger.served, places), now)
+    periods = int(max(0.0, now - since) // TICKET_GRACE) if position >= places else 0
+    if outside and periods == 0:
+        return Turn(False, None, ledger, retry_in=max(0.0, since + TICKET_GRACE - now))
+    if position < places + (2 ** min(periods, 60) - 1):
+        return Turn(True, ticket, ledger)
+    needed = math.ceil(math.log2(position - places + 2))
+    return _draw(ledger, ticket, retry_in=max(0.0, since + needed * TICKET_GRACE - now))
+
+
+def _draw(ledger: Ledger, ticket: int | None, retry_in: float | None) -> Turn:
+    if ticket is not None:
+        return Turn(False, ticket, ledger, retry_in)
+    if ledger.tickets >= MAX_TICKET:  # a forged counter: a fresh line
+        ledger = replace(ledger, tickets=0, turn=0, served=())
+    drawn = replace(ledger, tickets=ledger.tickets + 1)
+    return Turn(False, ledger.tickets, drawn, retry_in)
+
+
+def serve(ledger: Ledger, ticket: int | None, places: int) -> Ledger:
+    """The line once ``ticket`` took a place: served (the line moves on past the served head);
+    a ticket that took its place by passing others moves the line to behind itself (those it
+    passed draw a new ticket when they wake)."""
+    position = ledger.position(ticket)
+    if ticket is None or position is None:
+        return ledger
+    if position >= places:
+        return replace(
+            ledger, turn=ticket + 1, served=tuple(t for t in ledger.served if t > ticket)
+        )
+    served = sorted({*ledger.served, ticket})
+    head = ledger.turn
+    while served and served[0] == head:
+        served.pop(0)
+        head += 1
+    return replace(ledger, turn=head, served=tuple(served))
 
 
 def decide(
@@ -524,10 +684,15 @@ def decide(
     checksum: str,
     now: float,
     seen: Sightings | None = None,
+    *,
+    ticket: int | None = None,
+    line: bool = True,
 ) -> Decision:
     """May ``host`` start applying ``checksum`` (a disruptive change) now? ``seen``: this
-    reader's memory of when it first saw each record (see :class:`Sightings`). A wait that
-    time alone can end says when (``retry_in``, never more than the longest ttl or soak)."""
+    reader's memory of when it first saw each record (see :class:`Sightings`); ``ticket``: its
+    ticket in the line, if it drew one (``line=False``: no line, as under the serial Lease,
+    which orders the nodes itself). A wait that time alone can end says when (``retry_in``,
+    never more than the longest ttl, soak or passing of a forged line)."""
     ledger = current(ledger, checksum, now, pacing.slot_ttl, seen)
     mine = ledger.slot_of(host)
     if mine is not None and mine.checksum == checksum:
@@ -545,35 +710,49 @@ def decide(
             "changes"
         )
         return Decision("wait", ledger, REASON_BREAKER, message)
-    if len(ledger.slots) >= pacing.max_parallel:
-        first_expiry = min(s.renewed + s.ttl for s in ledger.slots) - now
-        message = (
-            f"all {pacing.max_parallel} rollout slot(s) are taken "
-            f"(holders: {', '.join(sorted(ledger.holders()))})"
-        )
-        return Decision("wait", ledger, REASON_SLOT, message, retry_in=max(0.0, first_expiry))
+    places = pacing.max_parallel - len(ledger.slots)
     active = [c for c in ledger.canaries if c not in ledger.failed]
-    if len(active) < pacing.canaries:
-        slot = Slot(host, checksum, now, pacing.slot_ttl, canary=True)
-        return Decision(
-            "proceed",
-            replace(ledger, slots=(*ledger.slots, slot), canaries=(*ledger.canaries, host)),
-            canary=True,
+    canary = len(active) < pacing.canaries
+    held: tuple[Reason, str, float | None] | None = None
+    if places <= 0:
+        first_expiry = min(s.renewed + s.ttl for s in ledger.slots) - now
+        message = f"all {pacing.max_parallel} rollout slot(s) of OSC {short} are taken"
+        held = (REASON_SLOT, message, max(0.0, first_expiry))
+    elif canary:
+        places = min(places, pacing.canaries - len(active))
+    elif pending := [c for c in active if c not in ledger.healthy]:
+        message = f"waiting for the canaries of OSC {short} to apply it: {', '.join(pending)}"
+        held = (REASON_CANARIES, message, None)
+    elif active and now < (soaked := max(ledger.healthy[c] for c in active) + pacing.soak):
+        message = (
+            f"canaries {', '.join(active)} applied OSC {short}; soaking for "
+            f"{pacing.soak:g}s (until {utc(soaked)})"
         )
-    if active:
-        pending = [c for c in active if c not in ledger.healthy]
-        if pending:
-            message = f"waiting for the canaries of OSC {short} to apply it: {', '.join(pending)}"
-            return Decision("wait", ledger, REASON_CANARIES, message)
-        soaked = max(ledger.healthy[c] for c in active) + pacing.soak
-        if now < soaked:
+        held = (REASON_CANARIES, message, soaked - now)
+    if not line:
+        if held is not None:
+            return Decision("wait", ledger, held[0], held[1], retry_in=held[2])
+        ticket = None
+    else:
+        key = (checksum, tuple(sorted(ledger.holders())))
+        depth = JOIN_DEPTH * pacing.max_parallel
+        step = turn(ledger, ticket, 0 if held is not None else places, now, seen, key, depth)
+        ticket, ledger = step.ticket, step.ledger
+        if held is not None:
+            return Decision("wait", ledger, held[0], held[1], retry_in=held[2], ticket=ticket)
+        if not step.now:
             message = (
-                f"canaries {', '.join(active)} applied OSC {short}; soaking for "
-                f"{pacing.soak:g}s (until {utc(soaked)})"
+                f"waiting in line for one of {pacing.max_parallel} rollout slot(s) of OSC {short}"
             )
-            return Decision("wait", ledger, REASON_CANARIES, message, retry_in=soaked - now)
-    slot = Slot(host, checksum, now, pacing.slot_ttl)
-    return Decision("proceed", replace(ledger, slots=(*ledger.slots, slot)))
+            return Decision(
+                "wait", ledger, REASON_SLOT, message, retry_in=step.retry_in, ticket=ticket
+            )
+        ledger = serve(ledger, ticket, places)
+    slot = Slot(host, checksum, now, pacing.slot_ttl, canary=canary)
+    canaries = (*ledger.canaries, host) if canary else ledger.canaries
+    return Decision(
+        "proceed", replace(ledger, slots=(*ledger.slots, slot), canaries=canaries), canary=canary
+    )
 
 
 def renew(ledger: Ledger, host: str, checksum: str, now: float) -> Ledger | None:
@@ -591,11 +770,15 @@ def finish(
     ledger: Ledger, host: str, checksum: str, now: float, *, ok: bool, why: str = ""
 ) -> Ledger:
     """Our slot freed and the result recorded (only for the ledger's own checksum: a result of
-    an older one means nothing to the pool now)."""
+    an older one means nothing to the pool now). Only a canary's success is kept (the rest of
+    the pool waits for it and its soak); any other node's success changes no decision, so the
+    ledger does not grow with the pool."""
     slots = tuple(s for s in ledger.slots if s.host != host)
     ledger = replace(ledger, slots=slots)
     if ledger.checksum != checksum:
         return ledger
     if ok:
+        if host not in ledger.canaries:
+            return ledger
         return replace(ledger, healthy={**ledger.healthy, host: now})
     return replace(ledger, failed={**ledger.failed, host: why or "failed"})

@@ -55,7 +55,20 @@ MESSAGE_REFRESH = 60.0
 #: (``recheckMin`` lowers it, down to ``RECHECK_FLOOR``).
 MIN_RECHECK = 1.0
 RECHECK_FLOOR = 0.05
+#: A node joining the line (drawing a ticket, or taking a free place without one) writes after a
+#: random delay up to its window, and only if the Lease its watch shows by then still asks for
+#: it: the first to write fills the line and the others stand down without a request. A 409 on
+#: such a write doubles the node's window (binary exponential backoff, up to JOIN_WINDOW_MAX): the
+#: windows grow until the pool's joins rarely collide, whatever its size; a write that lands
+#: resets it.
+JOIN_WINDOW = 4.0
+JOIN_WINDOW_MAX = 32.0
 State = Literal["idle", "waiting", "applying", "applied", "failed"]
+
+
+class _Contended(Exception):
+    """A compare-and-swap on the Lease lost a race (409): the watch brings the Lease that won,
+    and the node decides again from it instead of reading it again."""
 
 
 @dataclass(frozen=True)
@@ -119,10 +132,20 @@ class Rollout:
         self._watcher: asyncio.Task[None] | None = None  # the Lease's watch, while waiting
         self._decided_on: str | None = None  # resourceVersion of the Lease last read/written
         self._watched: str | None = None  # resourceVersion the watch last showed
+        # the Lease as the watch last showed it (None: not watching, or not shown yet): a
+        # waiting node decides from it, without a request, and writes on its resourceVersion
+        self._shown: JSON | None = None
+        # what this node waits for, to judge each change the watch shows (policy, checksum)
+        self._waiting_for: tuple[Policy, str] | None = None
+        # its ticket in the pool's line: (the ledger's checksum, number)
+        self._ticket: tuple[str, int] | None = None
         # when this node first saw each record other nodes wrote (their clocks are not ours)
         self._seen_serial = pacing.Sightings()
         self._seen_slots = pacing.Sightings()
         self._looked_at = -math.inf  # loop time of the last read of the Lease
+        self._window = JOIN_WINDOW  # this node's join window (doubled per lost race)
+        self._join_at: float | None = None  # loop time of the join the watch asked for
+        self._lost_on: str | None = None  # resourceVersion a write of ours lost its race on
         self._ledger_problems: tuple[str, ...] = ()  # of the last ledger reset reported
 
     @property
@@ -171,6 +194,7 @@ class Rollout:
         node is already in the middle of it, and was counted), but serial mode renews its Lease
         on every try, as Gardener's agent does."""
         self._stop_timer()
+        self._join_at = None
         # A retry after an error we were not told about (the apply did not end in success or
         # failure): the slot taken for this checksum is still ours and still renewed.
         kept = self._permit
@@ -204,6 +228,7 @@ class Rollout:
             self._set(state="idle", reason=None, message="", holders=(), canary=False)
             return Permit(checksum)
         if policy.serial:
+            self._waiting_for = (policy, checksum)
             waited = await self._serial_acquire(checksum)
             if waited:
                 await self._drop_permit()  # a kept slot lapses (counted as lost)
@@ -212,11 +237,12 @@ class Rollout:
         if policy.pacing is not None and not retrying:
             disruptive = pacing.disruptive_units((await plan()).unit_commands)
             if disruptive:
-                decision = await self._take_slot(policy.pacing, checksum)
+                decision = await self._take_slot(policy.pacing, checksum, serial=policy.serial)
                 if decision.action == "wait":
                     await self._drop_permit()
                     if permit.serial:
                         await self._serial_release()
+                    self._waiting_for = (policy, checksum)
                     await self._wait(
                         decision.reason or "", decision.message, checksum, decision.retry_in
                     )
@@ -297,30 +323,99 @@ class Rollout:
 
     async def _serial_acquire(self, checksum: str) -> bool:
         """True: another node holds the Lease (we wait). Raises KubeError on API trouble."""
-        duration = int(self.config.serial_lease_duration.total_seconds())
         now = self.clock()
+        duration = int(self.config.serial_lease_duration.total_seconds())
 
-        def change(lease: JSON) -> tuple[bool, pacing.SerialStep]:
-            step = pacing.serial_step(
-                lease.get("spec") or {}, self.ctx.host_name, now, duration, self._seen_serial
+        problems: tuple[str, ...] = ()
+
+        def change(lease: JSON) -> tuple[bool, tuple[pacing.SerialStep, int | None]]:
+            nonlocal problems
+            step, ticket, ledger = self._serial_turn(lease, checksum, now)
+            read, problems = _parse_ledger(lease)
+            drawn = ledger != read or bool(problems)
+            if step.action == "acquire":
+                lease["spec"] = dict(step.spec)
+            if drawn:
+                _put_ledger(lease, ledger)
+            return step.action == "acquire" or drawn, (step, ticket)
+
+        try:
+            step, ticket = await self._update(change, shown=self._live_shown(), contend=True)
+        except _Contended:
+            message = (
+                f"serial rollout: waiting in line for Lease {report.NAMESPACE}/{self.lease_name}"
             )
-            if step.action == "wait":
-                return False, step
-            lease["spec"] = dict(step.spec)
-            return True, step
-
-        step = await self._update(change)
+            await self._wait(pacing.REASON_SERIAL, message, checksum, self._contended(checksum))
+            return True
+        self._window = JOIN_WINDOW
+        self._keep_ticket(checksum, ticket)
+        await self._report_ledger(problems)
         if step.action == "acquire":
             self._set(holders=(self.ctx.host_name,))
             log.info("serial Lease acquired, applying", lease=self.lease_name, checksum=checksum)
             return False
-        self._set(holders=(step.holder or "",))
-        message = (
-            f"serial rollout: node {step.holder} holds Lease {report.NAMESPACE}/"
-            f"{self.lease_name} (until {pacing.utc(now + step.expires_in)} unless released)"
-        )
+        self._set(holders=(step.holder,) if step.holder else ())
+        if step.holder is None:
+            message = (
+                f"serial rollout: waiting in line for Lease {report.NAMESPACE}/{self.lease_name}"
+            )
+        else:
+            # the holder is in the view, not in the words: the condition of a waiting node is
+            # not rewritten for each node the Lease passes to
+            message = (
+                f"serial rollout: another node holds Lease {report.NAMESPACE}/"
+                f"{self.lease_name} (at most {duration}s after its last renewal, unless released)"
+            )
         await self._wait(pacing.REASON_SERIAL, message, checksum, step.expires_in)
         return True
+
+    def _serial_turn(
+        self, lease: Mapping[str, Any], checksum: str, now: float
+    ) -> tuple[pacing.SerialStep, int | None, Ledger]:
+        """Gardener's step on the Lease ``spec``, taken only in this node's turn in the line:
+        a released Lease wakes the next ticket, not every waiting node. Returns the step (a
+        wait when it is not our turn), our ticket, and the ledger to write (a ticket drawn,
+        or ours served)."""
+        duration = int(self.config.serial_lease_duration.total_seconds())
+        spec = lease.get("spec") or {}
+        step = pacing.serial_step(spec, self.ctx.host_name, now, duration, self._seen_serial)
+        ledger = pacing.for_checksum(_ledger_of(lease), checksum)
+        if spec.get("holderIdentity") == self.ctx.host_name:
+            return step, None, ledger  # ours already (a retry renews it): no line
+        places = 1 if step.action == "acquire" else 0
+        key = ("serial", checksum, str(spec.get("holderIdentity")))
+        mine = self._ticket_for(ledger.checksum)
+        go = pacing.turn(ledger, mine, places, now, self._seen_slots, key, pacing.JOIN_DEPTH)
+        if go.now:
+            return step, None, pacing.serve(ledger, go.ticket, places)
+        if step.action == "acquire":  # free, but others are ahead in line
+            step = pacing.SerialStep("wait", holder=None, expires_in=go.retry_in or 0.0)
+        return step, go.ticket, go.ledger
+
+    def _ticket_for(self, checksum: str) -> int | None:
+        if self._ticket is not None and self._ticket[0] == checksum:
+            return self._ticket[1]
+        return None
+
+    def _keep_ticket(self, checksum: str, ticket: int | None) -> None:
+        self._ticket = None if ticket is None else (checksum, ticket)
+
+    def _contended(self, checksum: str) -> float:
+        """A write that lost its race: when to decide again. A node whose turn it was looks
+        at the next Lease its watch shows at once; a joining node doubles its window and waits
+        a random part of it (and the Lease that won may well have made its write needless)."""
+        if self._ticket_for(checksum) is not None:
+            return 0.0
+        self._window = min(self._window * 2, JOIN_WINDOW_MAX)
+        return self._join_delay()
+
+    def _join_delay(self) -> float:
+        """Seconds until this node's join: drawn once per wake-up from its window, so the
+        watch events that keep coming do not draw again (their minimum would shrink it)."""
+        now = asyncio.get_running_loop().time()
+        if self._join_at is None:
+            self._join_at = now + self._rng.uniform(0.0, self._window)
+        return max(0.0, self._join_at - now)
 
     async def _serial_release(self) -> None:
         def change(lease: JSON) -> tuple[bool, None]:
@@ -338,22 +433,53 @@ class Rollout:
 
     # -- slots -----------------------------------------------------------------------------------
 
-    async def _take_slot(self, policy: pacing.Pacing, checksum: str) -> Decision:
-        host = self.ctx.host_name
+    def _decide(
+        self, policy: pacing.Pacing, ledger: Ledger, checksum: str, *, serial: bool
+    ) -> Decision:
+        """The pure decision, with this node's memory (sightings, ticket). Under the serial
+        Lease there is no line for slots (the Lease orders the nodes)."""
+        return pacing.decide(
+            policy,
+            ledger,
+            self.ctx.host_name,
+            checksum,
+            self.clock(),
+            self._seen_slots,
+            ticket=self._ticket_for(checksum),
+            line=not serial,
+        )
+
+    async def _take_slot(self, policy: pacing.Pacing, checksum: str, *, serial: bool) -> Decision:
 
         problems: tuple[str, ...] = ()
 
         def change(lease: JSON) -> tuple[bool, Decision]:
             nonlocal problems
             ledger, problems = _parse_ledger(lease)
-            now = self.clock()
-            decision = pacing.decide(policy, ledger, host, checksum, now, self._seen_slots)
+            decision = self._decide(policy, ledger, checksum, serial=serial)
             changed = decision.ledger != ledger or bool(problems)
             if changed:
                 _put_ledger(lease, decision.ledger)
             return changed, decision
 
-        decision = await self._update(change)
+        try:
+            decision = await self._update(change, shown=self._live_shown(), contend=True)
+        except _Contended:
+            message = (
+                f"waiting in line for one of {policy.max_parallel} rollout slot(s) of OSC "
+                f"{checksum[:12]}"
+            )
+            ticket = self._ticket_for(checksum)
+            return Decision(
+                "wait",
+                pacing.for_checksum(Ledger(), checksum),
+                pacing.REASON_SLOT,
+                message,
+                retry_in=self._contended(checksum),
+                ticket=ticket,
+            )
+        self._window = JOIN_WINDOW
+        self._keep_ticket(decision.ledger.checksum, decision.ticket)
         await self._report_ledger(problems)
         ledger = decision.ledger
         self._set(
@@ -428,8 +554,20 @@ class Rollout:
 
     def _stop_watch(self) -> None:
         watcher, self._watcher = self._watcher, None
+        self._shown = None
         if watcher is not None:
             watcher.cancel()
+
+    def _live_shown(self) -> JSON | None:
+        """The Lease as the running watch last showed it (or as this node last read or wrote
+        it since); None when no watch runs."""
+        if self._watcher is None or self._watcher.done():
+            self._shown = None
+        return self._shown
+
+    def _saw(self, lease: JSON) -> None:
+        if self._live_shown() is not None:
+            self._shown = _copy(lease)
 
     async def _watch_lease(self) -> None:
         events = list_watch(
@@ -441,9 +579,43 @@ class Rollout:
             async for event in events:
                 if self._view.state != "waiting":
                     return
-                self._watched = _resource_version(event.object)
+                shown = event.object if event.type != "DELETED" else None
+                self._shown = _copy(shown) if shown is not None else None
+                self._watched = _resource_version(shown)
                 if self._changed_since_decision():
-                    self._schedule_sooner(self._rng.uniform(0.0, WATCH_SPREAD))
+                    self._judge_shown()
+
+    def _judge_shown(self) -> None:
+        """A change of the Lease while this node waits: wake the loop only when this node is
+        the one to act on it (its turn in the line, a Lease to take, a report to change, a
+        ticket to draw), else set the timer to when time alone may make it so. Every other
+        waiting node of the pool stays asleep: a freed slot costs one node's requests, not
+        the pool's."""
+        if self._shown is None or self._waiting_for is None:
+            self._schedule_sooner(self._rng.uniform(0.0, WATCH_SPREAD))
+            return
+        policy, checksum = self._waiting_for
+        lease, now = self._shown, self.clock()
+        act, retry_in, reason = False, None, None
+        mine = self._ticket_for(checksum)
+        if policy.serial:
+            step, ticket, ledger = self._serial_turn(lease, checksum, now)
+            act = step.action == "acquire" or ticket != self._ticket_for(ledger.checksum)
+            retry_in, reason = step.expires_in, pacing.REASON_SERIAL
+        if policy.pacing is not None and not act and not policy.serial:
+            decision = self._decide(policy.pacing, _ledger_of(lease), checksum, serial=False)
+            act = decision.action == "proceed" or decision.ticket != self._ticket_for(
+                decision.ledger.checksum
+            )
+            retry_in, reason = decision.retry_in, decision.reason
+        if act and mine is None:
+            # a join (a ticket to draw, a free place to take without one): the pool sees the
+            # same Lease at once, so each node writes after its own random delay
+            self._schedule_sooner(self._join_delay())
+        elif act or reason != self._view.reason:
+            self._schedule_sooner(0.0)
+        elif retry_in is not None:
+            self._schedule_sooner(max(retry_in, 0.0) + self._rng.uniform(0.05, 0.5))
 
     def _changed_since_decision(self) -> bool:
         """The watch has shown a Lease other than the one the last decision read or wrote
@@ -509,12 +681,41 @@ class Rollout:
             "spec": {},
         }
 
-    async def _update(self, change: Callable[[JSON], tuple[bool, T]], *, create: bool = True) -> T:
+    async def _update(
+        self,
+        change: Callable[[JSON], tuple[bool, T]],
+        *,
+        create: bool = True,
+        shown: JSON | None = None,
+        contend: bool = False,
+    ) -> T:
         """Read the Lease, let ``change`` edit it, write it back with compare-and-swap (the read
-        resourceVersion); on a conflict read again and decide again."""
+        resourceVersion); on a conflict read again and decide again. ``shown``: the Lease as
+        the watch last showed it, used instead of the first read (a waiting node that decides
+        to wait again costs no request at all). ``contend``: a conflict raises
+        :class:`_Contended` instead (the caller waits for the watch to show the winner)."""
         kube = self.ctx.kube
         backoff = Backoff.of(retry.CONFLICT, rng=self._rng)
+        if shown is not None and _resource_version(shown) == self._lost_on:
+            shown = None  # the watch has not shown the winner yet: read it
         for attempt in range(CAS_ATTEMPTS):
+            if attempt == 0 and shown is not None:
+                lease, exists = shown, True
+                self._decided_on = _resource_version(lease)
+                body = _copy(lease)
+                write, result = change(body)
+                if not write:
+                    return result
+                try:
+                    written = await kube.update_lease(report.NAMESPACE, self.lease_name, body)
+                    self._decided_on = _resource_version(written)
+                    self._saw(written)
+                    return result
+                except KubeConflict:  # another node wrote first (or the watch was behind)
+                    if contend:
+                        self._lost_on = self._decided_on
+                        raise _Contended() from None
+                    continue
             self._looked_at = asyncio.get_running_loop().time()
             try:
                 lease = await kube.get_lease(report.NAMESPACE, self.lease_name)
@@ -526,6 +727,7 @@ class Rollout:
                 lease, exists = self._new_lease(), False
             if exists:
                 self._decided_on = _resource_version(lease)
+                self._saw(lease)
             body = _copy(lease)
             write, result = change(body)
             if not write:
@@ -536,8 +738,12 @@ class Rollout:
                 else:
                     written = await kube.create_lease(report.NAMESPACE, body)
                 self._decided_on = _resource_version(written)
+                self._saw(written)
                 return result
             except KubeConflict:  # also AlreadyExists: someone else wrote first
+                if contend:
+                    self._lost_on = self._decided_on
+                    raise _Contended() from None
                 if attempt + 1 == CAS_ATTEMPTS:
                     raise
                 await backoff.wait()
@@ -551,14 +757,16 @@ class Rollout:
         delay = self._rng.uniform(low, high)
         if retry_in is not None:
             delay = min(delay, max(retry_in, 0.0) + self._rng.uniform(0.05, 0.5))
-        if (
+        # a change the watch showed while this node decided is judged as soon as it waits
+        changed = (
             self._watcher is not None
             and not self._watcher.done()
             and self._changed_since_decision()
-        ):
-            delay = min(delay, self._rng.uniform(0.0, WATCH_SPREAD))
+        )
         self._schedule(delay)
         self._watch_while_waiting()
+        if changed:
+            self._judge_shown()
         first = self._view.state != "waiting" or self._view.reason != reason
         self._set(
             state="waiting",

@@ -1,0 +1,102 @@
+"""How a rollout's API cost grows with the pool: a fit over ``bench.fleet --json`` runs.
+
+Reads the figures ``bench/fleet.py --json`` wrote for several pool sizes (same scenarios), prints
+them side by side, fits each per-node figure against N by least squares (intercept + slope per
+node: a slope near 0 means the cost per node does not grow with the pool), and models 1,000 and
+5,000 nodes from the measured per-event costs: requests per node from the fit, 409 conflicts
+from the fit of conflicts per node, kube-apiserver CPU from its measured cost per agent request,
+the rollout's wall time from the fit of wall time against N (the heartbeat Lease's 6 updates per
+node per minute over that wall time are shown apart: they are paid whether a rollout runs or not).
+
+    .venv/bin/python -m bench.fleet_fit RESULT.json [RESULT.json ...] [--model 1000,5000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+#: the heartbeat Lease's updates per node per minute (one every 10 s)
+HEARTBEATS_PER_MINUTE = 6.0
+
+
+def fit(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """Least squares y = a + b·x: (a, b); one point: (y, 0)."""
+    if len(points) < 2:
+        return (points[0][1] if points else 0.0), 0.0
+    n = len(points)
+    mx = sum(x for x, _ in points) / n
+    my = sum(y for _, y in points) / n
+    sxx = sum((x - mx) ** 2 for x, _ in points)
+    sxy = sum((x - mx) * (y - my) for x, y in points)
+    b = sxy / sxx if sxx else 0.0
+    return my - b * mx, b
+
+
+def rollout_requests(figures: dict[str, Any], wall: float) -> float:
+    """Requests per node without the heartbeat Lease (measured, or estimated from the wall
+    time for runs that did not count it apart)."""
+    if "rollout_requests_per_node" in figures:
+        return float(figures["rollout_requests_per_node"])
+    return float(figures["requests_per_node"]) - HEARTBEATS_PER_MINUTE * wall / 60
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("results", nargs="+", type=Path)
+    parser.add_argument("--model", default="1000,5000", help="pool sizes to model")
+    args = parser.parse_args()
+    runs = sorted((json.loads(p.read_text()) for p in args.results), key=lambda r: int(r["agents"]))
+    labels = sorted({label for r in runs for label in r["scenarios"]})
+    models = [int(m) for m in args.model.split(",") if m]
+    for label in labels:
+        rows = [(int(r["agents"]), r["scenarios"][label]) for r in runs if label in r["scenarios"]]
+        print(f"== {label}")
+        print(
+            f"  {'N':>5} {'req/node':>9} {'w/o hb':>7} {'pool Lease':>10} {'409':>6} "
+            f"{'apisrv CPU s':>12} {'wall s':>7} {'max down':>8} {'load':>5}"
+        )
+        for n, f in rows:
+            pool = f.get("pool_lease_per_node")
+            print(
+                f"  {n:>5} {f['requests_per_node']:>9.1f} "
+                f"{rollout_requests(f, f['wall_s']):>7.1f} "
+                f"{'-' if pool is None else format(pool, '.1f'):>10} {f['conflicts']:>6} "
+                f"{f['apiserver_cpu_s']:>12.1f} {f['wall_s']:>7.1f} {f['max_down']:>8} "
+                f"{f['load_average']:>5.1f}"
+            )
+        if len(rows) < 2:
+            print("  one pool size only: no fit, no model")
+            continue
+        req = fit([(n, rollout_requests(f, f["wall_s"])) for n, f in rows])
+        total = fit([(n, f["requests_per_node"]) for n, f in rows])
+        conflicts = fit([(n, f["conflicts"] / n) for n, f in rows])
+        wall = fit([(n, f["wall_s"]) for n, f in rows])
+        cpu_per_request = sum(f["apiserver_cpu_s"] for _, f in rows) / max(
+            1.0, sum(f["requests_per_node"] * n for n, f in rows)
+        )
+        print(
+            f"  fit, requests / node without heartbeats = {req[0]:.1f} + {req[1]:.3f}·N; "
+            f"all requests / node = {total[0]:.1f} + {total[1]:.3f}·N; "
+            f"409 / node = {conflicts[0]:.2f} + {conflicts[1]:.4f}·N; "
+            f"wall = {wall[0]:.1f} + {wall[1]:.2f}·N s; "
+            f"kube-apiserver {cpu_per_request * 1000:.2f} CPU ms per agent request"
+        )
+        for m in models:
+            per_node = req[0] + req[1] * m
+            seconds = max(0.0, wall[0] + wall[1] * m)
+            beats = HEARTBEATS_PER_MINUTE * seconds / 60
+            requests = m * (per_node + beats)
+            print(
+                f"  model N = {m}: {per_node:.0f} requests / node (+{beats:.0f} heartbeats over "
+                f"{seconds / 60:.0f} min), {requests / 1e6:.2f} M requests in all, "
+                f"{m * max(0.0, conflicts[0] + conflicts[1] * m):.0f} conflicts (409), "
+                f"kube-apiserver {requests * cpu_per_request / 60:.0f} CPU min"
+            )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
