@@ -112,6 +112,8 @@ class Job:
     result: str | None = None
     finished: bool = False
     message: str = ""
+    #: the start limit was reset once for this job (see ``_retry_past_start_limit``)
+    limit_reset: bool = False
 
 
 @dataclass
@@ -283,29 +285,57 @@ class Worker:
                 raise RequestError(f"bad job {item!r}: want [unit, start|stop|restart]")
             batch.jobs.append(Job(str(item[0]), str(item[1])))
         for job in batch.jobs:
-            try:
-                path = self.manager(JOB_METHODS[job.action], b"ss", _b(job.unit), b"replace")
-                job.path = _s(path)
-            except Exception as exc:
-                if not is_dbus_error(exc):
-                    raise
-                err = describe_dbus_error(exc)
-                job.finished = True
-                if job.action == "stop" and err["name"] == "DBusNoSuchUnitError":
-                    job.result, job.message = "done", "unit not loaded, nothing to stop"
-                else:
-                    job.result = "error"
-                    job.message = f"{err['name']}: {err['message']}"
+            self.queue(job)
         return batch
 
+    def queue(self, job: Job) -> None:
+        try:
+            path = self.manager(JOB_METHODS[job.action], b"ss", _b(job.unit), b"replace")
+            job.path = _s(path)
+        except Exception as exc:
+            if not is_dbus_error(exc):
+                raise
+            err = describe_dbus_error(exc)
+            job.finished = True
+            if job.action == "stop" and err["name"] == "DBusNoSuchUnitError":
+                job.result, job.message = "done", "unit not loaded, nothing to stop"
+            else:
+                job.result = "error"
+                job.message = f"{err['name']}: {err['message']}"
+
+    def _retry_past_start_limit(self, job: Job) -> bool:
+        """A start or restart the agent asked for that failed only on the unit's start limit
+        (``StartLimitBurst`` starts within ``StartLimitIntervalSec``, e.g. several OSC updates
+        in a row restarting containerd) is not a verdict on the unit: reset the limit, as
+        ``systemctl reset-failed`` does, and queue the job again, once. A unit that then fails
+        by itself fails the job with its own result."""
+        if job.limit_reset or job.action == "stop" or job.result != "failed":
+            return False
+        try:
+            if self.unit_state(job.unit)["result"] != "start-limit-hit":
+                return False
+            self.manager(b"ResetFailedUnit", b"s", _b(job.unit))
+        except Exception as exc:
+            if is_dbus_error(exc):
+                return False
+            raise
+        job.limit_reset, job.finished, job.result = True, False, None
+        job.message = ""
+        self.queue(job)
+        return not job.finished
+
     # -- job batches ------------------------------------------------------------------------
-    def settle_batches(self) -> None:
+    def settle_batches(self) -> bool:
+        """Answer the batches that are complete or past their deadline; True when a job was
+        queued again (its signals may already sit in sd-bus's queue: dispatch before waiting)."""
         now = time.monotonic()
+        queued_again = False
         for batch in list(self.batches):
             for job in batch.jobs:
                 if not job.finished and job.path in self.removed:
                     _unit, result, _at = self.removed.pop(job.path)
                     job.result, job.finished = result, True
+                    queued_again |= self._retry_past_start_limit(job)
             expired = now >= batch.deadline
             if not expired and not all(job.finished for job in batch.jobs):
                 continue
@@ -319,10 +349,13 @@ class Worker:
                     )
                 elif job.result not in ("done", "skipped", "error") and not job.message:
                     job.message = f"job {job.result}{self.status_note(job.unit)}"
+                if job.limit_reset and job.message:
+                    job.message += " (after its start limit was reset once)"
             self.reply(batch.request_id, True, [job.__dict__ for job in batch.jobs])
         for path, (_unit, _result, at) in list(self.removed.items()):
             if now - at > UNCLAIMED_TTL:
                 del self.removed[path]
+        return queued_again
 
     def status_note(self, unit: str) -> str:
         """A short 'unit is failed (exit-code, status 1)' note for a job that went wrong."""
@@ -379,7 +412,8 @@ class Worker:
         bus_fd = self.bus.get_fd()
         while True:
             self.drain_bus()
-            self.settle_batches()
+            if self.settle_batches():
+                continue
             readable, _, _ = select.select([in_fd, bus_fd], [], [], self.next_wakeup())
             if in_fd in readable:
                 chunk = os.read(in_fd, 1 << 16)

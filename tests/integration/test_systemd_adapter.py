@@ -260,6 +260,48 @@ async def test_oneshot_unit(systemd: IsolatedSystemd, adapter: Systemd) -> None:
     assert states["stays.service"].invocation_id
 
 
+LIMITED = """\
+[Unit]
+StartLimitIntervalSec=600
+StartLimitBurst=2
+
+[Service]
+ExecStart=/bin/sleep infinity
+"""
+LIMITED_FAILING = """\
+[Unit]
+StartLimitIntervalSec=600
+StartLimitBurst=2
+
+[Service]
+Type=oneshot
+ExecStart=/bin/false
+"""
+
+
+async def test_a_restart_past_the_start_limit_resets_it_once(
+    systemd: IsolatedSystemd, adapter: Systemd
+) -> None:
+    """Several OSC updates in a row restart a unit more often than its start limit allows
+    (containerd: systemd's default of 5 in 10 s). That is not the unit failing: the limit is
+    reset once and the restart goes through."""
+    write_unit(systemd, "limited.service", LIMITED)
+    write_unit(systemd, "limited-broken.service", LIMITED_FAILING)
+    await adapter.daemon_reload()
+    invocations = []
+    for _ in range(4):
+        result = await adapter.restart_unit("limited.service")
+        assert result.ok, result
+        states = await adapter.unit_states(["limited.service"])
+        invocations.append(states["limited.service"].invocation_id)
+    assert len(set(invocations)) == 4
+    # A unit failing by itself keeps its own result (systemd records start-limit-hit only over
+    # a clean result), so its restarts past the limit fail as they are: not run again.
+    results = [await adapter.restart_unit("limited-broken.service") for _ in range(4)]
+    assert [r.result for r in results] == ["failed"] * 4
+    assert all("result exit-code" in r.message for r in results), results
+
+
 async def test_failing_unit_is_reported(systemd: IsolatedSystemd, adapter: Systemd) -> None:
     write_unit(systemd, "broken.service", FAILING)
     write_unit(systemd, "fine.service", ONESHOT)
