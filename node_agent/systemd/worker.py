@@ -166,11 +166,13 @@ class Worker:
     def get_property(self, path: bytes, interface: bytes, name: bytes, rtype: bytes) -> Any:
         return self.bus.get_property(DEST, path, interface, name, rtype)
 
-    def drain_bus(self) -> None:
-        """Dispatch every queued message (signals queued during a method call included)."""
-        for _ in range(10_000):
+    def drain_bus(self) -> bool:
+        """Dispatch every queued message (signals queued during a method call included);
+        True if there was any."""
+        for turn in range(10_000):
             if self.bus.process().is_empty():
-                return
+                return turn > 0
+        return True
 
     # -- operations -------------------------------------------------------------------------
     def op_daemon_reload(self, args: dict[str, Any]) -> None:
@@ -303,39 +305,38 @@ class Worker:
                 job.result = "error"
                 job.message = f"{err['name']}: {err['message']}"
 
-    def _retry_past_start_limit(self, job: Job) -> bool:
+    def _retry_past_start_limit(self, job: Job) -> None:
         """A start or restart the agent asked for that failed only on the unit's start limit
         (``StartLimitBurst`` starts within ``StartLimitIntervalSec``, e.g. several OSC updates
         in a row restarting containerd) is not a verdict on the unit: reset the limit, as
         ``systemctl reset-failed`` does, and queue the job again, once. A unit that then fails
         by itself fails the job with its own result."""
         if job.limit_reset or job.action == "stop" or job.result != "failed":
-            return False
+            return
         try:
             if self.unit_state(job.unit)["result"] != "start-limit-hit":
-                return False
+                return
             self.manager(b"ResetFailedUnit", b"s", _b(job.unit))
         except Exception as exc:
             if is_dbus_error(exc):
-                return False
+                return
             raise
         job.limit_reset, job.finished, job.result = True, False, None
         job.message = ""
         self.queue(job)
-        return not job.finished
 
     # -- job batches ------------------------------------------------------------------------
-    def settle_batches(self) -> bool:
-        """Answer the batches that are complete or past their deadline; True when a job was
-        queued again (its signals may already sit in sd-bus's queue: dispatch before waiting)."""
+    def settle_batches(self) -> None:
+        """Answer the batches that are complete or past their deadline. Its own D-Bus calls
+        (a failed job's unit state, a job queued again) can read signals into sd-bus's queue,
+        where select() on the socket does not see them: the caller drains the bus again."""
         now = time.monotonic()
-        queued_again = False
         for batch in list(self.batches):
             for job in batch.jobs:
                 if not job.finished and job.path in self.removed:
                     _unit, result, _at = self.removed.pop(job.path)
                     job.result, job.finished = result, True
-                    queued_again |= self._retry_past_start_limit(job)
+                    self._retry_past_start_limit(job)
             expired = now >= batch.deadline
             if not expired and not all(job.finished for job in batch.jobs):
                 continue
@@ -355,7 +356,6 @@ class Worker:
         for path, (_unit, _result, at) in list(self.removed.items()):
             if now - at > UNCLAIMED_TTL:
                 del self.removed[path]
-        return queued_again
 
     def status_note(self, unit: str) -> str:
         """A short 'unit is failed (exit-code, status 1)' note for a job that went wrong."""
@@ -412,8 +412,9 @@ class Worker:
         bus_fd = self.bus.get_fd()
         while True:
             self.drain_bus()
-            if self.settle_batches():
-                continue
+            self.settle_batches()
+            while self.drain_bus():  # what settling's own calls read meanwhile
+                self.settle_batches()
             readable, _, _ = select.select([in_fd, bus_fd], [], [], self.next_wakeup())
             if in_fd in readable:
                 chunk = os.read(in_fd, 1 << 16)
