@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import faulthandler
 import os
 import signal
 import socket
@@ -176,7 +177,8 @@ async def find_node(ctx: AgentContext, poll: float = 10.0) -> None:
     while not await ctx.look_up_node():
         # until the next lookup, or at once when the OSC controller's found it
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(ctx.node_known.wait(), poll)
+            async with asyncio.timeout(poll):
+                await ctx.node_known.wait()
 
 
 async def run_agent(
@@ -327,9 +329,11 @@ async def run_agent(
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(observability.close(), timeout=2.0)
+            async with asyncio.timeout(2.0):
+                await observability.close()
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(_close(ctx.kube, systemd), timeout=SHUTDOWN_TIMEOUT / 2)
+            async with asyncio.timeout(SHUTDOWN_TIMEOUT / 2):
+                await _close(ctx.kube, systemd)
         for guard in guards:
             guard.cancel()
     log.info("node-agent stopped", code=exit_code)
@@ -371,13 +375,41 @@ def _hard_stop_guard(seconds: float) -> threading.Timer:
     call): systemd's stop must stay bounded. A daemon thread, so a blocked loop cannot stop it."""
 
     def expire() -> None:
-        log.error("shutdown took too long; exiting now", seconds=seconds)
+        log.error(
+            "shutdown took too long; exiting now", seconds=seconds, waiting_on=_unfinished(loop)
+        )
+        faulthandler.dump_traceback(all_threads=True)  # where each thread is blocked, to stderr
         os._exit(1)
+
+    loop = asyncio.get_running_loop()
 
     timer = threading.Timer(seconds, expire)
     timer.daemon = True
     timer.start()
     return timer
+
+
+def _unfinished(loop: asyncio.AbstractEventLoop) -> list[str]:
+    """The tasks a hung shutdown still waits for, each with the line it is suspended at. Read
+    from the guard's thread while the loop may still run: a best effort for the log line."""
+    found: list[str] = []
+    try:
+        for task in list(asyncio.all_tasks(loop)):
+            found.append(f"{task.get_name()} at {' < '.join(_awaiting(task.get_coro()))}")
+    except Exception as exc:  # the task set changed while it was read
+        found.append(f"(tasks not readable: {exc})")
+    return found
+
+
+def _awaiting(coro: object) -> list[str]:
+    """file:line of each coroutine down the chain a task is suspended in, innermost first."""
+    chain: list[str] = []
+    while coro is not None and len(chain) < 12:
+        frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None)
+        if frame is not None:
+            chain.append(f"{Path(frame.f_code.co_filename).name}:{frame.f_lineno}")
+        coro = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None)
+    return chain[::-1]
 
 
 async def _close(kube: object, systemd: SystemdSeam) -> None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Literal, NoReturn
+from typing import Any, Literal, NoReturn
 
 from node_agent.base.retry import Backoff
 
@@ -36,7 +36,8 @@ class Wake(asyncio.Event):
             if seconds is not None and seconds <= 0:
                 return False
             try:
-                await asyncio.wait_for(self.wait(), seconds)
+                async with asyncio.timeout(seconds):
+                    await self.wait()
             except TimeoutError:
                 return False
         self.clear()
@@ -103,3 +104,18 @@ async def run_loop(
         elif answer.outcome == "done" and backoff is not None:
             backoff.reset()
         woken = await wake.sleep(wait)
+
+
+async def cancel_and_wait(*tasks: asyncio.Task[Any] | None) -> None:
+    """Cancel ``tasks`` (None: skipped) and wait until each has ended; an exception other than
+    the cancellation is raised again. Awaiting each under ``suppress(CancelledError)`` would
+    also swallow a cancellation of the caller itself that arrives meanwhile."""
+    pending = [task for task in tasks if task is not None]
+    for task in pending:
+        task.cancel()
+    if not pending:
+        return
+    await asyncio.wait(pending)
+    for task in pending:
+        if not task.cancelled() and (error := task.exception()) is not None:
+            raise error

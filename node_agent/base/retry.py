@@ -60,5 +60,6 @@ class Backoff:
             await asyncio.sleep(delay)
             return delay
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(wake.wait(), timeout=delay)
+            async with asyncio.timeout(delay):
+                await wake.wait()
         return delay

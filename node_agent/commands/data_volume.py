@@ -255,7 +255,8 @@ class HostCommands:
         except OSError as exc:
             raise DataVolumeError(f"cannot run {argv[0]}: {exc.strerror or exc}") from exc
         try:
-            out, err = await asyncio.wait_for(proc.communicate(), self.timeout)
+            async with asyncio.timeout(self.timeout):
+                out, err = await proc.communicate()
         except TimeoutError as exc:
             proc.kill()
             await proc.wait()

@@ -267,7 +267,8 @@ class CtrImages:
         except OSError as exc:
             raise ImageError(image, f"{what}: cannot run {argv[0]}: {exc.strerror}") from exc
         try:
-            out, err = await asyncio.wait_for(proc.communicate(), limit)
+            async with asyncio.timeout(limit):
+                out, err = await proc.communicate()
         except TimeoutError:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)

@@ -221,6 +221,7 @@ async def containerd_version(socket_path: str, seconds: float) -> Version:
         if writer is not None:
             writer.close()
             with contextlib.suppress(OSError, TimeoutError):
-                await asyncio.wait_for(writer.wait_closed(), 1.0)
+                async with asyncio.timeout(1.0):
+                    await writer.wait_closed()
         if fd is not None:
             os.close(fd)

@@ -175,7 +175,8 @@ class LeaseController:
                 # Until the Node is found: keep ticking, and renew as soon as it is known.
                 wake = next_tick(anchor, loop.time(), self.period)
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.ctx.node_known.wait(), max(0.0, wake - loop.time()))
+                    async with asyncio.timeout_at(wake):
+                        await self.ctx.node_known.wait()
                     anchor = loop.time()
         finally:
             await self._drop_client()

@@ -13,12 +13,12 @@ client and text).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from node_agent.base.errors import NodeAgentError
 from node_agent.base.log import get_logger
+from node_agent.base.loop import cancel_and_wait
 from node_agent.observe.http_ports import Handler, HttpEndpoint
 from node_agent.observe.observations import ApplyObservations
 from node_agent.observe.probes import Probes
@@ -112,10 +112,7 @@ class Observability:
         return tuple(endpoint.view() for endpoint in self._started)
 
     async def close(self) -> None:
-        if self._ticker is not None:
-            self._ticker.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._ticker
+        await cancel_and_wait(self._ticker)
         for endpoint in self._started:
             await endpoint.close()
         if self._status is not None:

@@ -29,6 +29,7 @@ from node_agent.base.errors import (
     SystemdUnavailable,
     SystemdWorkerDied,
 )
+from node_agent.base.loop import cancel_and_wait
 from node_agent.systemd.types import (
     JOB_ACTIONS,
     JobAction,
@@ -147,12 +148,9 @@ class _Worker:
         with contextlib.suppress(ProcessLookupError):
             self.proc.kill()
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.proc.wait(), 5.0)
-        for task in self.tasks:
-            task.cancel()
-        for task in self.tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            async with asyncio.timeout(5.0):
+                await self.proc.wait()
+        await cancel_and_wait(*self.tasks)
 
 
 class _RemoteError(Exception):
@@ -218,7 +216,8 @@ class Systemd:
         if worker.proc.stdin is not None:
             worker.proc.stdin.close()
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(worker.proc.wait(), 2.0)
+            async with asyncio.timeout(2.0):
+                await worker.proc.wait()
         worker.fail(SystemdWorkerDied("the systemd adapter was closed"))
         await worker.kill()
 
@@ -283,7 +282,8 @@ class Systemd:
             asyncio.create_task(worker.read_stderr(), name=f"systemd-worker-{proc.pid}-err"),
         ]
         try:
-            hello = await asyncio.wait_for(asyncio.shield(worker.hello), self.start_timeout)
+            async with asyncio.timeout(self.start_timeout):
+                hello = await asyncio.shield(worker.hello)
         except TimeoutError:
             worker.fail(SystemdUnavailable("systemd worker start timed out"))
             await worker.kill()
@@ -323,7 +323,8 @@ class Systemd:
         try:
             await worker.send({"id": request_id, "op": op, "args": args or {}})
             remaining = max(0.0, deadline - (loop.time() - started))
-            return await asyncio.wait_for(future, remaining)
+            async with asyncio.timeout(remaining):
+                return await future
         except TimeoutError:
             pid = worker.pid
             error = SystemdTimeout(

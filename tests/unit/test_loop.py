@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 import pytest
 
-from node_agent.base.loop import DONE, RETRY, SKIPPED, Next, Step, Wake, run_loop
+from node_agent.base.loop import DONE, RETRY, SKIPPED, Next, Step, Wake, cancel_and_wait, run_loop
 from node_agent.base.retry import Backoff
 
 
@@ -201,3 +201,72 @@ async def test_a_wake_up_as_the_sleep_times_out_is_kept_for_the_next_sleep() -> 
     assert await wake.sleep(0.01) is False  # timed out
     assert wake.is_set()
     assert await wake.sleep(3600.0) is True  # at once
+
+
+async def test_a_sleep_cancelled_as_it_is_woken_is_cancelled() -> None:
+    """Cancelled in the same turn of the event loop as the wake-up: the sleep must still end
+    in CancelledError. Python 3.11's ``asyncio.wait_for`` returns the result then and drops
+    the cancellation, so a controller loop ran on and the agent's shutdown waited for it
+    until its hard stop (exit 1 instead of 0)."""
+    wake = Wake()
+    sleeping = asyncio.create_task(wake.sleep(30))
+    await asyncio.sleep(0)
+    wake.set()
+    sleeping.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await sleeping
+
+
+async def test_a_backoff_cancelled_as_it_is_woken_is_cancelled() -> None:
+    wake = asyncio.Event()
+    waiting = asyncio.create_task(Backoff(base=30, cap=30).wait(wake))
+    await asyncio.sleep(0)
+    wake.set()
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+
+
+async def test_a_loop_cancelled_as_it_is_woken_ends() -> None:
+    wake = Wake()
+    step = Script()
+    running = asyncio.create_task(run_loop(step, wake, period=30))
+    await asyncio.sleep(0)
+    wake.set()
+    running.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(running, 5)
+    assert step.calls == []
+
+
+async def test_cancel_and_wait_passes_on_a_cancellation_of_its_caller() -> None:
+    """The caller, cancelled while its child winds down, must end cancelled."""
+
+    async def slow_to_stop() -> None:
+        try:
+            await asyncio.sleep(30)
+        finally:
+            await asyncio.sleep(0.05)  # a child that takes a moment to wind down
+
+    child = asyncio.create_task(slow_to_stop())
+    await asyncio.sleep(0)
+    closing = asyncio.create_task(cancel_and_wait(child, None))
+    await asyncio.sleep(0.01)
+    closing.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await closing
+    await asyncio.wait([child])
+    assert child.cancelled()
+
+
+async def test_cancel_and_wait_raises_what_a_child_raised_on_its_way_out() -> None:
+    async def fails_on_cancel() -> None:
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            raise OSError("cleanup failed") from None
+
+    child = asyncio.create_task(fails_on_cancel())
+    await asyncio.sleep(0)
+    with pytest.raises(OSError, match="cleanup failed"):
+        await cancel_and_wait(child)

@@ -451,7 +451,8 @@ class InPlaceUpdater:
         except OSError as exc:
             return 127, str(exc)
         try:
-            out, _ = await asyncio.wait_for(proc.communicate(), limit)
+            async with asyncio.timeout(limit):
+                out, _ = await proc.communicate()
         except TimeoutError:
             proc.kill()
             await proc.wait()

@@ -15,7 +15,6 @@ depends on: a slot lives only while its holder renews it, so a killed agent lose
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
 import random
 import time
@@ -26,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 from node_agent.base import retry
 from node_agent.base.errors import KubeConflict, KubeError, KubeNotFound
 from node_agent.base.log import get_logger
+from node_agent.base.loop import cancel_and_wait
 from node_agent.base.retry import Backoff
 from node_agent.config import RolloutConfig
 from node_agent.controllers.osc import pacing
@@ -164,11 +164,7 @@ class Rollout:
         """Stop the timer, the Lease's watch and a slot's renewer (the slot then lapses)."""
         self._stop_timer()
         watcher, self._watcher = self._watcher, None
-        for task in (watcher, self._permit.renewer if self._permit else None):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+        await cancel_and_wait(watcher, self._permit.renewer if self._permit else None)
         self._permit = None
 
     @staticmethod
@@ -645,10 +641,7 @@ class Rollout:
 
     async def _stop_renewer(self, permit: Permit) -> None:
         task, permit.renewer = permit.renewer, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)
 
     async def _drop_permit(self) -> None:
         """A permit left over from a reconcile that ended by an error we were not told about:
