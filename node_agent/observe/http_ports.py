@@ -134,7 +134,8 @@ class HttpEndpoint:
     At most ``max_connections`` connections are held at once. A connection beyond the limit is
     judged two turns of the event loop after it was made, when what it sent has been read: then
     the oldest connections still sending their request head are closed until the limit holds (an
-    idle or slow client gives way to a probe, whose complete head was read meanwhile). Judging
+    idle or slow client gives way to a probe, whose complete head was read meanwhile; one that
+    sent part of a head goes before one that sent nothing yet). Judging
     on arrival instead closed a probe accepted in the same burst as a flood of newcomers before
     its request was ever read. With :data:`OVERFLOW` connections beyond the limit, a newcomer
     closes the oldest head-sending connection already judged, or is closed itself. A request head
@@ -305,14 +306,26 @@ class HttpEndpoint:
 
     def _make_room(self) -> bool:
         """Close the oldest connection still reading its head that was made at least two loop
-        turns ago (so what it sent has been read); False if there is none."""
+        turns ago (so what it sent has been read); False if there is none. One that sent part
+        of a head goes before one that sent nothing yet: a probe sends its whole head in one
+        piece, but on a busy host it may not have been read within two turns, while a slow
+        client has shown what it is."""
+        silent: RequestHandler | None = None
         for handler, connection in self._connections.items():
-            if connection.reading and connection.made_turn <= self._turn - 2:
-                del self._connections[handler]
-                connection.abort()
-                self._refused()
-                return True
-        return False
+            if not connection.reading or connection.made_turn > self._turn - 2:
+                continue
+            if connection.head_bytes:
+                break
+            if silent is None:
+                silent = handler
+        else:
+            if silent is None:
+                return False
+            handler = silent
+        connection = self._connections.pop(handler)
+        connection.abort()
+        self._refused()
+        return True
 
     def _refused(self) -> None:
         """Count a connection closed at the limit; warn at most once per interval."""
