@@ -374,14 +374,14 @@ def _hard_stop_guard(seconds: float) -> threading.Timer:
     """Exit the process after ``seconds`` even if unwinding hangs (a blocked thread, a stuck
     call): systemd's stop must stay bounded. A daemon thread, so a blocked loop cannot stop it."""
 
+    loop = asyncio.get_running_loop()
+
     def expire() -> None:
         log.error(
             "shutdown took too long; exiting now", seconds=seconds, waiting_on=_unfinished(loop)
         )
         faulthandler.dump_traceback(all_threads=True)  # where each thread is blocked, to stderr
         os._exit(1)
-
-    loop = asyncio.get_running_loop()
 
     timer = threading.Timer(seconds, expire)
     timer.daemon = True

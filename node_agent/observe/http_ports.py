@@ -310,19 +310,15 @@ class HttpEndpoint:
         of a head goes before one that sent nothing yet: a probe sends its whole head in one
         piece, but on a busy host it may not have been read within two turns, while a slow
         client has shown what it is."""
-        silent: RequestHandler | None = None
-        for handler, connection in self._connections.items():
-            if not connection.reading or connection.made_turn > self._turn - 2:
-                continue
-            if connection.head_bytes:
-                break
-            if silent is None:
-                silent = handler
-        else:
-            if silent is None:
-                return False
-            handler = silent
-        connection = self._connections.pop(handler)
+        judged = [
+            handler
+            for handler, connection in self._connections.items()
+            if connection.reading and connection.made_turn <= self._turn - 2
+        ]
+        if not judged:
+            return False
+        victim = next((h for h in judged if self._connections[h].head_bytes), judged[0])
+        connection = self._connections.pop(victim)
         connection.abort()
         self._refused()
         return True

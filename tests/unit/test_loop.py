@@ -203,39 +203,38 @@ async def test_a_wake_up_as_the_sleep_times_out_is_kept_for_the_next_sleep() -> 
     assert await wake.sleep(3600.0) is True  # at once
 
 
+async def assert_cancelled_as_woken(
+    wake: asyncio.Event, waiting: Coroutine[Any, Any, object]
+) -> None:
+    """Cancel ``waiting`` in the same turn of the loop as ``wake`` is set: it must end in
+    CancelledError (within 5 s: one that runs on fails the test by timing out)."""
+    task = asyncio.create_task(waiting)
+    await asyncio.sleep(0)
+    wake.set()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        async with asyncio.timeout(5):
+            await task
+
+
 async def test_a_sleep_cancelled_as_it_is_woken_is_cancelled() -> None:
     """Cancelled in the same turn of the event loop as the wake-up: the sleep must still end
     in CancelledError. Python 3.11's ``asyncio.wait_for`` returns the result then and drops
     the cancellation, so a controller loop ran on and the agent's shutdown waited for it
     until its hard stop (exit 1 instead of 0)."""
     wake = Wake()
-    sleeping = asyncio.create_task(wake.sleep(30))
-    await asyncio.sleep(0)
-    wake.set()
-    sleeping.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await sleeping
+    await assert_cancelled_as_woken(wake, wake.sleep(30))
 
 
 async def test_a_backoff_cancelled_as_it_is_woken_is_cancelled() -> None:
     wake = asyncio.Event()
-    waiting = asyncio.create_task(Backoff(base=30, cap=30).wait(wake))
-    await asyncio.sleep(0)
-    wake.set()
-    waiting.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await waiting
+    await assert_cancelled_as_woken(wake, Backoff(base=30, cap=30).wait(wake))
 
 
 async def test_a_loop_cancelled_as_it_is_woken_ends() -> None:
     wake = Wake()
     step = Script()
-    running = asyncio.create_task(run_loop(step, wake, period=30))
-    await asyncio.sleep(0)
-    wake.set()
-    running.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await asyncio.wait_for(running, 5)
+    await assert_cancelled_as_woken(wake, run_loop(step, wake, period=30))
     assert step.calls == []
 
 
