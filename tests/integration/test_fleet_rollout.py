@@ -102,6 +102,17 @@ class Fleet:
         await wait_for(no_slots, timeout, "every rollout slot released")
         return await self.ledger()
 
+    async def reported(self, reason: str, timeout: float = 15.0) -> None:
+        """Wait until every node's OSCRollout condition carries ``reason``: a node writes the
+        condition after it lets its slot go, which is after the checksum annotation that
+        ``converge`` waits for."""
+
+        async def all_report() -> bool:
+            conditions = [await self.condition(a) for a in self.agents]
+            return all(c is not None and c["reason"] == reason for c in conditions)
+
+        await wait_for(all_report, timeout, f"every node's OSCRollout condition {reason}")
+
     async def condition(self, agent: OSCAgent) -> dict[str, Any] | None:
         node = await client.CoreV1Api(self.admin).read_node(agent.node_name)
         for c in node.status.conditions or []:
@@ -233,10 +244,7 @@ async def test_serial_one_holder_at_a_time_released_after_each_apply(fleet: Flee
     lease_obj = await fleet.lease()
     owner = lease_obj["metadata"]["ownerReferences"][0]
     assert (owner["kind"], owner["name"], owner["controller"]) == ("Secret", fleet.secret, True)
-    for agent in fleet.agents:
-        condition = await fleet.condition(agent)
-        assert condition is not None
-        assert condition["reason"] == "RolloutApplied", condition
+    await fleet.reported("RolloutApplied")
 
 
 async def test_serial_crashed_holder_lease_expires_and_the_next_proceeds(fleet: Fleet) -> None:
@@ -357,7 +365,4 @@ async def test_breaker_holds_the_pool_until_the_secret_changes(fleet: Fleet) -> 
     assert ledger.failed == {}
     intervals = [r for a in fleet.agents for r in runs(a, "v3")]
     assert overlapping(intervals) == 1, intervals
-    for agent in fleet.agents:
-        condition = await fleet.condition(agent)
-        assert condition is not None
-        assert condition["reason"] == "RolloutApplied", condition
+    await fleet.reported("RolloutApplied")
