@@ -18,8 +18,8 @@ any real OSC (a Gardener OSC with registry mirrors nests 9 levels deep; its path
 
 - ``MAX_NESTING_DEPTH`` levels of collections. libyaml parses iteratively, but the composer that
   builds the document recurses in C without a limit: a 60 KB ``[[[[...]]]]`` overflows the stack
-  (SIGSEGV). The event stream is therefore checked first, iteratively, and the document is only
-  composed when it is shallow enough. Aliases count with the depth of what they point to.
+  (SIGSEGV). The document is therefore built from the event stream, iteratively, with the limits
+  checked as it goes (see ``load_yaml``). Aliases count with the depth of what they point to.
 - ``MAX_NODES`` values after expanding aliases (no "billion laughs"); a cyclic alias is refused.
 - ``MAX_NAME_BYTES`` per path component, ``MAX_PATH_BYTES`` per path and
   ``MAX_PATH_COMPONENTS`` components: what Linux can hold, and a walk the host layer can afford.
@@ -40,6 +40,8 @@ import yaml
 from pydantic import ValidationError
 from yaml.events import (
     AliasEvent,
+    DocumentEndEvent,
+    DocumentStartEvent,
     MappingEndEvent,
     MappingStartEvent,
     ScalarEvent,
@@ -47,7 +49,7 @@ from yaml.events import (
     SequenceStartEvent,
     StreamEndEvent,
 )
-from yaml.nodes import MappingNode, Node
+from yaml.nodes import MappingNode, Node, ScalarNode
 
 from node_agent.base import layout
 from node_agent.base.errors import OSCChecksumError, OSCDecodeError, OSCValidationError
@@ -158,6 +160,148 @@ def _refuse_duplicate_keys(loader: yaml.SafeLoader, node: MappingNode) -> None:
             raise OSCDecodeError(f"osc.yaml has the mapping key {_quote(key)} twice ({where})")
 
 
+class _Unusual(Exception):
+    """The document uses YAML that ``_load_plain`` leaves to PyYAML's composer and constructor."""
+
+
+_MISSING = object()
+_NO_KEY = object()
+#: plain scalars ``_load_plain`` builds itself; any other resolved tag (merge ``<<``, value
+#: ``=``) is left to the general path
+_PLAIN_TAGS = frozenset(f"{_TAG}{name}" for name in ("null", "bool", "int", "float"))
+_STR_TAG = f"{_TAG}str"
+
+
+def load_yaml(raw: bytes) -> Any:
+    """The one document of ``raw`` as Python objects, exactly as ``OSCLoader`` builds it, with
+    the nesting and size limits of ``check_structure`` applied on the way.
+
+    An OSC is plain YAML: mappings, sequences and untagged scalars. Such a document is built in
+    one pass over libyaml's events (``_load_plain``), which is a few times cheaper than checking
+    the events and then composing and constructing the document with PyYAML (its constructor is
+    Python, and composing parses everything a second time). Anything else — anchors, aliases,
+    tags, merge keys, a key given twice or keys equal across types, several documents, a value
+    its constructor refuses — goes the general way, which decides the result and the error
+    message; so does every error the general way would report differently. Raises
+    ``OSCDecodeError`` for the limits, ``yaml.YAMLError`` for malformed YAML.
+    """
+    loader = OSCLoader(raw)
+    try:
+        return _load_plain(loader)
+    except _Unusual:
+        pass
+    finally:
+        loader.dispose()
+    return load_yaml_general(raw)
+
+
+def load_yaml_general(raw: bytes) -> Any:
+    """``load_yaml`` the general way: the events checked (``check_structure``), then the
+    document composed and constructed by PyYAML."""
+    check_structure(raw)
+    loader = OSCLoader(raw)
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
+
+
+def _load_plain(loader: Any) -> Any:
+    """Build the document from ``loader``'s events; ``_Unusual`` for anything but plain YAML.
+
+    The limits are those of ``check_structure`` on the same events, so an error raised here
+    is the one it would raise first (without aliases, nothing else can fail before it)."""
+    get_event = loader.get_event
+    get_event()  # the stream's start
+    if type(get_event()) is not DocumentStartEvent:
+        raise _Unusual  # an empty stream
+    open_: list[Any] = []  # the collections being built, innermost last
+    keys: list[Any] = []  # per open collection: a mapping's key awaiting its value, or _NO_KEY
+    scalars: dict[str, Any] = {}  # plain scalar -> its value
+    depth = nodes = 0
+    value: Any
+    root: Any = None
+    while True:
+        event = get_event()
+        kind = type(event)
+        if kind is ScalarEvent:
+            nodes += 1
+            if event.anchor is not None or event.tag is not None:
+                raise _Unusual
+            value = event.value
+            if event.implicit[0]:
+                known = scalars.get(value, _MISSING)
+                value = _plain_scalar(loader, value, scalars) if known is _MISSING else known
+        elif kind is MappingStartEvent or kind is SequenceStartEvent:
+            depth += 1
+            nodes += 1
+            if depth > MAX_NESTING_DEPTH:
+                raise _too_deep(event)
+            if event.anchor is not None or event.tag is not None:
+                raise _Unusual
+            open_.append({} if kind is MappingStartEvent else [])
+            keys.append(_NO_KEY)
+            if nodes > MAX_NODES:
+                raise _too_many(event)
+            continue
+        elif kind is MappingEndEvent or kind is SequenceEndEvent:
+            depth -= 1
+            keys.pop()
+            value = open_.pop()
+        elif kind is DocumentEndEvent:
+            if type(get_event()) is not StreamEndEvent:
+                raise _Unusual  # several documents
+            return root
+        else:
+            raise _Unusual  # an alias
+        if nodes > MAX_NODES:
+            raise _too_many(event)
+        if not open_:
+            root = value
+            continue
+        parent = open_[-1]
+        if type(parent) is list:
+            parent.append(value)
+            continue
+        key = keys[-1]
+        if key is not _NO_KEY:
+            parent[key] = value
+            keys[-1] = _NO_KEY
+        elif type(value) is dict or type(value) is list or value in parent:
+            raise _Unusual  # a collection as a key, a key twice, or keys equal across types
+        else:
+            keys[-1] = value
+
+
+def _plain_scalar(loader: Any, text: str, known: dict[str, Any]) -> Any:
+    """The value of a plain scalar as the loader resolves and constructs it."""
+    tag = loader.resolve(ScalarNode, text, (True, False))
+    if tag == _STR_TAG:
+        known[text] = text
+        return text
+    if tag not in _PLAIN_TAGS:
+        raise _Unusual
+    try:
+        value = loader.yaml_constructors[tag](loader, ScalarNode(tag, text))
+    except Exception as exc:  # e.g. "0b_": the general way reports it, after the limits
+        raise _Unusual from exc
+    known[text] = value
+    return value
+
+
+def _too_deep(event: yaml.Event) -> OSCDecodeError:
+    return OSCDecodeError(
+        f"osc.yaml nests collections deeper than {MAX_NESTING_DEPTH} levels (line {_line(event)})"
+    )
+
+
+def _too_many(event: yaml.Event) -> OSCDecodeError:
+    return OSCDecodeError(
+        f"osc.yaml holds more than {MAX_NODES} values once its aliases are expanded "
+        f"(line {_line(event)})"
+    )
+
+
 def check_structure(raw: bytes) -> None:
     """Refuse YAML that would crash or exhaust the loader, before it builds anything.
 
@@ -186,10 +330,7 @@ def check_structure(raw: bytes) -> None:
                 depth += 1
                 nodes += 1
                 if depth > MAX_NESTING_DEPTH:
-                    raise OSCDecodeError(
-                        f"osc.yaml nests collections deeper than {MAX_NESTING_DEPTH} levels "
-                        f"(line {_line(event)})"
-                    )
+                    raise _too_deep(event)
                 if event.anchor is not None:
                     open_anchors.append([event.anchor, depth, nodes - 1, depth])
                 elif open_anchors and depth > open_anchors[-1][3]:
@@ -206,10 +347,7 @@ def check_structure(raw: bytes) -> None:
             elif kind is StreamEndEvent:
                 return
             if nodes > MAX_NODES:
-                raise OSCDecodeError(
-                    f"osc.yaml holds more than {MAX_NODES} values once its aliases are expanded "
-                    f"(line {_line(event)})"
-                )
+                raise _too_many(event)
     finally:
         loader.dispose()
 
@@ -293,12 +431,7 @@ def parse_osc(raw: bytes) -> OperatingSystemConfig:
     only (``validate_osc`` checks the values)."""
     _check_size(raw)
     try:
-        check_structure(raw)
-        loader = OSCLoader(raw)
-        try:
-            obj = loader.get_single_data()
-        finally:
-            loader.dispose()
+        obj = load_yaml(raw)
     except yaml.YAMLError as exc:
         raise OSCDecodeError(f"osc.yaml is not valid YAML or JSON: {_one_line(str(exc))}") from exc
     except (ValueError, OverflowError) as exc:  # e.g. an explicit !!int tag on a non-number
