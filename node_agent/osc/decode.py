@@ -190,6 +190,9 @@ def load_yaml(raw: bytes) -> Any:
         return _load_plain(loader)
     except _Unusual:
         pass
+    except yaml.MarkedYAMLError as exc:
+        _refuse_libyaml_nesting(exc)  # as ``check_structure`` reports libyaml's own limit
+        raise
     finally:
         loader.dispose()
     return load_yaml_general(raw)

@@ -151,6 +151,7 @@ def same(raw: bytes) -> None:
         "a: !!int 0b_\nb: [[[[",
         "a: 0b_\nb: c: d\n",
         "a: [" * 70 + "]" * 70,
+        "a: " + "[" * 1100 + "]" * 1100,  # libyaml 0.2.6 stops at 1000 open flow collections
         "a: b\n  c: d\n",
         "- a\n- b: c\n  d: [e, {f: g}]\n",
         "%YAML 1.1\n--- {a: 1}\n...\n",
