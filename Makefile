@@ -73,7 +73,7 @@ lint: venv
 	shellcheck init/node-agent-init.sh packaging/build.sh tests/testbed/build-promtool.sh
 
 typecheck: venv
-	$(BIN)/mypy node_agent tests
+	$(BIN)/mypy node_agent tests bench
 
 unit: venv
 	$(BIN)/pytest tests/unit $(PYTEST_ARGS)

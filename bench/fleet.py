@@ -39,13 +39,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import re
 import shutil
 import signal
 import statistics
-import sys
 import time
 import uuid
 from collections import Counter
@@ -828,7 +828,7 @@ async def run(args: argparse.Namespace) -> None:
                 ),
             )
             checksum = await publish(admin, secret, fleet_osc(fleet.next_tag()), {})
-            await gather_limited(8, [lambda m=m: fleet.register(m) for m in members])
+            await gather_limited(8, [functools.partial(fleet.register, m) for m in members])
             fleet.watcher = NodeWatch(admin)
             fleet.watcher.start()
             supervisor = asyncio.get_running_loop().create_task(fleet.supervise())
@@ -989,4 +989,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import random
@@ -128,7 +129,7 @@ async def populate(kube: KubeClient, args: argparse.Namespace) -> dict[str, Any]
             name = f"{pool}-n{i:05d}"
             roll = rng.random()
             applied = desired[pool] if roll < 0.8 else old
-            jobs.append(lambda n=name, p=pool, a=applied, r=roll: node(kube, n, p, a, r, now))
+            jobs.append(functools.partial(node, kube, name, pool, applied, roll, now))
     created = await bounded(args.parallel, jobs, deadline)
     return {
         "pools": len(pools),
