@@ -37,6 +37,7 @@ from node_agent.systemd import Systemd
 from tests.conftest import api_client_from, cache_dir
 from tests.testbed.agent_harness import (
     create_node,
+    dump_osc,
     inline_file,
     osc_document,
     prepare_agent,
@@ -53,7 +54,6 @@ from tests.testbed.systemd_ns import IsolatedSystemd, _cgroup2_root
 #: a token synced to a file, as every Gardener node has (valitail's)
 TOKEN_SECRET = "gardener-valitail"
 TOKEN_PATH = "/var/lib/valitail/auth-token"
-DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 APPLIED = re.compile(r"OSC applied.*?seconds=([0-9.]+)")
 
 
@@ -161,7 +161,7 @@ async def one_case(
             osc["spec"]["files"][i]["content"]["inline"]["data"] = f"run {run}\n"
             # serialized before the clock starts: what the bench spends making the document
             # (~80 ms of Python at 1,200 files) is not the agent's
-            raw = yaml.dump(osc, Dumper=DUMPER).encode()
+            raw = dump_osc(osc)
             t0 = time.monotonic()
             checksum = await publish_osc(admin, secret, raw)
             deadline = t0 + 120

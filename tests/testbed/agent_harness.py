@@ -148,6 +148,12 @@ async def put_secret(admin: ApiClient, name: str, data: dict[str, bytes]) -> Non
     )
 
 
+def dump_osc(osc: dict[str, Any]) -> bytes:
+    """The OSC document as the bytes of ``osc.yaml`` (libyaml's dumper when PyYAML has it)."""
+    dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+    return yaml.dump(osc, Dumper=dumper).encode()
+
+
 async def publish_osc(
     admin: ApiClient,
     secret_name: str,
@@ -160,8 +166,7 @@ async def publish_osc(
 
     ``checksum`` overrides the annotation (a mismatch the agent must refuse); ``annotations``
     are added to the Secret's (e.g. serial mode, the paced rollout)."""
-    dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
-    raw = osc if isinstance(osc, bytes) else yaml.dump(osc, Dumper=dumper).encode()
+    raw = osc if isinstance(osc, bytes) else dump_osc(osc)
     digest = hashlib.sha256(raw).hexdigest() if checksum is None else checksum
     await _create_or_replace_secret(
         admin,

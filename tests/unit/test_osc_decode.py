@@ -439,15 +439,6 @@ def test_validate_osc_checks_models_built_in_code() -> None:
 HEAD = "apiVersion: extensions.gardener.cloud/v1alpha1\nkind: OperatingSystemConfig\n"
 
 
-@pytest.fixture(params=["libyaml", "python"])
-def loader(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Run the test with libyaml's loader and with the pure-Python fallback."""
-    cls = decode.LIBYAML_LOADER if request.param == "libyaml" else decode.PYTHON_LOADER
-    assert cls is not None, "PyYAML is built without libyaml"
-    monkeypatch.setattr(decode, "OSCLoader", cls)
-    return str(request.param)
-
-
 def nested(kind: str, levels: int) -> bytes:
     """A valid OSC whose ``spec.x`` holds ``levels`` nested collections (the root and ``spec``
     are two more levels)."""

@@ -122,14 +122,6 @@ def outcome(load: Any, raw: bytes) -> tuple[str, ...]:
         return ("error", type(exc).__name__, str(exc))
 
 
-@pytest.fixture(params=["libyaml", "python"])
-def loader(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    cls = decode.LIBYAML_LOADER if request.param == "libyaml" else decode.PYTHON_LOADER
-    assert cls is not None, "PyYAML is built without libyaml"
-    monkeypatch.setattr(decode, "OSCLoader", cls)
-    return str(request.param)
-
-
 def same(raw: bytes) -> None:
     assert outcome(decode.load_yaml, raw) == outcome(decode.load_yaml_general, raw), raw
 
