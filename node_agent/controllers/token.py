@@ -4,11 +4,12 @@ This is how the agent's own credentials (and e.g. the kubelet's bootstrap materi
 Gardener writes a new token into a Secret, the agent writes it to the file its kubeconfig names,
 and every client re-reads the file on its next request. Each Secret is list+watched by name
 (the RBAC allows get/list/watch on exactly those names), re-read every ``syncPeriod`` (a missed
-event cannot leave a stale token for longer than that), and its file is checked for existence
-every few seconds: an OSC apply that deletes the path (an orphaned file) gets it rewritten at
-once from the last known token, without an API call. A periodic ``stat`` was chosen over a hook
-into the applier because it also covers anyone else deleting the file and costs a few
-syscalls, made on the loop (a thread hop for them would cost more than they do).
+event cannot leave a stale token for longer than that), and its file is put back from the last
+known token, without an API call, as soon as something deletes it (an OSC apply removing an
+orphaned path, an operator): the kernel reports the name leaving its directory
+(:mod:`node_agent.host.inotify`), which wakes the file's check; a check every minute stays
+behind the watch. Where no watch can be armed the file is checked every few seconds, as before:
+a stat walk on the loop (a thread hop for it would cost more than it does).
 
 Writes go through ``HostFS.write_atomic`` (temp file + rename, mode exactly 0640, parents 0755),
 which writes nothing when the bytes and mode already match. A failed write (a full or read-only
@@ -32,6 +33,7 @@ from node_agent.base.retry import API, Backoff
 from node_agent.config import TokenSyncConfig
 from node_agent.context import AgentContext
 from node_agent.host.fs import WriteResult
+from node_agent.host.inotify import RemovalWatch
 from node_agent.kube.report import NAMESPACE
 from node_agent.kube.watch import list_watch
 
@@ -40,7 +42,10 @@ log = get_logger("node-agent.token")
 DATA_KEY = "token"
 FILE_MODE = 0o640
 DIR_MODE = 0o755
+#: how often a token file is checked when no inotify watch covers it
 EXISTENCE_CHECK_PERIOD = 2.0
+#: how often it is checked anyway when a watch does (a watch is a hint, not a proof)
+WATCHED_CHECK_PERIOD = 60.0
 
 
 def token_bytes(secret: dict[str, object] | None) -> bytes | None:
@@ -75,6 +80,7 @@ class TokenSync:
         sync_period: float,
         check_period: float = EXISTENCE_CHECK_PERIOD,
         backoff: Backoff | None = None,
+        removals: RemovalWatch | None = None,
     ) -> None:
         self.ctx = ctx
         self.secret_name = config.secret_name
@@ -86,6 +92,9 @@ class TokenSync:
         self._lock = asyncio.Lock()
         self._backoff = backoff or Backoff.of(API)
         self._retry_at: float | None = None  # loop time of the next retry of a failed write
+        self._removals = removals  # the kernel's word that the file left its directory
+        self._checked = Wake()  # set by that word: look at the file now
+        self._unwatched: str | None = None  # why the file is polled (logged once per reason)
 
     async def run(self) -> None:
         async with asyncio.TaskGroup() as tasks:
@@ -129,13 +138,14 @@ class TokenSync:
         return await self.apply(secret, why="resync")
 
     async def _existence_loop(self) -> None:
-        await run_loop(self._existence_step, Wake(), period=self.check_period)
+        await run_loop(self._existence_step, self._checked, period=self.check_period)
 
     async def _existence_step(self, woken: bool) -> Next:
-        """Every ``check_period``: a failed write whose backoff ran out is written again, else
-        a deleted file is rewritten from the last token. The write's backoff is kept by
-        :meth:`_write` (a write fails the same way from the watch, a resync or here), so this
-        step only looks whether it is due."""
+        """When the file left its directory (the watch's wake-up), else every ``check_period``
+        (every :data:`WATCHED_CHECK_PERIOD` while a watch covers it): a failed write whose
+        backoff ran out is written again, else a deleted file is rewritten from the last
+        token. The write's backoff is kept by :meth:`_write` (a write fails the same way from
+        the watch, a resync or here), so this step only looks whether it is due."""
         if self.token is None:
             return SKIPPED
         if self._retry_at is not None:
@@ -143,9 +153,8 @@ class TokenSync:
                 return SKIPPED
             log.info("retrying the token file write", path=self.path)
             return DONE if await self._write(self.token, why="retry") else SKIPPED
+        watched = self._watch_removal()  # armed before the look: a deletion after it is reported
         try:
-            # On the loop: an lstat walk of a few microseconds costs less than the thread hop
-            # it would take to move it off (every 2 s, the idle agent's largest cost otherwise).
             missing = not self.ctx.fs.exists(self.path)
         except HostError as exc:
             log.warning("token file not checked", path=self.path, error=str(exc))
@@ -154,7 +163,19 @@ class TokenSync:
             log.info("token file deleted; rewriting it", path=self.path)
             self.stats.rewrites_after_delete += 1
             await self._write(self.token, why="deleted")
-        return DONE
+            watched = self._watch_removal()  # its directory may be a new one
+        return Next.after(max(WATCHED_CHECK_PERIOD, self.check_period)) if watched else DONE
+
+    def _watch_removal(self) -> bool:
+        """Whether the kernel will report the file leaving its directory; a reason it will
+        not is logged once (the file is then polled every ``check_period``)."""
+        if self._removals is None:
+            return False
+        why = self._removals.arm(self.ctx.fs, self.path, self._checked.set)
+        if why is not None and why != self._unwatched:
+            log.info("token file checked by polling", path=self.path, reason=why)
+        self._unwatched = why
+        return why is None
 
     async def apply(self, secret: dict[str, object], *, why: str) -> bool:
         token = token_bytes(secret)
@@ -162,7 +183,10 @@ class TokenSync:
             log.warning("token secret has no valid data key", secret=self.secret_name, key=DATA_KEY)
             return False
         self.token = token
-        return await self._write(token, why=why)
+        written = await self._write(token, why=why)
+        if written and self._removals is not None and not self._removals.watching(self.path):
+            self._checked.set()  # the file is there: its check arms the watch now
+        return written
 
     async def _write(self, token: bytes, *, why: str) -> bool:
         async with self._lock:
@@ -199,17 +223,31 @@ class TokenSync:
 class TokenController:
     """All ``syncConfigs`` entries, each in its own task."""
 
-    def __init__(self, ctx: AgentContext, *, check_period: float = EXISTENCE_CHECK_PERIOD) -> None:
+    def __init__(
+        self,
+        ctx: AgentContext,
+        *,
+        check_period: float = EXISTENCE_CHECK_PERIOD,
+        watch_files: bool = True,
+    ) -> None:
         token_config = ctx.config.controllers.token
         period = max(token_config.sync_period.total_seconds(), 1.0)
+        # one inotify instance for all the files (the per-user instance limit is small)
+        self.removals = RemovalWatch() if watch_files else None
         self.syncs = [
-            TokenSync(ctx, entry, sync_period=period, check_period=check_period)
+            TokenSync(
+                ctx, entry, sync_period=period, check_period=check_period, removals=self.removals
+            )
             for entry in token_config.sync_configs
         ]
 
     async def run(self) -> None:
         if not self.syncs:
             return
-        async with asyncio.TaskGroup() as tasks:
-            for sync in self.syncs:
-                tasks.create_task(sync.run(), name=f"token-{sync.secret_name}")
+        try:
+            async with asyncio.TaskGroup() as tasks:
+                for sync in self.syncs:
+                    tasks.create_task(sync.run(), name=f"token-{sync.secret_name}")
+        finally:
+            if self.removals is not None:
+                self.removals.close()

@@ -174,6 +174,17 @@ class HostFS:
     def exists(self, path: HostPath) -> bool:
         return self.lstat(path) is not None
 
+    def open_parent_dir(self, path: HostPath) -> int | None:
+        """A read-only fd of the directory host ``path`` is in, opened by the same walk as
+        every other operation (for watching it); None when it does not exist. The caller
+        closes it."""
+        parts = self._target_parts(path)
+        with _os_errors("open", path):
+            try:
+                return self._walk(path, parts[:-1], create=False)
+            except _NotADirectory:
+                return None
+
     def list_dir(self, path: HostPath) -> list[str] | None:
         """Sorted entry names of host directory ``path``; None if it does not exist."""
         parts = host_parts(path)

@@ -15,6 +15,7 @@ from node_agent.base.retry import Backoff
 from node_agent.config import TokenSyncConfig
 from node_agent.context import AgentContext
 from node_agent.controllers.token import TokenSync, token_bytes
+from node_agent.host.inotify import RemovalWatch
 from tests.unit.fakes import FakeKube, FakeResource, make_ctx
 
 
@@ -27,11 +28,30 @@ def _secrets(kube: FakeKube) -> FakeResource:
 
 
 def _sync(
-    tmp_path: Path, kube: FakeKube, check_period: float = 0.02, backoff: Backoff | None = None
+    tmp_path: Path,
+    kube: FakeKube,
+    check_period: float = 0.02,
+    backoff: Backoff | None = None,
+    removals: RemovalWatch | None = None,
 ) -> TokenSync:
     ctx: AgentContext = make_ctx(tmp_path, kube=kube, node_name=None, node_uid=None)
     entry = TokenSyncConfig(secretName="tok", path="/var/lib/x/credentials/token")
-    return TokenSync(ctx, entry, sync_period=3600, check_period=check_period, backoff=backoff)
+    return TokenSync(
+        ctx,
+        entry,
+        sync_period=3600,
+        check_period=check_period,
+        backoff=backoff,
+        removals=removals,
+    )
+
+
+async def _until(done: Any, what: str) -> None:
+    for _ in range(500):
+        if done():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"not within 5 s: {what}")
 
 
 def test_token_bytes() -> None:
@@ -135,3 +155,93 @@ async def test_the_existence_check_takes_no_thread_hop(
     monkeypatch.setattr(asyncio, "to_thread", no_thread)
     await sync._existence_step(False)
     assert sync.stats.rewrites_after_delete == 0
+
+
+@pytest.mark.parametrize("how", ["unlink", "rename away", "directory removed", "directory moved"])
+async def test_the_kernels_word_rewrites_a_deleted_file_without_polling(
+    tmp_path: Path, how: str
+) -> None:
+    """With a watch on its directory the file is put back when it goes, though the poll would
+    not look for an hour; then the watch is armed again on the (new) directory."""
+    kube = FakeKube()
+    _secrets(kube).put(_secret(b"abc"))
+    removals = RemovalWatch()
+    sync = _sync(tmp_path, kube, check_period=3600, removals=removals)
+    await sync.sync()
+    path = tmp_path / "var/lib/x/credentials/token"
+    task = asyncio.create_task(sync._existence_loop())
+    try:
+        await _until(lambda: removals.watching("/var/lib/x/credentials/token"), "watch armed")
+        for round_ in (1, 2):
+            if how == "unlink":
+                path.unlink()
+            elif how == "rename away":
+                path.rename(path.with_name("token.old"))
+            elif how == "directory removed":
+                path.unlink()
+                path.parent.rmdir()
+            else:
+                path.parent.rename(tmp_path / f"var/lib/x/moved-{round_}")
+            await _until(
+                lambda n=round_: sync.stats.rewrites_after_delete == n, f"rewrite {round_}"
+            )
+            assert path.read_bytes() == b"abc"
+            await _until(lambda: removals.watching("/var/lib/x/credentials/token"), "re-armed")
+    finally:
+        task.cancel()
+        removals.close()
+
+
+async def test_other_names_in_the_directory_wake_nothing(tmp_path: Path) -> None:
+    kube = FakeKube()
+    _secrets(kube).put(_secret(b"abc"))
+    removals = RemovalWatch()
+    sync = _sync(tmp_path, kube, check_period=3600, removals=removals)
+    await sync.sync()
+    steps = 0
+    real_step = sync._existence_step
+
+    async def counted(woken: bool) -> Any:
+        nonlocal steps
+        steps += 1
+        return await real_step(woken)
+
+    sync._existence_step = counted  # type: ignore[method-assign]
+    task = asyncio.create_task(sync._existence_loop())
+    try:
+        await _until(lambda: removals.watching("/var/lib/x/credentials/token"), "watch armed")
+        assert steps == 1
+        other = tmp_path / "var/lib/x/credentials/other"
+        for _ in range(5):
+            other.write_text("x")
+            other.unlink()
+        (tmp_path / "var/lib/x/credentials/token").unlink()
+        await _until(lambda: sync.stats.rewrites_after_delete == 1, "rewrite")
+        assert steps == 2  # the other name's deletions did not wake the check
+    finally:
+        task.cancel()
+        removals.close()
+
+
+async def test_without_inotify_the_file_is_polled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No inotify instance to be had (the per-user limit reached): the check polls."""
+    kube = FakeKube()
+    _secrets(kube).put(_secret(b"abc"))
+    removals = RemovalWatch()
+
+    def refused(self: RemovalWatch) -> int:
+        raise OSError(24, "Too many open files")
+
+    monkeypatch.setattr(RemovalWatch, "_instance", refused)
+    sync = _sync(tmp_path, kube, check_period=0.02, removals=removals)
+    await sync.sync()
+    task = asyncio.create_task(sync._existence_loop())
+    try:
+        await _until(lambda: removals.unavailable is not None, "inotify found unavailable")
+        assert "Too many open files" in (removals.unavailable or "")
+        (tmp_path / "var/lib/x/credentials/token").unlink()
+        await _until(lambda: sync.stats.rewrites_after_delete == 1, "rewrite by the poll")
+    finally:
+        task.cancel()
