@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import os
 import struct
 from collections.abc import Callable
@@ -52,6 +51,8 @@ class _Libc:
     """The three inotify calls, bound once."""
 
     def __init__(self) -> None:
+        import ctypes  # here: a start that arms no watch yet does not pay for it
+
         libc = ctypes.CDLL(None, use_errno=True)
         self.init1 = libc.inotify_init1
         self.init1.argtypes = [ctypes.c_int]
@@ -65,6 +66,8 @@ class _Libc:
 
 
 def _os_error(what: str) -> OSError:
+    import ctypes
+
     code = ctypes.get_errno()
     return OSError(code, f"{what}: {os.strerror(code)}")
 
