@@ -673,20 +673,58 @@ def validate_osc(osc: OperatingSystemConfig, host_name: str | None = None) -> No
     for where, file in files:
         _VALID_FILES.get(file, functools.partial(_validate_file, where))
     mine = [(where, file) for where, file in files if _for_host(file, host_name)]
-    _check_duplicate_paths([file for _, file in mine], host_name)
-    _check_file_parents(mine)
     units = [
         *_indexed("spec.units", osc.spec.units),
         *_indexed("status.extensionUnits", osc.status.extension_units),
     ]
+    between = _between_key(host_name, mine, units)
+    known = between == _BETWEEN_PASSED[0]
+    if not known:
+        _check_duplicate_paths([file for _, file in mine], host_name)
+        _check_file_parents(mine)
     with_drop_ins = {unit.name for _, unit in units if unit.drop_ins}
     for where, unit in units:
-        validate_unit_name(unit.name, field=f"{where}.name")
-        if unit.name in with_drop_ins:
+        _VALID_UNIT_NAMES.get(unit, functools.partial(_validate_unit_name, where))
+        if unit.name in with_drop_ins:  # another entry of the same name may have them
             _check_drop_in_dir(unit.name, field=f"{where}.name")
-        for j, drop_in in enumerate(unit.drop_ins):
-            validate_drop_in_name(unit.name, drop_in.name, field=f"{where}.dropIns[{j}].name")
-    _check_unit_paths(mine, units)
+        _VALID_DROP_INS.get(unit, functools.partial(_validate_drop_in_names, where))
+    if not known:
+        _check_unit_paths(mine, units)
+        _BETWEEN_PASSED[0] = between
+
+
+#: what the checks between items read, of the last OSC that passed them (see ``_between_key``)
+_BETWEEN_PASSED: list[object] = [None]
+
+
+def _between_key(
+    host_name: str | None, files: Sequence[tuple[str, File]], units: Sequence[tuple[str, Unit]]
+) -> tuple[object, ...]:
+    """Everything the checks between items (duplicate paths, a file over another's directory
+    or over a unit's file) read: an OSC with the same key passes them as the last one that
+    did, so an update that changes a file's content, not its path, skips them. The places
+    (``where``) only name an item in an error, which is never skipped."""
+    return (
+        host_name,
+        tuple((file.path, file.host_name) for _, file in files),
+        tuple(
+            (unit.name, unit.content is not None, tuple(d.name for d in unit.drop_ins))
+            for _, unit in units
+        ),
+    )
+
+
+def _validate_unit_name(where: str, unit: Unit) -> bool:
+    """Check ``unit``'s name by itself; True."""
+    validate_unit_name(unit.name, field=f"{where}.name")
+    return True
+
+
+def _validate_drop_in_names(where: str, unit: Unit) -> bool:
+    """Check the names of ``unit``'s drop-ins by themselves; True."""
+    for j, drop_in in enumerate(unit.drop_ins):
+        validate_drop_in_name(unit.name, drop_in.name, field=f"{where}.dropIns[{j}].name")
+    return True
 
 
 def decode_inline(inline: InlineContent, *, path: str, field: str | None = None) -> bytes:
@@ -811,6 +849,9 @@ def _check_size(raw: bytes) -> None:
 #: files found valid by themselves (``_validate_file``), by value: an update validates only the
 #: files it changes; the checks between files are made every time
 _VALID_FILES: Memo[File, bool] = Memo(2 * MAX_OSC_BYTES, item_weight)
+#: units whose name, and whose drop-ins' names, were found valid (by the unit object)
+_VALID_UNIT_NAMES: Memo[Unit, bool] = Memo(2 * MAX_OSC_BYTES, item_weight)
+_VALID_DROP_INS: Memo[Unit, bool] = Memo(2 * MAX_OSC_BYTES, item_weight)
 
 
 def _validate_file(where: str, file: File) -> bool:
