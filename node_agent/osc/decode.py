@@ -56,6 +56,7 @@ from yaml.nodes import MappingNode, Node, ScalarNode
 
 from node_agent.base import layout
 from node_agent.base.errors import OSCChecksumError, OSCDecodeError, OSCValidationError
+from node_agent.base.log import get_logger
 from node_agent.osc.memo import Memo, item_weight
 from node_agent.osc.models import (
     API_VERSION,
@@ -65,6 +66,8 @@ from node_agent.osc.models import (
     OperatingSystemConfig,
     Unit,
 )
+
+_log = get_logger("node-agent.osc")
 
 MAX_OSC_BYTES = 1024 * 1024
 MAX_PERMISSIONS = 0o7777
@@ -466,6 +469,8 @@ def parse_osc(raw: bytes) -> OperatingSystemConfig:
         osc = _reparse(snapshot, raw)
         if osc is not None:
             return osc
+    if _SNAPSHOTS:
+        _log.debug("osc.yaml read whole", bytes=len(raw))
     items: _Items = {}
     try:
         obj, nodes = _load(raw, items)
@@ -603,6 +608,7 @@ def _reparse(snapshot: _Snapshot, raw: bytes) -> OperatingSystemConfig | None:
         for name, (item_starts, counts) in snapshot.items.items()
     }
     _remember(_Snapshot(raw=raw, osc=osc, nodes=snapshot.nodes + grown, items=moved))
+    _log.debug("osc.yaml read by its changed item", item=f"{section}.{where[1]}[{i}]")
     return osc
 
 
