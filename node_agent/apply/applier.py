@@ -151,8 +151,8 @@ class Applier:
         not_derived = dict(self.not_derived())
         # A derived file that could not be made is neither written nor deleted: the plan sees
         # it on neither side, and the target keeps what was applied for it.
-        target = Applied.of_osc(desired, self.host_name, resolved, required=True)
-        target = _keep(target, base, not_derived)
+        wanted = Applied.of_osc(desired, self.host_name, resolved, required=True)
+        target = _keep(wanted, base, not_derived)
         owned = (await self.state.inventory_async()).entries
         base = with_leftover_drop_ins(base, target, {p for p, e in owned.items() if e.created})
         running = await self._running(base, target)
@@ -164,6 +164,7 @@ class Applier:
             self.host_name,
             resolved,
             agent_unit=self.agent_unit,
+            target=wanted,
         )
         pending_id = pending.id if pending else None
         return Planned(pending_id, base, desired, target, change_set, not_derived)

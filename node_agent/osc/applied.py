@@ -20,10 +20,14 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from node_agent.base.errors import SecretRefError
 from node_agent.osc.decode import decode_inline
+from node_agent.osc.memo import Memo, item_weight
 from node_agent.osc.merge import osc_files, osc_units
 from node_agent.osc.models import File, ImageRefContent, OperatingSystemConfig, Unit
 
 DEFAULT_FILE_MODE = 0o600
+#: weight per generation of the memos below (``item_weight``: about its bytes): two of the
+#: largest OSCs, so what the memos hold beyond the OSCs in use is bounded by a few MiB
+MEMO_SIZE = 2 * 1024 * 1024
 
 
 class _Frozen(BaseModel):
@@ -52,6 +56,11 @@ class AppliedUnit(_Frozen):
 
     @classmethod
     def of(cls, unit: Unit) -> AppliedUnit:
+        """The unit's definition (the same object for the same unit: see ``_UNITS``)."""
+        return _UNITS.get(unit, cls._of)
+
+    @classmethod
+    def _of(cls, unit: Unit) -> AppliedUnit:
         return cls(
             name=unit.name,
             content=unit.content,
@@ -106,11 +115,13 @@ def sha256_of(data: bytes) -> str:
 
 
 def file_state(file: File, resolved: Mapping[str, bytes], *, required: bool) -> AppliedFile:
+    """What ``file`` puts on the host; an inline file's is kept for the next OSC (``_INLINE``):
+    base64-decoding and hashing every file of the OSC again on each update would cost in
+    proportion to the OSC, not to the change."""
+    if file.content.inline is not None:
+        return _INLINE.get(file, _inline_state)
     mode = DEFAULT_FILE_MODE if file.permissions is None else file.permissions
     content = file.content
-    if content.inline is not None:
-        data = decode_inline(content.inline, path=file.path)
-        return AppliedFile(mode=mode, sha256=sha256_of(data), source=("inline",))
     if content.secret_ref is not None:
         ref = content.secret_ref
         raw = resolved.get(file.path)
@@ -126,6 +137,18 @@ def file_state(file: File, resolved: Mapping[str, bytes], *, required: bool) -> 
             mode=mode, source=("imageRef", img.image, img.file_path_in_image), image_ref=img
         )
     return AppliedFile(mode=mode, source=("none",))
+
+
+def _inline_state(file: File) -> AppliedFile:
+    assert file.content.inline is not None
+    data = decode_inline(file.content.inline, path=file.path)
+    mode = DEFAULT_FILE_MODE if file.permissions is None else file.permissions
+    return AppliedFile(mode=mode, sha256=sha256_of(data), source=("inline",))
+
+
+#: the state of inline files and the definition of units, by the (frozen, hashable) OSC item
+_INLINE: Memo[File, AppliedFile] = Memo(MEMO_SIZE, item_weight)
+_UNITS: Memo[Unit, AppliedUnit] = Memo(MEMO_SIZE, item_weight)
 
 
 def adopt(

@@ -29,11 +29,14 @@ from __future__ import annotations
 
 import base64
 import binascii
+import bisect
+import functools
 import hashlib
 import hmac
 import posixpath
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import yaml
@@ -53,6 +56,8 @@ from yaml.nodes import MappingNode, Node, ScalarNode
 
 from node_agent.base import layout
 from node_agent.base.errors import OSCChecksumError, OSCDecodeError, OSCValidationError
+from node_agent.base.log import get_logger
+from node_agent.osc.memo import Memo, item_weight
 from node_agent.osc.models import (
     API_VERSION,
     KIND,
@@ -61,6 +66,8 @@ from node_agent.osc.models import (
     OperatingSystemConfig,
     Unit,
 )
+
+_log = get_logger("node-agent.osc")
 
 MAX_OSC_BYTES = 1024 * 1024
 MAX_PERMISSIONS = 0o7777
@@ -87,6 +94,7 @@ _UNIT_CHARS = r"[A-Za-z0-9:_.\\-]"
 _UNIT_NAME = re.compile(rf"{_UNIT_CHARS}+(@{_UNIT_CHARS}*)?\.({'|'.join(UNIT_SUFFIXES)})")
 _UNIT_NAME_MAX = 255
 _ENCODINGS = ("", "b64")
+_UNIT_DIR_SLASH = f"{layout.UNIT_DIR}/"
 
 _TAG = "tag:yaml.org,2002:"
 _MERGE_TAG = f"{_TAG}merge"
@@ -185,9 +193,15 @@ def load_yaml(raw: bytes) -> Any:
     message; so does every error the general way would report differently. Raises
     ``OSCDecodeError`` for the limits, ``yaml.YAMLError`` for malformed YAML.
     """
+    return _load(raw, None)[0]
+
+
+def _load(raw: bytes, items: _Items | None) -> tuple[Any, int | None]:
+    """``load_yaml``, and the number of values when built in one pass (else None), the item
+    starts recorded in ``items`` (see ``_load_plain``)."""
     loader = OSCLoader(raw)
     try:
-        return _load_plain(loader)
+        return _load_plain(loader, items=items)
     except _Unusual:
         pass
     except yaml.MarkedYAMLError as exc:
@@ -195,7 +209,7 @@ def load_yaml(raw: bytes) -> Any:
         raise
     finally:
         loader.dispose()
-    return load_yaml_general(raw)
+    return load_yaml_general(raw), None
 
 
 def load_yaml_general(raw: bytes) -> Any:
@@ -209,11 +223,20 @@ def load_yaml_general(raw: bytes) -> Any:
         loader.dispose()
 
 
-def _load_plain(loader: Any) -> Any:
+#: where an item of ``spec.files`` (etc.) starts: (section, key) -> (offsets in the document,
+#: values counted before each)
+_Items = dict[tuple[str, str], tuple[list[int], list[int]]]
+
+
+def _load_plain(loader: Any, *, depth: int = 0, items: _Items | None = None) -> tuple[Any, int]:
     """Build the document from ``loader``'s events; ``_Unusual`` for anything but plain YAML.
+    Returns it and its number of values.
 
     The limits are those of ``check_structure`` on the same events, so an error raised here
-    is the one it would raise first (without aliases, nothing else can fail before it)."""
+    is the one it would raise first (without aliases, nothing else can fail before it).
+    ``depth``: levels above the document (a part of a larger one, see ``_reparse``);
+    ``items``: filled with the start of each item of a sequence two levels below the root
+    (``spec.files``, ``status.extensionUnits``, ...)."""
     get_event = loader.get_event
     get_event()  # the stream's start
     if type(get_event()) is not DocumentStartEvent:
@@ -221,7 +244,7 @@ def _load_plain(loader: Any) -> Any:
     open_: list[Any] = []  # the collections being built, innermost last
     keys: list[Any] = []  # per open collection: a mapping's key awaiting its value, or _NO_KEY
     scalars: dict[str, Any] = {}  # plain scalar -> its value
-    depth = nodes = 0
+    nodes = 0
     value: Any
     root: Any = None
     while True:
@@ -242,6 +265,12 @@ def _load_plain(loader: Any) -> Any:
                 raise _too_deep(event)
             if event.anchor is not None or event.tag is not None:
                 raise _Unusual
+            if depth == 4 and items is not None and type(open_[-1]) is list:
+                where = (keys[0], keys[1])
+                if type(where[0]) is str and type(where[1]) is str:
+                    starts, before = items.setdefault(where, ([], []))
+                    starts.append(event.start_mark.index)
+                    before.append(nodes - 1)
             open_.append({} if kind is MappingStartEvent else [])
             keys.append(_NO_KEY)
             if nodes > MAX_NODES:
@@ -254,7 +283,7 @@ def _load_plain(loader: Any) -> Any:
         elif kind is DocumentEndEvent:
             if type(get_event()) is not StreamEndEvent:
                 raise _Unusual  # several documents
-            return root
+            return root, nodes
         else:
             raise _Unusual  # an alias
         if nodes > MAX_NODES:
@@ -433,8 +462,18 @@ def parse_osc(raw: bytes) -> OperatingSystemConfig:
     """Parse YAML or JSON bytes into the model, checking size, shape, types, apiVersion and kind
     only (``validate_osc`` checks the values)."""
     _check_size(raw)
+    for snapshot in _SNAPSHOTS:
+        if raw == snapshot.raw:
+            return snapshot.osc  # frozen: one object serves every caller
+    for snapshot in _SNAPSHOTS:
+        osc = _reparse(snapshot, raw)
+        if osc is not None:
+            return osc
+    if _SNAPSHOTS:
+        _log.debug("osc.yaml read whole", bytes=len(raw))
+    items: _Items = {}
     try:
-        obj = load_yaml(raw)
+        obj, nodes = _load(raw, items)
     except yaml.YAMLError as exc:
         raise OSCDecodeError(f"osc.yaml is not valid YAML or JSON: {_one_line(str(exc))}") from exc
     except (ValueError, OverflowError) as exc:  # e.g. an explicit !!int tag on a non-number
@@ -448,11 +487,182 @@ def parse_osc(raw: bytes) -> OperatingSystemConfig:
             f"expected {API_VERSION!r} and {KIND!r}"
         )
     try:
-        return OperatingSystemConfig.model_validate(obj)
+        osc = OperatingSystemConfig.model_validate(obj)
     except ValidationError as exc:
         err = exc.errors()[0]
         where, item = _locate(obj, err["loc"])
         raise OSCValidationError(f"{where}: {_explain(err)}", field=where, item=item) from exc
+    if nodes is not None and raw.isascii():
+        _remember(_Snapshot(raw=raw, osc=osc, nodes=nodes, items=_usable(obj, osc, items)))
+    return osc
+
+
+# --- an update that changes one item: only that item is read ------------------------------------
+
+#: the sequences whose items are read alone: (section, key in osc.yaml) -> (field, item model)
+_ITEM_FIELDS: dict[tuple[str, str], tuple[str, type[File] | type[Unit]]] = {
+    ("spec", "files"): ("files", File),
+    ("spec", "units"): ("units", Unit),
+    ("status", "extensionFiles"): ("extension_files", File),
+    ("status", "extensionUnits"): ("extension_units", Unit),
+}
+_SNAPSHOT_COUNT = 2  # the OSC of the update before, and the last applied one
+
+
+@dataclass(frozen=True)
+class _Snapshot:
+    """A document read in one pass: its bytes (ASCII: offsets are the parser's character
+    positions), its OSC, its number of values and where the items of ``_ITEM_FIELDS`` start."""
+
+    raw: bytes
+    osc: OperatingSystemConfig
+    nodes: int
+    items: _Items
+
+
+_SNAPSHOTS: tuple[_Snapshot, ...] = ()
+
+
+def _remember(snapshot: _Snapshot) -> None:
+    global _SNAPSHOTS
+    _SNAPSHOTS = (snapshot, *_SNAPSHOTS[: _SNAPSHOT_COUNT - 1])
+
+
+def _usable(obj: dict[str, Any], osc: OperatingSystemConfig, items: _Items) -> _Items:
+    """The recorded sequences whose items are the model's, one for one (a field given by its
+    Python name as well, or items that are not mappings, would break that)."""
+    usable: _Items = {}
+    for (section, key), (starts, before) in items.items():
+        known = _ITEM_FIELDS.get((section, key))
+        if known is None:
+            continue
+        field, _ = known
+        mapping = obj.get(section)
+        if not isinstance(mapping, dict) or (field != key and field in mapping):
+            continue
+        if len(getattr(getattr(osc, section), field)) == len(starts):
+            usable[(section, key)] = (starts, before)
+    return usable
+
+
+def _reparse(snapshot: _Snapshot, raw: bytes) -> OperatingSystemConfig | None:
+    """``raw`` as ``parse_osc`` reads it, from ``snapshot`` and the one item that differs, or
+    None when that does not apply (then the whole document is read).
+
+    It applies when the bytes that differ lie inside one block-sequence item of
+    ``_ITEM_FIELDS`` that is not its sequence's last: its lines from its ``- `` line up to the
+    next item's ``- `` line (same column), every line between them blank or indented deeper.
+    Those lines are then read on their own, as a sequence of one item, with the same loader and
+    limits; the parser's state where they end is what it was before (the next item's line and
+    everything after it are unchanged), so the rest of the document reads as it did. Whatever
+    does not read as one plain mapping that validates, or would exceed a limit, goes the whole
+    way, which gives the exact error."""
+    old = snapshot.raw
+    if not raw.isascii():
+        return None
+    start = _common_prefix(old, raw)
+    end = len(old) - _common_suffix(old, raw, min(len(old), len(raw)) - start)
+    found = _changed_item(snapshot, start, end)
+    if found is None:
+        return None
+    where, i, line, next_line = found
+    starts, before = snapshot.items[where]
+    column = _dash_column(old[line : starts[i]])
+    if column is None or column != _dash_column(old[next_line : starts[i + 1]]):
+        return None
+    shift = len(raw) - len(old)
+    part = raw[line : next_line + shift]
+    if not part.endswith(b"\n"):
+        return None  # the next item's line was joined to this one
+    indent = b" " * (column + 1)
+    if any(text.strip(b" ") and not text.startswith(indent) for text in part.split(b"\n")[1:]):
+        return None
+    loader = OSCLoader(part)
+    try:
+        value, nodes = _load_plain(loader, depth=2)
+    except (_Unusual, OSCDecodeError, yaml.YAMLError):
+        return None
+    finally:
+        loader.dispose()
+    if type(value) is not list or len(value) != 1 or type(value[0]) is not dict:
+        return None
+    grown = nodes - 1 - (before[i + 1] - before[i])  # the item's values, without the sequence
+    if snapshot.nodes + grown > MAX_NODES:
+        return None
+    section = where[0]
+    field, model = _ITEM_FIELDS[where]
+    try:
+        item = model.model_validate(value[0])
+    except ValidationError:
+        return None
+    holder = getattr(snapshot.osc, section)
+    old_items = getattr(holder, field)
+    new_items = (*old_items[:i], item, *old_items[i + 1 :])
+    osc = snapshot.osc.model_copy(update={section: holder.model_copy(update={field: new_items})})
+    at = starts[i]
+    moved: _Items = {
+        name: (
+            [s if s <= at else s + shift for s in item_starts],
+            [b if s <= at else b + grown for s, b in zip(item_starts, counts, strict=True)],
+        )
+        for name, (item_starts, counts) in snapshot.items.items()
+    }
+    _remember(_Snapshot(raw=raw, osc=osc, nodes=snapshot.nodes + grown, items=moved))
+    _log.debug("osc.yaml read by its changed item", item=f"{section}.{where[1]}[{i}]")
+    return osc
+
+
+def _changed_item(
+    snapshot: _Snapshot, start: int, end: int
+) -> tuple[tuple[str, str], int, int, int] | None:
+    """The item (sequence, index) whose lines hold the bytes ``start:end`` of the snapshot's
+    document, with where its line and the next item's line begin; None if no such item."""
+    old = snapshot.raw
+    for where, (starts, _) in snapshot.items.items():
+        i = bisect.bisect_right(starts, start) - 1
+        # the item's first value (its start) must stay where it was: what differs begins
+        # after it, so the start recorded for the edited document is exact as well
+        if 0 <= i < len(starts) - 1 and starts[i] < start:
+            line = old.rfind(b"\n", 0, starts[i]) + 1
+            next_line = old.rfind(b"\n", 0, starts[i + 1]) + 1
+            if end <= next_line:
+                return where, i, line, next_line
+    return None
+
+
+def _dash_column(text: bytes) -> int | None:
+    """The column of ``-`` when ``text`` (a line up to an item) is ``<spaces>-<spaces>``."""
+    column = text.find(b"-")
+    if column < 0 or text[:column].strip(b" ") or text[column + 1 :].strip(b" "):
+        return None
+    if column + 1 == len(text):
+        return None  # "-" right before the item: not a block sequence entry
+    return column
+
+
+def _common_prefix(a: bytes, b: bytes) -> int:
+    """How many leading bytes ``a`` and ``b`` share (memcmp on halving slices)."""
+    low, high = 0, min(len(a), len(b))
+    while low < high:
+        mid = (low + high + 1) // 2
+        if a[low:mid] == b[low:mid]:
+            low = mid
+        else:
+            high = mid - 1
+    return low
+
+
+def _common_suffix(a: bytes, b: bytes, limit: int) -> int:
+    """How many trailing bytes ``a`` and ``b`` share, at most ``limit``."""
+    low, high = 0, limit
+    la, lb = len(a), len(b)
+    while low < high:
+        mid = (low + high + 1) // 2
+        if a[la - mid : la - low] == b[lb - mid : lb - low]:
+            low = mid
+        else:
+            high = mid - 1
+    return low
 
 
 def validate_osc(osc: OperatingSystemConfig, host_name: str | None = None) -> None:
@@ -467,22 +677,60 @@ def validate_osc(osc: OperatingSystemConfig, host_name: str | None = None) -> No
         *_indexed("status.extensionFiles", osc.status.extension_files),
     ]
     for where, file in files:
-        _validate_file(where, file)
+        _VALID_FILES.get(file, functools.partial(_validate_file, where))
     mine = [(where, file) for where, file in files if _for_host(file, host_name)]
-    _check_duplicate_paths([file for _, file in mine], host_name)
-    _check_file_parents(mine)
     units = [
         *_indexed("spec.units", osc.spec.units),
         *_indexed("status.extensionUnits", osc.status.extension_units),
     ]
+    between = _between_key(host_name, mine, units)
+    known = between == _BETWEEN_PASSED[0]
+    if not known:
+        _check_duplicate_paths([file for _, file in mine], host_name)
+        _check_file_parents(mine)
     with_drop_ins = {unit.name for _, unit in units if unit.drop_ins}
     for where, unit in units:
-        validate_unit_name(unit.name, field=f"{where}.name")
-        if unit.name in with_drop_ins:
+        _VALID_UNIT_NAMES.get(unit, functools.partial(_validate_unit_name, where))
+        if unit.name in with_drop_ins:  # another entry of the same name may have them
             _check_drop_in_dir(unit.name, field=f"{where}.name")
-        for j, drop_in in enumerate(unit.drop_ins):
-            validate_drop_in_name(unit.name, drop_in.name, field=f"{where}.dropIns[{j}].name")
-    _check_unit_paths(mine, units)
+        _VALID_DROP_INS.get(unit, functools.partial(_validate_drop_in_names, where))
+    if not known:
+        _check_unit_paths(mine, units)
+        _BETWEEN_PASSED[0] = between
+
+
+#: what the checks between items read, of the last OSC that passed them (see ``_between_key``)
+_BETWEEN_PASSED: list[object] = [None]
+
+
+def _between_key(
+    host_name: str | None, files: Sequence[tuple[str, File]], units: Sequence[tuple[str, Unit]]
+) -> tuple[object, ...]:
+    """Everything the checks between items (duplicate paths, a file over another's directory
+    or over a unit's file) read: an OSC with the same key passes them as the last one that
+    did, so an update that changes a file's content, not its path, skips them. The places
+    (``where``) only name an item in an error, which is never skipped."""
+    return (
+        host_name,
+        tuple((file.path, file.host_name) for _, file in files),
+        tuple(
+            (unit.name, unit.content is not None, tuple(d.name for d in unit.drop_ins))
+            for _, unit in units
+        ),
+    )
+
+
+def _validate_unit_name(where: str, unit: Unit) -> bool:
+    """Check ``unit``'s name by itself; True."""
+    validate_unit_name(unit.name, field=f"{where}.name")
+    return True
+
+
+def _validate_drop_in_names(where: str, unit: Unit) -> bool:
+    """Check the names of ``unit``'s drop-ins by themselves; True."""
+    for j, drop_in in enumerate(unit.drop_ins):
+        validate_drop_in_name(unit.name, drop_in.name, field=f"{where}.dropIns[{j}].name")
+    return True
 
 
 def decode_inline(inline: InlineContent, *, path: str, field: str | None = None) -> bytes:
@@ -604,7 +852,16 @@ def _check_size(raw: bytes) -> None:
         raise OSCDecodeError(f"osc.yaml is {len(raw)} bytes, over the limit of {MAX_OSC_BYTES}")
 
 
-def _validate_file(where: str, file: File) -> None:
+#: files found valid by themselves (``_validate_file``), by value: an update validates only the
+#: files it changes; the checks between files are made every time
+_VALID_FILES: Memo[File, bool] = Memo(2 * MAX_OSC_BYTES, item_weight)
+#: units whose name, and whose drop-ins' names, were found valid (by the unit object)
+_VALID_UNIT_NAMES: Memo[Unit, bool] = Memo(2 * MAX_OSC_BYTES, item_weight)
+_VALID_DROP_INS: Memo[Unit, bool] = Memo(2 * MAX_OSC_BYTES, item_weight)
+
+
+def _validate_file(where: str, file: File) -> bool:
+    """Check ``file`` by itself (``where``: its place in the OSC, for the error); True."""
     validate_path(file.path, field=f"{where}.path")
     if file.permissions is not None and not 0 <= file.permissions <= MAX_PERMISSIONS:
         raise OSCValidationError(
@@ -640,6 +897,7 @@ def _validate_file(where: str, file: File) -> None:
             field=f"{where}.content.imageRef",
             item=file.path,
         )
+    return True
 
 
 def _check_duplicate_paths(files: Sequence[File], host_name: str | None) -> None:
@@ -661,8 +919,9 @@ def _check_file_parents(files: Sequence[tuple[str, File]]) -> None:
         hosts_by_path.setdefault(file.path, []).append(file.host_name)
     for where, file in files:
         for parent in _parents(file.path):
-            others = hosts_by_path.get(parent, ())
-            if any(_same_host(file.host_name, other) for other in others):
+            if parent not in hosts_by_path:
+                continue
+            if any(_same_host(file.host_name, other) for other in hosts_by_path[parent]):
                 raise OSCValidationError(
                     f"file {file.path} needs {parent} to be a directory, but {parent} is also a "
                     "file of this OSC",
@@ -694,6 +953,9 @@ def _check_unit_paths(files: Sequence[tuple[str, File]], units: Sequence[tuple[s
             inner = parents[path]
             why = f"must stay a directory for {owned[inner]} in this OSC ({inner})"
         else:
+            # every path the OSC's units own is in the unit directory (layout.unit_path)
+            if not path.startswith(_UNIT_DIR_SLASH):
+                continue
             clash = next((p for p in _parents(path) if p in owned), None)
             if clash is None:
                 continue

@@ -38,10 +38,9 @@ from node_agent.osc.applied import (
     AppliedFile,
     AppliedUnit,
     Owed,
-    file_state,
 )
 from node_agent.osc.decode import decode_inline
-from node_agent.osc.merge import osc_files, osc_units
+from node_agent.osc.merge import osc_files
 from node_agent.osc.models import File, ImageRefContent, OperatingSystemConfig
 
 __all__ = ["AGENT_UNIT", "DEFAULT_FILE_MODE", "Applied", "ChangeSet", "UnitCommand", "plan"]
@@ -224,6 +223,7 @@ def plan(
     *,
     previous_resolved: Mapping[str, bytes] | None = None,
     agent_unit: str = AGENT_UNIT,
+    target: Applied | None = None,
 ) -> ChangeSet:
     """Compute what to change on the host to go from ``previous`` to ``desired``.
 
@@ -231,7 +231,9 @@ def plan(
     an OSC that applied completely, or None (nothing is known to be applied: every file and unit
     is new and nothing is deleted). ``resolved`` maps the path of every desired secretRef file
     (see ``merge.secret_refs``) to its bytes; ``previous_resolved`` does the same for a previous
-    OSC, if known. Inputs are expected to have passed ``decode.validate_osc``.
+    OSC, if known. Inputs are expected to have passed ``decode.validate_osc``. ``target``:
+    ``Applied.of_osc(desired, host_name, resolved, required=True)`` when the caller has it
+    already (it is not made twice).
     """
     base = (
         previous
@@ -240,7 +242,9 @@ def plan(
     )
     refs = resolved or {}
     wanted = {f.path: f for f in osc_files(desired, host_name)}
-    new_files = {p: file_state(f, refs, required=True) for p, f in wanted.items()}
+    if target is None:
+        target = Applied.of_osc(desired, host_name, refs, required=True)
+    new_files = target.files
     writes = [
         _file_write(wanted[path], new, refs, reason)
         for path, new in sorted(new_files.items())
@@ -253,7 +257,7 @@ def plan(
     changed_paths = {w.path: "changed" for w in writes} | {d.path: "was removed" for d in deletes}
 
     builder = _UnitPlanner(agent_unit, changed_paths, base.owed)
-    new_units = {u.name: AppliedUnit.of(u) for u in osc_units(desired)}
+    new_units = target.units
     for name in sorted(new_units):
         builder.desired(base.units.get(name), new_units[name])
     for name in sorted(base.units.keys() - new_units.keys()):
