@@ -57,6 +57,7 @@ log = logging.getLogger(__name__)
 
 JSON = dict[str, Any]
 MERGE_PATCH = "application/merge-patch+json"
+STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
 METADATA_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
 CORE_V1 = "/api/v1"
 CERTIFICATES_V1 = "/apis/certificates.k8s.io/v1"
@@ -436,6 +437,19 @@ class KubeClient:
             nodes.ref("patch status of", name),
             body=patch,
             content_type=MERGE_PATCH,
+        )
+
+    async def patch_node_condition(self, name: str, condition: Mapping[str, Any]) -> JSON:
+        """One condition of the Node's ``status`` set by a strategic-merge patch: the API
+        server merges ``status.conditions`` by ``type``, so neither a read of the Node nor a
+        resourceVersion is needed, and the other conditions are left as they are."""
+        nodes = self.nodes()
+        return await self.request(
+            "PATCH",
+            nodes.item_path(name) + "/status",
+            nodes.ref("patch status of", name),
+            body={"status": {"conditions": [dict(condition)]}},
+            content_type=STRATEGIC_MERGE_PATCH,
         )
 
     async def get_secret(self, namespace: str, name: str) -> JSON:

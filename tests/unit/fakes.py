@@ -264,6 +264,16 @@ class FakeKube:
         self._write("patch_node_status", name, patch)
         return self.nodes()._patch(name, {"status": patch.get("status", {})})
 
+    async def patch_node_condition(self, name: str, condition: Mapping[str, Any]) -> JSON:
+        """As the API server's strategic merge on ``status.conditions`` (key ``type``)."""
+        self._write("patch_node_condition", name, condition)
+        node = self.nodes()._existing("patch", name)
+        listed = [c for c in (node.get("status") or {}).get("conditions") or []]
+        merged = [dict(condition) if c.get("type") == condition["type"] else c for c in listed]
+        if all(c.get("type") != condition["type"] for c in listed):
+            merged.append(dict(condition))
+        return self.nodes()._patch(name, {"status": {"conditions": merged}})
+
     async def get_secret(self, namespace: str, name: str) -> JSON:
         self._read("get_secret", namespace, name)
         return self.secrets(namespace)._existing("get", name)

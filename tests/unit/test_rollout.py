@@ -512,14 +512,44 @@ async def test_a_waiting_condition_is_rewritten_for_a_new_message_at_most_once_a
     monkeypatch.setattr("node_agent.controllers.osc.rollout.time.monotonic", lambda: now[0])
     for holder in ("b", "c", "d"):
         await node._condition("False", "WaitingForSlot", f"slots held by {holder}")
-    assert len(pool.kube.writes("patch_node_status")) == 1
+    assert len(pool.kube.writes("patch_node_condition")) == 1
     assert pool.condition("a")["message"] == "slots held by b"  # type: ignore[index]
     await node._condition("False", "CircuitBreakerOpen", "open")  # a new reason: at once
-    assert len(pool.kube.writes("patch_node_status")) == 2
+    assert len(pool.kube.writes("patch_node_condition")) == 2
     now[0] += 61
     await node._condition("False", "CircuitBreakerOpen", "open, 2 failed")
-    assert len(pool.kube.writes("patch_node_status")) == 3
+    assert len(pool.kube.writes("patch_node_condition")) == 3
     assert pool.condition("a")["message"] == "open, 2 failed"  # type: ignore[index]
+
+
+async def test_the_condition_is_one_patch_without_a_read_and_keeps_the_others(
+    pool: Pool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The condition is merged by type: no GET of the Node before it, the other conditions
+    stay, and ``lastTransitionTime`` moves only with the status (also the one the Node
+    carried before this agent started, as the Node's watch showed it)."""
+    node = pool.node("a")
+    other = {"type": "Ready", "status": "True", "reason": "KubeletReady"}
+    pool.kube.nodes().items["a"].setdefault("status", {})["conditions"] = [
+        other,
+        {"type": report.CONDITION_ROLLOUT, "status": "False", "lastTransitionTime": "then"},
+    ]
+    node.node_seen(pool.kube.nodes().items["a"])
+    reads = len(pool.kube.reads)
+    await node._condition("False", pacing.REASON_SLOT, "waiting")
+    assert pool.condition("a")["lastTransitionTime"] == "then"  # type: ignore[index]
+    await node._condition("True", report.REASON_ROLLOUT_APPLYING, "applying")
+    applying = pool.condition("a")
+    assert applying is not None
+    assert applying["lastTransitionTime"] != "then"
+    await node._condition("True", report.REASON_ROLLOUT_APPLIED, "applied")
+    applied = pool.condition("a")
+    assert applied is not None
+    assert applied["reason"] == report.REASON_ROLLOUT_APPLIED
+    assert applied["lastTransitionTime"] == applying["lastTransitionTime"]
+    assert len(pool.kube.reads) == reads
+    assert len(pool.kube.writes("patch_node_condition")) == 3
+    assert pool.kube.nodes().items["a"]["status"]["conditions"][0] == other
 
 
 async def test_a_freed_slot_wakes_only_the_next_in_line(

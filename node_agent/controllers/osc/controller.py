@@ -385,6 +385,7 @@ class OSCController:
         """A version of the Node from the Node controller's watch (an observer): its
         annotations, so that an update reads the reconciliation delay without a request."""
         self._node_annotations = dict((node.get("metadata") or {}).get("annotations") or {})
+        self.rollout.node_seen(node)
 
     # -- one reconciliation -----------------------------------------------------------------
     def request_resync(self) -> None:

@@ -147,6 +147,8 @@ class Rollout:
         self._join_at: float | None = None  # loop time of the join the watch asked for
         self._lost_on: str | None = None  # resourceVersion a write of ours lost its race on
         self._ledger_problems: tuple[str, ...] = ()  # of the last ledger reset reported
+        # our condition's (status, lastTransitionTime) as last written or seen on the Node
+        self._on_node: tuple[str, str] | None = None
 
     @property
     def config(self) -> RolloutConfig:
@@ -817,9 +819,30 @@ class Rollout:
     def _set(self, **changes: Any) -> None:
         self._view = replace(self._view, **changes)
 
+    def node_seen(self, node: Mapping[str, Any]) -> None:
+        """A version of the Node from the Node controller's watch: our condition as the Node
+        carries it, so that the first write after a restart keeps its ``lastTransitionTime``
+        (the writes themselves need no read of the Node). Once this agent wrote it, its own
+        record wins (the watch may still show an older version)."""
+        if self._reported is not None:
+            return
+        conditions = (node.get("status") or {}).get("conditions") or []
+        ours = next(
+            (
+                c
+                for c in conditions
+                if isinstance(c, dict) and c.get("type") == report.CONDITION_ROLLOUT
+            ),
+            None,
+        )
+        if ours is not None:
+            self._on_node = (str(ours.get("status")), str(ours.get("lastTransitionTime") or ""))
+
     async def _condition(self, status: str, reason: str, message: str) -> None:
-        """The ``OSCRollout`` condition on the Node, written only when it changes; a failed
-        write is logged (it is a report, never a reason to stop)."""
+        """The ``OSCRollout`` condition on the Node, written only when it changes: one
+        strategic-merge patch (merged by ``type``; no GET of the Node, no compare-and-swap, no
+        conflict with the other writers of the Node's conditions). A failed write is logged
+        (it is a report, never a reason to stop)."""
         name = self.ctx.node_name
         wanted = (status, reason, message)
         if name is None or self._reported == wanted:
@@ -827,47 +850,23 @@ class Rollout:
         same = self._reported is not None and self._reported[:2] == wanted[:2]
         if same and time.monotonic() - self._reported_at < MESSAGE_REFRESH:
             return  # only the message changed, and it was written less than a minute ago
+        at = report.rfc3339(report.now())
+        before, since = self._on_node or ("", "")
+        entry = {
+            "type": report.CONDITION_ROLLOUT,
+            "status": status,
+            "reason": reason,
+            "message": message[:1024],
+            "lastHeartbeatTime": at,
+            "lastTransitionTime": since if before == status and since else at,
+        }
         try:
-            for attempt in range(CAS_ATTEMPTS):
-                node = await self.ctx.kube.get_node(name)
-                conditions = [
-                    c
-                    for c in (node.get("status") or {}).get("conditions") or []
-                    if isinstance(c, dict)
-                ]
-                ours = next(
-                    (c for c in conditions if c.get("type") == report.CONDITION_ROLLOUT), None
-                )
-                at = report.rfc3339(report.now())
-                transition = at
-                if ours is not None and ours.get("status") == status:
-                    transition = str(ours.get("lastTransitionTime") or at)
-                entry = {
-                    "type": report.CONDITION_ROLLOUT,
-                    "status": status,
-                    "reason": reason,
-                    "message": message[:1024],
-                    "lastHeartbeatTime": at,
-                    "lastTransitionTime": transition,
-                }
-                rest = [c for c in conditions if c.get("type") != report.CONDITION_ROLLOUT]
-                patch = {
-                    # the whole list goes (a merge patch replaces lists): compare-and-swap
-                    "metadata": {
-                        "resourceVersion": (node.get("metadata") or {}).get("resourceVersion")
-                    },
-                    "status": {"conditions": [*rest, entry]},
-                }
-                try:
-                    await self.ctx.kube.patch_node_status(name, patch)
-                except KubeConflict:
-                    if attempt + 1 == CAS_ATTEMPTS:
-                        raise
-                    continue
-                self._reported, self._reported_at = wanted, time.monotonic()
-                return
+            await self.ctx.kube.patch_node_condition(name, entry)
         except KubeError as exc:
             log.warning("rollout condition not written", error=str(exc))
+            return
+        self._reported, self._reported_at = wanted, time.monotonic()
+        self._on_node = (status, entry["lastTransitionTime"])
 
 
 def _copy(obj: Mapping[str, Any]) -> JSON:
