@@ -23,10 +23,11 @@ Concurrency is counted from outside the agents: the stand-in ``kubelet.service``
 [down, up] and the figure is the largest number of overlapping outages.
 
 One systemd per agent fits this machine: an instance (systemd, dbus-daemon, journald) is ~5 MiB
-PSS and 4 inotify instances, an agent ~53 MiB; the only limit hit is
-``fs.inotify.max_user_instances`` (128 on this host), raised for the run to fit N * 4 and put
-back afterwards. Nodes share the host's network, so each agent's health and metrics ports are
-free ports on 127.0.0.1 and the kubelet health check is off (the stand-in serves no /healthz).
+PSS and 4 inotify instances, an agent ~53 MiB and 1 (the watch on its token file's directory);
+the only limit hit is ``fs.inotify.max_user_instances`` (128 on this host), raised for the run
+to fit N * 5 and put back afterwards. Nodes share the host's network, so each agent's health
+and metrics ports are free ports on 127.0.0.1 and the kubelet health check is off (the
+stand-in serves no /healthz).
 
     .venv/bin/python -m bench.fleet [--agents 100] [--quick] [--idle-minutes 5]
         [--scenarios steady,unpaced,k10,k5,breaker,k1,serial] [--breaker 3] [--keep] [--fleet-view]
@@ -79,7 +80,7 @@ APPLIED = "checksum/cloud-config-data"
 SA_PREFIX = "system:serviceaccount:kube-system:"
 INOTIFY_SYSCTL = Path("/proc/sys/fs/inotify/max_user_instances")
 #: inotify instances one isolated systemd holds (systemd 3, journald 1; measured)
-INOTIFY_PER_NODE = 4
+INOTIFY_PER_NODE = 5  # systemd, dbus-daemon, journald (4); the agent watching its token file (1)
 MARK_LOG = "/var/log/fleet/kubelet.log"
 MARK = "/opt/fleet/mark"
 TOKEN_SECRET = "gardener-valitail"
