@@ -228,12 +228,11 @@ class TokenController:
         ctx: AgentContext,
         *,
         check_period: float = EXISTENCE_CHECK_PERIOD,
-        watch_files: bool = True,
     ) -> None:
         token_config = ctx.config.controllers.token
         period = max(token_config.sync_period.total_seconds(), 1.0)
         # one inotify instance for all the files (the per-user instance limit is small)
-        self.removals = RemovalWatch() if watch_files else None
+        self.removals = RemovalWatch()
         self.syncs = [
             TokenSync(
                 ctx, entry, sync_period=period, check_period=check_period, removals=self.removals
@@ -249,5 +248,4 @@ class TokenController:
                 for sync in self.syncs:
                     tasks.create_task(sync.run(), name=f"token-{sync.secret_name}")
         finally:
-            if self.removals is not None:
-                self.removals.close()
+            self.removals.close()

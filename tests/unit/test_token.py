@@ -142,8 +142,8 @@ async def test_failed_write_is_retried_with_backoff_from_the_last_token(tmp_path
 async def test_the_existence_check_takes_no_thread_hop(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """It runs every 2 s for the agent's whole life: a hop to a worker thread would cost more
-    than the lstat walk itself (the idle agent's largest cost when it did)."""
+    """It runs for the agent's whole life (every 2 s where no inotify watch can be armed): a
+    hop to a worker thread would cost more than the lstat walk itself."""
     kube = FakeKube()
     _secrets(kube).put(_secret(b"tok"))
     sync = _sync(tmp_path, kube)
