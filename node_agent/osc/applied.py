@@ -20,14 +20,11 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from node_agent.base.errors import SecretRefError
 from node_agent.osc.decode import decode_inline
-from node_agent.osc.memo import Memo, item_weight
+from node_agent.osc.memo import ITEM_MEMO_BYTES, Memo, item_weight
 from node_agent.osc.merge import osc_files, osc_units
 from node_agent.osc.models import File, ImageRefContent, OperatingSystemConfig, Unit
 
 DEFAULT_FILE_MODE = 0o600
-#: weight per generation of the memos below (``item_weight``: about its bytes): two of the
-#: largest OSCs, so what the memos hold beyond the OSCs in use is bounded by a few MiB
-MEMO_SIZE = 2 * 1024 * 1024
 
 
 class _Frozen(BaseModel):
@@ -147,8 +144,8 @@ def _inline_state(file: File) -> AppliedFile:
 
 
 #: the state of inline files and the definition of units, by the (frozen, hashable) OSC item
-_INLINE: Memo[File, AppliedFile] = Memo(MEMO_SIZE, item_weight)
-_UNITS: Memo[Unit, AppliedUnit] = Memo(MEMO_SIZE, item_weight)
+_INLINE: Memo[File, AppliedFile] = Memo(ITEM_MEMO_BYTES, item_weight)
+_UNITS: Memo[Unit, AppliedUnit] = Memo(ITEM_MEMO_BYTES, item_weight)
 
 
 def adopt(

@@ -57,7 +57,7 @@ from yaml.nodes import MappingNode, Node, ScalarNode
 from node_agent.base import layout
 from node_agent.base.errors import OSCChecksumError, OSCDecodeError, OSCValidationError
 from node_agent.base.log import get_logger
-from node_agent.osc.memo import Memo, item_weight
+from node_agent.osc.memo import ITEM_MEMO_BYTES, Memo, item_weight
 from node_agent.osc.models import (
     API_VERSION,
     KIND,
@@ -852,12 +852,12 @@ def _check_size(raw: bytes) -> None:
         raise OSCDecodeError(f"osc.yaml is {len(raw)} bytes, over the limit of {MAX_OSC_BYTES}")
 
 
-#: files found valid by themselves (``_validate_file``), by value: an update validates only the
-#: files it changes; the checks between files are made every time
-_VALID_FILES: Memo[File, bool] = Memo(2 * MAX_OSC_BYTES, item_weight)
+#: files found valid by themselves (``_validate_file``), by the file object: an update validates
+#: only the files it changes (the others are the objects of the OSC before)
+_VALID_FILES: Memo[File, bool] = Memo(ITEM_MEMO_BYTES, item_weight)
 #: units whose name, and whose drop-ins' names, were found valid (by the unit object)
-_VALID_UNIT_NAMES: Memo[Unit, bool] = Memo(2 * MAX_OSC_BYTES, item_weight)
-_VALID_DROP_INS: Memo[Unit, bool] = Memo(2 * MAX_OSC_BYTES, item_weight)
+_VALID_UNIT_NAMES: Memo[Unit, bool] = Memo(ITEM_MEMO_BYTES, item_weight)
+_VALID_DROP_INS: Memo[Unit, bool] = Memo(ITEM_MEMO_BYTES, item_weight)
 
 
 def _validate_file(where: str, file: File) -> bool:

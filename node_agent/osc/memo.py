@@ -11,6 +11,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
+#: the weight (``item_weight``: about the bytes) each per-item memo keeps per generation: two of
+#: the largest OSCs (``decode.MAX_OSC_BYTES`` is 1 MiB), so what the memos hold beyond the OSCs
+#: in use stays within a few MiB
+ITEM_MEMO_BYTES = 2 * 1024 * 1024
+
 K = TypeVar("K")
 V = TypeVar("V")
 
