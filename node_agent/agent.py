@@ -6,8 +6,8 @@ SIGINT cancel the group, so every controller unwinds through its ``finally`` blo
 process exits 0 within a bounded time.
 
 A start is for applying the pending OSC: what can wait (the Lease, the health checks, the unit
-check, the certificate's check) starts once the OSC controller's first reconcile ended, or after
-``FIRST_RECONCILE_HEAD_START`` (:func:`after_first_reconcile`).
+check, the certificate's check, the probe and metrics ports) starts once the OSC controller's
+first reconcile ended, or after ``FIRST_RECONCILE_HEAD_START`` (:func:`after_first_reconcile`).
 """
 
 from __future__ import annotations
@@ -339,14 +339,15 @@ async def run_agent(
         root=str(settings.root),
         credentials="bootstrap token" if bootstrapping else "kubeconfig",
     )
-    # /healthz, /readyz, /metrics, status socket
+    # The status socket now; /healthz, /readyz and /metrics once the first reconcile ended.
     observability = Observability(ctx, sources, observations)
-    await observability.start()
+    await observability.start_status()
     try:
         async with asyncio.TaskGroup() as tasks:
             tasks.create_task(until_stopped(), name="signals")
             tasks.create_task(watch_hostname(), name="hostname")
             tasks.create_task(controllers(), name="controllers")
+            tasks.create_task(after_first_reconcile(ctx, observability.start_ports), name="ports")
     except* _Shutdown:
         pass
     except* HostnameChanged as group:
