@@ -4,6 +4,10 @@ A controller that crashes takes the agent down (systemd restarts it) rather than
 half-working agent behind; transient errors are handled inside each controller. SIGTERM and
 SIGINT cancel the group, so every controller unwinds through its ``finally`` blocks, and the
 process exits 0 within a bounded time.
+
+A start is for applying the pending OSC: what can wait (the Lease, the health checks, the unit
+check, the certificate's check, the probe and metrics ports) starts once the OSC controller's
+first reconcile ended, or after ``FIRST_RECONCILE_HEAD_START`` (:func:`after_first_reconcile`).
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -56,6 +60,8 @@ SHUTDOWN_TIMEOUT = 9.0
 #: While waiting for its first certificate, each sign of life extends systemd's start timeout by
 #: this much (microseconds): the wait may take minutes, and it is progress, not a hang.
 CERTIFICATE_WAIT_EXTENSION_US = 60_000_000
+#: At most this long (seconds) the parts that can wait give the OSC controller's first reconcile.
+FIRST_RECONCILE_HEAD_START = 2.0
 
 # Extra controllers register here (name, factory); each factory returns the coroutine to run.
 ControllerFactory = Callable[[AgentContext], Coroutine[Any, Any, None]]
@@ -181,6 +187,25 @@ async def find_node(ctx: AgentContext, poll: float = 10.0) -> None:
                 await ctx.node_known.wait()
 
 
+async def after_first_reconcile(
+    ctx: AgentContext,
+    start: Callable[[], Awaitable[None]],
+    head_start: float = FIRST_RECONCILE_HEAD_START,
+) -> None:
+    """Run ``start`` once the OSC controller's first reconcile ended, or after ``head_start``
+    seconds, whichever comes first.
+
+    Why: every controller's first action competes with the first apply for the one event loop,
+    the API connection and the one systemd worker, and none of them is urgent within seconds.
+    The bound keeps a long first reconcile (image pulls, an in-place update, a reconciliation
+    delay) from holding them back. Not for the Node's lookup and watch (the reconcile reads the
+    reconciliation delay from them) nor the token files (the OSC's units may read them)."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(head_start):
+            await ctx.first_reconcile.wait()
+    await start()
+
+
 async def run_agent(
     settings: AgentSettings,
     config: NodeAgentConfiguration,
@@ -269,16 +294,20 @@ async def run_agent(
         agent = build_agent(ctx, images=images, sources=sources)
         osc, lease, node, token = agent.osc, agent.lease, agent.node, agent.token
         osc.inplace.renew_certificate = lambda: certs.renew(ctx.kube)  # a CA rotation
+
+        def then(start: Callable[[], Awaitable[None]]) -> Coroutine[Any, Any, None]:
+            return after_first_reconcile(ctx, start)  # after the OSC controller's first go
+
         async with asyncio.TaskGroup() as tasks:
             tasks.create_task(find_node_then(osc.node_recreated), name="find-node")
             tasks.create_task(osc.run(), name="osc")
             tasks.create_task(watchdog(), name="watchdog")
-            tasks.create_task(lease.run(), name="lease")
+            tasks.create_task(then(lease.run), name="lease")
             tasks.create_task(node.run(), name="node")
             tasks.create_task(token.run(), name="token")
-            tasks.create_task(agent.health.run(), name="health-check")
-            tasks.create_task(agent.unitcheck.run(), name="unitcheck")
-            tasks.create_task(certs.run(ctx.kube), name="certificate")
+            tasks.create_task(then(agent.health.run), name="health-check")
+            tasks.create_task(then(agent.unitcheck.run), name="unitcheck")
+            tasks.create_task(then(lambda: certs.run(ctx.kube)), name="certificate")
             for name, factory in EXTRA_CONTROLLERS:
                 tasks.create_task(factory(ctx), name=name)
             notifier.ready(f"watching secret {ctx.secret_name}")
@@ -310,14 +339,15 @@ async def run_agent(
         root=str(settings.root),
         credentials="bootstrap token" if bootstrapping else "kubeconfig",
     )
-    # /healthz, /readyz, /metrics, status socket
+    # The status socket now; /healthz, /readyz and /metrics once the first reconcile ended.
     observability = Observability(ctx, sources, observations)
-    await observability.start()
+    await observability.start_status()
     try:
         async with asyncio.TaskGroup() as tasks:
             tasks.create_task(until_stopped(), name="signals")
             tasks.create_task(watch_hostname(), name="hostname")
             tasks.create_task(controllers(), name="controllers")
+            tasks.create_task(after_first_reconcile(ctx, observability.start_ports), name="ports")
     except* _Shutdown:
         pass
     except* HostnameChanged as group:

@@ -56,6 +56,9 @@ class AgentContext:
     node_uid: str | None = None
     health: Health = field(default_factory=Health)
     node_known: asyncio.Event = field(default_factory=asyncio.Event)
+    #: Set once the OSC controller's first reconcile ended, however it ended (applied, failed,
+    #: nothing to do): the daemon starts the controllers that can wait after it (``agent.py``).
+    first_reconcile: asyncio.Event = field(default_factory=asyncio.Event)
     #: The agent's live list+watches, for the read side to count (weak: a watch that is gone
     #: drops out); the controllers hand it to ``list_watch(registry=...)``.
     watches: MutableSet[Any] = field(default_factory=weakref.WeakSet, repr=False)

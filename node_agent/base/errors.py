@@ -7,6 +7,8 @@ message names the file, unit or field at fault so an operator can act on the log
 
 from __future__ import annotations
 
+from node_agent.base.layout import CONTAINERD_CONFIG_FILE
+
 
 class NodeAgentError(Exception):
     """Base class of every error node-agent raises on purpose."""
@@ -94,6 +96,15 @@ class HostIOError(HostError):
         self.op = op
         self.path = path
         self.errno = cause.errno
+
+
+class ContainerdConfigError(HostError):
+    """containerd's config.toml on the host cannot be patched (not TOML, unknown version, a
+    table where the file has a plain value)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"{CONTAINERD_CONFIG_FILE}: {reason}")
+        self.reason = reason
 
 
 class SystemdError(NodeAgentError):

@@ -27,8 +27,12 @@ KUBELET_BOOTSTRAP_KUBECONFIG = "/var/lib/kubelet/kubeconfig-bootstrap"
 # content key; see packaging/launcher.c). ``reset`` removes it.
 UNPACK_ROOT = "/var/cache/node-agent"
 
-# containerd's registry host configuration: one ``<upstream>/hosts.toml`` directory per registry.
-CONTAINERD_CERTS_DIR = "/etc/containerd/certs.d"
+# containerd's files the agent derives from an OSC's criConfig: its config.toml, and its registry
+# host configuration (one ``<upstream>/hosts.toml`` directory per registry).
+CONTAINERD_BASE_DIR = "/etc/containerd"
+CONTAINERD_CONFIG_FILE = f"{CONTAINERD_BASE_DIR}/config.toml"
+CONTAINERD_CONF_DIR = f"{CONTAINERD_BASE_DIR}/conf.d"
+CONTAINERD_CERTS_DIR = f"{CONTAINERD_BASE_DIR}/certs.d"
 
 # Directory of the unit files and ``<unit>.d`` drop-in directories the agent writes.
 UNIT_DIR = "/etc/systemd/system"

@@ -1,17 +1,8 @@
 """containerd on the node, derived from ``spec.criConfig``: its config.toml, registry mirrors
-(``certs.d``), directories and the environment drop-in of ``containerd.service``."""
+(``certs.d``), directories and the environment drop-in of ``containerd.service``.
 
-from node_agent.containerd.config import ContainerdConfigError, patch_config
-from node_agent.containerd.expand import ContainerdExpander
-from node_agent.containerd.registries import hosts_toml, probe_registry
-from node_agent.containerd.spec import ContainerdCRI, containerd_cri
-
-__all__ = [
-    "ContainerdCRI",
-    "ContainerdConfigError",
-    "ContainerdExpander",
-    "containerd_cri",
-    "hosts_toml",
-    "patch_config",
-    "probe_registry",
-]
+What is where: ``spec`` (the typed criConfig), ``config`` (the config.toml patch), ``registries``
+(hosts.toml and the mirrors' readiness probe), ``expand`` (all of it as items of the OSC),
+``images`` (imageRef files, through ``ctr``) and ``ping`` (the health check's call). The package
+imports none of them: an apply without a criConfig, and the health check, do not load tomlkit.
+"""

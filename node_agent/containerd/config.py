@@ -25,13 +25,13 @@ from tomlkit.exceptions import TOMLKitError
 from tomlkit.items import InlineTable, Item, Table
 
 from node_agent.base import layout
-from node_agent.base.errors import HostError
+from node_agent.base.errors import ContainerdConfigError
 from node_agent.containerd.spec import ContainerdCRI
 
-CONFIG_FILE = "/etc/containerd/config.toml"
-BASE_DIR = "/etc/containerd"
+CONFIG_FILE = layout.CONTAINERD_CONFIG_FILE
+BASE_DIR = layout.CONTAINERD_BASE_DIR
 CERTS_DIR = layout.CONTAINERD_CERTS_DIR
-CONF_DIR = "/etc/containerd/conf.d"
+CONF_DIR = layout.CONTAINERD_CONF_DIR
 IMPORTS_GLOB = CONF_DIR + "/*.toml"
 CNI_BIN_DIR = "/opt/cni/bin"
 
@@ -70,15 +70,6 @@ _PATHS[4] = _PATHS[3]
 _PLUGIN_MOVES: tuple[tuple[Path, Path], ...] = (
     ((*_V2_CRI, "containerd", "runtimes"), (*_V3_RUNTIME, "containerd", "runtimes")),
 )
-
-
-class ContainerdConfigError(HostError):
-    """containerd's config.toml on the host cannot be patched (not TOML, unknown version, a
-    table where the file has a plain value)."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(f"{CONFIG_FILE}: {reason}")
-        self.reason = reason
 
 
 def config_version(doc: Mapping[str, Any]) -> int:

@@ -18,16 +18,9 @@ import base64
 import subprocess
 from collections.abc import Callable
 
-from node_agent.base.errors import HostError
+from node_agent.base import layout
+from node_agent.base.errors import ContainerdConfigError, HostError
 from node_agent.base.log import get_logger
-from node_agent.containerd.config import (
-    BASE_DIR,
-    CERTS_DIR,
-    CONF_DIR,
-    CONFIG_FILE,
-    ContainerdConfigError,
-    patch_config,
-)
 from node_agent.containerd.registries import (
     hosts_toml,
     hosts_toml_path,
@@ -47,13 +40,19 @@ from node_agent.osc.models import (
 
 log = get_logger("node-agent.containerd")
 
+CONFIG_FILE = layout.CONTAINERD_CONFIG_FILE
 UNIT = "containerd.service"
 RUNTIME_BIN_DIR = "/var/bin/containerruntimes"
 ENV_DROP_IN = "30-env_config.conf"
 # systemd's PATH for system services. Upstream appends its own process's PATH instead, which
 # makes the drop-in depend on how the agent was started; a constant keeps it stable.
 SERVICE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-DIRECTORIES = (RUNTIME_BIN_DIR, BASE_DIR, CONF_DIR, CERTS_DIR)
+DIRECTORIES = (
+    RUNTIME_BIN_DIR,
+    layout.CONTAINERD_BASE_DIR,
+    layout.CONTAINERD_CONF_DIR,
+    layout.CONTAINERD_CERTS_DIR,
+)
 FILE_MODE = 0o644
 DIR_MODE = 0o755
 # Written when ``containerd config default`` cannot run: containerd 1.x reads it as is, 2.x
@@ -154,6 +153,9 @@ class ContainerdExpander:
                 self.fs.ensure_dir(registry_dir(registry.upstream), DIR_MODE)
 
     def _config(self, cri: ContainerdCRI) -> bytes:
+        # tomlkit with it: loaded only for an OSC whose criConfig names containerd
+        from node_agent.containerd.config import patch_config
+
         current = self.fs.read(CONFIG_FILE)
         if current is None or not current.strip():
             current = self._seed()

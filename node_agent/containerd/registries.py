@@ -16,8 +16,10 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 
-from node_agent.containerd.config import CERTS_DIR
+from node_agent.base import layout
 from node_agent.containerd.spec import Capability, RegistryConfig, RegistryHost
+
+CERTS_DIR = layout.CONTAINERD_CERTS_DIR
 
 HEADER = "# managed by gardener-node-agent"
 # What a host may do when the OSC does not say (Gardener's default).

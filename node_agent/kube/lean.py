@@ -13,12 +13,14 @@ asks for. ``urllib3``, which ``Configuration`` imports for its basic-auth helper
 authenticates by token or client certificate), is registered as a lazy module: it loads on first
 use, if ever. If kubernetes-asyncio is already imported (a test process), nothing changes.
 
-``aiohttp.connector`` builds two default TLS contexts when it is imported, and the verifying one
-reads and parses the system's whole CA bundle (tens of milliseconds of CPU at every start). The
-agent never uses them: the Kubernetes client makes its TLS context from the kubeconfig's CA, the
-registry probes make their own, the health checks speak plain HTTP to localhost. ``load_aiohttp``
-imports aiohttp with that default context left without trust anchors, so a connection that
-relied on it fails verification rather than going unverified.
+``aiohttp.connector`` builds two default TLS contexts when it is imported, and both read and
+parse the system's whole CA bundle (the verifying one through ``load_default_certs``, the
+non-verifying one by calling ``set_default_verify_paths`` itself): tens of milliseconds of CPU
+each, at every start. The agent never uses them: the Kubernetes client makes its TLS context from
+the kubeconfig's CA, the registry probes make their own, the health checks speak plain HTTP to
+localhost. ``load_aiohttp`` imports aiohttp with both default contexts left without trust
+anchors, so a connection that relied on the verifying one fails verification rather than going
+unverified (the other one verifies nothing, with or without anchors).
 """
 
 from __future__ import annotations
@@ -94,15 +96,14 @@ def load_aiohttp() -> None:
     module). Call before anything else imports aiohttp; if something did, nothing changes."""
     if "aiohttp" in sys.modules:
         return
-    real = ssl.SSLContext.load_default_certs
+    real = ssl.SSLContext.set_default_verify_paths
 
-    def without_trust_store(
-        self: ssl.SSLContext, purpose: ssl.Purpose = ssl.Purpose.SERVER_AUTH
-    ) -> None:
-        del self, purpose
+    def without_trust_store(self: ssl.SSLContext) -> None:
+        del self
 
-    ssl.SSLContext.load_default_certs = without_trust_store  # type: ignore[method-assign]
+    # Where both contexts load the trust store (``load_default_certs`` calls it, on Linux).
+    ssl.SSLContext.set_default_verify_paths = without_trust_store  # type: ignore[method-assign]
     try:
         importlib.import_module("aiohttp")
     finally:
-        ssl.SSLContext.load_default_certs = real  # type: ignore[method-assign]
+        ssl.SSLContext.set_default_verify_paths = real  # type: ignore[method-assign]

@@ -3,6 +3,9 @@
 (:mod:`node_agent.observe.unix_socket`), all reading the agent through one
 :class:`~node_agent.observe.view.AgentView` (:mod:`node_agent.observe.view`).
 
+The daemon starts the status socket first and the ports later (``agent.py``): the ports' server,
+aiohttp's ``web``, is imported only when they start, off the way to the first apply.
+
 What is where: :mod:`node_agent.observe.view` (the typed, read-only view and what it is read from),
 :mod:`node_agent.observe.probes` (liveness and readiness), :mod:`node_agent.observe.observations`
 (apply durations, observed as they are persisted), :mod:`node_agent.observe.metrics` (the metrics,
@@ -19,7 +22,6 @@ from typing import TYPE_CHECKING
 from node_agent.base.errors import NodeAgentError
 from node_agent.base.log import get_logger
 from node_agent.base.loop import cancel_and_wait
-from node_agent.observe.http_ports import Handler, HttpEndpoint
 from node_agent.observe.observations import ApplyObservations
 from node_agent.observe.probes import Probes
 from node_agent.observe.view import AgentView, EndpointView, Sources, Verdict, reader
@@ -27,6 +29,7 @@ from node_agent.observe.view import AgentView, EndpointView, Sources, Verdict, r
 if TYPE_CHECKING:
     from node_agent.config import ServerEndpoint
     from node_agent.context import AgentContext
+    from node_agent.observe.http_ports import Handler, HttpEndpoint
     from node_agent.observe.metrics import AgentMetrics
     from node_agent.observe.unix_socket import StatusServer
 
@@ -55,8 +58,25 @@ class Observability:
         sources.endpoints = self.endpoint_views
 
     async def start(self) -> None:
+        """The status socket, then the ports."""
+        await self.start_status()
+        await self.start_ports()
+
+    async def start_status(self) -> None:
+        """The status socket (and the loop-lag probe the status and ``/healthz`` show)."""
         from node_agent.observe.unix_socket import StatusServer
 
+        status = StatusServer(self.ctx, self.read)
+        try:
+            await status.start()
+        except (OSError, NodeAgentError) as exc:
+            log.error("status socket not started", path=str(status.path), error=str(exc))
+        else:
+            self._status = status
+        self._ticker = asyncio.create_task(self.probes.measure_loop(), name="loop-lag")
+
+    async def start_ports(self) -> None:
+        """The health probe and metrics ports."""
         for endpoint, conf in self.endpoints():
             try:
                 await endpoint.start(conf.bind_address, conf.port)
@@ -74,18 +94,12 @@ class Observability:
                 endpoint=endpoint.name,
                 address=f"{conf.bind_address or '*'}:{endpoint.port}",
             )
-        status = StatusServer(self.ctx, self.read)
-        try:
-            await status.start()
-        except (OSError, NodeAgentError) as exc:
-            log.error("status socket not started", path=str(status.path), error=str(exc))
-        else:
-            self._status = status
-        self._ticker = asyncio.create_task(self.probes.measure_loop(), name="loop-lag")
 
     def endpoints(self) -> list[tuple[HttpEndpoint, ServerEndpoint]]:
         """The endpoints to start and where: two, or one serving everything when the probe and
         metrics ports are the same (a fixed port bound twice would fail)."""
+        from node_agent.observe.http_ports import HttpEndpoint  # aiohttp.web: see the module
+
         health_routes: dict[str, Handler] = {
             "/healthz": self._healthz,
             "/readyz": self._readyz,

@@ -737,7 +737,8 @@ def loopback_servers() -> dict[str, Any]:
 
 
 async def wait_ready_endpoints(sock: Path, what: str) -> dict[str, str]:
-    """Ask the agent's status socket until the agent says it is ready; its HTTP endpoints."""
+    """Ask the agent's status socket until the agent says it is ready and its HTTP endpoints
+    listen (they start after its first reconcile); those endpoints."""
     endpoints: dict[str, str] = {}
 
     async def ready() -> bool:
@@ -745,7 +746,7 @@ async def wait_ready_endpoints(sock: Path, what: str) -> dict[str, str]:
             return False
         answer = await asyncio.to_thread(status.query, sock)
         endpoints.update(answer["endpoints"])
-        return bool(answer["health"]["ready"])
+        return bool(answer["health"]["ready"] and endpoints["health"] and endpoints["metrics"])
 
     await wait_for(ready, 60, what, poll=0.2)
     return endpoints

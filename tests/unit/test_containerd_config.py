@@ -12,12 +12,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from node_agent.base.errors import HostError, OSCValidationError
+from node_agent.base.errors import ContainerdConfigError, HostError, OSCValidationError
 from node_agent.containerd.config import (
     CERTS_DIR,
     CNI_BIN_DIR,
     IMPORTS_GLOB,
-    ContainerdConfigError,
     config_version,
     patch_config,
 )

@@ -6,6 +6,7 @@ apply, an unchanged Secret, a paced update that is planned once for its admissio
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 from pathlib import Path
@@ -14,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from node_agent.agent import build_applier
+from node_agent.agent import after_first_reconcile, build_applier
 from node_agent.apply.applier import Applier, Planned
 from node_agent.base.loop import DONE, RETRY, SKIPPED
 from node_agent.context import AgentContext
@@ -112,6 +113,42 @@ async def test_first_apply_writes_restarts_and_reports(tmp_path: Path) -> None:
     assert (tmp_path / "etc/test/a.conf").read_text() == "one\n"
     assert ("restart", "a.service") in systemd.calls
     assert await applied_annotation(kube) == hashlib.sha256(raw).hexdigest()
+
+
+async def test_the_end_of_the_first_reconcile_is_marked_however_it_ended(tmp_path: Path) -> None:
+    """The daemon starts what can wait once the first reconcile ended: refused, or with no
+    Secret at all, counts as well as applied; a turn before the watch listed it does not."""
+    ctl, ctx, _, _ = controller(tmp_path / "a")
+    assert await ctl._step(True) is SKIPPED  # the Secret not listed yet
+    assert not ctx.first_reconcile.is_set()
+    ctl.observe("ADDED", secret(b"kind: [not an OSC"))
+    assert await ctl._step(True) is SKIPPED
+    assert ctx.first_reconcile.is_set()
+    ctl, ctx, _, _ = controller(tmp_path / "b")
+    ctl.observe("DELETED", None)
+    assert await ctl._step(True) is SKIPPED
+    assert ctx.first_reconcile.is_set()
+
+
+async def test_what_can_wait_starts_after_the_first_reconcile_or_its_head_start(
+    tmp_path: Path,
+) -> None:
+    ctx: AgentContext = make_ctx(tmp_path)
+    started: list[str] = []
+
+    async def start() -> None:
+        started.append("started")
+
+    waiting = asyncio.create_task(after_first_reconcile(ctx, start, head_start=30.0))
+    await asyncio.sleep(0.05)
+    assert started == []
+    ctx.first_reconcile.set()
+    await asyncio.wait_for(waiting, 5)
+    assert started == ["started"]
+    # a first reconcile that takes long (an image pull, a reconciliation delay) holds it no longer
+    late: AgentContext = make_ctx(tmp_path)
+    await asyncio.wait_for(after_first_reconcile(late, start, head_start=0.05), 5)
+    assert started == ["started", "started"]
 
 
 async def test_a_changed_file_restarts_its_unit_without_a_daemon_reload(tmp_path: Path) -> None:

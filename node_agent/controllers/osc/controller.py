@@ -277,6 +277,7 @@ class OSCController:
         self.ctx.health.progress("osc-reconcile")
         if secret is None:
             log.warning("OSC secret not found", secret=self.ctx.secret_name)
+            self.ctx.first_reconcile.set()  # nothing to apply: the others need not wait
             return SKIPPED
         resync, self._resync = self._resync, False
         try:
@@ -399,6 +400,7 @@ class OSCController:
             return await self._reconcile(secret, resync=resync)
         finally:
             self._applying -= 1
+            self.ctx.first_reconcile.set()
             # A state file set aside (the history, status.json ...) is said once on the Node.
             for note in self.ctx.state.take_set_aside():
                 await self.ctx.event(report.REASON_STATE_SET_ASIDE, note, warning=True)
