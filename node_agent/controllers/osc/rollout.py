@@ -2,7 +2,7 @@
 
 The decisions are :mod:`node_agent.controllers.osc.pacing`'s; this module reads and writes the one
 Lease ``kube-system/<secretName>`` (the only shared object Gardener lets a node agent write),
-reports where the node stands (Node condition ``OSCRollout``, an Event per change, logs,
+reports where the node stands (Node condition ``OSCRollout``, Warning Events, logs,
 :meth:`view`) and wakes the reconcile loop when a waiting node should look again.
 
 The OSC controller asks :meth:`Rollout.admit` before it applies an update; ``None`` means wait
@@ -131,6 +131,7 @@ class Rollout:
         self._owner: Mapping[str, Any] = {}  # the Secret: the owner of a Lease we create
         self._watcher: asyncio.Task[None] | None = None  # the Lease's watch, while waiting
         self._decided_on: str | None = None  # resourceVersion of the Lease last read/written
+        self._known: JSON | None = None  # the Lease as this node last read or wrote it
         self._watched: str | None = None  # resourceVersion the watch last showed
         # the Lease as the watch last showed it (None: not watching, or not shown yet): a
         # waiting node decides from it, without a request, and writes on its resourceVersion
@@ -268,7 +269,9 @@ class Rollout:
             message += " (rollout slot held)"
         if permit.serial:
             message += " (serial Lease held)"
-        await self._proceed(checksum, message, canary=permit.canary)
+        await self._proceed(
+            checksum, message, canary=permit.canary, writes_again=permit.slot or permit.serial
+        )
         return permit
 
     async def succeeded(self, permit: Permit | None) -> None:
@@ -282,6 +285,7 @@ class Rollout:
             await self._finish(permit.checksum, ok=True, why="")
         if permit.serial:
             await self._serial_release()
+        self._stop_watch()
         if permit.slot or permit.serial:
             message = f"OSC {permit.checksum[:12]} applied and healthy"
             self._set(state="applied", reason=report.REASON_ROLLOUT_APPLIED, message=message)
@@ -297,6 +301,7 @@ class Rollout:
         await self._stop_renewer(permit)
         if permit.slot:
             await self._finish(permit.checksum, ok=False, why=why)
+        self._stop_watch()
         if permit.slot or permit.serial:
             message = f"OSC {permit.checksum[:12]} failed: {why}"
             self._set(state="failed", reason=report.REASON_ROLLOUT_FAILED, message=message)
@@ -424,7 +429,7 @@ class Rollout:
             return True, None
 
         try:
-            await self._update(change, create=False)
+            await self._update(change, create=False, shown=self._live_shown(), must_land=True)
             log.info("serial Lease released", lease=self.lease_name)
         except KubeNotFound:
             pass
@@ -515,7 +520,9 @@ class Rollout:
             return changed, done
 
         try:
-            ledger = await self._update(change, create=False)
+            ledger = await self._update(
+                change, create=False, shown=self._live_shown(), must_land=True
+            )
         except KubeNotFound:
             return
         except KubeError as exc:
@@ -546,9 +553,15 @@ class Rollout:
     def _watch_while_waiting(self) -> None:
         """Watch the Lease while this node waits: a released Lease, a freed slot, a canary's
         result or a reset ledger wakes the loop soon (Gardener's agent watches its serial Lease
-        for releases the same way); the jittered re-check stays as the fallback."""
+        for releases the same way); the jittered re-check stays as the fallback. The watch
+        starts from the Lease this node's decision just read or wrote (no list: the version is
+        known, and shown at once)."""
         if self._watcher is None or self._watcher.done():
-            self._watcher = _bound(self._watch_lease(), "rollout-lease-watch")
+            known, start = self._known, None
+            if known is not None and _resource_version(known) == self._decided_on:
+                start = self._decided_on
+                self._shown, self._watched = _copy(known), start
+            self._watcher = _bound(self._watch_lease(start), "rollout-lease-watch")
 
     def _stop_watch(self) -> None:
         watcher, self._watcher = self._watcher, None
@@ -564,23 +577,25 @@ class Rollout:
         return self._shown
 
     def _saw(self, lease: JSON) -> None:
+        self._known = lease
         if self._live_shown() is not None:
             self._shown = _copy(lease)
 
-    async def _watch_lease(self) -> None:
+    async def _watch_lease(self, start: str | None) -> None:
         events = list_watch(
             self.ctx.kube.leases(report.NAMESPACE),
             field_selector=f"metadata.name={self.lease_name}",
+            resource_version=start,
             registry=self.ctx.watches,
         )
         async with events:
             async for event in events:
-                if self._view.state != "waiting":
+                if self._view.state not in ("waiting", "applying"):
                     return
                 shown = event.object if event.type != "DELETED" else None
                 self._shown = _copy(shown) if shown is not None else None
                 self._watched = _resource_version(shown)
-                if self._changed_since_decision():
+                if self._view.state == "waiting" and self._changed_since_decision():
                     self._judge_shown()
 
     def _judge_shown(self) -> None:
@@ -633,7 +648,9 @@ class Rollout:
                 return True, True
 
             try:
-                held = await self._update(change, create=False)
+                held = await self._update(
+                    change, create=False, shown=self._live_shown(), must_land=True
+                )
             except KubeError as exc:
                 log.warning("rollout slot not renewed", error=str(exc))
                 continue
@@ -651,6 +668,8 @@ class Rollout:
         permit, self._permit = self._permit, None
         if permit is not None:
             await self._stop_renewer(permit)
+            if self._view.state == "applying":
+                self._stop_watch()  # kept for the result this node no longer writes
 
     # -- the Lease -------------------------------------------------------------------------------
 
@@ -683,12 +702,17 @@ class Rollout:
         create: bool = True,
         shown: JSON | None = None,
         contend: bool = False,
+        must_land: bool = False,
     ) -> T:
         """Read the Lease, let ``change`` edit it, write it back with compare-and-swap (the read
         resourceVersion); on a conflict read again and decide again. ``shown``: the Lease as
         the watch last showed it, used instead of the first read (a waiting node that decides
         to wait again costs no request at all). ``contend``: a conflict raises
-        :class:`_Contended` instead (the caller waits for the watch to show the winner)."""
+        :class:`_Contended` instead (the caller waits for the watch to show the winner).
+        ``must_land``: a write this node owes the pool (a slot's renewal or result, the serial
+        Lease's release): the shown Lease is used only for a write, which the compare-and-swap
+        checks; "nothing to write" is believed only from a fresh read (the watch may deliver a
+        version older than this node's own last write, without its slot)."""
         kube = self.ctx.kube
         backoff = Backoff.of(retry.CONFLICT, rng=self._rng)
         if shown is not None and _resource_version(shown) == self._lost_on:
@@ -699,30 +723,32 @@ class Rollout:
                 self._decided_on = _resource_version(lease)
                 body = _copy(lease)
                 write, result = change(body)
-                if not write:
+                if not write and not must_land:
                     return result
-                try:
-                    written = await kube.update_lease(report.NAMESPACE, self.lease_name, body)
-                    self._decided_on = _resource_version(written)
-                    self._saw(written)
-                    return result
-                except KubeConflict:  # another node wrote first (or the watch was behind)
-                    if contend:
-                        self._lost_on = self._decided_on
-                        raise _Contended() from None
-                    continue
+                if write:
+                    try:
+                        written = await kube.update_lease(report.NAMESPACE, self.lease_name, body)
+                        self._decided_on = _resource_version(written)
+                        self._saw(written)
+                        return result
+                    except KubeConflict:  # another node wrote first (or the watch was behind)
+                        if contend:
+                            self._lost_on = self._decided_on
+                            raise _Contended() from None
+                continue
             self._looked_at = asyncio.get_running_loop().time()
             try:
                 lease = await kube.get_lease(report.NAMESPACE, self.lease_name)
                 exists = True
             except KubeNotFound:
-                self._decided_on = None
+                self._decided_on = self._known = None
                 if not create:
                     raise
                 lease, exists = self._new_lease(), False
             if exists:
                 self._decided_on = _resource_version(lease)
                 self._saw(lease)
+                self._known = lease
             body = _copy(lease)
             write, result = change(body)
             if not write:
@@ -734,6 +760,7 @@ class Rollout:
                     written = await kube.create_lease(report.NAMESPACE, body)
                 self._decided_on = _resource_version(written)
                 self._saw(written)
+                self._known = written
                 return result
             except KubeConflict:  # also AlreadyExists: someone else wrote first
                 if contend:
@@ -779,14 +806,22 @@ class Rollout:
                 detail=message,
                 recheck=round(delay, 1),
             )
-            await self.ctx.event(reason, message, warning=reason == pacing.REASON_BREAKER)
+            if reason == pacing.REASON_BREAKER:
+                # an Event only for what needs a person: waiting in line is the condition's
+                # (an Event per node and state made a rollout cost each node two more writes)
+                await self.ctx.event(reason, message, warning=True)
         await self._condition("False", reason, message)
 
-    async def _proceed(self, checksum: str, message: str, *, canary: bool) -> None:
-        self._stop_watch()
+    async def _proceed(
+        self, checksum: str, message: str, *, canary: bool, writes_again: bool
+    ) -> None:
+        """Going ahead. A node that holds a slot or the serial Lease writes the Lease again
+        when it is done: the watch it waited with stays open until then, so that write goes on
+        the Lease the watch shows, without a read."""
+        if not writes_again:
+            self._stop_watch()
         if self._view.state == "waiting":
             self._announced = None
-            await self.ctx.event(report.REASON_ROLLOUT_APPLYING, message)
         self._set(
             state="applying",
             reason=report.REASON_ROLLOUT_APPLYING,
