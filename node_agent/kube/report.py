@@ -92,9 +92,10 @@ def applied_patch(
     kubernetes_version: str | None,
     control_plane: bool,
     zone: str | None,
-    current_labels: Mapping[str, str],
 ) -> dict[str, Any]:
-    """Merge patch written after a successful apply: checksum last-applied, version, roles."""
+    """Merge patch written after a successful apply: checksum last-applied, version, roles.
+    The other role's label is removed by a null whether or not the Node has it (a merge patch
+    that removes a missing key changes nothing), so the patch needs no read of the Node."""
     labels: dict[str, str | None] = {}
     if kubernetes_version:
         labels[LABEL_KUBERNETES_VERSION] = kubernetes_version
@@ -104,8 +105,7 @@ def applied_patch(
         else (LABEL_ROLE_WORKER, LABEL_ROLE_CONTROL_PLANE)
     )
     labels[role] = ""
-    if other in current_labels:
-        labels[other] = None
+    labels[other] = None
     if zone:
         labels[LABEL_ZONE] = zone
     return {

@@ -343,8 +343,8 @@ async def test_a_node_held_by_the_rollout_waits_its_delay_once_per_checksum(
 
 
 async def test_the_reconciliation_delay_is_read_from_the_nodes_watch(tmp_path: Path) -> None:
-    """With the Node seen through its watch, an update reads no Node before its apply (the
-    only read left is the one reporting the checksum afterwards)."""
+    """With the Node seen through its watch, an update reads no Node at all: not before its
+    apply (the delay) and not after it (the checksum is one merge patch)."""
     ctl, _, kube, _ = controller(tmp_path)
     await ctl.reconcile(secret(osc_bytes("one\n")))
     node = await kube.nodes().get("n1")
@@ -352,7 +352,11 @@ async def test_the_reconciliation_delay_is_read_from_the_nodes_watch(tmp_path: P
     ctl.node_seen({**node, "metadata": {**node["metadata"], "annotations": delay}})
     kube.reads.clear()
     assert await ctl.reconcile(secret(osc_bytes("two\n"))) is not None
-    assert [r for r in kube.reads if r[0] == "get_node"] == [("get_node", "n1")]
+    assert [r for r in kube.reads if r[0] == "get_node"] == []
+    patch = kube.writes("patch_node")[-1][2]
+    assert patch["metadata"]["annotations"][report.ANNOTATION_APPLIED_CHECKSUM] == (
+        ctl.desired_checksum
+    )
 
 
 async def test_serial_mode_skips_the_reconciliation_delay(

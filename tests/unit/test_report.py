@@ -13,7 +13,6 @@ def test_applied_patch_sets_checksum_version_role_and_zone() -> None:
         kubernetes_version="1.31.4",
         control_plane=False,
         zone="eu-1a",
-        current_labels={report.LABEL_ROLE_CONTROL_PLANE: ""},
     )
     assert patch == {
         "metadata": {
@@ -30,9 +29,12 @@ def test_applied_patch_sets_checksum_version_role_and_zone() -> None:
 
 def test_control_plane_role_without_version_or_zone() -> None:
     patch = report.applied_patch(
-        checksum="x", kubernetes_version=None, control_plane=True, zone=None, current_labels={}
+        checksum="x", kubernetes_version=None, control_plane=True, zone=None
     )
-    assert patch["metadata"]["labels"] == {"node-role.kubernetes.io/control-plane": ""}
+    assert patch["metadata"]["labels"] == {
+        "node-role.kubernetes.io/control-plane": "",
+        "node-role.kubernetes.io/worker": None,  # a no-op on a Node without it: no read needed
+    }
 
 
 def test_version_label_patch_only_when_the_label_differs() -> None:

@@ -889,22 +889,25 @@ class OSCController:
     async def _report_applied(
         self, osc: OperatingSystemConfig, checksum: str, *, only_if_missing: bool = False
     ) -> None:
+        """The applied checksum (and version, role, zone labels) on the Node: one merge patch
+        after an apply, no read. ``only_if_missing`` (a start or a resume finding the OSC
+        applied) reads the Node first and writes only what it lacks."""
         if self.ctx.node_name is None:
             return
-        node = await self.ctx.kube.get_node(self.ctx.node_name)
-        node_meta = node.get("metadata") or {}
-        annotations = node_meta.get("annotations") or {}
         version = self.ctx.config.controllers.operating_system_config.kubernetes_version
-        if only_if_missing and annotations.get(report.ANNOTATION_APPLIED_CHECKSUM) == checksum:
-            # Reported before, maybe by this agent's previous process, from its config: a
-            # Kubernetes update restarts the agent on a new config with a new version.
-            relabel = report.version_label_patch(version, node_meta.get("labels") or {})
-            if relabel is not None:
-                await self.ctx.kube.patch_node(self.ctx.node_name, relabel)
-                log.info("kubernetes version label updated", version=version)
-            self._reported = checksum
-            await self._drop_bootstrap_credentials()
-            return
+        if only_if_missing:
+            node_meta = (await self.ctx.kube.get_node(self.ctx.node_name)).get("metadata") or {}
+            annotations = node_meta.get("annotations") or {}
+            if annotations.get(report.ANNOTATION_APPLIED_CHECKSUM) == checksum:
+                # Reported before, maybe by this agent's previous process, from its config: a
+                # Kubernetes update restarts the agent on a new config with a new version.
+                relabel = report.version_label_patch(version, node_meta.get("labels") or {})
+                if relabel is not None:
+                    await self.ctx.kube.patch_node(self.ctx.node_name, relabel)
+                    log.info("kubernetes version label updated", version=version)
+                self._reported = checksum
+                await self._drop_bootstrap_credentials()
+                return
         zone_raw = self.ctx.fs.read(ZONE_FILE)
         zone = zone_raw.decode(errors="replace").strip() if zone_raw else None
         control_plane = any(
@@ -915,7 +918,6 @@ class OSCController:
             kubernetes_version=version,
             control_plane=control_plane,
             zone=zone or None,
-            current_labels=node_meta.get("labels") or {},
         )
         await self.ctx.kube.patch_node(self.ctx.node_name, patch)
         self._reported = checksum
