@@ -577,6 +577,7 @@ class Rollout:
         return self._shown
 
     def _saw(self, lease: JSON) -> None:
+        """A version of the Lease this node read or wrote."""
         self._known = lease
         if self._live_shown() is not None:
             self._shown = _copy(lease)
@@ -748,7 +749,6 @@ class Rollout:
             if exists:
                 self._decided_on = _resource_version(lease)
                 self._saw(lease)
-                self._known = lease
             body = _copy(lease)
             write, result = change(body)
             if not write:
@@ -760,7 +760,6 @@ class Rollout:
                     written = await kube.create_lease(report.NAMESPACE, body)
                 self._decided_on = _resource_version(written)
                 self._saw(written)
-                self._known = written
                 return result
             except KubeConflict:  # also AlreadyExists: someone else wrote first
                 if contend:
