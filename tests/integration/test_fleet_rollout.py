@@ -365,8 +365,14 @@ async def test_canary_applies_first_and_the_rest_waits_for_the_soak(fleet: Fleet
     assert len(rest) == N - 1
     assert all(start >= c_end + soak - 0.5 for start, _ in rest), (c_end, rest)
     assert overlapping([*rest, (c_start, c_end)]) <= 2
-    waited = reasons.of([a for a in fleet.agents if a is not canary])
-    assert pacing.REASON_CANARIES in waited, waited
+    # Each of the rest said on its Node that it waited. Which reason depends on the race for
+    # the Lease: a node that lost the first write waits in line (WaitingForSlot) until its join
+    # delay, which can outlast the canary's soak (the condition's WaitingForCanaries itself is
+    # checked in tests/unit/test_rollout.py); the order is asserted by the runs' times above.
+    for agent in fleet.agents:
+        if agent is not canary:
+            waited = reasons.of([agent])
+            assert waited & {pacing.REASON_CANARIES, pacing.REASON_SLOT}, (agent.node_name, waited)
 
 
 async def test_breaker_holds_the_pool_until_the_secret_changes(fleet: Fleet) -> None:
