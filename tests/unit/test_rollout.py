@@ -449,16 +449,23 @@ async def test_a_waiting_node_is_woken_when_the_lease_changes(pool: Pool) -> Non
     assert "holderIdentity" not in pool.lease()["spec"]
 
 
-async def test_a_waiting_node_costs_no_list_and_no_read_to_finish(pool: Pool) -> None:
-    """The watch of a waiting node starts from the Lease its decision read or wrote (no list),
-    and stays open while it holds the slot it waited for: its result is written on the Lease
-    the watch shows. Per waiting node of a pool that is one list and one read fewer."""
+async def woken_after_waiting(pool: Pool) -> Rollout:
+    """Node b waited for node a's slot (K = 1) and is woken by its release, its watch caught
+    up with the Lease."""
     a, b = pool.node("a"), pool.node("b", recheck=("60s", "60s"))
     first = await a.admit(secret(paced(1)), CS, retrying=False, plan=KUBELET)
     assert await b.admit(secret(paced(1)), CS, retrying=False, plan=KUBELET) is None
     await a.succeeded(first)
     await until(lambda: "b" in pool.woken)
     await pool.caught_up()
+    return b
+
+
+async def test_a_waiting_node_costs_no_list_and_no_read_to_finish(pool: Pool) -> None:
+    """The watch of a waiting node starts from the Lease its decision read or wrote (no list),
+    and stays open while it holds the slot it waited for: its result is written on the Lease
+    the watch shows. Per waiting node of a pool that is one list and one read fewer."""
+    b = await woken_after_waiting(pool)
     reads = len(pool.kube.reads)
     permit = await b.admit(secret(paced(1)), CS, retrying=False, plan=KUBELET)
     assert permit is not None
@@ -477,12 +484,7 @@ async def test_a_result_is_not_lost_to_a_stale_watch(pool: Pool, ok: bool) -> No
     their way): a Lease without our slot is then no proof that there is nothing to record. A
     result is written whenever the shown Lease says so (the compare-and-swap checks it), and
     "nothing to write" is believed only from a fresh read."""
-    a, b = pool.node("a"), pool.node("b", recheck=("60s", "60s"))
-    first = await a.admit(secret(paced(1)), CS, retrying=False, plan=KUBELET)
-    assert await b.admit(secret(paced(1)), CS, retrying=False, plan=KUBELET) is None
-    await a.succeeded(first)
-    await until(lambda: "b" in pool.woken)
-    await pool.caught_up()
+    b = await woken_after_waiting(pool)
     before_b = json.loads(json.dumps(pool.lease()))  # b's slot not in it yet
     permit = await b.admit(secret(paced(1)), CS, retrying=False, plan=KUBELET)
     assert permit is not None
