@@ -905,8 +905,8 @@ class OSCController:
                 if relabel is not None:
                     await self.ctx.kube.patch_node(self.ctx.node_name, relabel)
                     log.info("kubernetes version label updated", version=version)
-                self._reported = checksum
                 await self._drop_bootstrap_credentials()
+                self._reported = checksum
                 return
         zone_raw = self.ctx.fs.read(ZONE_FILE)
         zone = zone_raw.decode(errors="replace").strip() if zone_raw else None
@@ -919,9 +919,11 @@ class OSCController:
             control_plane=control_plane,
             zone=zone or None,
         )
+        # Retired before the report, as upstream does: whoever sees the checksum on the Node
+        # may rely on the token being gone.
+        await self._drop_bootstrap_credentials()
         await self.ctx.kube.patch_node(self.ctx.node_name, patch)
         self._reported = checksum
-        await self._drop_bootstrap_credentials()
 
     async def _drop_bootstrap_credentials(self) -> None:
         """An OSC is applied and the Node registered: the bootstrap token (the agent's and the
