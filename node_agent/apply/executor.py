@@ -168,13 +168,20 @@ class Executor:
         agent_steps = {S.cmd_step(c.unit) for c in cs.unit_commands if c.is_agent}
         remaining = [s for s in pending.remaining() if s not in agent_steps]
         steps = pending.steps
-        if S.RELOAD in pending.done:
-            # A retry that still writes or deletes unit files or drop-ins, or changes enablement,
-            # reloads again before its commands: systemd runs what it loaded, not what is on disk.
-            before = set(steps[: steps.index(S.RELOAD)])
-            if any(s in before and not s.startswith("file:") for s in remaining):
-                at = next((i for i, s in enumerate(remaining) if s not in before), len(remaining))
-                remaining.insert(at, S.RELOAD)
+        # A retry that still writes or deletes unit files or drop-ins, or changes enablement,
+        # reloads again before its commands; one that still deletes a removed unit's file
+        # reloads again after it: systemd runs what it loaded, not what is on disk.
+        for reload, needs in (
+            (S.RELOAD, lambda s: not s.startswith("file:")),
+            (S.RELOAD_AFTER_DELETE, lambda s: s.startswith("delete-unit:")),
+        ):
+            if reload in pending.done:
+                before = set(steps[: steps.index(reload)])
+                if any(s in before and needs(s) for s in remaining):
+                    at = next(
+                        (i for i, s in enumerate(remaining) if s not in before), len(remaining)
+                    )
+                    remaining.insert(at, reload)
         failed: dict[str, str] = {}
 
         async def record(ok: list[str], errors: dict[str, str]) -> None:

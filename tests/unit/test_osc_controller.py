@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import errno
 import hashlib
+import os
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,8 @@ import yaml
 
 from node_agent.agent import after_first_reconcile, build_applier
 from node_agent.apply.applier import Applier, Planned
+from node_agent.base.errors import ApplyError, HostIOError
+from node_agent.base.layout import unit_path
 from node_agent.base.loop import DONE, RETRY, SKIPPED
 from node_agent.context import AgentContext
 from node_agent.controllers.osc import controller as controller_module
@@ -164,6 +168,37 @@ async def test_a_changed_file_restarts_its_unit_without_a_daemon_reload(tmp_path
     systemd.calls.clear()
     await ctl.reconcile(secret(osc_bytes("two\n", agent_unit="gardener-node-agent.service")))
     assert ("daemon_reload",) in systemd.calls  # a new unit file
+
+
+async def test_a_removed_unit_deleted_by_a_retry_is_reloaded_after(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A unit the OSC no longer has loses its file after the commands, and a reload follows.
+    When the deletion fails (a read-only mount), that reload still runs for the rest; the retry
+    that deletes the file reloads again, or systemd keeps the removed unit loaded from a file
+    that is gone. Found by the apply state machine (``test_apply_machine.py``)."""
+    ctl, ctx, _, systemd = controller(tmp_path)
+    template = {"name": "t@.service", "content": "[Service]\nExecStart=/bin/sleep 1\n"}
+    doc = yaml.safe_load(osc_bytes("one\n"))
+    doc["spec"]["units"].append(template)
+    await ctl.reconcile(secret(yaml.safe_dump(doc).encode()))
+    assert (tmp_path / unit_path("t@.service").lstrip("/")).exists()
+    without = osc_bytes("one\n")
+    real = ctx.fs.remove
+
+    def read_only(path: str) -> bool:
+        if path == unit_path("t@.service"):
+            raise HostIOError("remove", path, OSError(errno.EROFS, os.strerror(errno.EROFS)))
+        return real(path)
+
+    monkeypatch.setattr(ctx.fs, "remove", read_only)
+    with pytest.raises(ApplyError):
+        await ctl.reconcile(secret(without))
+    monkeypatch.setattr(ctx.fs, "remove", real)
+    systemd.calls.clear()
+    await ctl.reconcile(secret(without))
+    assert not (tmp_path / unit_path("t@.service").lstrip("/")).exists()
+    assert systemd.calls[-1:] == [("daemon_reload",)]
 
 
 async def test_the_health_gate_asks_only_about_the_units_the_update_restarts(
