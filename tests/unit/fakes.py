@@ -112,7 +112,8 @@ class FakeResource:
             while True:
                 left = deadline - asyncio.get_running_loop().time()
                 try:
-                    revision, event = await asyncio.wait_for(queue.get(), max(left, 0.0))
+                    async with asyncio.timeout(max(left, 0.0)):
+                        revision, event = await queue.get()
                 except TimeoutError:
                     return
                 if _selected(event["object"], field_selector):

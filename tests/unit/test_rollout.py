@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -79,7 +80,12 @@ class Pool:
         self.nodes: list[Rollout] = []
         self.tmp = tmp_path
 
-    def node(self, name: str, recheck: tuple[str, str] = ("50ms", "100ms")) -> Rollout:
+    def node(
+        self,
+        name: str,
+        recheck: tuple[str, str] = ("50ms", "100ms"),
+        rng: random.Random | None = None,
+    ) -> Rollout:
         self.kube.nodes().put(
             {"metadata": {"name": name, "uid": f"{name}-uid", "resourceVersion": "1"}}
         )
@@ -100,7 +106,7 @@ class Pool:
             self.woken.append(name)
             self.woke.set()
 
-        rollout = Rollout(ctx, wake, clock=self.clock)
+        rollout = Rollout(ctx, wake, clock=self.clock, rng=rng)
         self.nodes.append(rollout)
         return rollout
 
@@ -314,7 +320,9 @@ async def test_conflicts_back_off_on_the_agents_one_backoff(
     monkeypatch.setattr(rollout_module, "Backoff", Recorded, raising=False)
     a = pool.node("a")
     permit = await a.admit(secret(paced(2)), CS, retrying=False, plan=KUBELET)
-    pool.kube.fail("Lease.replace", KubeConflict("conflict", status=409), times=3)
+    # the first conflict is on the Lease a's watch showed: answered by a read at once, with no
+    # wait; the three after it back off
+    pool.kube.fail("Lease.replace", KubeConflict("conflict", status=409), times=4)
     await a.succeeded(permit)
     assert pool.ledger().holders() == ()
     base, cap = retry.CONFLICT
@@ -356,6 +364,43 @@ async def test_a_lost_race_to_join_waits_for_the_watch_and_widens_the_window(
     assert lease_requests(pool) == before + 1  # on the watched Lease: no read
     assert b._window == rollout_module.JOIN_WINDOW  # a write that landed resets it
     assert set(pool.ledger().holders()) == {"a", "b", "c"}
+
+
+async def test_a_pools_first_look_writes_once_per_place_not_once_per_node(pool: Pool) -> None:
+    """The whole pool looks at the Lease in the same second when the Secret changes (here it
+    does not exist yet). A node whose decision would be a join writes only after a random delay
+    in its window (at most its recheck), deciding on what its watch shows by then: the first
+    writes create the Lease and fill the places and the line, the rest stand down without
+    writing. Before, every node wrote at once and all but one lost (N - 1 conflicts, each
+    followed by a read)."""
+    # seeded: their delays in the 1 s window lie 87 ms or more apart
+    nodes = [pool.node(f"n{i}", ("1s", "1s"), random.Random(3496 + i)) for i in range(8)]
+    attempts: list[str] = []
+    for call in ("get_lease", "create_lease", "update_lease"):
+        real = getattr(pool.kube, call)
+
+        async def on_the_wire(*args: Any, _real: Any = real, _call: str = call) -> Any:
+            if _call != "get_lease":
+                attempts.append(_call)
+            await asyncio.sleep(0.01)  # a round trip: the pool's looks overlap, as on a server
+            return await _real(*args)
+
+        setattr(pool.kube, call, on_the_wire)
+    results = await asyncio.gather(
+        *(n.admit(secret(paced(2)), CS, retrying=False, plan=KUBELET) for n in nodes)
+    )
+    permits = [p for p in results if p is not None]
+    assert len(permits) == 2
+    ledger = pool.ledger()
+    assert len(ledger.holders()) == 2
+    assert ledger.waiting() == pacing.JOIN_DEPTH * 2
+    # 2 places + 4 tickets: 6 writes, each landed, the Lease created by one node (a pool
+    # that wrote at once made 8, 7 of them lost)
+    assert len(attempts) == 2 + pacing.JOIN_DEPTH * 2
+    assert attempts.count("create_lease") == 1
+    # the nodes left out of the line made no write at all
+    outside = [n for n, p in zip(nodes, results, strict=True) if p is None]
+    assert sum(1 for n in outside if n._ticket_for(CS) is None) == 2
 
 
 async def test_windows_double_per_lost_race_up_to_their_cap(pool: Pool) -> None:
@@ -472,7 +517,8 @@ async def test_a_waiting_node_costs_no_list_and_no_read_to_finish(pool: Pool) ->
     assert permit.slot
     await b.failed(permit, "ApplyError: kubelet.service failed")
     assert pool.kube.reads[reads:] == []
-    assert not [r for r in pool.kube.reads if r[0] == "Lease.list"]
+    # one list only: a's first look found no Lease, so its watch had no version to start from
+    assert len([r for r in pool.kube.reads if r[0] == "Lease.list"]) == 1
     assert pool.ledger().holders() == ()
     assert "b" in pool.ledger().failed
     assert b._watcher is None
@@ -647,11 +693,12 @@ async def test_a_freed_slot_wakes_only_the_next_in_line(
     # b decides from the Lease its watch showed, and writes on that resourceVersion
     assert await waiters[0].admit(secret(annotations), CS, retrying=False, plan=KUBELET)
     assert pool.ledger().holders() == ("b",)
-    assert lease_reads() == reads + 1  # a's own read to release its slot
+    # a took its place after its first look, watching: its release went on the watched Lease
+    assert lease_reads() == reads
     assert len(pool.kube.writes("Lease.replace")) == writes + 2  # a's release, b's take
     # c, woken by its timer anyway, waits again without a request
     assert await waiters[1].admit(secret(annotations), CS, retrying=False, plan=KUBELET) is None
-    assert lease_reads() == reads + 1
+    assert lease_reads() == reads
     assert len(pool.kube.writes("Lease.replace")) == writes + 2
     # the line shortened: d, e and f are woken within their join window (not the re-check);
     # the first to look draws a ticket, the others then find the line full again
@@ -662,7 +709,7 @@ async def test_a_freed_slot_wakes_only_the_next_in_line(
         await pool.caught_up()
     assert pool.ledger().waiting() == 2
     assert len(pool.kube.writes("Lease.replace")) == writes + 3
-    assert lease_reads() == reads + 1
+    assert lease_reads() == reads
 
 
 async def test_a_serial_release_wakes_only_the_next_in_line(pool: Pool) -> None:

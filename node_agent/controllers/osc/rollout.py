@@ -146,6 +146,9 @@ class Rollout:
         self._looked_at = -math.inf  # loop time of the last read of the Lease
         self._window = JOIN_WINDOW  # this node's join window (doubled per lost race)
         self._join_at: float | None = None  # loop time of the join the watch asked for
+        #: a first look's join is pending: the watch runs for it without judging (the node is
+        #: not waiting yet, and decides itself once its delay is over)
+        self._joining = False
         self._lost_on: str | None = None  # resourceVersion a write of ours lost its race on
         self._ledger_problems: tuple[str, ...] = ()  # of the last ledger reset reported
         # our condition's (status, lastTransitionTime) as last written or seen on the Node
@@ -465,8 +468,12 @@ class Rollout:
                 _put_ledger(lease, decision.ledger)
             return changed, decision
 
+        shown = self._live_shown()
+        self._joining = True
         try:
-            decision = await self._update(change, shown=self._live_shown(), contend=True)
+            if shown is None and not serial and self._ticket_for(checksum) is None:
+                shown = await self._look_before_joining(policy, checksum)
+            decision = await self._update(change, shown=shown, contend=True)
         except _Contended:
             message = (
                 f"waiting in line for one of {policy.max_parallel} rollout slot(s) of OSC "
@@ -481,6 +488,8 @@ class Rollout:
                 retry_in=self._contended(checksum),
                 ticket=ticket,
             )
+        finally:
+            self._joining = False
         self._window = JOIN_WINDOW
         self._keep_ticket(decision.ledger.checksum, decision.ticket)
         await self._report_ledger(problems)
@@ -492,6 +501,33 @@ class Rollout:
             breaker_open=ledger.breaker_open(policy),
         )
         return decision
+
+    async def _look_before_joining(self, policy: pacing.Pacing, checksum: str) -> JSON | None:
+        """A node's first look at the pool's Lease for an update. The whole pool looks in the
+        same second when the Secret changes: if every node that finds a place to take, a ticket
+        to draw or no Lease at all wrote at once, all but one write would lose (N - 1 conflicts
+        and as many reads, the Lease's first creation the same). So a node whose decision would
+        be such a join first waits a random delay in its join window (never longer than its
+        recheck), watching the Lease from the version it read, and then decides on what the
+        watch shows: the first nodes fill the free places and the line, the others stand down
+        without writing. Returns the Lease to decide on (None: none seen; read it again)."""
+        try:
+            lease: JSON | None = await self.ctx.kube.get_lease(report.NAMESPACE, self.lease_name)
+        except KubeNotFound:
+            lease = None
+        self._looked_at = asyncio.get_running_loop().time()
+        if lease is None:
+            self._decided_on = self._known = None
+        else:
+            self._decided_on = _resource_version(lease)
+            self._saw(lease)
+            ledger = _ledger_of(lease)
+            if self._decide(policy, ledger, checksum, serial=False).ledger == ledger:
+                return lease  # nothing to write (it waits, or its place is already taken)
+        window = min(self._window, self.config.recheck_max.total_seconds())
+        self._watch_while_waiting()
+        await asyncio.sleep(self._rng.uniform(0.0, window))
+        return self._live_shown() or lease
 
     async def _readopt(self, checksum: str) -> pacing.Slot | None:
         host = self.ctx.host_name
@@ -591,12 +627,16 @@ class Rollout:
         )
         async with events:
             async for event in events:
-                if self._view.state not in ("waiting", "applying"):
+                if self._view.state not in ("waiting", "applying") and not self._joining:
                     return
                 shown = event.object if event.type != "DELETED" else None
                 self._shown = _copy(shown) if shown is not None else None
                 self._watched = _resource_version(shown)
-                if self._view.state == "waiting" and self._changed_since_decision():
+                if (
+                    self._view.state == "waiting"
+                    and not self._joining
+                    and self._changed_since_decision()
+                ):
                     self._judge_shown()
 
     def _judge_shown(self) -> None:
