@@ -366,6 +366,23 @@ async def test_a_lost_race_to_join_waits_for_the_watch_and_widens_the_window(
     assert set(pool.ledger().holders()) == {"a", "b", "c"}
 
 
+def lease_calls_on_the_wire(pool: Pool) -> list[str]:
+    """The Lease's reads and writes take a round trip (so the looks of a pool overlap, as on a
+    server); returns the list of write attempts made from now on, landed or not."""
+    attempts: list[str] = []
+    for call in ("get_lease", "create_lease", "update_lease"):
+        real = getattr(pool.kube, call)
+
+        async def on_the_wire(*args: Any, _real: Any = real, _call: str = call) -> Any:
+            if _call != "get_lease":
+                attempts.append(_call)
+            await asyncio.sleep(0.01)
+            return await _real(*args)
+
+        setattr(pool.kube, call, on_the_wire)
+    return attempts
+
+
 async def test_a_pools_first_look_writes_once_per_place_not_once_per_node(pool: Pool) -> None:
     """The whole pool looks at the Lease in the same second when the Secret changes (here it
     does not exist yet). A node whose decision would be a join writes only after a random delay
@@ -375,17 +392,7 @@ async def test_a_pools_first_look_writes_once_per_place_not_once_per_node(pool: 
     followed by a read)."""
     # seeded: their delays in the 1 s window lie 87 ms or more apart
     nodes = [pool.node(f"n{i}", ("1s", "1s"), random.Random(3496 + i)) for i in range(8)]
-    attempts: list[str] = []
-    for call in ("get_lease", "create_lease", "update_lease"):
-        real = getattr(pool.kube, call)
-
-        async def on_the_wire(*args: Any, _real: Any = real, _call: str = call) -> Any:
-            if _call != "get_lease":
-                attempts.append(_call)
-            await asyncio.sleep(0.01)  # a round trip: the pool's looks overlap, as on a server
-            return await _real(*args)
-
-        setattr(pool.kube, call, on_the_wire)
+    attempts = lease_calls_on_the_wire(pool)
     results = await asyncio.gather(
         *(n.admit(secret(paced(2)), CS, retrying=False, plan=KUBELET) for n in nodes)
     )
@@ -401,6 +408,37 @@ async def test_a_pools_first_look_writes_once_per_place_not_once_per_node(pool: 
     # the nodes left out of the line made no write at all
     outside = [n for n, p in zip(nodes, results, strict=True) if p is None]
     assert sum(1 for n in outside if n._ticket_for(CS) is None) == 2
+
+
+async def test_a_new_secret_while_the_pool_waits_is_first_looked_at_spread_too(
+    pool: Pool,
+) -> None:
+    """Nodes waiting for one update watch the Lease. When the Secret changes again, each node's
+    first look at the new checksum is the Lease its watch shows (no read), and a join it would
+    make is spread like any first look: the new line is filled by a few writes, not by one
+    write per node at once."""
+    nodes = [pool.node(f"n{i}", ("1s", "1s"), random.Random(3496 + i)) for i in range(6)]
+    permits = []
+    for node in nodes:  # K = 1: n0 takes the place, n1 and n2 draw tickets, the rest stay out
+        permits.append(await node.admit(secret(paced(1)), CS, retrying=False, plan=KUBELET))
+        await pool.caught_up()
+    assert permits[0] is not None
+    assert pool.ledger().waiting() == 2
+    await nodes[0].succeeded(permits[0])
+    await pool.caught_up()
+    reads = sum(1 for c in pool.kube.reads if c[0] == "get_lease")
+    attempts = lease_calls_on_the_wire(pool)
+    results = await asyncio.gather(
+        *(n.admit(secret(paced(1)), CS2, retrying=False, plan=KUBELET) for n in nodes)
+    )
+    assert len([p for p in results if p is not None]) == 1
+    assert pool.ledger().checksum == CS2
+    assert pool.ledger().waiting() == pacing.JOIN_DEPTH
+    # 1 place + 2 tickets land; at most one write lost to a near tie (a pool that wrote at
+    # once on its watched Lease made 6)
+    assert 3 <= len(attempts) <= 4
+    # only n0, which had stopped watching once it was done, read the Lease
+    assert sum(1 for c in pool.kube.reads if c[0] == "get_lease") == reads + 1
 
 
 async def test_windows_double_per_lost_race_up_to_their_cap(pool: Pool) -> None:

@@ -149,6 +149,7 @@ class Rollout:
         #: a first look's join is pending: the watch runs for it without judging (the node is
         #: not waiting yet, and decides itself once its delay is over)
         self._joining = False
+        self._looked_for: str | None = None  # the checksum of this node's last first look
         self._lost_on: str | None = None  # resourceVersion a write of ours lost its race on
         self._ledger_problems: tuple[str, ...] = ()  # of the last ledger reset reported
         # our condition's (status, lastTransitionTime) as last written or seen on the Node
@@ -471,8 +472,9 @@ class Rollout:
         shown = self._live_shown()
         self._joining = True
         try:
-            if shown is None and not serial and self._ticket_for(checksum) is None:
-                shown = await self._look_before_joining(policy, checksum)
+            if self._looked_for != checksum and not serial and self._ticket_for(checksum) is None:
+                self._looked_for = checksum
+                shown = await self._look_before_joining(policy, checksum, shown)
             decision = await self._update(change, shown=shown, contend=True)
         except _Contended:
             message = (
@@ -502,7 +504,9 @@ class Rollout:
         )
         return decision
 
-    async def _look_before_joining(self, policy: pacing.Pacing, checksum: str) -> JSON | None:
+    async def _look_before_joining(
+        self, policy: pacing.Pacing, checksum: str, shown: JSON | None
+    ) -> JSON | None:
         """A node's first look at the pool's Lease for an update. The whole pool looks in the
         same second when the Secret changes: if every node that finds a place to take, a ticket
         to draw or no Lease at all wrote at once, all but one write would lose (N - 1 conflicts
@@ -510,17 +514,20 @@ class Rollout:
         be such a join first waits a random delay in its join window (never longer than its
         recheck), watching the Lease from the version it read, and then decides on what the
         watch shows: the first nodes fill the free places and the line, the others stand down
-        without writing. Returns the Lease to decide on (None: none seen; read it again)."""
-        try:
-            lease: JSON | None = await self.ctx.kube.get_lease(report.NAMESPACE, self.lease_name)
-        except KubeNotFound:
-            lease = None
-        self._looked_at = asyncio.get_running_loop().time()
+        without writing. A node already watching (it waited for the update before this one)
+        looks at the Lease its watch shows, without a read. Returns the Lease to decide on
+        (None: none seen; read it again)."""
+        lease = shown
         if lease is None:
-            self._decided_on = self._known = None
-        else:
-            self._decided_on = _resource_version(lease)
-            self._saw(lease)
+            try:
+                lease = await self.ctx.kube.get_lease(report.NAMESPACE, self.lease_name)
+            except KubeNotFound:
+                self._decided_on = self._known = None
+            else:
+                self._decided_on = _resource_version(lease)
+                self._saw(lease)
+            self._looked_at = asyncio.get_running_loop().time()
+        if lease is not None:
             ledger = _ledger_of(lease)
             if self._decide(policy, ledger, checksum, serial=False).ledger == ledger:
                 return lease  # nothing to write (it waits, or its place is already taken)
