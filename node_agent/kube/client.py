@@ -209,9 +209,10 @@ def _environment_read_once(api: Any, server: str) -> None:
     if proxy and not proxy_bypass(target.hostname or ""):
         parts = urlsplit(proxy)
         if parts.username is not None:
-            pair = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
-            basic = base64.b64encode(pair.encode()).decode()
-            rest.proxy_headers = {"Proxy-Authorization": f"Basic {basic}"}
+            basic = aiohttp.encode_basic_auth(
+                unquote(parts.username), unquote(parts.password or "")
+            )
+            rest.proxy_headers = {"Proxy-Authorization": basic}
             parts = parts._replace(netloc=parts.netloc.rpartition("@")[2])
         rest.proxy = urlunsplit(parts)
     rest.pool_manager._trust_env = False

@@ -517,16 +517,7 @@ class Rollout:
         without writing. A node already watching (it waited for the update before this one)
         looks at the Lease its watch shows, without a read. Returns the Lease to decide on
         (None: none seen; read it again)."""
-        lease = shown
-        if lease is None:
-            try:
-                lease = await self.ctx.kube.get_lease(report.NAMESPACE, self.lease_name)
-            except KubeNotFound:
-                self._decided_on = self._known = None
-            else:
-                self._decided_on = _resource_version(lease)
-                self._saw(lease)
-            self._looked_at = asyncio.get_running_loop().time()
+        lease = shown if shown is not None else await self._read()
         if lease is not None:
             ledger = _ledger_of(lease)
             if self._decide(policy, ledger, checksum, serial=False).ledger == ledger:
@@ -535,6 +526,21 @@ class Rollout:
         self._watch_while_waiting()
         await asyncio.sleep(self._rng.uniform(0.0, window))
         return self._live_shown() or lease
+
+    async def _read(self, *, missing_ok: bool = True) -> JSON | None:
+        """Read the Lease and note it as this node's last look; None when it does not exist
+        (KubeNotFound unless ``missing_ok``)."""
+        self._looked_at = asyncio.get_running_loop().time()
+        try:
+            lease = await self.ctx.kube.get_lease(report.NAMESPACE, self.lease_name)
+        except KubeNotFound:
+            self._decided_on = self._known = None
+            if not missing_ok:
+                raise
+            return None
+        self._decided_on = _resource_version(lease)
+        self._saw(lease)
+        return lease
 
     async def _readopt(self, checksum: str) -> pacing.Slot | None:
         host = self.ctx.host_name
@@ -784,18 +790,8 @@ class Rollout:
                             self._lost_on = self._decided_on
                             raise _Contended() from None
                 continue
-            self._looked_at = asyncio.get_running_loop().time()
-            try:
-                lease = await kube.get_lease(report.NAMESPACE, self.lease_name)
-                exists = True
-            except KubeNotFound:
-                self._decided_on = self._known = None
-                if not create:
-                    raise
-                lease, exists = self._new_lease(), False
-            if exists:
-                self._decided_on = _resource_version(lease)
-                self._saw(lease)
+            read = await self._read(missing_ok=create)
+            lease, exists = (read, True) if read is not None else (self._new_lease(), False)
             body = _copy(lease)
             write, result = change(body)
             if not write:
