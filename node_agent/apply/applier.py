@@ -68,14 +68,25 @@ class Outcome:
         return self.report.agent_restart_due
 
 
-def wanted_paths(applied: Applied) -> set[str]:
-    """Every host path an ``Applied`` has: files, unit files, drop-ins."""
+def wanted_paths(applied: Applied) -> frozenset[str]:
+    """Every host path an ``Applied`` has: files, unit files, drop-ins. Kept for the last one
+    asked about: an apply's orphan sweep asks about its target, and the next apply's plan
+    about the same object, its base."""
+    last = _WANTED[0]
+    if last is not None and last[0] is applied:
+        return last[1]
     paths = set(applied.files)
     for unit in applied.units.values():
         if unit.content is not None:
             paths.add(unit_path(unit.name))
         paths |= {drop_in_path(unit.name, name) for name in unit.drop_ins}
-    return paths
+    wanted = frozenset(paths)
+    _WANTED[0] = (applied, wanted)
+    return wanted
+
+
+#: the last ``Applied`` ``wanted_paths`` was asked about (frozen), and its paths
+_WANTED: list[tuple[Applied, frozenset[str]] | None] = [None]
 
 
 class Applier:

@@ -16,7 +16,7 @@ from typing import Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
-from node_agent.osc.applied import Applied
+from node_agent.osc.applied import Applied, AppliedChanges
 from node_agent.osc.plan import Base64Bytes, ChangeSet
 from node_agent.osc.steps import step_ids
 
@@ -54,6 +54,12 @@ class JournalDoc(_Doc):
     #: journal written by an older agent: then the last applied OSC is the base)
     base: Applied | None = None
     target: Applied | None = None
+    #: instead of ``base``: the base is what the last applied OSC of this checksum applied
+    #: (``LastAppliedMeta.applied``), as it usually is, so it is not written twice
+    base_checksum: str | None = None
+    #: instead of ``target``: the target as its changes to the base, so the journal written
+    #: before an apply follows the change, not the OSC
+    target_changes: AppliedChanges | None = None
     #: paths written by this change set that existed before and were not the agent's
     preexisting: tuple[str, ...] = ()
 

@@ -85,7 +85,7 @@ from node_agent.host.documents import (
     Pending,
 )
 from node_agent.host.fs import HostFS
-from node_agent.osc.applied import Applied
+from node_agent.osc.applied import Applied, AppliedChanges
 from node_agent.osc.plan import ChangeSet
 from node_agent.osc.steps import dropin_step, file_step, step_ids, unit_step
 
@@ -318,17 +318,28 @@ class StateStore:
         )
         self._remove(CHANGES_DONE)
         self._no_journal = False
+        # The base is usually the last applied OSC's record, the very object: the journal
+        # names it by checksum and keeps the target as its changes (see ``_journal_applied``).
+        last = self._last if self._last_known else None
+        by_reference = last is not None and base is not None and base is last.applied
         doc = JournalDoc(
             id=uuid.uuid4().hex,
             osc_checksum=osc_checksum,
             started_at=_now(),
             change_set=change_set,
-            base=base,
-            target=target,
+            base=None if by_reference else base,
+            target=None if by_reference and target is not None else target,
+            base_checksum=last.checksum if by_reference and last is not None else None,
+            target_changes=(
+                AppliedChanges.between(base, target)
+                if by_reference and base is not None and target is not None
+                else None
+            ),
             preexisting=preexisting,
         )
         self._save(CHANGES, doc, SECRET_MODE)
-        self._save_inventory(dict(inventory.entries))  # an apply marks the node as managed
+        if not self.has_inventory():  # an apply marks the node as managed
+            self._save(INVENTORY, inventory, SECRET_MODE)
         self._pending = Pending(
             id=doc.id,
             change_set=change_set,
@@ -378,18 +389,42 @@ class StateStore:
         failed = (
             {k: v for k, v in progress.failed.items() if k in known} if progress and mine else {}
         )
+        base, target = self._journal_applied(doc)
         self._pending = Pending(
             id=doc.id,
             change_set=doc.change_set,
             osc_checksum=doc.osc_checksum,
             started_at=doc.started_at,
             done=done or frozenset(),
-            base=doc.base,
-            target=doc.target,
+            base=base,
+            target=target,
             preexisting=frozenset(doc.preexisting),
             failed=failed,
         )
         return self._pending
+
+    def _journal_applied(self, doc: JournalDoc) -> tuple[Applied | None, Applied | None]:
+        """The journal's base and target, written whole or by reference to the last applied
+        OSC's record (``base_checksum``, ``target_changes``).
+
+        The record changes only when an apply completes, just before its journal is dropped:
+        a journal that finds the record of its own checksum completed before a crash kept it
+        from being dropped, and its target is that record (its base is then the same, since
+        nothing is left to do). A record that is gone or unreadable leaves both unknown, as in
+        a journal of an older agent: the plan then starts from the last applied OSC and owes
+        the commands not done."""
+        if doc.base_checksum is None:
+            return doc.base, doc.target
+        last = self.load_last_applied()
+        if last is None or last.applied is None:
+            return None, None
+        if last.checksum == doc.base_checksum:
+            base = last.applied
+            changes = doc.target_changes
+            return base, changes.apply_to(base) if changes is not None else doc.target
+        if last.checksum == doc.osc_checksum:
+            return None, last.applied
+        return None, None
 
     def mark_done(self, *steps: str, failed: Mapping[str, str] | None = None) -> Pending:
         """Record ``steps`` (ids from ``steps.py``) as completed and, when given, the steps that
@@ -434,12 +469,25 @@ class StateStore:
         pending = self.pending()
         before = pending.preexisting if pending is not None else frozenset()
         inv = self.inventory()
-        entries = dict(inv.entries)
+        entries = inv.entries
+        updates: dict[str, OwnedEntry] = {}
         for c in claims:
             old = entries.get(c.path)
             created = old.created if old is not None else c.path not in before
-            entries[c.path] = OwnedEntry(kind=c.kind, created=created, sha256=c.sha256, mode=c.mode)
-        return self._save_inventory(entries)
+            entry = OwnedEntry(kind=c.kind, created=created, sha256=c.sha256, mode=c.mode)
+            if entry != old:
+                updates[c.path] = entry
+        if not updates and self.has_inventory():
+            return inv
+        # Only the claimed entries are new: the others are the inventory's, already valid
+        # and in order (a new path puts them in order again).
+        merged = {**entries, **updates}
+        if not updates.keys() <= entries.keys():
+            merged = dict(sorted(merged.items()))
+        new = Inventory.model_construct(entries=merged)
+        self._save(INVENTORY, new, SECRET_MODE)
+        self._inventory = new
+        return new
 
     def finish(self) -> None:
         """Drop the journal once the apply is complete (after ``save_last_applied``)."""

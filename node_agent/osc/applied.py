@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
-from typing import Literal
+from dataclasses import dataclass
+from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -102,9 +103,116 @@ class Applied(_Frozen):
         if osc is None:
             return cls()
         refs = resolved or {}
-        files = {f.path: file_state(f, refs, required=required) for f in osc_files(osc, host_name)}
-        units = {u.name: AppliedUnit.of(u) for u in osc_units(osc)}
+        file_list, unit_list = osc_files(osc, host_name), osc_units(osc)
+        last = _LAST_OF_OSC[0]
+        if last is not None and last.required == required:
+            files = last.files_by_change(file_list, refs)
+            units = last.units_by_change(unit_list)
+        else:
+            files = units = None
+        if files is None:
+            files = {f.path: file_state(f, refs, required=required) for f in file_list}
+        if units is None:
+            units = {u.name: AppliedUnit.of(u) for u in unit_list}
+        _LAST_OF_OSC[0] = _ItemsOf(required, file_list, unit_list, files, units)
         return cls(files=files, units=units)
+
+
+class AppliedChanges(_Frozen):
+    """An ``Applied`` written as its changes to another (the base): the items added or
+    replaced, the paths and names removed (None), and the commands owed in full. A journal
+    keeps its target this way, so what it writes before an apply follows the change, not the
+    OSC."""
+
+    files: dict[str, AppliedFile | None] = Field(default_factory=dict)
+    units: dict[str, AppliedUnit | None] = Field(default_factory=dict)
+    owed: dict[str, Owed] = Field(default_factory=dict)
+
+    @classmethod
+    def between(cls, base: Applied, target: Applied) -> AppliedChanges:
+        """What turns ``base`` into ``target`` (an item object both share is unchanged)."""
+        return cls(
+            files=_changed(base.files, target.files),
+            units=_changed(base.units, target.units),
+            owed=target.owed,
+        )
+
+    def apply_to(self, base: Applied) -> Applied:
+        return Applied(
+            files=_with_changes(base.files, self.files),
+            units=_with_changes(base.units, self.units),
+            owed=self.owed,
+        )
+
+
+_Item = TypeVar("_Item")
+
+
+def _changed(base: Mapping[str, _Item], target: Mapping[str, _Item]) -> dict[str, _Item | None]:
+    changes: dict[str, _Item | None] = {
+        key: item for key, item in target.items() if base.get(key) is not item
+    }
+    changes.update(dict.fromkeys(base.keys() - target.keys()))
+    return changes
+
+
+def _with_changes(
+    base: Mapping[str, _Item], changes: Mapping[str, _Item | None]
+) -> dict[str, _Item]:
+    items = dict(base)
+    for key, item in changes.items():
+        if item is None:
+            items.pop(key, None)
+        else:
+            items[key] = item
+    return items
+
+
+@dataclass(frozen=True)
+class _ItemsOf:
+    """The items of the OSC ``Applied.of_osc`` last made an ``Applied`` of, and what it made.
+
+    An update usually replaces a few item objects of the OSC before and keeps the others
+    (decoding reuses them), so the next OSC's items are found by what changed, in place, when
+    every item is where it was: the cost follows the change, not the OSC."""
+
+    required: bool
+    file_list: tuple[File, ...]
+    unit_list: tuple[Unit, ...]
+    files: dict[str, AppliedFile]
+    units: dict[str, AppliedUnit]
+
+    def files_by_change(
+        self, file_list: tuple[File, ...], refs: Mapping[str, bytes]
+    ) -> dict[str, AppliedFile] | None:
+        """The files' states, or None when the files are not the same paths in the same
+        places. Files that are not inline are always made again (their bytes are in ``refs``)."""
+        if len(file_list) != len(self.file_list) or len(self.files) != len(file_list):
+            return None  # another shape, or a path twice (the last one counts)
+        files = dict(self.files)
+        for new, old in zip(file_list, self.file_list, strict=True):
+            if new is old and new.content.inline is not None:
+                continue
+            if new.path != old.path:
+                return None
+            files[new.path] = file_state(new, refs, required=self.required)
+        return files
+
+    def units_by_change(self, unit_list: tuple[Unit, ...]) -> dict[str, AppliedUnit] | None:
+        if len(unit_list) != len(self.unit_list) or len(self.units) != len(unit_list):
+            return None
+        units = dict(self.units)
+        for new, old in zip(unit_list, self.unit_list, strict=True):
+            if new is old:
+                continue
+            if new.name != old.name:
+                return None
+            units[new.name] = AppliedUnit.of(new)
+        return units
+
+
+#: the last OSC ``Applied.of_osc`` was asked about (None: none yet)
+_LAST_OF_OSC: list[_ItemsOf | None] = [None]
 
 
 def sha256_of(data: bytes) -> str:

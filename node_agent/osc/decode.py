@@ -55,6 +55,7 @@ from yaml.events import (
 from yaml.nodes import MappingNode, Node, ScalarNode
 
 from node_agent.base import layout
+from node_agent.base.by_change import common_prefix, common_suffix
 from node_agent.base.errors import OSCChecksumError, OSCDecodeError, OSCValidationError
 from node_agent.base.log import get_logger
 from node_agent.osc.memo import ITEM_MEMO_BYTES, Memo, item_weight
@@ -426,9 +427,10 @@ def sha256_hex(raw: bytes) -> str:
     return hashlib.sha256(raw).hexdigest()
 
 
-def verify_checksum(raw: bytes, expected: str | None) -> None:
-    """Check ``raw`` against the ``checksum/data-script`` annotation value."""
-    actual = sha256_hex(raw)
+def verify_checksum(raw: bytes, expected: str | None, digest: str | None = None) -> None:
+    """Check ``raw`` against the ``checksum/data-script`` annotation value (``digest``: the
+    sha256 of ``raw`` when the caller has it already)."""
+    actual = digest or sha256_hex(raw)
     if not expected or not expected.strip():
         raise OSCChecksumError(
             "the OSC Secret has no checksum/data-script annotation; refusing unverified osc.yaml",
@@ -444,15 +446,16 @@ def verify_checksum(raw: bytes, expected: str | None) -> None:
 
 
 def decode_osc(
-    raw: bytes, checksum: str | None, host_name: str | None = None
+    raw: bytes, checksum: str | None, host_name: str | None = None, digest: str | None = None
 ) -> OperatingSystemConfig:
     """Verify, parse and validate the ``osc.yaml`` bytes of an OSC Secret.
 
     ``host_name`` selects host-specific files for the duplicate-path check; without it, files
-    that could land on the same host at the same path are rejected.
+    that could land on the same host at the same path are rejected. ``digest``: the sha256 of
+    ``raw`` when the caller has it already.
     """
     _check_size(raw)
-    verify_checksum(raw, checksum)
+    verify_checksum(raw, checksum, digest)
     osc = parse_osc(raw)
     validate_osc(osc, host_name)
     return osc
@@ -560,8 +563,8 @@ def _reparse(snapshot: _Snapshot, raw: bytes) -> OperatingSystemConfig | None:
     old = snapshot.raw
     if not raw.isascii():
         return None
-    start = _common_prefix(old, raw)
-    end = len(old) - _common_suffix(old, raw, min(len(old), len(raw)) - start)
+    start = common_prefix(old, raw)
+    end = len(old) - common_suffix(old, raw, min(len(old), len(raw)) - start)
     found = _changed_item(snapshot, start, end)
     if found is None:
         return None
@@ -640,31 +643,6 @@ def _dash_column(text: bytes) -> int | None:
     return column
 
 
-def _common_prefix(a: bytes, b: bytes) -> int:
-    """How many leading bytes ``a`` and ``b`` share (memcmp on halving slices)."""
-    low, high = 0, min(len(a), len(b))
-    while low < high:
-        mid = (low + high + 1) // 2
-        if a[low:mid] == b[low:mid]:
-            low = mid
-        else:
-            high = mid - 1
-    return low
-
-
-def _common_suffix(a: bytes, b: bytes, limit: int) -> int:
-    """How many trailing bytes ``a`` and ``b`` share, at most ``limit``."""
-    low, high = 0, limit
-    la, lb = len(a), len(b)
-    while low < high:
-        mid = (low + high + 1) // 2
-        if a[la - mid : la - low] == b[lb - mid : lb - low]:
-            low = mid
-        else:
-            high = mid - 1
-    return low
-
-
 def validate_osc(osc: OperatingSystemConfig, host_name: str | None = None) -> None:
     """Reject values that cannot be applied safely; raise on the first one found.
 
@@ -672,6 +650,8 @@ def validate_osc(osc: OperatingSystemConfig, host_name: str | None = None) -> No
     directory, a file over a unit's file) to the files that host gets; without it, files that
     could land on the same host are checked against each other.
     """
+    if _validated_by_change(osc, host_name):
+        return
     files = [
         *_indexed("spec.files", osc.spec.files),
         *_indexed("status.extensionFiles", osc.status.extension_files),
@@ -697,6 +677,80 @@ def validate_osc(osc: OperatingSystemConfig, host_name: str | None = None) -> No
     if not known:
         _check_unit_paths(mine, units)
         _BETWEEN_PASSED[0] = between
+    _LAST_VALID[0] = _Validated.of(osc, host_name)
+
+
+@dataclass(frozen=True)
+class _Validated:
+    """The items of the last OSC that passed ``validate_osc`` whole, in their places."""
+
+    host_name: str | None
+    spec_files: int
+    spec_units: int
+    files: tuple[File, ...]
+    units: tuple[Unit, ...]
+
+    @classmethod
+    def of(cls, osc: OperatingSystemConfig, host_name: str | None) -> _Validated:
+        spec, status = osc.spec, osc.status
+        return cls(
+            host_name,
+            len(spec.files),
+            len(spec.units),
+            (*spec.files, *status.extension_files),
+            (*spec.units, *status.extension_units),
+        )
+
+
+#: the last OSC that passed ``validate_osc`` (None: none yet)
+_LAST_VALID: list[_Validated | None] = [None]
+
+
+def _validated_by_change(osc: OperatingSystemConfig, host_name: str | None) -> bool:
+    """Validate ``osc`` by what it changed from the last OSC that passed, when it has the same
+    items in the same places and only some of them are other objects (decoding reuses the
+    objects of unchanged items) with the same paths and names: those are checked by
+    themselves, and the checks between items, which read only paths and names, pass as they
+    did. False (nothing checked) when the OSC is not such a change: validate it whole."""
+    last = _LAST_VALID[0]
+    if last is None or last.host_name != host_name:
+        return False
+    now = _Validated.of(osc, host_name)
+    if (now.spec_files, now.spec_units, len(now.files), len(now.units)) != (
+        last.spec_files,
+        last.spec_units,
+        len(last.files),
+        len(last.units),
+    ):
+        return False
+    files = [i for i, (a, b) in enumerate(zip(now.files, last.files, strict=True)) if a is not b]
+    units = [i for i, (a, b) in enumerate(zip(now.units, last.units, strict=True)) if a is not b]
+    for i in files:
+        new, old = now.files[i], last.files[i]
+        if (new.path, new.host_name) != (old.path, old.host_name):
+            return False
+    for i in units:
+        new_unit, old_unit = now.units[i], last.units[i]
+        if _unit_shape(new_unit) != _unit_shape(old_unit):
+            return False
+    for i in files:
+        where = _place("spec.files", "status.extensionFiles", i, now.spec_files)
+        _VALID_FILES.get(now.files[i], functools.partial(_validate_file, where))
+    for i in units:
+        where = _place("spec.units", "status.extensionUnits", i, now.spec_units)
+        _VALID_UNIT_NAMES.get(now.units[i], functools.partial(_validate_unit_name, where))
+        _VALID_DROP_INS.get(now.units[i], functools.partial(_validate_drop_in_names, where))
+    _LAST_VALID[0] = now
+    return True
+
+
+def _unit_shape(unit: Unit) -> tuple[object, ...]:
+    """What the checks between items read of a unit (see ``_between_key``)."""
+    return (unit.name, unit.content is not None, tuple(d.name for d in unit.drop_ins))
+
+
+def _place(spec: str, status: str, index: int, in_spec: int) -> str:
+    return f"{spec}[{index}]" if index < in_spec else f"{status}[{index - in_spec}]"
 
 
 #: what the checks between items read, of the last OSC that passed them (see ``_between_key``)
@@ -713,10 +767,7 @@ def _between_key(
     return (
         host_name,
         tuple((file.path, file.host_name) for _, file in files),
-        tuple(
-            (unit.name, unit.content is not None, tuple(d.name for d in unit.drop_ins))
-            for _, unit in units
-        ),
+        tuple(_unit_shape(unit) for _, unit in units),
     )
 
 

@@ -245,10 +245,16 @@ def plan(
     if target is None:
         target = Applied.of_osc(desired, host_name, refs, required=True)
     new_files = target.files
+    # An item object the base shares with the target is unchanged (both are frozen; decoding
+    # and ``Applied.of_osc`` reuse the objects of items an update did not touch), so only the
+    # others are compared: the plan's cost follows the change, not the OSC.
+    old_files = base.files
     writes = [
         _file_write(wanted[path], new, refs, reason)
-        for path, new in sorted(new_files.items())
-        if (reason := _file_change(base.files.get(path), new))
+        for path, new in sorted(
+            (path, new) for path, new in new_files.items() if old_files.get(path) is not new
+        )
+        if (reason := _file_change(old_files.get(path), new))
     ]
     deletes = [
         FileDelete(path=p, reason="removed from the OSC")
@@ -320,6 +326,12 @@ class _UnitPlanner:
 
     def desired(self, old: AppliedUnit | None, new: AppliedUnit) -> None:
         name = new.name
+        if (
+            old is new
+            and name not in self.owed
+            and self.changed_paths.keys().isdisjoint(new.file_paths)
+        ):
+            return  # the same definition, none of its files changed, nothing owed
         reasons = ["it is new"] if old is None else []
         old_content = old.content if old is not None else None
         if new.content is not None and new.content != old_content:

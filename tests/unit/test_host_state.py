@@ -27,6 +27,7 @@ from node_agent.host.state import (
     StateStore,
     claims_for,
 )
+from node_agent.osc.applied import Applied, AppliedFile, AppliedUnit, Owed
 from node_agent.osc.plan import (
     ChangeSet,
     DropInDelete,
@@ -459,3 +460,70 @@ def test_store_cleans_temp_files_of_pending_and_owned_paths(
     removed = StateStore(fs).cleanup_temp_files()
     assert len(removed) == 4
     assert (root / "other/.node-agent-tmp-x").exists()  # unknown directories are left alone
+
+
+def applied_of(*files: tuple[str, str]) -> Applied:
+    return Applied(
+        files={path: AppliedFile(mode=0o644, sha256=sha(body.encode())) for path, body in files},
+        units={"a.service": AppliedUnit(name="a.service", content="[Service]\n")},
+    )
+
+
+def test_a_journal_over_the_last_applied_record_names_it_and_writes_the_target_as_changes(
+    store: StateStore, root: Path
+) -> None:
+    """The usual base (the last applied OSC's record, the very object) is named by checksum
+    and the target written as its changes: the journal does not grow with the OSC. A new
+    process reads back the same base and target; after a crash between the completion's record
+    and dropping the journal, the target is that record; without a usable record both are
+    unknown (as in an older agent's journal)."""
+    many = [(f"/etc/f{i}", "same") for i in range(300)]
+    base = applied_of(*many, ("/etc/a", "one"), ("/etc/gone", "x"))
+    last = store.save_last_applied(b"osc one", applied=base)
+    assert last.applied is base
+    target = Applied(
+        files={**{p: f for p, f in base.files.items() if p != "/etc/gone"},
+               "/etc/a": AppliedFile(mode=0o644, sha256=sha(b"two"))},
+        units=base.units,
+        owed={"a.service": Owed(action="restart", reasons=("/etc/a changed",))},
+    )  # fmt: skip
+    cs = ChangeSet(files_to_write=(fw("/etc/a", b"two"),))
+    store.begin(cs, sha(b"osc two"), base=base, target=target)
+    journal = json.loads(state_file(root, CHANGES).read_text())
+    assert journal["base"] is None
+    assert journal["target"] is None
+    assert journal["base_checksum"] == sha(b"osc one")
+    assert journal["target_changes"]["files"] == {
+        "/etc/a": {"mode": 0o644, "sha256": sha(b"two"), "source": [], "image_ref": None},
+        "/etc/gone": None,
+    }
+    assert len(state_file(root, CHANGES).read_bytes()) < 2000  # not 300 files' worth
+
+    resumed = StateStore(HostFS(root)).pending()
+    assert resumed is not None
+    assert (resumed.base, resumed.target) == (base, target)
+
+    store.save_last_applied(b"osc two", applied=target)  # the completion's record ...
+    resumed = StateStore(HostFS(root)).pending()  # ... and a crash before the journal went
+    assert resumed is not None
+    assert (resumed.base, resumed.target) == (None, target)
+
+    state_file(root, LAST_APPLIED_META).write_text("{")
+    resumed = StateStore(HostFS(root)).pending()
+    assert resumed is not None
+    assert (resumed.base, resumed.target) == (None, None)
+    assert resumed.change_set == cs
+
+
+def test_a_journal_over_another_base_writes_it_whole(store: StateStore, root: Path) -> None:
+    """A base that is not the last applied record (an unfinished journal's result, say) and
+    its target are written whole."""
+    store.save_last_applied(b"osc one", applied=applied_of(("/etc/a", "one")))
+    base, target = applied_of(("/etc/a", "half")), applied_of(("/etc/a", "two"))
+    store.begin(ChangeSet(files_to_write=(fw("/etc/a", b"two"),)), "sum", base=base, target=target)
+    journal = json.loads(state_file(root, CHANGES).read_text())
+    assert journal["base_checksum"] is None
+    assert journal["target_changes"] is None
+    resumed = StateStore(HostFS(root)).pending()
+    assert resumed is not None
+    assert (resumed.base, resumed.target) == (base, target)

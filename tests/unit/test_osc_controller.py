@@ -274,9 +274,11 @@ async def test_a_rejected_secret_is_not_decoded_again_until_it_changes(
     decoded: list[bytes] = []
     real = decode_osc
 
-    def counting(raw: bytes, annotated: str | None, host: str) -> OperatingSystemConfig:
+    def counting(
+        raw: bytes, annotated: str | None, host: str, digest: str | None = None
+    ) -> OperatingSystemConfig:
         decoded.append(raw)
-        return real(raw, annotated, host)
+        return real(raw, annotated, host, digest)
 
     monkeypatch.setattr(controller_module, "decode_osc", counting)
     ctl.observe("ADDED", secret(b"kind: [not an OSC"))

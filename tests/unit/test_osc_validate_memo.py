@@ -1,7 +1,7 @@
 """``decode.validate_osc`` with its memos (per item by the item object, the checks between
-items by what they read) against a validation with nothing remembered: on random sequences of
-OSCs that share item objects, as an update read by its one changed item does, the same
-outcome (valid, or the same error naming the same item)."""
+items by what they read, an update by the items it changed) against a validation with nothing
+remembered: on random sequences of OSCs that share item objects, as an update read by its one
+changed item does, the same outcome (valid, or the same error naming the same item)."""
 
 from __future__ import annotations
 
@@ -92,16 +92,16 @@ def outcome(osc: OperatingSystemConfig, host: str | None) -> tuple[str, ...]:
 def nothing_remembered() -> Iterator[None]:
     names = ["_VALID_FILES", "_VALID_UNIT_NAMES", "_VALID_DROP_INS"]
     kept = {name: getattr(decode, name) for name in names}
-    passed = decode._BETWEEN_PASSED[0]
+    passed, last = decode._BETWEEN_PASSED[0], decode._LAST_VALID[0]
     for name in names:
         setattr(decode, name, Memo(1 << 20, item_weight))
-    decode._BETWEEN_PASSED[0] = None
+    decode._BETWEEN_PASSED[0] = decode._LAST_VALID[0] = None
     try:
         yield
     finally:
         for name, memo in kept.items():
             setattr(decode, name, memo)
-        decode._BETWEEN_PASSED[0] = passed
+        decode._BETWEEN_PASSED[0], decode._LAST_VALID[0] = passed, last
 
 
 @settings(max_examples=1000, deadline=None)
@@ -187,3 +187,30 @@ def test_each_thing_the_checks_between_items_read_is_remembered() -> None:
                 files[1] = inline("/etc/a/c")
             osc = OperatingSystemConfig(spec=OSCSpec(files=tuple(files), units=tuple(units)))
             assert outcome(osc, host)[0] == "error", what
+
+
+def test_an_update_is_checked_by_the_items_it_changed() -> None:
+    """The OSC before passed whole; the update replaces one file by one of the same path, with
+    permissions out of range: the error names that item in its place (spec or status), and
+    the OSC after a rejected one is checked again in full (its files clash)."""
+    with nothing_remembered():
+        spec = [inline("/etc/a"), inline("/etc/b")]
+        status = (inline("/etc/c"),)
+        osc = OperatingSystemConfig(
+            spec=OSCSpec(files=tuple(spec)), status=OSCStatus(extension_files=status)
+        )
+        assert outcome(osc, "n") == ("ok",)
+        bad = File(path="/etc/b", permissions=0o10000, content=spec[1].content)
+        osc = OperatingSystemConfig(
+            spec=OSCSpec(files=(spec[0], bad)), status=OSCStatus(extension_files=status)
+        )
+        assert outcome(osc, "n")[2] == "spec.files[1].permissions"
+        osc = OperatingSystemConfig(
+            spec=OSCSpec(files=tuple(spec)), status=OSCStatus(extension_files=(bad,))
+        )
+        assert outcome(osc, "n")[2] == "status.extensionFiles[0].permissions"
+        clash = inline("/etc/a")
+        osc = OperatingSystemConfig(
+            spec=OSCSpec(files=(spec[0], clash)), status=OSCStatus(extension_files=status)
+        )
+        assert outcome(osc, "n")[0] == "error"

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from node_agent.apply.applier import Applier, Outcome, Planned
 from node_agent.apply.executor import ApplyReport
 from node_agent.base import retry
+from node_agent.base.by_change import Base64ByChange
 from node_agent.base.durations import parse_duration
 from node_agent.base.errors import (
     ApplyError,
@@ -59,11 +60,17 @@ log = get_logger("node-agent.osc")
 JSON = dict[str, Any]
 
 
-def secret_bytes(secret: Mapping[str, Any], key: str, what: str) -> bytes:
+def secret_bytes(
+    secret: Mapping[str, Any], key: str, what: str, decoder: Base64ByChange | None = None
+) -> bytes:
+    """The bytes of the Secret's ``key``; ``decoder`` decodes it by what changed since the
+    value it decoded last (an update of a large OSC changes a few of its bytes)."""
     data = secret.get("data") or {}
     if key not in data:
         raise OSCDecodeError(f"{what} has no data key {key!r}")
     try:
+        if decoder is not None:
+            return decoder.decode(data[key])
         return base64.b64decode(data[key], validate=True)
     except (binascii.Error, ValueError, TypeError) as exc:
         raise OSCDecodeError(f"{what} data key {key!r} is not valid base64") from exc
@@ -181,6 +188,8 @@ class OSCController:
         self._backoff = Backoff.of(retry.APPLY)  # a failed reconcile
         self._recheck = Backoff.of(retry.HELD_BACK)  # derived items held back
         self._rejected: str | None = None  # resourceVersion of a Secret found invalid
+        self._osc_yaml = Base64ByChange()  # the Secret's osc.yaml, decoded by what changed
+        self._digest: tuple[bytes, str] | None = None  # the last osc.yaml bytes and their sha256
         self._reported: str | None = None  # checksum last written to the Node
         # checksum whose reconciliation delay was waited out: a node the rollout holds back is
         # woken many times for the same update, and each look would read the Node again
@@ -459,9 +468,13 @@ class OSCController:
         if self._rejected is not None and str(meta.get("resourceVersion")) == self._rejected:
             return None
         self._rejected = None
-        raw = secret_bytes(secret, DATA_KEY, f"secret {NAMESPACE}/{meta.get('name')}")
+        where = f"secret {NAMESPACE}/{meta.get('name')}"
+        raw = secret_bytes(secret, DATA_KEY, where, self._osc_yaml)
         annotated = (meta.get("annotations") or {}).get(report.ANNOTATION_SECRET_CHECKSUM)
-        return Desired(secret=secret, raw=raw, annotated=annotated, checksum=sha256_hex(raw))
+        digest = self._digest
+        if digest is None or digest[0] is not raw:  # the very bytes when osc.yaml is unchanged
+            digest = self._digest = (raw, sha256_hex(raw))
+        return Desired(secret=secret, raw=raw, annotated=annotated, checksum=digest[1])
 
     async def _already_applied(self, desired: Desired, applied: str, *, resync: bool) -> bool:
         """True when the host has these very bytes (validated when they were applied) and no
@@ -476,7 +489,7 @@ class OSCController:
         if resync:
             await self._repair_drift(desired.raw, desired.annotated)
         if self._reported != desired.checksum:
-            osc = decode_osc(desired.raw, desired.annotated, self.ctx.host_name)
+            osc = decode_osc(desired.raw, desired.annotated, self.ctx.host_name, desired.checksum)
             await self._report_applied(osc, desired.checksum, only_if_missing=True)
         elif self.ctx.node_name is not None:
             await self._drop_bootstrap_credentials()  # e.g. the kubelet re-bootstrapped since
@@ -490,7 +503,7 @@ class OSCController:
         rollout paces the pool itself; once per checksum), secretRefs resolved, and one plan to
         be shared."""
         osc = await asyncio.to_thread(
-            decode_osc, desired.raw, desired.annotated, self.ctx.host_name
+            decode_osc, desired.raw, desired.annotated, self.ctx.host_name, desired.checksum
         )
         self.desired_checksum = desired.checksum
         pending = await self.ctx.state.pending_async()
