@@ -46,6 +46,8 @@ INVENTORY = "inventory.json"
 STATUS = "status.json"
 # The health gate of an update in progress, or the verdict on a rolled-back OSC (quarantine).
 HEALTH_GATE = "health-gate.json"
+# The gate's last-known-good osc.yaml: a hard link to the last applied one as the update began.
+HEALTH_GATE_PREVIOUS = "health-gate-previous-osc.yaml"
 # The in-place parts of the update being applied (OS, kubelet, credentials), step by step.
 IN_PLACE = "in-place-update.json"
 # The last 50 applies, for ``node-agent status --history``.
@@ -69,6 +71,7 @@ STATE_FILES = (
     INVENTORY,
     STATUS,
     HEALTH_GATE,
+    HEALTH_GATE_PREVIOUS,
     IN_PLACE,
     HISTORY,
     SELF_UPDATE_GUARD,

@@ -394,10 +394,15 @@ class HostFS:
 
     # --- removing --------------------------------------------------------------------------------
 
-    def keep_previous(self, path: HostPath, suffix: str = ".previous") -> bool:
-        """Keep the regular file at ``path`` as ``<path><suffix>`` before it is replaced: a hard
-        link (no copy), swapped in atomically over an older one. Returns whether a copy was
-        kept (False when ``path`` is missing or not a regular file)."""
+    def keep_previous(
+        self, path: HostPath, suffix: str = ".previous", *, keep_as: str | None = None
+    ) -> bool:
+        """Keep the regular file at ``path`` as ``<path><suffix>`` (or as ``keep_as``, a name
+        in the same directory) before it is replaced: a hard link (no copy), swapped in
+        atomically over an older one. Returns whether a copy was kept (False when ``path`` is
+        missing or not a regular file)."""
+        if keep_as is not None and (not keep_as or "/" in keep_as or keep_as in (".", "..")):
+            raise UnsafePathError(keep_as, "is not a file name")
         parts = self._target_parts(path)
         name = parts[-1]
         with (
@@ -412,7 +417,7 @@ class HostFS:
             temp = _temp_name(name)
             os.link(name, temp, src_dir_fd=dfd, dst_dir_fd=dfd, follow_symlinks=False)
             try:
-                os.rename(temp, name + suffix, src_dir_fd=dfd, dst_dir_fd=dfd)
+                os.rename(temp, keep_as or name + suffix, src_dir_fd=dfd, dst_dir_fd=dfd)
             except OSError:
                 with suppress(OSError):
                     os.unlink(temp, dir_fd=dfd)

@@ -631,6 +631,23 @@ class StateStore:
         async with self._lock:
             await _off_loop(self.fs.remove, self.path(name))
 
+    async def keep_last_applied_async(self, name: str) -> bool:
+        """Keep the last applied ``osc.yaml`` as it is now as state file ``name``: a hard link,
+        no copy (the last applied file is only ever replaced whole, never changed in place).
+        False when there is none, or the file system refused the link."""
+        async with self._lock:
+            try:
+                last = self.path(LAST_APPLIED_OSC)
+                return await _off_loop(self.fs.keep_previous, last, keep_as=name)
+            except HostError as exc:
+                _log.warning("cannot keep the last applied osc.yaml", keep=name, error=str(exc))
+                return False
+
+    async def load_kept_async(self, name: str, checksum: str) -> bytes | None:
+        """The bytes state file ``name`` kept, if their sha256 is ``checksum``; else None."""
+        raw = await _off_loop(self._read, name)
+        return raw if raw is not None and sha256_hex(raw) == checksum else None
+
     # --- crash leftovers -------------------------------------------------------------------------
 
     def temp_dirs(self) -> list[str]:

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from node_agent.apply.executor import ApplyReport
 from node_agent.apply.restart_guard import RestartGuard
-from node_agent.base.layout import HEALTH_GATE
+from node_agent.base.layout import HEALTH_GATE, HEALTH_GATE_PREVIOUS
 from node_agent.config import HealthGateConfig
 from node_agent.controllers.osc.breakage import (
     RESTART_LOOP,
@@ -303,3 +303,29 @@ def test_a_held_unit_is_reported_degraded_in_the_condition_message() -> None:
         "y.service: failed",
     )
     assert verdict.condition.status == "False"
+
+
+async def test_the_last_known_good_osc_is_kept_by_a_link_not_written_into_the_record(
+    tmp_path: Path,
+) -> None:
+    """The record names the last applied osc.yaml, kept as a hard link when the update
+    begins: the update's completion replaces the last applied file, the kept one still holds
+    the old bytes; a kept file changed by hand is not taken for them; ``clear`` drops it."""
+    store = StateStore(HostFS(tmp_path))
+    last = store.save_last_applied(b"good osc", {"/f": b"s"})
+    systemd = FakeSystemd({"web.service": ("active", "running")})
+    g = gate(tmp_path, systemd, Clock())
+    record = await g.begin("1" * 64, last, ["web.service"])
+    assert record is not None
+    assert record.previous_raw is None
+    store.save_last_applied(b"the update")  # the update completed
+    again = gate(tmp_path, systemd, Clock())  # a restarted agent
+    loaded = await again.record()
+    assert loaded is not None
+    assert await again.previous_raw(loaded) == b"good osc"
+    kept = tmp_path / "var/lib/gardener-node-agent" / HEALTH_GATE_PREVIOUS
+    assert kept.stat().st_mode & 0o777 == 0o600
+    kept.write_bytes(b"good osc, edited")
+    assert await again.previous_raw(loaded) is None
+    await again.clear()
+    assert not kept.exists()

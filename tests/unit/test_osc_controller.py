@@ -20,7 +20,7 @@ import yaml
 from node_agent.agent import after_first_reconcile, build_applier
 from node_agent.apply.applier import Applier, Planned
 from node_agent.base.errors import ApplyError, HostIOError
-from node_agent.base.layout import unit_path
+from node_agent.base.layout import HEALTH_GATE_PREVIOUS, unit_path
 from node_agent.base.loop import DONE, RETRY, SKIPPED
 from node_agent.context import AgentContext
 from node_agent.controllers.osc import controller as controller_module
@@ -502,3 +502,28 @@ async def test_a_lost_journal_makes_the_next_turn_look_for_drift(tmp_path: Path)
     assert await ctl._step(True) is DONE  # woken, yet the full check runs
     assert conf.read_text() == "one\n"
     assert reasons(kube)[-1] == report.REASON_DRIFT_REPAIRED
+
+
+async def test_a_rollback_without_its_kept_osc_says_so_and_leaves_the_update(
+    tmp_path: Path,
+) -> None:
+    """The last-known-good osc.yaml the gate kept is gone when the update must be rolled
+    back (only a hand in the state directory does that): a Warning names both OSCs, the gate
+    is cleared, the update stays applied, and nothing is retried forever."""
+    ctl, ctx, kube, _ = controller(tmp_path, gate={"enabled": True, "settleWindow": "30s"})
+    one, two = osc_bytes("one\n"), osc_bytes("two\n")
+    await ctl.reconcile(secret(one))
+    last = await ctx.state.load_last_applied_async()
+    assert last is not None
+    record = await ctl.gate.begin(checksum_of(two), last, ["a.service"])
+    assert record is not None
+    assert record.previous_raw is None  # kept by a link
+    (tmp_path / "var/lib/gardener-node-agent" / HEALTH_GATE_PREVIOUS).unlink()
+    rolling = record.model_copy(update={"phase": "rolling-back", "unit": "a.service"})
+    await ctl._roll_back(rolling)
+    assert reasons(kube)[-1] == report.REASON_OSC_ROLLED_BACK
+    message = kube.writes("create_event")[-1][1]["message"]
+    assert "cannot be rolled back" in message
+    assert checksum_of(one)[:12] in message
+    assert await ctl.gate.record() is None
+    assert (tmp_path / "etc/test/a.conf").read_text() == "one\n"  # nothing applied

@@ -749,7 +749,18 @@ class OSCController:
         """Apply the last-known-good OSC again (restoring what the update changed and
         restarting those units once), then quarantine the update's checksum. A rollback that
         fails part-way raises ApplyError: the retry loop comes back here, with backoff."""
-        raw = record.previous_raw
+        raw = await self.gate.previous_raw(record)
+        if raw is None:
+            # Only a hand in the state directory gets here: the update stays, reported as it
+            # is (its broken unit by the unit check), rather than retrying forever.
+            message = (
+                f"OSC {record.checksum[:12]} broke {record.unit}, but cannot be rolled back: "
+                f"the copy of OSC {record.previous_checksum[:12]} kept for it is gone or changed"
+            )
+            log.error("rollback impossible", checksum=record.checksum, unit=record.unit)
+            await self.ctx.event(report.REASON_OSC_ROLLED_BACK, message, warning=True)
+            await self.gate.clear()
+            return
         osc = await asyncio.to_thread(parse_osc, raw)
         resolved = record.previous_resolved
         if resolved is None:

@@ -26,7 +26,7 @@ from typing import Literal
 from pydantic import AwareDatetime, BaseModel, ConfigDict
 
 from node_agent.apply.executor import ApplyReport
-from node_agent.base.layout import HEALTH_GATE
+from node_agent.base.layout import HEALTH_GATE, HEALTH_GATE_PREVIOUS
 from node_agent.base.log import get_logger
 from node_agent.config import HealthGateConfig
 from node_agent.controllers.osc.breakage import Evidence, first_evidence, ran_before, watched_units
@@ -70,7 +70,10 @@ class GateRecord(Document):
     phase: Phase
     checksum: str  # the update's OSC
     previous_checksum: str  # the last-known-good OSC
-    previous_raw: Base64Bytes
+    #: its osc.yaml; None: kept as state file HEALTH_GATE_PREVIOUS, a hard link to the last
+    #: applied one as the update began (writing up to a MiB before every update would cost in
+    #: proportion to the OSC on the way to the restart)
+    previous_raw: Base64Bytes | None = None
     previous_resolved: dict[str, Base64Bytes] | None = None
     before: dict[str, UnitMark]  # units running before the apply
     watched: tuple[str, ...] | None = None  # None: the apply has not finished yet
@@ -153,7 +156,15 @@ class HealthGate:
     async def clear(self) -> None:
         if await self.record() is not None:
             await self.state.remove_doc_async(HEALTH_GATE)
+            await self.state.remove_doc_async(HEALTH_GATE_PREVIOUS)
         self._record, self._loaded = None, True
+
+    async def previous_raw(self, record: GateRecord) -> bytes | None:
+        """The last-known-good osc.yaml of ``record``; None when the copy kept of it is gone
+        or is not what it was (its checksum differs)."""
+        if record.previous_raw is not None:
+            return record.previous_raw
+        return await self.state.load_kept_async(HEALTH_GATE_PREVIOUS, record.previous_checksum)
 
     # -- one update ----------------------------------------------------------------------------
     async def begin(
@@ -172,12 +183,13 @@ class HealthGate:
         if not before:
             await self.clear()
             return None
+        kept = await self.state.keep_last_applied_async(HEALTH_GATE_PREVIOUS)
         return await self._save(
             GateRecord(
                 phase="watching",
                 checksum=checksum,
                 previous_checksum=previous.checksum,
-                previous_raw=previous.raw,
+                previous_raw=None if kept else previous.raw,
                 previous_resolved=previous.resolved,
                 before=before,
                 started_at=datetime.now(UTC),
