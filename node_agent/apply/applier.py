@@ -32,6 +32,7 @@ from node_agent.host.state import UNIT_DIR, UNIT_FILE_MODE, StateStore, claims_f
 from node_agent.osc import steps
 from node_agent.osc.applied import Applied, AppliedUnit, Owed, adopt
 from node_agent.osc.decode import parse_osc, sha256_hex
+from node_agent.osc.memo import Last
 from node_agent.osc.merge import osc_units
 from node_agent.osc.models import OperatingSystemConfig
 from node_agent.osc.plan import ChangeSet, UnitCommand, is_template, plan
@@ -72,21 +73,19 @@ def wanted_paths(applied: Applied) -> frozenset[str]:
     """Every host path an ``Applied`` has: files, unit files, drop-ins. Kept for the last one
     asked about: an apply's orphan sweep asks about its target, and the next apply's plan
     about the same object, its base."""
-    last = _WANTED[0]
-    if last is not None and last[0] is applied:
-        return last[1]
+    return _WANTED.get(applied, _wanted_paths)
+
+
+def _wanted_paths(applied: Applied) -> frozenset[str]:
     paths = set(applied.files)
     for unit in applied.units.values():
         if unit.content is not None:
             paths.add(unit_path(unit.name))
         paths |= {drop_in_path(unit.name, name) for name in unit.drop_ins}
-    wanted = frozenset(paths)
-    _WANTED[0] = (applied, wanted)
-    return wanted
+    return frozenset(paths)
 
 
-#: the last ``Applied`` ``wanted_paths`` was asked about (frozen), and its paths
-_WANTED: list[tuple[Applied, frozenset[str]] | None] = [None]
+_WANTED: Last[Applied, frozenset[str]] = Last()
 
 
 class Applier:

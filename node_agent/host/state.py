@@ -321,20 +321,21 @@ class StateStore:
         # The base is usually the last applied OSC's record, the very object: the journal
         # names it by checksum and keeps the target as its changes (see ``_journal_applied``).
         last = self._last if self._last_known else None
-        by_reference = last is not None and base is not None and base is last.applied
+        ref = last if last is not None and base is not None and base is last.applied else None
+        changes = (
+            AppliedChanges.between(base, target)
+            if ref is not None and base is not None and target is not None
+            else None
+        )
         doc = JournalDoc(
             id=uuid.uuid4().hex,
             osc_checksum=osc_checksum,
             started_at=_now(),
             change_set=change_set,
-            base=None if by_reference else base,
-            target=None if by_reference and target is not None else target,
-            base_checksum=last.checksum if by_reference and last is not None else None,
-            target_changes=(
-                AppliedChanges.between(base, target)
-                if by_reference and base is not None and target is not None
-                else None
-            ),
+            base=None if ref is not None else base,
+            target=None if changes is not None else target,
+            base_checksum=ref.checksum if ref is not None else None,
+            target_changes=changes,
             preexisting=preexisting,
         )
         self._save(CHANGES, doc, SECRET_MODE)

@@ -53,6 +53,24 @@ class Memo(Generic[K, V]):
         return value
 
 
+class Last(Generic[K, V]):
+    """The value of the last key asked about, by identity (one entry): for work on a whole
+    frozen object (an OSC, an ``Applied``) that one update asks for several times in a row.
+    Holds its key, so an id is never reused while it is in here; a race between threads can
+    only cost a recomputation."""
+
+    def __init__(self) -> None:
+        self._entry: tuple[K, V] | None = None
+
+    def get(self, key: K, compute: Callable[[K], V]) -> V:
+        entry = self._entry
+        if entry is not None and entry[0] is key:
+            return entry[1]
+        value = compute(key)
+        self._entry = (key, value)
+        return value
+
+
 def item_weight(item: object) -> int:
     """About the bytes an OSC item holds (its strings, 64 for the rest): what a memo entry
     keeps alive, so the memos are bounded in bytes, not only in entries (one large file per

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from node_agent.osc.memo import Last
 from node_agent.osc.models import DropIn, File, OperatingSystemConfig, SecretRefContent, Unit
 
 
@@ -29,32 +30,26 @@ def merge_units(*groups: Iterable[Unit]) -> tuple[Unit, ...]:
 
 def osc_units(osc: OperatingSystemConfig) -> tuple[Unit, ...]:
     """The units of ``osc``: ``spec.units`` merged with ``status.extensionUnits``."""
-    last = _UNITS[0]
-    if last is not None and last[0] is osc:
-        return last[1]
-    units = merge_units(osc.spec.units, osc.status.extension_units)
-    _UNITS[0] = (osc, units)
-    return units
+    return _UNITS.get(osc, lambda o: merge_units(o.spec.units, o.status.extension_units))
 
 
 def osc_files(osc: OperatingSystemConfig, host_name: str) -> tuple[File, ...]:
     """``spec.files`` then ``status.extensionFiles``, without files meant for other hosts."""
-    last = _FILES[0]
-    if last is not None and last[0] is osc and last[1] == host_name:
-        return last[2]
-    files = tuple(
-        file
-        for file in (*osc.spec.files, *osc.status.extension_files)
-        if file.host_name is None or file.host_name == host_name
-    )
-    _FILES[0] = (osc, host_name, files)
+    by_host = _FILES.get(osc, lambda _: {})
+    files = by_host.get(host_name)
+    if files is None:
+        files = by_host[host_name] = tuple(
+            file
+            for file in (*osc.spec.files, *osc.status.extension_files)
+            if file.host_name is None or file.host_name == host_name
+        )
     return files
 
 
 #: the items of the last OSC asked about (an OSC is frozen): an update asks for them several
 #: times (validation, plan, report), each a pass over the whole OSC
-_UNITS: list[tuple[OperatingSystemConfig, tuple[Unit, ...]] | None] = [None]
-_FILES: list[tuple[OperatingSystemConfig, str, tuple[File, ...]] | None] = [None]
+_UNITS: Last[OperatingSystemConfig, tuple[Unit, ...]] = Last()
+_FILES: Last[OperatingSystemConfig, dict[str, tuple[File, ...]]] = Last()
 
 
 def secret_refs(osc: OperatingSystemConfig, host_name: str) -> dict[str, SecretRefContent]:
