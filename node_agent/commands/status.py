@@ -271,17 +271,18 @@ def offline_document(root: Path, config_file: Path | None, reason: str) -> dict[
         with contextlib.suppress(ValidationError):
             record = ApplyRecord.model_validate_json(status)
             doc["last_apply"] = apply_entry(record.model_dump(mode="json"))
+    progress: JournalProgress | None = None
+    progress_raw = read(CHANGES_DONE)
+    if progress_raw is not None:
+        with contextlib.suppress(ValidationError):
+            progress = JournalProgress.model_validate_json(progress_raw)
     journal = read(CHANGES)
     if journal is not None:
         with contextlib.suppress(ValidationError):
             jdoc = JournalDoc.model_validate_json(journal)
             done: set[str] = set()
-            progress_raw = read(CHANGES_DONE)
-            if progress_raw is not None:
-                with contextlib.suppress(ValidationError):
-                    progress = JournalProgress.model_validate_json(progress_raw)
-                    if progress.id == jdoc.id:
-                        done = set(progress.done)
+            if progress is not None and progress.id == jdoc.id:
+                done = set(progress.done)
             steps = step_ids(jdoc.change_set)
             remaining = tuple(s for s in steps if s not in done)
             doc["change_in_progress"] = pending_entry(
@@ -290,7 +291,10 @@ def offline_document(root: Path, config_file: Path | None, reason: str) -> dict[
     inventory = read(INVENTORY)
     if inventory is not None:
         with contextlib.suppress(ValidationError):
-            entries = Inventory.model_validate_json(inventory).entries.values()
+            inv = Inventory.model_validate_json(inventory)
+            entries = inv.entries.values()
+            if progress is not None and progress.id != inv.folded:  # an unfinished apply's
+                entries = {**inv.entries, **progress.claims}.values()
             doc["inventory"] = inventory_counts((e.kind, e.created) for e in entries)
     return doc
 

@@ -64,12 +64,6 @@ class JournalDoc(_Doc):
     preexisting: tuple[str, ...] = ()
 
 
-class JournalProgress(_Doc):
-    id: str
-    done: tuple[str, ...] = ()
-    failed: dict[str, str] = Field(default_factory=dict)  # step id -> why, from the last attempt
-
-
 class OwnedEntry(BaseModel):
     model_config = ConfigDict(frozen=True, extra="ignore")
 
@@ -79,8 +73,20 @@ class OwnedEntry(BaseModel):
     mode: int | None = None
 
 
+class JournalProgress(_Doc):
+    id: str
+    done: tuple[str, ...] = ()
+    failed: dict[str, str] = Field(default_factory=dict)  # step id -> why, from the last attempt
+    #: inventory entries of the paths this journal wrote, not yet in ``inventory.json`` (folded
+    #: in when the journal ends; see ``StateStore.record_written``)
+    claims: dict[str, OwnedEntry] = Field(default_factory=dict)
+
+
 class Inventory(_Doc):
     entries: dict[str, OwnedEntry] = Field(default_factory=dict)  # host path -> entry
+    #: the id of the last journal whose claims were folded in: a progress file of that id left
+    #: behind by a crash is not folded in again (its claims may have been superseded since)
+    folded: str | None = None
 
     def owns(self, path: str) -> bool:
         entry = self.entries.get(path)

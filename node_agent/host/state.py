@@ -18,7 +18,10 @@ atomically through HostFS, each a versioned pydantic model:
 - ``inventory.json`` — every path the agent wrote (files, unit files, drop-ins) with its sha256
   and whether the agent *created* it or found it already there. Entries describe what exists:
   a path is claimed once its write succeeded (``record_written``), so a write that failed (a
-  read-only mount) leaves no claim that a later apply would have to remove. ``begin`` notes in
+  read-only mount) leaves no claim that a later apply would have to remove. A journal's claims
+  are kept in its progress file and folded into the inventory when it ends, so an update does
+  not rewrite every entry before its restart; ``Inventory.folded`` names the last journal
+  folded in, so a progress file a crash left behind is not folded in twice. ``begin`` notes in
   the journal which paths existed before; a crash between a write and its claim is settled
   from the journal and the disk before the next apply. ``owns()`` is true only for created paths: a
   distro unit that merely gets drop-ins, or a pre-existing file the OSC overwrote, is never
@@ -159,6 +162,17 @@ async def _off_loop(fn: Callable[_P, _R], /, *args: _P.args, **kwargs: _P.kwargs
     return cast(_R, await _in_worker(thunk))
 
 
+def _with_entries(inv: Inventory, updates: Mapping[str, OwnedEntry]) -> Inventory:
+    """``inv`` with ``updates`` over its entries, without validating its other entries again
+    (they are valid and in order; a new path puts them in order again)."""
+    if not updates:
+        return inv
+    merged = {**inv.entries, **updates}
+    if not updates.keys() <= inv.entries.keys():
+        merged = dict(sorted(merged.items()))
+    return Inventory.model_construct(entries=merged, folded=inv.folded)
+
+
 class StateStore:
     """Load and save the agent's state through ``fs``. Not thread-safe: one apply at a time."""
 
@@ -167,6 +181,10 @@ class StateStore:
         self.state_dir = state_dir.rstrip("/")
         self._pending: Pending | None = None
         self._inventory: Inventory | None = None
+        #: the entries the current journal wrote, kept in its progress file and in
+        #: ``_inventory``, not yet in ``inventory.json`` (see ``record_written``)
+        self._claims: dict[str, OwnedEntry] = {}
+        self._claims_of: str | None = None  # the id of the journal they belong to
         #: sha256 of last-applied-osc.yaml as last read or written ('' none); None: not read yet
         self._applied: str | None = None
         #: the last applied OSC as last read or written (None: none); kept in memory so that
@@ -308,7 +326,7 @@ class StateStore:
         """Persist ``change_set`` (with the ``Applied`` it starts from and aims at) before
         executing it. Replaces any pending journal: settle that one first. Inventory claims are
         made as writes succeed (``record_written``), so they describe what exists."""
-        inventory = self.inventory()
+        inventory = self._fold_claims()  # the replaced journal's, before its progress goes
         preexisting = tuple(
             sorted(
                 c.path
@@ -443,11 +461,18 @@ class StateStore:
             new_failed.pop(step, None)
         if done == pending.done and new_failed == dict(pending.failed):
             return pending
-        ordered = tuple(s for s in pending.steps if s in done)
-        progress = JournalProgress(id=pending.id, done=ordered, failed=new_failed)
-        self._save(CHANGES_DONE, progress, SECRET_MODE)
         self._pending = replace(pending, done=frozenset(done), failed=new_failed)
+        self._save_progress(self._pending)
         return self._pending
+
+    def _save_progress(self, pending: Pending) -> None:
+        """The journal's progress file: the steps done and failed, and the inventory entries of
+        its writes (``record_written``); durable when this returns."""
+        ordered = tuple(s for s in pending.steps if s in pending.done)
+        progress = JournalProgress(
+            id=pending.id, done=ordered, failed=dict(pending.failed), claims=self._claims
+        )
+        self._save(CHANGES_DONE, progress, SECRET_MODE)
 
     async def mark_done_async(
         self, *steps: str, failed: Mapping[str, str] | None = None
@@ -465,8 +490,14 @@ class StateStore:
             await _off_loop(self.finish)
 
     def record_written(self, claims: Iterable[Claim]) -> Inventory:
-        """Claim paths that were just written (call before marking their steps done). A path new
-        to the inventory counts as created by the agent unless the journal saw it before."""
+        """Claim paths that were just written (call before marking their steps done); durable
+        when this returns. A path new to the inventory counts as created by the agent unless
+        the journal saw it before.
+
+        During a journal the entries go into its progress file, a few hundred bytes, and into
+        ``inventory.json`` when the journal ends (``finish``, or ``begin`` of the next one):
+        rewriting the whole inventory (150 KB at 1,200 files) before each unit restart cost
+        the update ~4 ms. Until then the inventory is read with them (``inventory``)."""
         pending = self.pending()
         before = pending.preexisting if pending is not None else frozenset()
         inv = self.inventory()
@@ -480,18 +511,30 @@ class StateStore:
                 updates[c.path] = entry
         if not updates and self.has_inventory():
             return inv
-        # Only the claimed entries are new: the others are the inventory's, already valid
-        # and in order (a new path puts them in order again).
-        merged = {**entries, **updates}
-        if not updates.keys() <= entries.keys():
-            merged = dict(sorted(merged.items()))
-        new = Inventory.model_construct(entries=merged)
-        self._save(INVENTORY, new, SECRET_MODE)
-        self._inventory = new
-        return new
+        new = _with_entries(inv, updates)
+        if pending is not None and self.has_inventory():
+            if self._claims_of != pending.id:
+                self._claims, self._claims_of = {}, pending.id
+            self._claims.update(updates)
+            self._save_progress(pending)
+            self._inventory = new
+            return new
+        return self._save_inventory(new.entries)
+
+    def _fold_claims(self) -> Inventory:
+        """Write the current journal's claims into ``inventory.json`` (before its progress file
+        is dropped or replaced); the inventory."""
+        inv = self.inventory()
+        if self._claims:
+            inv = Inventory.model_construct(entries=inv.entries, folded=self._claims_of)
+            self._save(INVENTORY, inv, SECRET_MODE)
+            self._inventory = inv
+            self._claims = {}
+        return inv
 
     def finish(self) -> None:
         """Drop the journal once the apply is complete (after ``save_last_applied``)."""
+        self._fold_claims()
         self._remove(CHANGES)  # first: a lone progress file never matches a new id
         self._remove(CHANGES_DONE)
         self._pending = None
@@ -500,16 +543,28 @@ class StateStore:
     # --- inventory -------------------------------------------------------------------------------
 
     def inventory(self) -> Inventory:
+        """Every path the agent wrote, with the claims of an unfinished journal."""
         if self._inventory is None:
-            self._inventory = self._load(INVENTORY, Inventory) or Inventory()
+            self._inventory = self._read_inventory()
         return self._inventory
 
     async def inventory_async(self) -> Inventory:
         if self._inventory is None:
-            loaded = await _off_loop(self._load, INVENTORY, Inventory)
-            if self._inventory is None:  # an apply may have saved one meanwhile
-                self._inventory = loaded or Inventory()
+            async with self._lock:
+                if self._inventory is None:  # an apply may have read or saved it meanwhile
+                    self._inventory = await _off_loop(self._read_inventory)
         return self._inventory
+
+    def _read_inventory(self) -> Inventory:
+        """``inventory.json`` with the claims of the journal whose progress file is there, unless
+        they were folded in already (``Inventory.folded``). Claims are facts about writes that
+        succeeded, so they count even when the journal itself cannot be read."""
+        inv = self._load(INVENTORY, Inventory) or Inventory()
+        progress = self._load(CHANGES_DONE, JournalProgress)
+        if progress is None or not progress.claims or progress.id == inv.folded:
+            return inv
+        self._claims, self._claims_of = dict(progress.claims), progress.id
+        return _with_entries(inv, progress.claims)
 
     def has_inventory(self) -> bool:
         """False on a node never touched by this agent version (e.g. taken over from upstream)."""
@@ -547,10 +602,16 @@ class StateStore:
             return await _off_loop(self.release, paths)
 
     def _save_inventory(self, entries: dict[str, OwnedEntry]) -> Inventory:
+        """Save ``entries`` as the inventory. During a journal its claims stay in its progress
+        file too (folding them in again later changes nothing: a change set never deletes a
+        path it writes); outside one, claims read from a progress file are folded in here."""
         inv = self.inventory()
         if entries == inv.entries and self.has_inventory():
             return inv
-        new = Inventory(entries=dict(sorted(entries.items())))
+        folded = inv.folded
+        if self._claims and self.pending() is None:
+            folded, self._claims = self._claims_of, {}
+        new = Inventory(entries=dict(sorted(entries.items())), folded=folded)
         self._save(INVENTORY, new, SECRET_MODE)
         self._inventory = new
         return new

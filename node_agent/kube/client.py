@@ -27,7 +27,7 @@ import logging
 import os
 import tempfile
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -622,7 +622,7 @@ class KubeClient:
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             raise self._translate_transport(exc, ref, t.total) from exc
         try:
-            decoded = json.loads(data)
+            decoded = json_loads(data)
         except ValueError as exc:
             raise KubeTransportError(f"{ref}: answer is not JSON") from exc
         if not isinstance(decoded, dict):
@@ -652,27 +652,71 @@ class KubeClient:
                     resp = await stack.enter_async_context(
                         self._response("GET", path, ref, query=query, client_timeout=client_timeout)
                     )
-                pending = bytearray()
+                lines = WatchLines()
                 async for chunk in resp.content.iter_any():
-                    start = 0
-                    while (end := chunk.find(b"\n", start)) >= 0:
-                        pending += chunk[start:end]
-                        start = end + 1
-                        if pending.strip():
-                            yield _decode_event(bytes(pending), ref)
-                        pending.clear()
-                    pending += chunk[start:]
-                    if len(pending) > MAX_WATCH_LINE:
+                    for line in lines.feed(chunk):
+                        yield _decode_event(line, ref)
+                    if lines.pending > MAX_WATCH_LINE:
                         raise KubeTransportError(f"{ref}: watch line over {MAX_WATCH_LINE} bytes")
-                if pending.strip():
-                    yield _decode_event(bytes(pending), ref)
+                if (last := lines.rest()) is not None:
+                    yield _decode_event(last, ref)
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             raise self._translate_transport(exc, ref, read_timeout) from exc
 
 
-def _decode_event(line: bytes, ref: ObjectRef) -> JSON:
+class WatchLines:
+    """A watch stream's chunks cut into its newline-delimited events, blank lines dropped.
+
+    A Secret's event is up to ~1.5 MB in one line: each byte is copied once, into the line
+    being gathered, which is handed out as it is (``json.loads`` reads a bytearray) and reused
+    for the next line once the consumer asks for it.
+    """
+
+    def __init__(self) -> None:
+        self._line = bytearray()
+
+    @property
+    def pending(self) -> int:
+        """Bytes gathered of a line whose end has not come yet."""
+        return len(self._line)
+
+    def feed(self, chunk: bytes) -> Iterator[bytearray]:
+        """The lines ``chunk`` completes; each is valid until the next one is asked for."""
+        view = memoryview(chunk)
+        start = 0
+        while (end := chunk.find(b"\n", start)) >= 0:
+            self._line += view[start:end]
+            start = end + 1
+            if _has_content(self._line):
+                yield self._line
+            self._line.clear()
+        self._line += view[start:]
+
+    def rest(self) -> bytearray | None:
+        """The last line, when the stream ended without a newline after it."""
+        return self._line if _has_content(self._line) else None
+
+
+def _has_content(line: bytearray) -> bool:
+    return bool(line) and not line.isspace()  # as ``line.strip()``, without copying the line
+
+
+def json_loads(data: bytes | bytearray) -> Any:
+    """``json.loads`` of an answer, 2.5 times faster on a large one: given bytes, ``json.loads``
+    decodes them with the ``surrogatepass`` error handler, which takes UTF-8's slow path (2.3 of
+    the 4 ms a 1.2 MB Secret costs); a strict decode takes the fast one. Bytes that are not
+    strict UTF-8 go to ``json.loads`` as they are, so what is accepted does not change."""
+    if json.detect_encoding(data) == "utf-8":  # not UTF-16/32 or a BOM: json.loads' own cases
+        try:
+            return json.loads(data.decode())
+        except UnicodeDecodeError:
+            pass
+    return json.loads(data)
+
+
+def _decode_event(line: bytes | bytearray, ref: ObjectRef) -> JSON:
     try:
-        event = json.loads(line)
+        event = json_loads(line)
     except ValueError as exc:
         raise KubeTransportError(f"{ref}: undecodable watch event") from exc
     if not isinstance(event, dict) or not isinstance(event.get("type"), str):

@@ -391,6 +391,76 @@ def test_unchanged_inventory_is_not_rewritten(store: StateStore, root: Path) -> 
     assert os.stat(state_file(root, INVENTORY)).st_mtime_ns == 1
 
 
+def test_claims_during_a_journal_go_to_its_progress_and_into_the_inventory_at_its_end(
+    store: StateStore, root: Path
+) -> None:
+    store.claim([Claim("file", "/etc/old", sha(b"o"), 0o644)])
+    cs = ChangeSet(files_to_write=(fw("/etc/a.conf", b"a"),))
+    pending = store.begin(cs, "s")
+    os.utime(state_file(root, INVENTORY), ns=(1, 1))
+    store.record_written(claims_for(cs))
+    assert os.stat(state_file(root, INVENTORY)).st_mtime_ns == 1  # not rewritten before a restart
+    progress = json.loads(state_file(root, CHANGES_DONE).read_bytes())
+    assert progress["id"] == pending.id
+    assert progress["claims"]["/etc/a.conf"]["sha256"] == sha(b"a")
+    assert mode_of(state_file(root, CHANGES_DONE)) == 0o600
+    assert store.owns("/etc/a.conf")
+    assert StateStore(HostFS(root)).owns("/etc/a.conf")  # a crash now: read from the progress
+    store.mark_done(*step_ids(cs))  # marking steps keeps the claims
+    assert "/etc/a.conf" in json.loads(state_file(root, CHANGES_DONE).read_bytes())["claims"]
+
+    store.save_last_applied(b"osc s")
+    store.finish()
+    on_disk = json.loads(state_file(root, INVENTORY).read_bytes())
+    assert set(on_disk["entries"]) == {"/etc/a.conf", "/etc/old"}
+    assert on_disk["folded"] == pending.id
+    assert not state_file(root, CHANGES_DONE).exists()
+
+
+def test_a_progress_file_left_by_a_crash_in_finish_is_not_folded_in_again(
+    store: StateStore, root: Path
+) -> None:
+    cs = ChangeSet(files_to_write=(fw("/etc/a.conf", b"a"),))
+    store.begin(cs, "s")
+    store.record_written(claims_for(cs))
+    store.mark_done(*step_ids(cs))
+    left = state_file(root, CHANGES_DONE).read_bytes()
+    store.save_last_applied(b"osc s")
+    store.finish()
+    state_file(root, CHANGES_DONE).write_bytes(left)  # the crash came before its removal
+    after = StateStore(HostFS(root))
+    assert after.pending() is None
+    after.release(["/etc/a.conf"])  # the next OSC dropped it: deleted and forgotten
+    assert not StateStore(HostFS(root)).owns("/etc/a.conf")
+
+
+def test_claims_count_when_their_journal_cannot_be_read(store: StateStore, root: Path) -> None:
+    cs = ChangeSet(files_to_write=(fw("/etc/a.conf", b"a"),))
+    store.begin(cs, "s")
+    store.record_written(claims_for(cs))
+    state_file(root, CHANGES).write_bytes(b"{not json")
+    after = StateStore(HostFS(root))
+    assert after.pending() is None
+    assert after.owns("/etc/a.conf")  # the agent created it: a later OSC may remove it
+    # an inventory written outside a journal takes them in
+    after.claim([Claim("file", "/etc/other", sha(b"x"), 0o644)])
+    assert json.loads(state_file(root, INVENTORY).read_bytes())["entries"]["/etc/a.conf"]
+    after.release(["/etc/a.conf"])
+    assert not StateStore(HostFS(root)).owns("/etc/a.conf")  # and never brings them back
+
+
+def test_a_new_journal_takes_the_replaced_ones_claims_into_the_inventory(
+    store: StateStore, root: Path
+) -> None:
+    first = ChangeSet(files_to_write=(fw("/etc/a.conf", b"a"),))
+    store.begin(first, "s1")
+    store.record_written(claims_for(first))  # then a crash; the next OSC begins over it
+    after = StateStore(HostFS(root))
+    after.begin(ChangeSet(files_to_write=(fw("/etc/b.conf", b"b"),)), "s2")
+    assert "/etc/a.conf" in json.loads(state_file(root, INVENTORY).read_bytes())["entries"]
+    assert StateStore(HostFS(root)).owns("/etc/a.conf")
+
+
 # --- status ----------------------------------------------------------------------------------
 
 

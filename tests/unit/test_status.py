@@ -254,7 +254,8 @@ def test_offline_document_reads_only_the_persisted_state(tmp_path: Path) -> None
     checksum = _applied(ctx, ["a.service"])
     osc = parse_osc(osc_yaml(["a.service", "c.service"], text="y=2\n"))
     pending = ctx.state.begin(plan(None, osc, "node-a"), "f" * 64)
-    ctx.state.claim(claims_for(pending.change_set))  # its writes, as the executor claims them
+    # its writes, claimed as the executor claims them: in the journal's progress file
+    ctx.state.record_written(claims_for(pending.change_set))
     ctx.state.mark_done(pending.steps[0])
     config = tmp_path / CONFIG_FILE.lstrip("/")
     config.parent.mkdir(parents=True, exist_ok=True)
