@@ -173,6 +173,7 @@ class Executor:
         # reloads again after it: systemd runs what it loaded, not what is on disk.
         for reload, needs in (
             (S.RELOAD, lambda s: not s.startswith("file:")),
+            (S.RELOAD_AFTER_ENABLE, lambda s: s.startswith("enable:")),
             (S.RELOAD_AFTER_DELETE, lambda s: s.startswith("delete-unit:")),
         ):
             if reload in pending.done:
@@ -265,8 +266,9 @@ class Executor:
         for applied in (pending.target, pending.base):
             if applied is not None and unit in applied.units:
                 deps |= {S.file_step(p) for p in applied.units[unit].file_paths}
-        steps = set(pending.steps)
-        return sorted(d for d in deps if d in steps and d not in pending.done)
+        order = {step: i for i, step in enumerate(pending.steps)}
+        at = order.get(cmd, len(order))  # a late enable comes after the command: not a blocker
+        return sorted(d for d in deps if order.get(d, at) < at and d not in pending.done)
 
     async def _run(
         self, kind: str, steps: Sequence[str], pending: Pending, rep: ApplyReport
@@ -308,8 +310,8 @@ class Executor:
             errors |= {names[n]: why for n, why in bad.items()}
             if not changed and not bad:
                 self._quiet |= set(steps)
-        elif kind in ("reload", "reload-after-delete"):
-            if self.systemd is not None and not (kind == "reload" and self._needless(pending)):
+        elif kind in ("reload", "reload-after-enable", "reload-after-delete"):
+            if self.systemd is not None and not self._needless(kind, pending):
                 await self.systemd.daemon_reload()
             ok += steps
         elif kind == "cmd":
@@ -429,13 +431,18 @@ class Executor:
         self.state.release([path])
         return True
 
-    def _needless(self, pending: Pending) -> bool:
-        """Whether the reload before the commands would change nothing systemd has loaded: no
+    def _needless(self, reload: str, pending: Pending) -> bool:
+        """Whether the reload would change nothing systemd has loaded. Before the commands: no
         unit file or drop-in is written or deleted before it, no command is carried over from
         an unfinished apply, and every enable/disable before it ran in this attempt without
-        changing a symlink (re-asserting the enablement of a unit whose file only a changed
-        ``filePaths`` file restarts). systemd re-reads every unit file on a reload, so on a
-        node with many units it is the costliest step of a one-file change."""
+        changing a symlink. After the late enables (``ChangeSet.late_enables``): each of them ran
+        in this attempt without changing a symlink. systemd re-reads every unit file on a
+        reload, so on a node with many units it is the costliest step of a one-file change."""
+        if reload == S.RELOAD_AFTER_ENABLE:
+            late = pending.change_set.late_enables()
+            return all(S.enable_step(u) in self._quiet for u in late)
+        if reload != S.RELOAD:
+            return False
         cs = pending.change_set
         if cs.reload:
             return False

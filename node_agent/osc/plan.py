@@ -161,6 +161,20 @@ class ChangeSet(_Entry):
             )
         )
 
+    def late_enables(self) -> frozenset[str]:
+        """Units enabled after their command (see ``steps.py``): each is restarted or started
+        (not the agent, not a unit leaving the OSC), none of its unit files or drop-ins is
+        written or deleted, and no command carried over from an unfinished apply asks for a
+        reload first. Re-asserting their enablement cannot change what the command runs."""
+        if self.reload:
+            return frozenset()
+        touched = {u.name for u in self.units_to_write} | {u.name for u in self.units_to_delete}
+        touched |= {d.unit for d in self.dropins_to_write} | {
+            d.unit for d in self.dropins_to_delete
+        }
+        commanded = {c.unit for c in self.unit_commands if not c.is_agent and not c.removed}
+        return frozenset(u for u in self.units_to_enable if u in commanded and u not in touched)
+
     @property
     def restarts_agent(self) -> bool:
         return any(cmd.is_agent for cmd in self.unit_commands)
@@ -175,9 +189,11 @@ class ChangeSet(_Entry):
         rows += [("write unit", u.name, u.reason) for u in self.units_to_write]
         rows += [("write drop-in", f"{d.unit}/{d.name}", d.reason) for d in self.dropins_to_write]
         rows += [("delete drop-in", f"{d.unit}/{d.name}", d.reason) for d in self.dropins_to_delete]
-        rows += [("enable", name, "") for name in self.units_to_enable]
+        late = self.late_enables()
+        rows += [("enable", name, "") for name in self.units_to_enable if name not in late]
         rows += [("disable", name, "") for name in self.units_to_disable]
         rows += [(c.action, c.unit, "; ".join(c.reasons)) for c in self.unit_commands]
+        rows += [("enable", name, "after its restart") for name in sorted(late)]
         rows += [("delete unit", u.name, u.reason) for u in self.units_to_delete]
         rows += [("delete", f.path, f.reason) for f in self.files_to_delete]
         return rows

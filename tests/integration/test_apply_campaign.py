@@ -79,10 +79,11 @@ UNIT_DIR = "/etc/systemd/system"
 ANNOTATION = "checksum/cloud-config-data"
 CONVERGE_BOUND = 60.0  # seconds for the final OSC of a scenario
 JOB_SLACK = 0.5  # seconds a restart job may run before its start is logged (stop, then start)
-# The kinds of apply steps each change of the pool brings (a changed unit is re-enabled).
+# The kinds of apply steps each change of the pool brings (a changed unit is re-enabled, after
+# its restart when none of its unit files changes).
 STEP_KINDS = {
     "unit-text": {"unit", "enable", "reload", "cmd"},
-    "unit-file": {"file", "enable", "reload", "cmd"},
+    "unit-file": {"file", "cmd", "enable", "reload-after-enable"},
     "dropin": {"dropin", "enable", "reload", "cmd"},
     "drop-dropin": {"unit", "enable", "reload", "cmd"},
     "remove-unit": {"delete-unit", "delete-file"},

@@ -29,6 +29,7 @@ CRASH_POINTS = [
     "disable",
     "reload",
     "cmd",
+    "reload-after-enable",  # after crash-b's enablement, re-asserted after its restart
     "delete-unit",
     "reload-after-delete",
     "delete-file",
@@ -47,6 +48,7 @@ def variant(k: int) -> dict[str, Any]:
             filePaths=["/etc/crash/f0"],
             dropIns=[{"name": "10-r.conf", "content": f"[Service]\nEnvironment=DROPIN={k}\n"}],
         ),
+        service("crash-b.service", filePaths=["/etc/crash/f1"]),  # only its file changes
         service(f"crash-new-{k}.service"),
         service("crash-off.service", enable=False),
     ]
@@ -61,7 +63,9 @@ def assert_converged(node: IsolatedSystemd, k: int) -> None:
     env = node.run(["systemctl", "show", "-P", "Environment", "crash-a.service"]).stdout.split()
     assert sorted(env) == sorted([f"ROUND={k}", f"DROPIN={k}"])
     assert node.run(["systemctl", "is-active", "crash-a.service"]).stdout.strip() == "active"
-    assert node.run(["systemctl", "is-active", f"crash-new-{k}.service"]).stdout.strip() == "active"
+    for unit in ("crash-b.service", f"crash-new-{k}.service"):
+        assert node.run(["systemctl", "is-active", unit]).stdout.strip() == "active"
+    assert node.run(["systemctl", "is-enabled", "crash-b.service"]).stdout.strip() == "enabled"
     assert (
         node.run(["systemctl", "is-enabled", f"crash-new-{k}.service"]).stdout.strip() == "enabled"
     )

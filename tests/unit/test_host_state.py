@@ -38,7 +38,7 @@ from node_agent.osc.plan import (
     UnitDelete,
     UnitWrite,
 )
-from node_agent.osc.steps import RELOAD, RELOAD_AFTER_DELETE, step_ids
+from node_agent.osc.steps import RELOAD, RELOAD_AFTER_DELETE, RELOAD_AFTER_ENABLE, step_ids
 
 
 @pytest.fixture
@@ -127,6 +127,27 @@ def test_step_ids_reload_only_when_units_change() -> None:
     )
     assert step_ids(cs) == ("file:/etc/k", "cmd:k.service")
     assert step_ids(ChangeSet()) == ()
+
+
+def test_step_ids_enable_a_unit_whose_unit_files_stay_after_its_command() -> None:
+    """Re-asserting the enablement of a unit restarted for a changed file waits until after the
+    restart (and reloads only when it changed a symlink); a unit whose unit file or drop-in is
+    written, the agent's own unit, or a change set that reloads anyway keeps it before."""
+    k = UnitCommand(unit="k.service", action="restart", reasons=("k",))
+    cs = ChangeSet(files_to_write=(fw("/etc/k", b"k"),), units_to_enable=("k.service",),
+                   unit_commands=(k,))  # fmt: skip
+    assert cs.late_enables() == {"k.service"}
+    assert step_ids(cs) == ("file:/etc/k", "cmd:k.service", "enable:k.service", RELOAD_AFTER_ENABLE)
+    assert cs.rows()[-1] == ("enable", "k.service", "after its restart")
+    drop_in = DropInWrite(unit="k.service", name="10-x.conf", content="[S]\n", reason="n")
+    for early in (
+        cs.model_copy(update={"dropins_to_write": (drop_in,)}),
+        cs.model_copy(update={"reload": True}),
+        cs.model_copy(update={"unit_commands": (k.model_copy(update={"is_agent": True}),)}),
+    ):
+        assert early.late_enables() == frozenset()
+        assert step_ids(early).index("enable:k.service") < step_ids(early).index(RELOAD)
+    assert full_change_set().late_enables() == frozenset()  # kubelet's unit file is written
 
 
 # --- last applied ----------------------------------------------------------------------------

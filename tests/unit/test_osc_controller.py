@@ -11,6 +11,7 @@ import base64
 import errno
 import hashlib
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ import yaml
 
 from node_agent.agent import after_first_reconcile, build_applier
 from node_agent.apply.applier import Applier, Planned
-from node_agent.base.errors import ApplyError, HostIOError
+from node_agent.base.errors import ApplyError, HostIOError, SystemdCallError
 from node_agent.base.layout import HEALTH_GATE_PREVIOUS, unit_path
 from node_agent.base.loop import DONE, RETRY, SKIPPED
 from node_agent.context import AgentContext
@@ -31,7 +32,7 @@ from node_agent.kube import report
 from node_agent.kube.report import ANNOTATION_APPLIED_CHECKSUM, ANNOTATION_SECRET_CHECKSUM
 from node_agent.osc.decode import decode_osc
 from node_agent.osc.models import OperatingSystemConfig
-from node_agent.systemd import UnitState
+from node_agent.systemd import UnitFileChange, UnitState
 from tests.unit.fakes import Call, FakeKube, FakeSystemd, make_ctx, osc_document
 
 SECRET = "gardener-node-agent-pool-a-0123456789abcdef"
@@ -157,17 +158,55 @@ async def test_what_can_wait_starts_after_the_first_reconcile_or_its_head_start(
 
 async def test_a_changed_file_restarts_its_unit_without_a_daemon_reload(tmp_path: Path) -> None:
     """systemd re-reads every unit file on a reload: a change of a unit's file only (its
-    enablement already in place) restarts the unit and reloads nothing; a changed unit file
-    is reloaded before the restart."""
+    enablement already in place) restarts the unit, re-asserts its enablement after the restart
+    and reloads nothing; a changed unit file is reloaded before the restart."""
     ctl, _, _, systemd = controller(tmp_path)
     await ctl.reconcile(secret(osc_bytes("one\n")))
-    assert ("daemon_reload",) in systemd.calls  # the first apply enabled a.service
+    assert systemd.calls.index(("enable", "a.service")) < systemd.calls.index(("daemon_reload",))
+    assert systemd.calls.index(("daemon_reload",)) < systemd.calls.index(("restart", "a.service"))
     systemd.calls.clear()
     await ctl.reconcile(secret(osc_bytes("two\n")))
-    assert systemd.calls == [("enable", "a.service"), ("restart", "a.service")]
+    assert systemd.calls == [("restart", "a.service"), ("enable", "a.service")]
     systemd.calls.clear()
     await ctl.reconcile(secret(osc_bytes("two\n", agent_unit="gardener-node-agent.service")))
     assert ("daemon_reload",) in systemd.calls  # a new unit file
+
+
+async def test_a_late_enable_that_makes_a_symlink_reloads_after_the_restart(
+    tmp_path: Path,
+) -> None:
+    """The unit was disabled by hand since: re-asserting its enablement after the restart makes
+    its symlink again, and systemd is reloaded once, after it."""
+    ctl, _, _, systemd = controller(tmp_path)
+    await ctl.reconcile(secret(osc_bytes("one\n")))
+    systemd.enabled.discard("a.service")
+    systemd.calls.clear()
+    await ctl.reconcile(secret(osc_bytes("two\n")))
+    assert systemd.calls == [("restart", "a.service"), ("enable", "a.service"), ("daemon_reload",)]
+    assert "a.service" in systemd.enabled
+
+
+async def test_a_failing_late_enable_is_reported_and_does_not_hold_the_restart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ctl, _, _, systemd = controller(tmp_path)
+    await ctl.reconcile(secret(osc_bytes("one\n")))
+    systemd.calls.clear()
+
+    async def refuse(units: Sequence[str]) -> list[UnitFileChange]:
+        systemd.calls.append(("enable", *units))
+        raise SystemdCallError(
+            "refused",
+            op="enable",
+            name="org.freedesktop.DBus.Error.AccessDenied",
+            units=tuple(units),
+        )
+
+    monkeypatch.setattr(systemd, "enable", refuse)
+    with pytest.raises(ApplyError, match=r"enable a\.service: refused"):
+        await ctl.reconcile(secret(osc_bytes("two\n")))
+    assert systemd.calls[0] == ("restart", "a.service")
+    assert systemd.calls[1:3] == [("enable", "a.service")] * 2  # all at once, then one by one
 
 
 async def test_a_removed_unit_deleted_by_a_retry_is_reloaded_after(
