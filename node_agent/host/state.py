@@ -468,6 +468,7 @@ class StateStore:
     def _save_progress(self, pending: Pending) -> None:
         """The journal's progress file: the steps done and failed, and the inventory entries of
         its writes (``record_written``); durable when this returns."""
+        self._claims_of_journal(pending.id)
         ordered = tuple(s for s in pending.steps if s in pending.done)
         progress = JournalProgress(
             id=pending.id, done=ordered, failed=dict(pending.failed), claims=self._claims
@@ -513,13 +514,19 @@ class StateStore:
             return inv
         new = _with_entries(inv, updates)
         if pending is not None and self.has_inventory():
-            if self._claims_of != pending.id:
-                self._claims, self._claims_of = {}, pending.id
+            self._claims_of_journal(pending.id)
             self._claims.update(updates)
             self._save_progress(pending)
             self._inventory = new
             return new
         return self._save_inventory(new.entries)
+
+    def _claims_of_journal(self, journal: str) -> None:
+        """Make the claims in memory those of ``journal``: claims of another one (read from a
+        progress file that did not belong to the journal read) are folded in first."""
+        if self._claims_of != journal:
+            self._fold_claims()
+            self._claims_of = journal
 
     def _fold_claims(self) -> Inventory:
         """Write the current journal's claims into ``inventory.json`` (before its progress file

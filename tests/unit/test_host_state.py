@@ -470,6 +470,27 @@ def test_claims_count_when_their_journal_cannot_be_read(store: StateStore, root:
     assert not StateStore(HostFS(root)).owns("/etc/a.conf")  # and never brings them back
 
 
+def test_claims_of_a_progress_file_from_another_journal_are_kept(tmp_path: Path) -> None:
+    """A progress file that does not belong to the journal read (its id differs): its claims
+    still count, and they are in the inventory before the journal's own progress replaces it."""
+    (tmp_path / "one").mkdir()
+    (tmp_path / "two").mkdir()
+    first, second = HostFS(tmp_path / "one"), HostFS(tmp_path / "two")
+    a = ChangeSet(files_to_write=(fw("/etc/a.conf", b"a"),))
+    StateStore(first).begin(a, "s1")
+    StateStore(first).record_written(claims_for(a))
+    b = ChangeSet(files_to_write=(fw("/etc/b.conf", b"b"),))
+    StateStore(second).begin(b, "s2")
+    progress = STATE_DIR.lstrip("/") + "/" + CHANGES_DONE
+    (tmp_path / "two" / progress).write_bytes((tmp_path / "one" / progress).read_bytes())
+    store = StateStore(second)
+    assert store.owns("/etc/a.conf")
+    store.record_written(claims_for(b))  # the journal's own claims: its progress file now
+    after = StateStore(second)  # a crash here
+    assert after.owns("/etc/a.conf")
+    assert after.owns("/etc/b.conf")
+
+
 def test_a_new_journal_takes_the_replaced_ones_claims_into_the_inventory(
     store: StateStore, root: Path
 ) -> None:
