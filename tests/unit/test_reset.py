@@ -11,7 +11,8 @@ from node_agent.base.errors import SystemdError
 from node_agent.commands.reset import NOTHING_TO_DO, reset_node
 from node_agent.host.documents import Claim
 from node_agent.host.fs import HostFS
-from node_agent.host.state import StateStore
+from node_agent.host.state import StateStore, claims_for
+from node_agent.osc.plan import ChangeSet, FileWrite
 from tests.unit.fakes import ACTIVE, FakeSystemd
 
 
@@ -70,6 +71,23 @@ async def test_reset_removes_what_the_agent_created_and_nothing_else(tmp_path: P
     again: list[str] = []
     assert await reset_node(tmp_path, systemd, out=again.append, caller_units=set()) == []
     assert again == [NOTHING_TO_DO]
+
+
+async def test_reset_removes_what_an_unfinished_apply_created(tmp_path: Path) -> None:
+    """An apply killed after a write: the file's entry is only in its journal's progress file
+    (folded into ``inventory.json`` when an apply ends), and reset removes it too."""
+    _node(tmp_path)
+    fs = HostFS(tmp_path)
+    new = FileWrite(path="/etc/demo/b.conf", mode=0o644, content=b"b", sha256=None, reason="r")
+    store = StateStore(fs)
+    pending = store.begin(ChangeSet(files_to_write=(new,)), "c" * 64)
+    fs.write_atomic(new.path, b"b", 0o644)
+    store.record_written(claims_for(pending.change_set))
+    lines: list[str] = []
+    await reset_node(tmp_path, FakeSystemd({}), out=lines.append, caller_units=set())
+    assert not (tmp_path / "etc/demo/b.conf").exists()
+    assert not (tmp_path / "etc/demo/a.conf").exists()
+    assert (tmp_path / "etc/pre-existing.conf").exists()
 
 
 async def test_reset_inside_the_agent_unit_does_not_stop_it(tmp_path: Path) -> None:
