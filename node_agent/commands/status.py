@@ -292,9 +292,7 @@ def offline_document(root: Path, config_file: Path | None, reason: str) -> dict[
     if inventory is not None:
         with contextlib.suppress(ValidationError):
             inv = Inventory.model_validate_json(inventory)
-            entries = inv.entries.values()
-            if progress is not None and progress.id != inv.folded:  # an unfinished apply's
-                entries = {**inv.entries, **progress.claims}.values()
+            entries = inv.updated(inv.unfolded(progress)).entries.values()  # an unfinished apply's
             doc["inventory"] = inventory_counts((e.kind, e.created) for e in entries)
     return doc
 

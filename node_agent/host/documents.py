@@ -92,6 +92,23 @@ class Inventory(_Doc):
         entry = self.entries.get(path)
         return entry is not None and entry.created
 
+    def unfolded(self, progress: JournalProgress | None) -> Mapping[str, OwnedEntry]:
+        """The claims of ``progress`` (the journal's progress file) this inventory does not
+        hold yet: none once that journal was folded in."""
+        if progress is None or progress.id == self.folded:
+            return {}
+        return progress.claims
+
+    def updated(self, updates: Mapping[str, OwnedEntry]) -> Inventory:
+        """This inventory with ``updates`` over its entries, without validating the others
+        again (they are valid and in order; a new path puts them in order again)."""
+        if not updates:
+            return self
+        merged = {**self.entries, **updates}
+        if not updates.keys() <= self.entries.keys():
+            merged = dict(sorted(merged.items()))
+        return Inventory.model_construct(entries=merged, folded=self.folded)
+
 
 class ItemFailure(BaseModel):
     """One item of an apply that did not reach its desired state; the others went on."""

@@ -162,17 +162,6 @@ async def _off_loop(fn: Callable[_P, _R], /, *args: _P.args, **kwargs: _P.kwargs
     return cast(_R, await _in_worker(thunk))
 
 
-def _with_entries(inv: Inventory, updates: Mapping[str, OwnedEntry]) -> Inventory:
-    """``inv`` with ``updates`` over its entries, without validating its other entries again
-    (they are valid and in order; a new path puts them in order again)."""
-    if not updates:
-        return inv
-    merged = {**inv.entries, **updates}
-    if not updates.keys() <= inv.entries.keys():
-        merged = dict(sorted(merged.items()))
-    return Inventory.model_construct(entries=merged, folded=inv.folded)
-
-
 class StateStore:
     """Load and save the agent's state through ``fs``. Not thread-safe: one apply at a time."""
 
@@ -500,6 +489,8 @@ class StateStore:
         rewriting the whole inventory (150 KB at 1,200 files) before each unit restart cost
         the update ~4 ms. Until then the inventory is read with them (``inventory``)."""
         pending = self.pending()
+        if pending is not None:
+            self._claims_of_journal(pending.id)  # before the inventory is read: it may fold
         before = pending.preexisting if pending is not None else frozenset()
         inv = self.inventory()
         entries = inv.entries
@@ -512,9 +503,8 @@ class StateStore:
                 updates[c.path] = entry
         if not updates and self.has_inventory():
             return inv
-        new = _with_entries(inv, updates)
+        new = inv.updated(updates)
         if pending is not None and self.has_inventory():
-            self._claims_of_journal(pending.id)
             self._claims.update(updates)
             self._save_progress(pending)
             self._inventory = new
@@ -568,10 +558,10 @@ class StateStore:
         succeeded, so they count even when the journal itself cannot be read."""
         inv = self._load(INVENTORY, Inventory) or Inventory()
         progress = self._load(CHANGES_DONE, JournalProgress)
-        if progress is None or not progress.claims or progress.id == inv.folded:
-            return inv
-        self._claims, self._claims_of = dict(progress.claims), progress.id
-        return _with_entries(inv, progress.claims)
+        claims = inv.unfolded(progress)
+        if progress is not None and claims:
+            self._claims, self._claims_of = dict(claims), progress.id
+        return inv.updated(claims)
 
     def has_inventory(self) -> bool:
         """False on a node never touched by this agent version (e.g. taken over from upstream)."""

@@ -168,10 +168,10 @@ class ChangeSet(_Entry):
         reload first. Re-asserting their enablement cannot change what the command runs."""
         if self.reload:
             return frozenset()
-        touched = {u.name for u in self.units_to_write} | {u.name for u in self.units_to_delete}
-        touched |= {d.unit for d in self.dropins_to_write} | {
-            d.unit for d in self.dropins_to_delete
-        }
+        touched = {u.name for u in self.units_to_write}
+        touched |= {u.name for u in self.units_to_delete}
+        touched |= {d.unit for d in self.dropins_to_write}
+        touched |= {d.unit for d in self.dropins_to_delete}
         commanded = {c.unit for c in self.unit_commands if not c.is_agent and not c.removed}
         return frozenset(u for u in self.units_to_enable if u in commanded and u not in touched)
 
