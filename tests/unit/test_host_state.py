@@ -455,14 +455,22 @@ def test_a_progress_file_left_by_a_crash_in_finish_is_not_folded_in_again(
     assert not StateStore(HostFS(root)).owns("/etc/a.conf")
 
 
-def test_claims_count_when_their_journal_cannot_be_read(store: StateStore, root: Path) -> None:
-    cs = ChangeSet(files_to_write=(fw("/etc/a.conf", b"a"),))
-    store.begin(cs, "s")
+def test_claims_of_an_unreadable_journal_count_where_an_applied_record_names_them(
+    store: StateStore, root: Path
+) -> None:
+    """Claims are facts about writes that succeeded, as far as the agent can show them: with
+    the journal gone, the last applied OSC's record still names some of their paths; a claim
+    for a path nothing names any more is dropped, and said."""
+    store.save_last_applied(b"osc s", applied=applied_of(("/etc/a.conf", "a")))
+    cs = ChangeSet(files_to_write=(fw("/etc/a.conf", b"a"), fw("/etc/new.conf", b"n")))
+    store.begin(cs, "s2")
     store.record_written(claims_for(cs))
     state_file(root, CHANGES).write_bytes(b"{not json")
     after = StateStore(HostFS(root))
     assert after.pending() is None
     assert after.owns("/etc/a.conf")  # the agent created it: a later OSC may remove it
+    assert "/etc/new.conf" not in after.inventory().entries  # named by nothing left
+    assert any("/etc/new.conf" in note for note in after.take_set_aside())
     # an inventory written outside a journal takes them in
     after.claim([Claim("file", "/etc/other", sha(b"x"), 0o644)])
     assert json.loads(state_file(root, INVENTORY).read_bytes())["entries"]["/etc/a.conf"]
@@ -472,13 +480,15 @@ def test_claims_count_when_their_journal_cannot_be_read(store: StateStore, root:
 
 def test_claims_of_a_progress_file_from_another_journal_are_kept(tmp_path: Path) -> None:
     """A progress file that does not belong to the journal read (its id differs): its claims
-    still count, and they are in the inventory before the journal's own progress replaces it."""
+    still count where a record names their paths, and they are in the inventory before the
+    journal's own progress replaces it."""
     (tmp_path / "one").mkdir()
     (tmp_path / "two").mkdir()
     first, second = HostFS(tmp_path / "one"), HostFS(tmp_path / "two")
     a = ChangeSet(files_to_write=(fw("/etc/a.conf", b"a"),))
     StateStore(first).begin(a, "s1")
     StateStore(first).record_written(claims_for(a))
+    StateStore(second).save_last_applied(b"osc s1", applied=applied_of(("/etc/a.conf", "a")))
     b = ChangeSet(files_to_write=(fw("/etc/b.conf", b"b"),))
     StateStore(second).begin(b, "s2")
     progress = STATE_DIR.lstrip("/") + "/" + CHANGES_DONE
