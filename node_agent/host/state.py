@@ -113,6 +113,7 @@ CORRUPT_SUFFIX = layout.CORRUPT_SUFFIX
 #: the agent's memory.
 STATE_READ_LIMIT = 64 << 20
 _SHOWN = 20  # paths named in one Warning about claims not trusted
+_SHOWN_CHARS = 200  # characters of each
 
 SECRET_MODE = 0o600
 PUBLIC_MODE = 0o644
@@ -678,12 +679,14 @@ class StateStore:
     def _distrust(self, paths: list[str], why: str) -> None:
         """Say once (log, and a note for a Warning on the Node) which claims were not taken as
         they are; the list in the note is bounded, the count is not."""
-        shown = ", ".join(sorted(paths)[:_SHOWN]) + (" ..." if len(paths) > _SHOWN else "")
+        cut = _SHOWN_CHARS
+        first = [p[:cut] + ("..." if len(p) > cut else "") for p in sorted(paths)[:_SHOWN]]
+        shown = ", ".join(first) + (" ..." if len(paths) > _SHOWN else "")
         _log.warning(
             "claims of the progress file not trusted",
             file=self.path(CHANGES_DONE),
             count=len(paths),
-            paths=sorted(paths)[:_SHOWN],
+            paths=first,
             reason=why,
         )
         self._set_aside.append(

@@ -238,3 +238,18 @@ async def test_a_leftover_that_did_not_stop_is_tried_again_by_the_next_sweep(
     systemd.failing.clear()
     assert old in await applier.remove_orphans(Applied())
     assert not (node / old.lstrip("/")).exists()
+
+
+def test_what_is_said_of_untrusted_claims_is_bounded(node: Path) -> None:
+    long = "/etc/a" + "x" * 10_000  # sorted first: shown, cut
+    many = [f"/etc/forged/{i:02d}" for i in range(30)] + [long]
+    claims = {path: {"kind": "file", "created": True, "sha256": "0" * 64} for path in many}
+    doc = {"version": 1, "id": "forged", "claims": claims}
+    state(node, layout.CHANGES_DONE).write_text(json.dumps(doc))
+    store = StateStore(HostFS(node))
+    assert not set(many) & set(store.inventory().entries)
+    (note,) = store.take_set_aside()
+    assert note.startswith(f"31 claim(s) in {layout.BASE_DIR}/{layout.CHANGES_DONE} not trusted")
+    assert note.endswith(" ...")
+    assert long[:200] + "..." in note
+    assert len(note) < 2_000
