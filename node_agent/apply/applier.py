@@ -135,9 +135,6 @@ class Applier:
         self.host_name = host_name
         self.agent_unit = agent_unit
         self._parsed: tuple[str, OperatingSystemConfig] | None = None  # last applied, parsed
-        #: leftovers the sweep could not remove (a unit that would not stop, an I/O error): tried
-        #: again by the next sweeps, though no record names them any more
-        self._sweep_later: set[str] = set()
         self.executor = Executor(
             fs,
             systemd,
@@ -500,23 +497,18 @@ class Applier:
     async def remove_orphans(self, applied: Applied) -> list[str]:
         """Delete what the agent created and no OSC wants any more (stop/disable units first).
 
-        Only what it can show it wrote: a path an OSC it applied named (the journal's change set
-        and base, the last applied record; or one this sweep could not remove before), never in
-        its own directory nor its program or unit, and still holding the bytes recorded when it
-        was written. What fails that is kept, said in the log, and forgotten; what could not be
-        removed is kept for a later apply."""
+        Only what it can show it wrote: never in its own directory nor its program or unit, and
+        only a regular file still holding the bytes recorded when it was written (claims of a
+        progress file were vetted when read). What fails that is kept, said in the log, and
+        forgotten; what could not be removed is kept for a later apply."""
         wanted = wanted_paths(applied)
         own_unit = unit_path(self.agent_unit)  # never swept: reset's to remove
         entries = (await self.state.inventory_async()).entries
-        leftovers = {
+        owned = {
             p: e for p, e in entries.items() if e.created and p not in wanted and p != own_unit
         }
-        if not leftovers:
+        if not owned:
             return []
-        await self.state.pending_async()  # both read already on an apply's way: from memory
-        await self.state.load_last_applied_async()
-        named = await asyncio.to_thread(self.state.named_paths)
-        owned = {p: e for p, e in leftovers.items() if p in named or p in self._sweep_later}
         keep = {
             *self.executor.keep_previous,
             *(f"{p}.previous" for p in self.executor.keep_previous),
@@ -551,8 +543,7 @@ class Applier:
             if path in forget:
                 continue
             if path.removeprefix(UNIT_DIR + "/") in stuck:
-                self._sweep_later.add(path)  # a leftover unit that would not stop keeps its file
-                continue
+                continue  # a leftover unit that would not stop keeps its file until a later apply
             try:
                 removal = await asyncio.to_thread(remove_created, self.fs, path, owned[path], keep)
                 if "/" in path.removeprefix(UNIT_DIR + "/") and path.startswith(UNIT_DIR + "/"):
@@ -561,7 +552,6 @@ class Applier:
                 log.warning(
                     "leftover not removed; kept for a later apply", path=path, error=str(exc)
                 )
-                self._sweep_later.add(path)
                 continue
             if removal.kept is not None:
                 forget[path] = removal.kept
@@ -570,7 +560,6 @@ class Applier:
         for path, why in sorted(forget.items()):
             log.warning("leftover kept: not provably the agent's; forgotten", path=path, reason=why)
         if removed or forget:
-            self._sweep_later.difference_update([*removed, *forget])
             await self.state.release_async([*removed, *forget])
         if removed:
             if self.systemd is not None and any(p.startswith(UNIT_DIR + "/") for p in removed):

@@ -267,6 +267,8 @@ class StateStore:
         #: the journal (its change set or progress) was set aside since the last look: what it
         #: had changed is no longer known (see ``take_journal_lost``)
         self._journal_lost = False
+        #: the journal file was there and could not be read (set aside) since the last begin
+        self._journal_unreadable = False
 
     def take_set_aside(self) -> list[str]:
         """One line per state file set aside since the last call (for a Warning Event)."""
@@ -403,7 +405,7 @@ class StateStore:
             )
         )
         self._remove(CHANGES_DONE)
-        self._no_journal = False
+        self._no_journal = self._journal_unreadable = False
         # The base is usually the last applied OSC's record, the very object: the journal
         # names it by checksum and keeps the target as its changes (see ``_journal_applied``).
         last = self._last if self._last_known else None
@@ -638,29 +640,41 @@ class StateStore:
         inv = self._load(INVENTORY, Inventory) or Inventory()
         progress = self._load(CHANGES_DONE, JournalProgress)
         claims = inv.unfolded(progress)
+        if progress is None or not claims:
+            return inv
+        claims = self._vetted(claims, inv)
+        if self._journal_unreadable and claims:
+            # Their journal was set aside: fold them in now, so that they do not hang on a
+            # journal that is no longer there (a lone progress file is not trusted).
+            inv = Inventory.model_construct(entries=inv.updated(claims).entries, folded=progress.id)
+            self._save(INVENTORY, inv, SECRET_MODE)
+            return inv
         if claims:
-            claims = self._vetted(claims, inv)
-        if progress is not None and claims:
             self._claims, self._claims_of = dict(claims), progress.id
         return inv.updated(claims)
 
     def _vetted(self, claims: Mapping[str, OwnedEntry], inv: Inventory) -> Mapping[str, OwnedEntry]:
         """The claims of a progress file, as far as the agent can show they are its own writes.
 
-        A journal claims only paths its change set writes, so a claim for a path that no
-        persisted change set or applied record names (``named_paths``) is not the agent's: it
-        is dropped, with a Warning naming it. A claim that says "created" for a path the journal
-        saw before its first write, or that the inventory holds as found there, says "found":
-        a claim never turns a file the agent found into one it may delete. Read only with the
-        inventory from disk (a start, ``reset``), never on an apply's way."""
-        named = self.named_paths()
+        A journal claims only paths its change set writes, and its progress file is written
+        only while its journal is there. So with the journal readable, a claim for a path that
+        neither it nor the last applied record names (``_named_paths``) is not the agent's; with
+        no journal at all (a lone progress file is never one the agent left with claims not
+        folded in), only the last applied record can name them. Such claims are dropped, with a
+        Warning naming them. With the journal there but unreadable (set aside), the claims are
+        the only record of what it wrote and are taken. A claim that says "created" for a path
+        the journal saw before its first write, or that the inventory holds as found, says
+        "found": a claim never turns a file the agent found into one it may delete. Each
+        removal still checks the bytes (``remove_created``). Runs only with the inventory read
+        from disk (a start, ``reset``), never on an apply's way."""
         pending = self.pending()
+        named = None if self._journal_unreadable else self._named_paths()
         before = pending.preexisting if pending is not None else frozenset()
         vetted: dict[str, OwnedEntry] = {}
         dropped: list[str] = []
         found: list[str] = []
         for path, entry in claims.items():
-            if path not in named:
+            if named is not None and path not in named:
                 dropped.append(path)
                 continue
             old = inv.entries.get(path)
@@ -693,7 +707,7 @@ class StateStore:
             f"{len(paths)} claim(s) in {self.path(CHANGES_DONE)} not trusted ({why}): {shown}"
         )
 
-    def named_paths(self) -> frozenset[str]:
+    def _named_paths(self) -> frozenset[str]:
         """Every host path a persisted change set or applied record names: the journal's writes,
         its base and target, and the last applied OSC's record (derived items included)."""
         paths: set[str] = set()
@@ -939,6 +953,7 @@ class StateStore:
             self._rename_aside(name)
         self._set_aside.append(f"{self.path(name)}: not readable ({why}); moved to {aside}")
         self._journal_lost |= name in (CHANGES, CHANGES_DONE)
+        self._journal_unreadable |= name == CHANGES
 
     def _set_aside_unreadable(self, name: str, exc: Exception) -> None:
         """Rename state file ``name`` (a directory, symlink, FIFO, device, a file too large)
@@ -955,6 +970,7 @@ class StateStore:
         where = f"moved to {aside}" if moved else "could not be moved aside"
         self._set_aside.append(f"{why}; {where}")
         self._journal_lost |= name in (CHANGES, CHANGES_DONE)
+        self._journal_unreadable |= name == CHANGES
 
     def _clear_for_write(self, name: str) -> bool:
         """Before writing state file ``name``: set aside what is in its place if that is not a

@@ -23,6 +23,7 @@ from node_agent.host.documents import Claim
 from node_agent.host.fs import HostFS
 from node_agent.host.state import StateStore
 from node_agent.osc.applied import Applied, AppliedFile, AppliedUnit
+from node_agent.osc.plan import ChangeSet, FileWrite
 from tests.unit.fakes import ACTIVE, FakeSystemd
 
 PASSWD = "/etc/passwd"
@@ -157,24 +158,30 @@ async def test_reset_deletes_nothing_a_forged_progress_file_claims(node: Path) -
     assert f"removed file {KUBECONFIG}" not in lines
 
 
-async def test_the_orphan_sweep_deletes_nothing_a_forged_inventory_names(node: Path) -> None:
-    """inventory.json carries the same lie: the sweep removes only what an applied OSC named,
-    never in the agent's own directory, and only the bytes the agent recorded. (A forged
-    inventory.json that calls PRE "created" is not detectable once the journal that saw it
-    there has ended: inventory.json is that record.)"""
-    forge_inventory(node, {path: entry(path) for path in FOREIGN})
-    # even a CA the last applied OSC names is the agent's own: never swept
+async def test_the_orphan_sweep_deletes_nothing_of_its_own_or_unproven_a_forged_inventory_names(
+    node: Path,
+) -> None:
+    """inventory.json carries the same lie: the sweep never removes anything in the agent's own
+    directory (even a CA an applied OSC named), and only the bytes recorded for an entry."""
+    forge_inventory(
+        node,
+        {path: entry(path) for path in (KUBECONFIG, CA, CONFIG)}
+        | {
+            PASSWD: entry(PASSWD, digest=sha(b"what a corrupt record says")),
+            OPERATOR: entry(OPERATOR, digest=None),
+            OPERATOR_UNIT: entry(OPERATOR_UNIT, digest=sha(b"another unit")),
+        },
+    )
     store = StateStore(HostFS(node))
     last = store.load_last_applied()
     assert last is not None
     assert last.applied is not None
     files = {**last.applied.files, CA: AppliedFile(mode=0o644, sha256=sha(BYTES[CA]))}
     store.save_last_applied(b"osc", applied=last.applied.model_copy(update={"files": files}))
-    removed = await sweeper(node, FakeSystemd({"operator.service": ACTIVE})).remove_orphans(
-        Applied()
-    )
-    assert removed == [OURS]
+    systemd = FakeSystemd({"operator.service": ACTIVE})
+    assert await sweeper(node, systemd).remove_orphans(Applied()) == [OURS]
     untouched(node, *FOREIGN)
+    assert systemd.calls == []  # the operator's unit is neither stopped nor disabled
 
 
 async def test_reset_deletes_nothing_of_its_own_or_unproven_a_forged_inventory_names(
@@ -199,24 +206,50 @@ async def test_reset_deletes_nothing_of_its_own_or_unproven_a_forged_inventory_n
     assert any(line.startswith(f"kept file {OPERATOR}: no digest recorded") for line in lines)
 
 
-async def test_the_sweep_leaves_what_no_osc_named_and_the_agents_own_unit(node: Path) -> None:
-    """bootstrap's kubelet data volume mount unit is the agent's (reset removes it) but no OSC
-    named it: the sweep after an apply must not stop and remove it. Nor the agent's own unit:
-    it stays in the inventory for reset."""
+async def test_the_sweep_leaves_the_agents_own_unit_to_reset(node: Path) -> None:
     fs = HostFS(node)
-    mount, agent = unit_path("var-lib-kubelet.mount"), unit_path(AGENT_UNIT)
-    text = b"[Mount]\nWhere=/var/lib/kubelet\n"
-    StateStore(fs).claim(
-        [Claim("unit", mount, sha(text), 0o644), Claim("unit", agent, sha(text), 0o644)]
-    )
-    fs.write_atomic(mount, text, 0o644)
+    agent = unit_path(AGENT_UNIT)
+    text = b"[Service]\nExecStart=/opt/bin/gardener-node-agent\n"
+    StateStore(fs).claim([Claim("unit", agent, sha(text), 0o644)])
     fs.write_atomic(agent, text, 0o644)
-    systemd = FakeSystemd({"var-lib-kubelet.mount": ACTIVE}, enabled={"var-lib-kubelet.mount"})
+    systemd = FakeSystemd({AGENT_UNIT: ACTIVE})
     assert await sweeper(node, systemd).remove_orphans(Applied()) == [OURS]
-    assert (node / mount.lstrip("/")).exists()
     assert (node / agent.lstrip("/")).exists()
-    assert ("stop", "var-lib-kubelet.mount") not in systemd.calls
+    assert systemd.calls == []
     assert StateStore(fs).owns(agent)
+
+
+async def test_claims_of_a_readable_journal_are_held_to_it(node: Path) -> None:
+    """With the journal there, a claim must be for a path its change set (or an applied record)
+    names, and a path the journal saw before its first write stays "found"."""
+    fs = HostFS(node)
+    found = "/etc/found.conf"
+    fs.write_atomic(found, b"the operator's\n", 0o644)
+    new = "/etc/app/new.conf"
+    store = StateStore(fs)
+    cs = ChangeSet(
+        files_to_write=tuple(
+            FileWrite(path=p, mode=0o644, content=b"n\n", sha256=sha(b"n\n"), reason="r")
+            for p in (found, new)
+        )
+    )
+    pending = store.begin(cs, "c" * 64)
+    assert found in pending.preexisting
+    for path in (found, new):
+        fs.write_atomic(path, b"n\n", 0o644)
+    claims = {p: {"kind": "file", "created": True, "sha256": sha(b"n\n")} for p in (found, new)}
+    claims[PASSWD] = entry(PASSWD)
+    doc = {"version": 1, "id": pending.id, "claims": claims}
+    state(node, layout.CHANGES_DONE).write_text(json.dumps(doc))
+    after = StateStore(fs)
+    inv = after.inventory()
+    assert PASSWD not in inv.entries
+    assert inv.owns(new)
+    assert not inv.owns(found)
+    assert len(after.take_set_aside()) == 2
+    assert await sweeper(node).remove_orphans(Applied()) == [new, OURS]
+    assert (node / "etc/found.conf").exists()
+    untouched(node, PASSWD)
 
 
 async def test_a_leftover_that_did_not_stop_is_tried_again_by_the_next_sweep(

@@ -455,27 +455,39 @@ def test_a_progress_file_left_by_a_crash_in_finish_is_not_folded_in_again(
     assert not StateStore(HostFS(root)).owns("/etc/a.conf")
 
 
-def test_claims_of_an_unreadable_journal_count_where_an_applied_record_names_them(
-    store: StateStore, root: Path
-) -> None:
-    """Claims are facts about writes that succeeded, as far as the agent can show them: with
-    the journal gone, the last applied OSC's record still names some of their paths; a claim
-    for a path nothing names any more is dropped, and said."""
-    store.save_last_applied(b"osc s", applied=applied_of(("/etc/a.conf", "a")))
-    cs = ChangeSet(files_to_write=(fw("/etc/a.conf", b"a"), fw("/etc/new.conf", b"n")))
-    store.begin(cs, "s2")
+def test_claims_count_when_their_journal_cannot_be_read(store: StateStore, root: Path) -> None:
+    """The journal is there but unreadable (set aside): its progress file's claims are the only
+    record of what it wrote; they count, and go into ``inventory.json`` at once (a progress
+    file without a journal is not trusted, so they must not hang on the one set aside)."""
+    cs = ChangeSet(files_to_write=(fw("/etc/a.conf", b"a"),))
+    store.begin(cs, "s")
     store.record_written(claims_for(cs))
     state_file(root, CHANGES).write_bytes(b"{not json")
     after = StateStore(HostFS(root))
     assert after.pending() is None
     assert after.owns("/etc/a.conf")  # the agent created it: a later OSC may remove it
-    assert "/etc/new.conf" not in after.inventory().entries  # named by nothing left
-    assert any("/etc/new.conf" in note for note in after.take_set_aside())
-    # an inventory written outside a journal takes them in
-    after.claim([Claim("file", "/etc/other", sha(b"x"), 0o644)])
     assert json.loads(state_file(root, INVENTORY).read_bytes())["entries"]["/etc/a.conf"]
+    assert StateStore(HostFS(root)).owns("/etc/a.conf")  # a crash now: no journal, still known
     after.release(["/etc/a.conf"])
     assert not StateStore(HostFS(root)).owns("/etc/a.conf")  # and never brings them back
+
+
+def test_a_lone_progress_files_claims_count_where_an_applied_record_names_them(
+    store: StateStore, root: Path
+) -> None:
+    """No journal at all: the agent never leaves a progress file with claims not folded in so,
+    and only what the last applied OSC's record names is taken from it; the rest is said."""
+    store.save_last_applied(b"osc s", applied=applied_of(("/etc/a.conf", "a")))
+    cs = ChangeSet(files_to_write=(fw("/etc/a.conf", b"a"), fw("/etc/new.conf", b"n")))
+    store.begin(cs, "s2")
+    store.record_written(claims_for(cs))
+    state_file(root, CHANGES).unlink()
+    after = StateStore(HostFS(root))
+    assert after.owns("/etc/a.conf")
+    assert "/etc/new.conf" not in after.inventory().entries
+    (note,) = after.take_set_aside()
+    assert "/etc/new.conf" in note
+    assert "/etc/a.conf" not in note
 
 
 def test_claims_of_a_progress_file_from_another_journal_are_kept(tmp_path: Path) -> None:
