@@ -28,7 +28,15 @@ from node_agent.base.log import get_logger
 from node_agent.containerd.images import ImageStore
 from node_agent.host.documents import ApplyRecord, ItemFailure, Pending
 from node_agent.host.fs import HostFS
-from node_agent.host.state import UNIT_DIR, UNIT_FILE_MODE, StateStore, claims_for, write_claims
+from node_agent.host.state import (
+    UNIT_DIR,
+    UNIT_FILE_MODE,
+    StateStore,
+    claims_for,
+    not_written,
+    remove_created,
+    write_claims,
+)
 from node_agent.osc import steps
 from node_agent.osc.applied import Applied, AppliedUnit, Owed, adopt
 from node_agent.osc.decode import parse_osc, sha256_hex
@@ -487,20 +495,41 @@ class Applier:
         return Outcome(checksum, change_set, report, resumed=resumed, orphans_removed=orphans)
 
     async def remove_orphans(self, applied: Applied) -> list[str]:
-        """Delete what the agent created and no OSC wants any more (stop/disable units first)."""
+        """Delete what the agent created and no OSC wants any more (stop/disable units first).
+
+        Only what it can show it wrote: never in its own directory nor its program or unit, and
+        only a regular file still holding the bytes recorded when it was written (claims of a
+        progress file were vetted when read). What fails that is kept, said in the log, and
+        forgotten; what could not be removed is kept for a later apply."""
         wanted = wanted_paths(applied)
-        owned = [
-            p
-            for p, entry in (await self.state.inventory_async()).entries.items()
-            if entry.created and p not in wanted
-        ]
-        units = [
-            p.removeprefix(UNIT_DIR + "/")
-            for p in owned
+        own_unit = unit_path(self.agent_unit)  # never swept: reset's to remove
+        entries = (await self.state.inventory_async()).entries
+        owned = {
+            p: e for p, e in entries.items() if e.created and p not in wanted and p != own_unit
+        }
+        if not owned:
+            return []
+        keep = {
+            *self.executor.keep_previous,
+            *(f"{p}.previous" for p in self.executor.keep_previous),
+        }
+        forget: dict[str, str] = {}  # path -> why it is not provably the agent's
+        unit_files = {
+            p: e
+            for p, e in owned.items()
             if p.startswith(UNIT_DIR + "/") and "/" not in p.removeprefix(UNIT_DIR + "/")
-        ]
+        }
+        for path, entry in unit_files.items():  # a unit that is not the agent's is not stopped
+            try:
+                why = await asyncio.to_thread(not_written, self.fs, path, entry, keep)
+            except HostError:
+                continue  # its removal below says why
+            if why is not None:
+                forget[path] = why
+        units = [p.removeprefix(UNIT_DIR + "/") for p in unit_files if p not in forget]
         # A template (foo@.service) gets no job: systemd refuses one for a name without instance.
-        units = [u for u in units if u != self.agent_unit and not is_template(u)]
+        units = [u for u in units if not is_template(u)]
+        stuck: set[str] = set()
         if units and self.systemd is not None:
             results = await self.systemd.run_jobs([(u, "stop") for u in units], job_timeout=30.0)
             stuck = {u for u, r in results.items() if not r.ok}
@@ -509,14 +538,14 @@ class Applier:
                     await self.systemd.disable([unit])
                 except SystemdCallError as exc:
                     log.info("leftover unit not disabled", unit=unit, error=str(exc))
-            # A leftover unit that would not stop keeps its file until a later apply.
-            owned = [p for p in owned if p.removeprefix(UNIT_DIR + "/") not in stuck]
         removed = []
         for path in sorted(owned):
-            if path == unit_path(self.agent_unit):
+            if path in forget:
                 continue
+            if path.removeprefix(UNIT_DIR + "/") in stuck:
+                continue  # a leftover unit that would not stop keeps its file until a later apply
             try:
-                await self.fs.remove_async(path)
+                removal = await asyncio.to_thread(remove_created, self.fs, path, owned[path], keep)
                 if "/" in path.removeprefix(UNIT_DIR + "/") and path.startswith(UNIT_DIR + "/"):
                     await asyncio.to_thread(self.fs.remove_dir_if_empty, path.rsplit("/", 1)[0])
             except HostError as exc:
@@ -524,9 +553,15 @@ class Applier:
                     "leftover not removed; kept for a later apply", path=path, error=str(exc)
                 )
                 continue
-            removed.append(path)
+            if removal.kept is not None:
+                forget[path] = removal.kept
+            else:
+                removed.append(path)
+        for path, why in sorted(forget.items()):
+            log.warning("leftover kept: not provably the agent's; forgotten", path=path, reason=why)
+        if removed or forget:
+            await self.state.release_async([*removed, *forget])
         if removed:
-            await self.state.release_async(removed)
             if self.systemd is not None and any(p.startswith(UNIT_DIR + "/") for p in removed):
                 await self.systemd.daemon_reload()
             log.info("removed leftovers no OSC wants", paths=removed)

@@ -2,8 +2,10 @@
 
 Why its own module: reset runs from a shell as root, often while the agent's service is running,
 and must never delete what the agent did not create. It therefore works from the inventory
-alone (``host.state``): only entries the agent *created* are removed; a distro unit that got
-drop-ins, or a pre-existing file an OSC overwrote, stays. The order matters:
+alone (``host.state``): only entries the agent *created* are removed, and only while they hold
+the bytes recorded for them, never in the agent's own directory (``state.remove_created``); a
+distro unit that got drop-ins, a pre-existing file an OSC overwrote, a file changed since,
+stays. The order matters:
 
 1. stop the agent's own unit first (so it cannot re-apply while we delete), then
    ``kubelet.service``, then the units the agent created; disable those that are enabled;
@@ -12,12 +14,15 @@ drop-ins, or a pre-existing file an OSC overwrote, stays. The order matters:
 3. empty the agent's state: the state documents (and their ``.corrupt`` siblings) and the
    credentials. Upstream's reset empties the whole ``/var/lib/gardener-node-agent``; we remove
    the credentials too, since a reset node must not keep a token for the cluster, but leave the
-   rest of that directory unless the inventory says the agent created it.
+   rest of that directory (its config, the cluster's CA), whatever the inventory says.
 
-Every step is idempotent: a second reset finds nothing and says so. A crash part-way leaves the
-inventory in place, so the next reset finishes the job. Two resets at once take turns
-(``reset_lock``): otherwise both stop and disable the same units, and the slower one fails on a
-unit file the other already deleted.
+An item that cannot be taken back (a directory where a file was, a parent that became a
+symlink, a unit that does not stop) is named, skipped, and kept in the inventory; everything
+else goes on, the credentials go in any case, and ResetIncompleteError comes last. Every step is
+idempotent: a second reset tries only what is left, or finds nothing and says so. A crash
+part-way leaves the inventory in place, so the next reset finishes the job. Two resets at once
+take turns (``reset_lock``): otherwise both stop and disable the same units, and the slower one
+fails on a unit file the other already deleted.
 """
 
 from __future__ import annotations
@@ -26,7 +31,6 @@ import contextlib
 import fcntl
 import os
 import posixpath
-import shutil
 import stat
 import sys
 import time
@@ -35,17 +39,20 @@ from pathlib import Path
 from typing import Protocol
 
 from node_agent.base import layout
-from node_agent.base.errors import HostError, ResetBusyError, SystemdError
+from node_agent.base.errors import HostError, NodeAgentError, ResetBusyError, SystemdError
 from node_agent.base.layout import AGENT_UNIT
+from node_agent.base.log import get_logger
 from node_agent.host.documents import OwnedEntry
 from node_agent.host.fs import HostFS
-from node_agent.host.state import StateStore
+from node_agent.host.state import StateStore, not_written, remove_created, sha256_hex
 from node_agent.systemd.types import JobResult, UnitFileChange, UnitState
 
 KUBELET_UNIT = "kubelet.service"
 LOCK_WAIT = 300.0  # seconds a reset waits for another one to finish
 NOTHING_TO_DO = "nothing to do: no units, files or state of the agent on this node"
 _INACTIVE = frozenset({"inactive", "failed"})
+
+log = get_logger("node-agent.reset")
 
 
 class ResetSystemd(Protocol):
@@ -113,6 +120,49 @@ def _cgroup_units(cgroup_file: Path = Path("/proc/self/cgroup")) -> set[str]:
     return units
 
 
+class ResetIncompleteError(NodeAgentError):
+    """``reset`` did all it could and these items are still on the node; ``items`` names each
+    (a path or a unit) with why. Raised at the very end, after the credentials are gone."""
+
+    def __init__(self, items: Sequence[tuple[str, str]]) -> None:
+        names = ", ".join(item for item, _ in items)
+        super().__init__(
+            f"reset incomplete: {len(items)} item(s) not removed ({names}); everything else "
+            "was done; run reset again once they are fixed"
+        )
+        self.items = tuple(items)
+
+
+class _Report:
+    """The lines of one reset, each printed as it happens; what was kept or could not be done is
+    also one log event per item (``kept``: a warning, ``not removed``/``not stopped``/...: an
+    error), and what could not be done makes the reset fail at its end."""
+
+    def __init__(self, out: Callable[[str], None]) -> None:
+        self.out = out
+        self.lines: list[str] = []
+        self.failed: list[tuple[str, str]] = []
+
+    def did(self, line: str) -> None:
+        self.lines.append(line)
+        self.out(line)
+
+    def kept(self, what: str, path: str, why: str) -> None:
+        """``path`` stays: it is not provably what the agent wrote (not an error)."""
+        self.did(f"kept {what} {path}: {why}")
+        log.warning("kept", kind=what, path=path, reason=why)
+
+    def not_removed(self, what: str, path: str, exc: HostError) -> None:
+        self.did(f"not removed {what} {path}: {exc}")
+        log.error("not removed", kind=what, path=path, error=str(exc))
+        self.failed.append((path, str(exc)))
+
+    def not_done(self, action: str, unit: str, why: str) -> None:
+        self.did(f"{action} {unit}: {why}")
+        log.error(action, unit=unit, error=why)
+        self.failed.append((unit, why))
+
+
 async def reset_node(
     root: Path,
     systemd: ResetSystemd | None,
@@ -123,94 +173,183 @@ async def reset_node(
     caller_units: set[str] | None = None,
     unpack_root: str = layout.UNPACK_ROOT,
 ) -> list[str]:
-    """Reset the node below ``root``; prints and returns one line per action taken.
+    """Reset the node below ``root``; prints and returns one line per item.
 
     ``systemd`` None skips every unit operation (an image being built). ``caller_units`` are
     the units this process runs in (default: read from its cgroup); the agent's unit is not
     stopped when reset runs inside it, as that would kill reset itself. The agent's own program
     goes too (see :func:`_own_program`), and ``unpack_root``, where the single file's launcher
-    keeps its unpacked copies.
+    keeps its unpacked copies. An item that cannot be taken back is named and skipped; the
+    credentials are removed whatever happened before; ResetIncompleteError at the end names
+    what is left (the inventory keeps those entries, so the next reset tries them again).
     """
-    actions: list[str] = []
-
-    def act(line: str) -> None:
-        actions.append(line)
-        out(line)
-
+    report = _Report(out)
     fs = HostFS(root, follow_system_symlinks=True)
-    store = StateStore(fs)
-    entries = store.inventory().entries
-    created = {path: entry for path, entry in sorted(entries.items()) if entry.created}
-    units = [posixpath.basename(p) for p, e in created.items() if e.kind == "unit"]
-    own_program = _own_program(fs, entries, agent_unit)  # read before the unit file goes
+    try:
+        inside = (_cgroup_units() if caller_units is None else caller_units) if systemd else set()
+        await _take_back(fs, systemd, report, agent_unit, inside, job_timeout, unpack_root)
+    finally:
+        # A reset node must not keep a token for the cluster, whatever failed before.
+        for path in layout.CREDENTIAL_FILES:
+            _remove(fs, path, report)
+    if report.failed:
+        raise ResetIncompleteError(report.failed)
+    if not report.lines:
+        out(NOTHING_TO_DO)
+    return report.lines
 
+
+async def _take_back(
+    fs: HostFS,
+    systemd: ResetSystemd | None,
+    report: _Report,
+    agent_unit: str,
+    inside: set[str],
+    job_timeout: float,
+    unpack_root: str,
+) -> None:
+    """Everything of reset but the credentials, in order (see the module's docstring)."""
+    store = StateStore(fs)
+    inventory = f"{layout.BASE_DIR}/{layout.INVENTORY}"
+    try:
+        entries = store.inventory().entries
+    except HostError as exc:  # what the agent created is unknown: its state stays as it is
+        report.not_removed("file", inventory, exc)
+        return
+    created = {path: entry for path, entry in sorted(entries.items()) if entry.created}
+    own_program = _own_program(fs, entries, agent_unit)  # read before the unit file goes
+    left: dict[str, OwnedEntry] = {}  # created paths still there, for the next reset
+    done: set[str] = set()  # paths already dealt with
+    units: list[str] = []
+    for path, entry in created.items():
+        if entry.kind != "unit":
+            continue
+        try:
+            why = not_written(fs, path, entry)
+        except HostError as exc:
+            report.not_removed(entry.kind, path, exc)
+            left[path] = entry
+            done.add(path)
+            continue
+        if why is not None:  # not the agent's unit: neither stopped nor disabled
+            report.kept(entry.kind, path, why)
+            done.add(path)
+        else:
+            units.append(posixpath.basename(path))
+
+    stuck: set[str] = set()  # units that did not stop or were not disabled
     if systemd is not None:
-        inside = _cgroup_units() if caller_units is None else caller_units
-        await _stop_and_disable(systemd, agent_unit, units, inside, act, job_timeout)
+        stuck = await _stop_and_disable(systemd, agent_unit, units, inside, report, job_timeout)
 
     reload = False
     for path, entry in created.items():
-        if fs.remove(path):
-            act(f"removed {entry.kind} {path}")
+        if path in done:
+            continue
+        if _unit_of(path) in stuck:  # its unit is named above; it keeps its files
+            left[path] = entry
+            continue
+        try:
+            removal = remove_created(fs, path, entry)
+        except HostError as exc:
+            report.not_removed(entry.kind, path, exc)
+            left[path] = entry
+            continue
+        if removal.kept is not None:
+            report.kept(entry.kind, path, removal.kept)
+        elif removal.removed:
+            report.did(f"removed {entry.kind} {path}")
             reload = reload or entry.kind != "file"
     guard = layout.drop_in_path(agent_unit, layout.SELF_UPDATE_DROP_IN)  # not in the inventory
-    if fs.remove(guard):
-        act(f"removed dropin {guard}")
+    if agent_unit not in stuck and _remove(fs, guard, report, "dropin"):
         reload = True
-    for path in [*(p for p, e in created.items() if e.kind == "dropin"), guard]:
-        if fs.remove_dir_if_empty(posixpath.dirname(path)):
-            act(f"removed empty directory {posixpath.dirname(path)}")
+    dropins = [p for p, e in created.items() if e.kind == "dropin" and p not in left]
+    for directory in dict.fromkeys(posixpath.dirname(p) for p in [*dropins, guard]):
+        try:
+            if fs.remove_dir_if_empty(directory):
+                report.did(f"removed empty directory {directory}")
+        except HostError as exc:
+            report.not_removed("directory", directory, exc)
     if reload and systemd is not None:
-        await systemd.daemon_reload()
-        act("reloaded systemd")
+        try:
+            await systemd.daemon_reload()
+        except SystemdError as exc:
+            report.not_done("not reloaded", "systemd", str(exc))
+        else:
+            report.did("reloaded systemd")
 
     for path in own_program:
-        if _is_regular(fs, path) and fs.remove(path):
-            act(f"removed {path}")
-    unpacked = Path(root) / unpack_root.lstrip("/")
-    if _remove_tree(unpacked):
-        act(f"removed unpacked copies {unpack_root}")
+        try:
+            if _is_regular(fs, path) and fs.remove(path):
+                report.did(f"removed {path}")
+        except HostError as exc:
+            report.not_removed("file", path, exc)
+    try:
+        found = fs.lstat(unpack_root)
+        if found is not None and not stat.S_ISDIR(found.st_mode):
+            report.kept("directory", unpack_root, "is not a directory (the launcher makes one)")
+        elif found is not None and fs.remove_tree(unpack_root):
+            report.did(f"removed unpacked copies {unpack_root}")
+    except HostError as exc:
+        report.not_removed("directory", unpack_root, exc)
 
+    if left:
+        try:
+            store.keep_only(left)
+        except HostError as exc:  # the whole inventory stays: the next reset starts over
+            report.not_removed("file", inventory, exc)
+            return
     state = [f"{layout.BASE_DIR}/{name}" for name in layout.STATE_FILES]
     state += [f"{path}{layout.CORRUPT_SUFFIX}" for path in state]
-    for path in (*state, *layout.CREDENTIAL_FILES):
-        if fs.remove(path):
-            act(f"removed {path}")
-    if not actions:
-        out(NOTHING_TO_DO)
-    return actions
+    for path in state:
+        if not (left and path == inventory):
+            _remove(fs, path, report)
 
 
-def _remove_tree(path: Path) -> bool:
-    if not path.is_dir():
+def _remove(fs: HostFS, path: str, report: _Report, what: str = "") -> bool:
+    """Remove the file ``path`` reset removes by name; whether it did (a failure is named)."""
+    try:
+        if not fs.remove(path):
+            return False
+    except HostError as exc:
+        report.not_removed(what or "file", path, exc)
         return False
-    shutil.rmtree(path, ignore_errors=True)
+    report.did(f"removed {what} {path}" if what else f"removed {path}")
     return True
 
 
+def _unit_of(path: str) -> str | None:
+    """The unit a unit file or drop-in under the unit directory belongs to."""
+    rest = path.removeprefix(layout.UNIT_DIR + "/")
+    if rest == path:
+        return None
+    head, _, name = rest.partition("/")
+    return head.removesuffix(".d") if name else head
+
+
 def _is_regular(fs: HostFS, path: str) -> bool:
-    try:
-        st = fs.lstat(path)
-    except HostError:
-        return False
+    st = fs.lstat(path)
     return st is not None and stat.S_ISREG(st.st_mode)
 
 
 def _own_program(fs: HostFS, entries: Mapping[str, OwnedEntry], agent_unit: str) -> list[str]:
     """The agent's own single file and the ``.previous`` a self-update kept: the program named
     by ``ExecStart=`` of the agent's unit, when that unit is the agent's (in the inventory:
-    written by ``bootstrap`` or by an OSC). On a Gardener node it is ``/opt/bin/
-    gardener-node-agent``, put there by the user-data and replaced by OSCs, so no inventory
-    entry says "created"; it is the agent all the same. Only regular files are removed: the
-    standalone install's ``bin/node-agent`` is a symlink into its own directory and stays."""
+    written by ``bootstrap`` or by an OSC, and still holding the bytes recorded then). On a
+    Gardener node it is ``/opt/bin/gardener-node-agent``, put there by the user-data and
+    replaced by OSCs, so no inventory entry says "created"; it is the agent all the same. Only
+    regular files are removed: the standalone install's ``bin/node-agent`` is a symlink into
+    its own directory and stays."""
     unit_file = layout.unit_path(agent_unit)
-    if unit_file not in entries:
+    entry = entries.get(unit_file)
+    if entry is None or entry.sha256 is None:
         return []
     try:
-        text = (fs.read(unit_file) or b"").decode(errors="replace")
+        raw = fs.read(unit_file)
     except HostError:
         return []
-    for line in text.splitlines():
+    if raw is None or sha256_hex(raw) != entry.sha256:
+        return []
+    for line in raw.decode(errors="replace").splitlines():
         key, _, value = line.strip().partition("=")
         if key.strip() == "ExecStart" and value.strip():
             program = value.split()[0].lstrip("-@:+!")
@@ -224,25 +363,55 @@ async def _stop_and_disable(
     agent_unit: str,
     created_units: list[str],
     inside: set[str],
-    act: Callable[[str], None],
+    report: _Report,
     job_timeout: float,
-) -> None:
-    order = [agent_unit, KUBELET_UNIT, *(u for u in created_units if u not in (agent_unit,))]
-    order = list(dict.fromkeys(order))
-    states = await systemd.unit_states(order)
+) -> set[str]:
+    """Stop the agent's unit, kubelet and the units the agent created, and disable those of
+    them that are enabled; returns the units that did not stop or were not disabled (each
+    named), which keep their unit files and drop-ins."""
+    order = list(dict.fromkeys([agent_unit, KUBELET_UNIT, *created_units]))
+    try:
+        states = await systemd.unit_states(order)
+    except SystemdError as exc:
+        for unit in order:
+            report.not_done("not stopped", unit, f"its state could not be read: {exc}")
+        return set(order)
+    stuck: set[str] = set()
     for unit in order:
         state = states[unit]
         if state.load_state == "not-found" or state.active_state in _INACTIVE:
             continue
         if unit == agent_unit and unit in inside:
-            act(f"not stopping {unit}: reset runs inside it")
+            report.did(f"not stopping {unit}: reset runs inside it")
             continue
-        result = await systemd.stop_unit(unit, job_timeout=job_timeout)
-        if not result.ok:
-            raise SystemdError(f"cannot stop {unit}: {result.describe()}")
-        act(f"stopped {unit}")
-    enabled = [u for u in created_units if states[u].unit_file_state == "enabled"]
-    if enabled:
+        try:
+            result = await systemd.stop_unit(unit, job_timeout=job_timeout)
+        except SystemdError as exc:
+            why = str(exc)
+        else:
+            if result.ok:
+                report.did(f"stopped {unit}")
+                continue
+            why = result.describe()
+        report.not_done("not stopped", unit, why)
+        stuck.add(unit)
+    enabled = [
+        u for u in created_units if u not in stuck and states[u].unit_file_state == "enabled"
+    ]
+    if not enabled:
+        return stuck
+    try:
         await systemd.disable(enabled)
+    except SystemdError:  # one unit refused: each on its own, to name the one
         for unit in enabled:
-            act(f"disabled {unit}")
+            try:
+                await systemd.disable([unit])
+            except SystemdError as exc:
+                report.not_done("not disabled", unit, str(exc))
+                stuck.add(unit)
+            else:
+                report.did(f"disabled {unit}")
+        return stuck
+    for unit in enabled:
+        report.did(f"disabled {unit}")
+    return stuck

@@ -79,6 +79,17 @@ class WriteResult(enum.IntEnum):
     ATTRS_CHANGED = 3  # same bytes; mode and/or owner fixed in place (mtime untouched)
 
 
+class Removed(enum.Enum):
+    """What ``remove_written`` found at a path and did: only the file the agent wrote (a regular
+    file with the recorded bytes) is removed; anything else there is left as it is."""
+
+    REMOVED = "removed"
+    ABSENT = "absent"
+    OTHER_CONTENT = "its content is not what the agent wrote"
+    SYMLINK = "is a symlink, not the file the agent wrote"
+    SPECIAL = "is a FIFO, socket or device, not the file the agent wrote"
+
+
 def _fault_point(name: str) -> None:
     """Hook for crash tests: called at named points of a write; does nothing in production."""
 
@@ -448,6 +459,75 @@ class HostFS:
                 os.unlink(name, dir_fd=dfd)
             except FileNotFoundError:
                 return False
+            os.fsync(dfd)
+            return True
+
+    def remove_written(self, path: HostPath, sha256: str) -> Removed:
+        """Remove the regular file at ``path`` only if its bytes have digest ``sha256`` (what
+        the agent recorded when it wrote them); anything else there stays (``Removed`` says
+        what). The digest is read from the very file then unlinked (same inode, checked again
+        just before), so a file swapped in meanwhile is not removed either.
+
+        A missing path, a missing parent or a parent that is not a directory is ``ABSENT``
+        (reads only); a directory at ``path`` and a symlinked parent are errors (HostError)."""
+        parts = self._target_parts(path)
+        name = parts[-1]
+        with (
+            _os_errors("remove", path),
+            self._parent(path, parts, create=False, absent_if_not_dir=True) as dfd,
+        ):
+            current = None if dfd is None else _lstat_at(dfd, name)
+            if dfd is None or current is None:
+                return Removed.ABSENT
+            if stat.S_ISDIR(current.st_mode):
+                raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR))
+            if stat.S_ISLNK(current.st_mode):
+                return Removed.SYMLINK
+            if not stat.S_ISREG(current.st_mode):
+                return Removed.SPECIAL
+            try:
+                fd = _open_regular(dfd, name, path)
+            except UnsafePathError:  # replaced by a symlink or a FIFO since the lstat
+                return Removed.SPECIAL
+            if fd is None:
+                return Removed.ABSENT
+            try:
+                st = os.fstat(fd)
+                digest = hashlib.sha256()
+                while chunk := os.read(fd, _CHUNK):
+                    digest.update(chunk)
+            finally:
+                os.close(fd)
+            if digest.hexdigest() != sha256.lower():
+                return Removed.OTHER_CONTENT
+            again = _lstat_at(dfd, name)
+            if again is None:
+                return Removed.ABSENT
+            if (again.st_dev, again.st_ino) != (st.st_dev, st.st_ino):
+                return Removed.OTHER_CONTENT  # another file took the name meanwhile
+            os.unlink(name, dir_fd=dfd)
+            os.fsync(dfd)
+            return Removed.REMOVED
+
+    def remove_tree(self, path: HostPath) -> bool:
+        """Remove directory ``path`` and everything in it; returns whether it existed. The walk
+        to it follows no symlink (as every other operation), nor does the removal inside it
+        (``shutil.rmtree`` on a directory fd: a symlink inside is removed, never followed). A
+        symlink or anything else that is not a directory at ``path`` is refused
+        (UnsafePathError), never followed."""
+        parts = self._target_parts(path)
+        name = parts[-1]
+        with (
+            _os_errors("remove", path),
+            self._parent(path, parts, create=False, absent_if_not_dir=True) as dfd,
+        ):
+            current = None if dfd is None else _lstat_at(dfd, name)
+            if dfd is None or current is None:
+                return False
+            if not stat.S_ISDIR(current.st_mode):
+                kind = "a symlink" if stat.S_ISLNK(current.st_mode) else "not a directory"
+                raise UnsafePathError(os.fspath(path), f"is {kind}")
+            shutil.rmtree(name, dir_fd=dfd)
             os.fsync(dfd)
             return True
 

@@ -25,7 +25,10 @@ atomically through HostFS, each a versioned pydantic model:
   the journal which paths existed before; a crash between a write and its claim is settled
   from the journal and the disk before the next apply. ``owns()`` is true only for created paths: a
   distro unit that merely gets drop-ins, or a pre-existing file the OSC overwrote, is never
-  deleted.
+  deleted. Claims read back from a progress file are taken only as far as the agent can show
+  they are its own writes (``_vetted``), and a removal by an inventory entry
+  (``remove_created``) never touches the agent's own directory and removes only the bytes the
+  entry recorded: nothing in these files can make the agent delete what it did not write.
 - ``status.json`` — the last apply's outcome, for ``node-agent status`` (mode 0644, no secrets).
 
 There is one way to persist: every operation is written once, synchronously, and every byte goes
@@ -60,8 +63,8 @@ import functools
 import hashlib
 import stat
 import uuid
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import replace
+from collections.abc import Callable, Collection, Iterable, Mapping
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, ParamSpec, TypeVar, cast
@@ -87,7 +90,7 @@ from node_agent.host.documents import (
     OwnedEntry,
     Pending,
 )
-from node_agent.host.fs import HostFS
+from node_agent.host.fs import HostFS, Removed
 from node_agent.osc.applied import Applied, AppliedChanges
 from node_agent.osc.plan import ChangeSet
 from node_agent.osc.steps import dropin_step, file_step, step_ids, unit_step
@@ -109,6 +112,8 @@ CORRUPT_SUFFIX = layout.CORRUPT_SUFFIX
 #: one (a journal of a 1 MiB OSC is a few MiB), low enough that a runaway file cannot exhaust
 #: the agent's memory.
 STATE_READ_LIMIT = 64 << 20
+_SHOWN = 20  # paths named in one Warning about claims not trusted
+_SHOWN_CHARS = 200  # characters of each
 
 SECRET_MODE = 0o600
 PUBLIC_MODE = 0o644
@@ -141,6 +146,80 @@ def write_claims(cs: ChangeSet) -> dict[str, Claim]:
 def claims_for(cs: ChangeSet) -> list[Claim]:
     """The inventory claims for every write of ``cs``."""
     return list(write_claims(cs).values())
+
+
+def written_paths(cs: ChangeSet) -> set[str]:
+    """The host path of every write of ``cs`` (``write_claims`` without hashing anything)."""
+    paths = {f.path for f in cs.files_to_write}
+    paths |= {unit_path(u.name) for u in cs.units_to_write}
+    paths |= {drop_in_path(d.unit, d.name) for d in cs.dropins_to_write}
+    return paths
+
+
+def applied_paths(applied: Applied) -> set[str]:
+    """Every host path ``applied`` puts on the host: files, unit files, drop-ins."""
+    paths = set(applied.files)
+    for unit in applied.units.values():
+        if unit.content is not None:
+            paths.add(unit_path(unit.name))
+        paths |= {drop_in_path(unit.name, name) for name in unit.drop_ins}
+    return paths
+
+
+def own_path(path: str) -> bool:
+    """Whether ``path`` is in the agent's own directory: its state, credentials, config, the
+    cluster's CA, the machine's name. Nothing there is removed because an inventory entry names
+    it, whatever the entry says (``reset`` removes the state files and credentials by name)."""
+    return path == STATE_DIR or path.startswith(STATE_DIR + "/")
+
+
+@dataclass(frozen=True)
+class Removal:
+    """What removing a path the inventory says the agent created did."""
+
+    removed: bool = False  # it was there and is gone now
+    kept: str | None = None  # what is there stays: why it is not provably what the agent wrote
+
+
+def refusal(path: str, entry: OwnedEntry, keep: Collection[str] = ()) -> str | None:
+    """Why an inventory entry can never make the agent remove ``path``, without looking at the
+    disk: the agent's own directory, ``keep`` (its program, its unit), no recorded digest."""
+    if own_path(path):
+        return "it is in the agent's own directory (state, credentials, config)"
+    if path in keep:
+        return "it is the agent's own program or unit"
+    if entry.sha256 is None:
+        return "no digest recorded for it: what the agent wrote there is unknown"
+    return None
+
+
+def not_written(fs: HostFS, path: str, entry: OwnedEntry, keep: Collection[str] = ()) -> str | None:
+    """Why what is at ``path`` is not provably what the agent wrote (see :func:`refusal`; a
+    file with other bytes, or not a regular file); None if it is, or if nothing is there. For
+    deciding before the removal, e.g. whether to stop a unit whose file is to go."""
+    why = refusal(path, entry, keep)
+    if why is not None or fs.lstat(path) is None:
+        return why
+    assert entry.sha256 is not None  # refusal() said so
+    return None if fs.stat_matches(path, sha256=entry.sha256) else Removed.OTHER_CONTENT.value
+
+
+def remove_created(fs: HostFS, path: str, entry: OwnedEntry, keep: Collection[str] = ()) -> Removal:
+    """Remove ``path``, which the inventory says the agent created, only if what is there is
+    provably what the agent wrote: outside its own directory and ``keep``, and a regular file
+    whose bytes have the recorded digest (read from the file that is then unlinked). Anything
+    else stays (``Removal.kept`` says why). HostError when it cannot be removed: a directory
+    there, a parent that is a symlink (never followed), a read-only file system."""
+    why = refusal(path, entry, keep)
+    if why is not None:
+        return Removal(kept=why)
+    assert entry.sha256 is not None  # refusal() said so
+    done = fs.remove_written(path, entry.sha256)
+    if done is Removed.REMOVED:
+        return Removal(removed=True)
+    if done is Removed.ABSENT:
+        return Removal()
+    return Removal(kept=done.value)
 
 
 _D = TypeVar("_D", bound=BaseModel)
@@ -188,6 +267,8 @@ class StateStore:
         #: the journal (its change set or progress) was set aside since the last look: what it
         #: had changed is no longer known (see ``take_journal_lost``)
         self._journal_lost = False
+        #: the journal file was there and could not be read (set aside) since the last begin
+        self._journal_unreadable = False
 
     def take_set_aside(self) -> list[str]:
         """One line per state file set aside since the last call (for a Warning Event)."""
@@ -324,7 +405,7 @@ class StateStore:
             )
         )
         self._remove(CHANGES_DONE)
-        self._no_journal = False
+        self._no_journal = self._journal_unreadable = False
         # The base is usually the last applied OSC's record, the very object: the journal
         # names it by checksum and keeps the target as its changes (see ``_journal_applied``).
         last = self._last if self._last_known else None
@@ -554,14 +635,92 @@ class StateStore:
 
     def _read_inventory(self) -> Inventory:
         """``inventory.json`` with the claims of the journal whose progress file is there, unless
-        they were folded in already (``Inventory.folded``). Claims are facts about writes that
-        succeeded, so they count even when the journal itself cannot be read."""
+        they were folded in already (``Inventory.folded``), as far as the agent can show they
+        are its own (``_vetted``)."""
         inv = self._load(INVENTORY, Inventory) or Inventory()
         progress = self._load(CHANGES_DONE, JournalProgress)
         claims = inv.unfolded(progress)
-        if progress is not None and claims:
+        if progress is None or not claims:
+            return inv
+        claims = self._vetted(claims, inv)
+        if self._journal_unreadable and claims:
+            # Their journal was set aside: fold them in now, so that they do not hang on a
+            # journal that is no longer there (a lone progress file is not trusted).
+            inv = Inventory.model_construct(entries=inv.updated(claims).entries, folded=progress.id)
+            self._save(INVENTORY, inv, SECRET_MODE)
+            return inv
+        if claims:
             self._claims, self._claims_of = dict(claims), progress.id
         return inv.updated(claims)
+
+    def _vetted(self, claims: Mapping[str, OwnedEntry], inv: Inventory) -> Mapping[str, OwnedEntry]:
+        """The claims of a progress file, as far as the agent can show they are its own writes.
+
+        A journal claims only paths its change set writes, and its progress file is written
+        only while its journal is there. So with the journal readable, a claim for a path that
+        neither it nor the last applied record names (``_named_paths``) is not the agent's; with
+        no journal at all (a lone progress file is never one the agent left with claims not
+        folded in), only the last applied record can name them. Such claims are dropped, with a
+        Warning naming them. With the journal there but unreadable (set aside), the claims are
+        the only record of what it wrote and are taken. A claim that says "created" for a path
+        the journal saw before its first write, or that the inventory holds as found, says
+        "found": a claim never turns a file the agent found into one it may delete. Each
+        removal still checks the bytes (``remove_created``). Runs only with the inventory read
+        from disk (a start, ``reset``), never on an apply's way."""
+        pending = self.pending()
+        named = None if self._journal_unreadable else self._named_paths()
+        before = pending.preexisting if pending is not None else frozenset()
+        vetted: dict[str, OwnedEntry] = {}
+        dropped: list[str] = []
+        found: list[str] = []
+        for path, entry in claims.items():
+            if named is not None and path not in named:
+                dropped.append(path)
+                continue
+            old = inv.entries.get(path)
+            if entry.created and (path in before or (old is not None and not old.created)):
+                entry = entry.model_copy(update={"created": False})
+                found.append(path)
+            vetted[path] = entry
+        for paths, why in (
+            (dropped, "no change set or applied OSC of the agent names them; dropped"),
+            (found, "they existed before the agent wrote them; kept as found, never deleted"),
+        ):
+            if paths:
+                self._distrust(paths, why)
+        return vetted if dropped or found else claims
+
+    def _distrust(self, paths: list[str], why: str) -> None:
+        """Say once (log, and a note for a Warning on the Node) which claims were not taken as
+        they are; the list in the note is bounded, the count is not."""
+        cut = _SHOWN_CHARS
+        first = [p[:cut] + ("..." if len(p) > cut else "") for p in sorted(paths)[:_SHOWN]]
+        shown = ", ".join(first) + (" ..." if len(paths) > _SHOWN else "")
+        _log.warning(
+            "claims of the progress file not trusted",
+            file=self.path(CHANGES_DONE),
+            count=len(paths),
+            paths=first,
+            reason=why,
+        )
+        self._set_aside.append(
+            f"{len(paths)} claim(s) in {self.path(CHANGES_DONE)} not trusted ({why}): {shown}"
+        )
+
+    def _named_paths(self) -> frozenset[str]:
+        """Every host path a persisted change set or applied record names: the journal's writes,
+        its base and target, and the last applied OSC's record (derived items included)."""
+        paths: set[str] = set()
+        pending = self.pending()
+        if pending is not None:
+            paths |= written_paths(pending.change_set)
+            for applied in (pending.base, pending.target):
+                if applied is not None:
+                    paths |= applied_paths(applied)
+        last = self.load_last_applied()
+        if last is not None and last.applied is not None:
+            paths |= applied_paths(last.applied)
+        return frozenset(paths)
 
     def has_inventory(self) -> bool:
         """False on a node never touched by this agent version (e.g. taken over from upstream)."""
@@ -585,6 +744,14 @@ class StateStore:
                 flag = not self.fs.exists(c.path) if created is None else created
             entries[c.path] = OwnedEntry(kind=c.kind, created=flag, sha256=c.sha256, mode=c.mode)
         return self._save_inventory(entries)
+
+    def keep_only(self, entries: Mapping[str, OwnedEntry]) -> Inventory:
+        """Make ``entries`` the whole inventory, with no journal's claims pending (``reset``:
+        what it could not remove, for the next reset to try again)."""
+        new = Inventory(entries=dict(sorted(entries.items())))
+        self._save(INVENTORY, new, SECRET_MODE)
+        self._inventory, self._claims, self._claims_of = new, {}, None
+        return new
 
     def release(self, paths: Iterable[str]) -> Inventory:
         """Forget paths after deleting them."""
@@ -786,6 +953,7 @@ class StateStore:
             self._rename_aside(name)
         self._set_aside.append(f"{self.path(name)}: not readable ({why}); moved to {aside}")
         self._journal_lost |= name in (CHANGES, CHANGES_DONE)
+        self._journal_unreadable |= name == CHANGES
 
     def _set_aside_unreadable(self, name: str, exc: Exception) -> None:
         """Rename state file ``name`` (a directory, symlink, FIFO, device, a file too large)
@@ -802,6 +970,7 @@ class StateStore:
         where = f"moved to {aside}" if moved else "could not be moved aside"
         self._set_aside.append(f"{why}; {where}")
         self._journal_lost |= name in (CHANGES, CHANGES_DONE)
+        self._journal_unreadable |= name == CHANGES
 
     def _clear_for_write(self, name: str) -> bool:
         """Before writing state file ``name``: set aside what is in its place if that is not a

@@ -85,6 +85,60 @@ def test_reset_removes_exactly_what_the_agent_created(
     )
 
 
+def test_reset_goes_on_past_what_it_cannot_remove(node: IsolatedSystemd, tmp_path: Path) -> None:
+    """A created file that became a directory, and one under a parent that became a symlink:
+    reset names both, takes back everything else (the credentials too), exits 1 with a summary
+    on stderr, and the next reset, once the way is clear, finishes."""
+    osc = osc_document(
+        [
+            inline_file("/etc/reset-stuck/a.conf", "a\n"),
+            inline_file("/etc/reset-linked/b.conf", "b\n"),
+            inline_file("/etc/reset-zz/c.conf", "c\n"),
+        ],
+        [service("reset-stuck.service")],
+    )
+    osc_file = tmp_path / "osc.yaml"
+    osc_file.write_text(yaml.safe_dump(osc))
+    common = ["--root", str(node.root), "--systemd-bus", node.bus_address.decode()]
+    applied = cli("apply", *common, "--osc", str(osc_file), "--hostname", "h")
+    assert applied.returncode == 0, applied.stderr
+    token = node.path(layout.TOKEN_FILE)
+    token.parent.mkdir(parents=True, exist_ok=True)
+    token.write_text("secret")
+    node.path("/etc/reset-stuck/a.conf").unlink()
+    node.path("/etc/reset-stuck/a.conf").mkdir()
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "b.conf").write_text("b\n")
+    node.path("/etc/reset-linked/b.conf").unlink()
+    node.path("/etc/reset-linked").rmdir()
+    node.path("/etc/reset-linked").symlink_to(outside)
+
+    for _ in range(2):  # the same items each time, nothing else
+        reset = cli("reset", *common)
+        assert reset.returncode == 1, reset.stdout
+        assert reset.stderr.splitlines()[-1].startswith(
+            "node-agent: ResetIncompleteError: reset incomplete: 2 item(s) not removed "
+            "(/etc/reset-linked/b.conf, /etc/reset-stuck/a.conf)"
+        ), reset.stderr
+        failed = [line for line in reset.stdout.splitlines() if line.startswith("not removed")]
+        assert [line.split(":")[0] for line in failed] == [
+            "not removed file /etc/reset-linked/b.conf",
+            "not removed file /etc/reset-stuck/a.conf",
+        ]
+        assert not node.path("/etc/reset-zz/c.conf").exists()
+        assert not node.path("/etc/systemd/system/reset-stuck.service").exists()
+        assert not token.exists()
+        assert (outside / "b.conf").read_text() == "b\n"
+
+    node.path("/etc/reset-stuck/a.conf").rmdir()
+    node.path("/etc/reset-linked").unlink()
+    last = cli("reset", *common)
+    assert last.returncode == 0, last.stdout + last.stderr
+    assert f"removed {layout.BASE_DIR}/{layout.INVENTORY}" in last.stdout.splitlines()
+    assert (outside / "b.conf").exists()
+
+
 def test_reset_errors_are_one_line(tmp_path: Path) -> None:
     result = cli("reset", "--root", str(tmp_path), "--systemd-bus", "unix:path=/nonexistent/bus")
     assert result.returncode == 1

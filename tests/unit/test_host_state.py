@@ -456,6 +456,9 @@ def test_a_progress_file_left_by_a_crash_in_finish_is_not_folded_in_again(
 
 
 def test_claims_count_when_their_journal_cannot_be_read(store: StateStore, root: Path) -> None:
+    """The journal is there but unreadable (set aside): its progress file's claims are the only
+    record of what it wrote; they count, and go into ``inventory.json`` at once (a progress
+    file without a journal is not trusted, so they must not hang on the one set aside)."""
     cs = ChangeSet(files_to_write=(fw("/etc/a.conf", b"a"),))
     store.begin(cs, "s")
     store.record_written(claims_for(cs))
@@ -463,22 +466,41 @@ def test_claims_count_when_their_journal_cannot_be_read(store: StateStore, root:
     after = StateStore(HostFS(root))
     assert after.pending() is None
     assert after.owns("/etc/a.conf")  # the agent created it: a later OSC may remove it
-    # an inventory written outside a journal takes them in
-    after.claim([Claim("file", "/etc/other", sha(b"x"), 0o644)])
     assert json.loads(state_file(root, INVENTORY).read_bytes())["entries"]["/etc/a.conf"]
+    assert StateStore(HostFS(root)).owns("/etc/a.conf")  # a crash now: no journal, still known
     after.release(["/etc/a.conf"])
     assert not StateStore(HostFS(root)).owns("/etc/a.conf")  # and never brings them back
 
 
+def test_a_lone_progress_files_claims_count_where_an_applied_record_names_them(
+    store: StateStore, root: Path
+) -> None:
+    """No journal at all: the agent never leaves a progress file with claims not folded in so,
+    and only what the last applied OSC's record names is taken from it; the rest is said."""
+    store.save_last_applied(b"osc s", applied=applied_of(("/etc/a.conf", "a")))
+    cs = ChangeSet(files_to_write=(fw("/etc/a.conf", b"a"), fw("/etc/new.conf", b"n")))
+    store.begin(cs, "s2")
+    store.record_written(claims_for(cs))
+    state_file(root, CHANGES).unlink()
+    after = StateStore(HostFS(root))
+    assert after.owns("/etc/a.conf")
+    assert "/etc/new.conf" not in after.inventory().entries
+    (note,) = after.take_set_aside()
+    assert "/etc/new.conf" in note
+    assert "/etc/a.conf" not in note
+
+
 def test_claims_of_a_progress_file_from_another_journal_are_kept(tmp_path: Path) -> None:
     """A progress file that does not belong to the journal read (its id differs): its claims
-    still count, and they are in the inventory before the journal's own progress replaces it."""
+    still count where a record names their paths, and they are in the inventory before the
+    journal's own progress replaces it."""
     (tmp_path / "one").mkdir()
     (tmp_path / "two").mkdir()
     first, second = HostFS(tmp_path / "one"), HostFS(tmp_path / "two")
     a = ChangeSet(files_to_write=(fw("/etc/a.conf", b"a"),))
     StateStore(first).begin(a, "s1")
     StateStore(first).record_written(claims_for(a))
+    StateStore(second).save_last_applied(b"osc s1", applied=applied_of(("/etc/a.conf", "a")))
     b = ChangeSet(files_to_write=(fw("/etc/b.conf", b"b"),))
     StateStore(second).begin(b, "s2")
     progress = STATE_DIR.lstrip("/") + "/" + CHANGES_DONE
