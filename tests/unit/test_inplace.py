@@ -150,6 +150,8 @@ def test_the_newer_object_shape_of_kubelet_counts_its_policy() -> None:
 def test_an_unparsable_reserved_quantity_is_an_error() -> None:
     with pytest.raises(ip.InPlaceError, match="'lots' does not parse"):
         ip.kubelet_config_change({}, {"kubeReserved": {"cpu": "lots"}})
+    with pytest.raises(ip.InPlaceError, match="does not parse"):  # ASCII digits only, as Go
+        ip.kubelet_config_change({}, {"kubeReserved": {"cpu": "\u0661\u0660\u0660m"}})
     # in the applied config (an update that failed on it applied it): counted as changed
     assert ip.kubelet_config_change({"kubeReserved": {"cpu": "lots"}}, {}) == (True, False)
 
@@ -193,6 +195,10 @@ def test_drain_gate_and_outcome_rules() -> None:
     assert ip.CommandOutput.of("Network problems: retry").kind == "retriable"
     assert ip.CommandOutput.of("error: invalid ARGUMENTS").kind == "non-retriable"
     assert ip.CommandOutput.of("disk full").kind == "unknown"
+    # Go's (?i): the Kelvin sign and the long s fold into k and s, the dotless i does not
+    assert ip.CommandOutput.of("networ\u212a problems").kind == "retriable"
+    assert ip.CommandOutput.of("\u017fystem failure").kind == "non-retriable"
+    assert ip.CommandOutput.of("\u0131nvalid arguments").kind == "unknown"
 
 
 # -- the controller on fakes ---------------------------------------------------------------------
