@@ -272,3 +272,19 @@ class InPlaceUpdateError(NodeAgentError):
     def __init__(self, message: str, *, terminal: bool = False) -> None:
         super().__init__(message)
         self.terminal = terminal
+
+
+class UnexpectedError(NodeAgentError):
+    """An error of a kind no layer expected (a bug, or input no check foresaw), caught where a
+    controller works on one item: ``item`` names it, ``cause`` is what was raised. Reported and
+    retried like any failed reconcile; it never ends the agent."""
+
+    def __init__(self, item: str, cause: BaseException) -> None:
+        text = str(cause)
+        if len(text) > 300:  # the message may quote a whole input
+            text = f"{text[:300]}... ({len(text)} characters)"
+        super().__init__(
+            f"{item}: {type(cause).__name__}: {text}" if text else f"{item}: {type(cause).__name__}"
+        )
+        self.item = item
+        self.cause = cause

@@ -54,8 +54,6 @@ from datetime import UTC, datetime, timedelta
 from enum import Enum
 from typing import Any, Protocol
 
-import yaml
-
 from node_agent.apply.restart_guard import RestartGuard
 from node_agent.base.durations import format_duration
 from node_agent.base.errors import NodeAgentError
@@ -66,6 +64,7 @@ from node_agent.containerd.ping import PingError, containerd_version
 from node_agent.context import AgentContext
 from node_agent.kube import report
 from node_agent.osc.applied import Applied, AppliedUnit
+from node_agent.osc.inplace import InPlaceError, read_kubelet_config
 from node_agent.systemd import JobResult, UnitState
 
 log = get_logger("node-agent.healthcheck")
@@ -218,13 +217,14 @@ def kubelet_healthz_url(unit: AppliedUnit | None, config: bytes | None) -> str |
     """Where kubelet serves ``/healthz``: its flags in the unit (and drop-ins) win over its config
     file (``config``: its bytes), as in kubelet; None when the port is 0 (switched off)."""
     flags = kubelet_flags(unit)
-    doc: Any = None
+    settings: Mapping[str, Any] = {}
     if config:
-        with contextlib.suppress(yaml.YAMLError, UnicodeDecodeError):
-            doc = yaml.safe_load(config)
-    settings = doc if isinstance(doc, Mapping) else {}
-    address = flags.get("healthz-bind-address", settings.get("healthzBindAddress"))
-    port = flags.get("healthz-port", settings.get("healthzPort"))
+        # the in-place update's reader: bounded, and only InPlaceError for any file
+        with contextlib.suppress(InPlaceError):
+            settings = read_kubelet_config(config)
+    # a list or mapping is not a setting: never turned into text (aliases make it huge)
+    address = flags.get("healthz-bind-address", _plain(settings.get("healthzBindAddress")))
+    port = flags.get("healthz-port", _plain(settings.get("healthzPort")))
     try:
         number = KUBELET_HEALTHZ_PORT if port in (None, "") else int(str(port))
     except ValueError:
@@ -240,6 +240,10 @@ def kubelet_healthz_url(unit: AppliedUnit | None, config: bytes | None) -> str |
         ip = ipaddress.ip_address("::1" if ip.version == 6 else KUBELET_HEALTHZ_ADDRESS)
     shown = f"[{ip}]" if ip.version == 6 else str(ip)
     return f"http://{shown}:{number}/healthz"
+
+
+def _plain(value: object) -> object:
+    return None if isinstance(value, list | dict) else value
 
 
 def kubelet_flags(unit: AppliedUnit | None) -> dict[str, str]:

@@ -23,14 +23,18 @@ from __future__ import annotations
 
 import base64
 import binascii
+import codecs
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict
 
+from node_agent.base.errors import OSCDecodeError
+from node_agent.base.versions import VersionError, semver, shown
+from node_agent.osc.decode import load_yaml
 from node_agent.osc.models import KubeletUpdate, OperatingSystemConfig
 
 # machine-controller-manager's names (pkg/apis/machine/v1alpha1)
@@ -53,9 +57,11 @@ KUBELET_CLIENT_CERT = f"{KUBELET_PKI_DIR}/kubelet-client-current.pem"
 KUBELET_KUBECONFIG = f"{KUBELET_DIR}/kubeconfig-real"
 KUBELET_BOOTSTRAP_KUBECONFIG = f"{KUBELET_DIR}/kubeconfig-bootstrap"
 
-# upstream's retry rules for the OS update command: its combined output decides
-RETRIABLE = re.compile(r"(?i)network problems")
-NON_RETRIABLE = re.compile(r"(?i)invalid arguments|system failure")
+# upstream's retry rules for the OS update command: its combined output decides, by the
+# regular expressions (?i)network problems and (?i)invalid arguments|system failure (matched as
+# Go matches them, see CommandOutput.feed)
+RETRIABLE = ("network problems",)
+NON_RETRIABLE = ("invalid arguments", "system failure")
 OS_UPDATE_RETRY_INTERVAL = 30.0
 OS_UPDATE_RETRY_TIMEOUT = 300.0
 KUBELET_HEALTH_RETRY_INTERVAL = 5.0
@@ -72,11 +78,28 @@ EVICTION_SIGNALS = (
 )
 RESERVED_RESOURCES = ("cpu", "memory", "ephemeral-storage", "pid")
 
-_VERSION_IN_NAME = re.compile(r"\b\d+(?:\.\d+)*\b")
+# Go's \b and \d: ASCII only
+_VERSION_IN_NAME = re.compile(r"\b\d+(?:\.\d+)*\b", re.ASCII)
 _PRETTY_NAME = re.compile(r"(PRETTY_NAME)=(.*)")
-_QUANTITY = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+|Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE])?$")
+_QUANTITY = re.compile(
+    r"^[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+|Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE])?$", re.ASCII
+)
 
 OutputKind = Literal["retriable", "non-retriable", "unknown"]
+
+#: What is kept of the OS update command's output while it is read: its last 4 KiB (where a
+#: command says why it failed); all of it is counted and searched for the retry patterns.
+OUTPUT_KEPT = 4 << 10
+#: The most ``update-failed-reason`` carries, in UTF-8 bytes. Kubernetes allows 256 KiB for all
+#: of a Node's annotations together and refuses the patch past that (422); upstream puts the
+#: whole output there, without a bound of its own. machine-controller-manager copies the reason
+#: into the Node's ``InPlaceUpdate`` condition.
+REASON_LIMIT = 8 << 10
+#: The reason sent instead when the API server refused the Node patch with the real one
+REASON_REFUSED = (
+    "in-place update failed; its reason was refused by the API server ({error}): see the "
+    "node's agent (node-agent status, its log)"
+)
 
 
 class InPlaceError(ValueError):
@@ -118,13 +141,13 @@ def normalize(version: str) -> str:
 
 
 def parse_version(version: str) -> tuple[int, int, int]:
-    """A version of one to three dot-separated numbers (missing parts are 0), as semver's
-    lenient parser takes it after normalisation."""
-    parts = normalize(version).split(".")
-    if not 1 <= len(parts) <= 3 or not all(p.isdigit() for p in parts):
-        raise InPlaceError(f"invalid version {version!r}")
-    numbers = [int(p) for p in parts] + [0, 0]
-    return numbers[0], numbers[1], numbers[2]
+    """A version of one to three dot-separated numbers of ASCII digits (missing parts are 0),
+    as semver's lenient parser takes it after normalisation."""
+    try:
+        read = semver(normalize(version))
+    except VersionError as exc:
+        raise InPlaceError(f"invalid version {shown(version)}") from exc
+    return read.major, read.minor, read.patch
 
 
 def same_version(current: str, desired: str) -> bool:
@@ -156,6 +179,23 @@ def os_up_to_date(current: str | None, osc: OperatingSystemConfig) -> bool:
     return same_version(current, spec.operating_system_version)
 
 
+def read_kubelet_config(data: str | bytes) -> dict[str, Any]:
+    """A kubelet config file's settings (empty when it is not a mapping), read as the OSC
+    itself is (``load_yaml``: Go's reading of YAML, in time linear in its size, its nesting
+    and aliases bounded). PyYAML's own loader is quadratic in the nesting of ``[[[...]]]``
+    (a 6 KB file takes seconds) and ends a deeper one in ``RecursionError``. Whatever the file
+    holds, only ``InPlaceError`` comes out."""
+    raw = data.encode(errors="surrogateescape") if isinstance(data, str) else data
+    try:
+        doc = load_yaml(raw)
+    except OSCDecodeError as exc:  # a limit; the loader names the OSC's document
+        why = str(exc).replace("osc.yaml", "it", 1)
+        raise InPlaceError(f"kubelet config {KUBELET_CONFIG} is refused: {why}") from exc
+    except (ValueError, RecursionError, yaml.YAMLError) as exc:
+        raise InPlaceError(f"kubelet config {KUBELET_CONFIG} is unreadable: {exc}") from exc
+    return doc if isinstance(doc, dict) else {}
+
+
 def kubelet_config(osc: OperatingSystemConfig) -> dict[str, Any]:
     """The kubelet's config from the OSC's file (``spec.files``, as upstream reads it)."""
     for file in osc.spec.files:
@@ -164,35 +204,73 @@ def kubelet_config(osc: OperatingSystemConfig) -> dict[str, Any]:
         inline = file.content.inline
         try:
             data = base64.b64decode(inline.data) if inline.encoding == "b64" else inline.data
-            doc = yaml.safe_load(data)
-        except (binascii.Error, ValueError, yaml.YAMLError) as exc:
+        except (binascii.Error, ValueError) as exc:
             raise InPlaceError(f"kubelet config {KUBELET_CONFIG} is unreadable: {exc}") from exc
-        return doc if isinstance(doc, dict) else {}
+        return read_kubelet_config(data)
     raise InPlaceError(f"kubelet config file with path {KUBELET_CONFIG!r} not found in OSC")
 
 
-def _picked(values: object, keys: tuple[str, ...]) -> dict[str, str]:
+def _scalar(value: object, field: str) -> str | None:
+    """A setting's value as text; a list or mapping is refused (upstream's typed decode refuses
+    it too), and never turned into text: YAML aliases make a small file hold billions of
+    values."""
+    if value is None:
+        return None
+    if isinstance(value, list | dict | set | tuple):
+        raise InPlaceError(f"kubelet config {KUBELET_CONFIG}: {field} is not a string")
+    return str(value)
+
+
+def _picked(config: Mapping[str, Any], field: str, keys: tuple[str, ...]) -> dict[str, str | None]:
+    values = config.get(field)
     if not isinstance(values, Mapping):
         return {}
-    return {k: str(v) for k, v in values.items() if k in keys}
+    return {k: _scalar(v, f"{field}.{k}") for k, v in values.items() if k in keys}
 
 
-def kubelet_config_change(old: Mapping[str, Any], new: Mapping[str, Any]) -> tuple[bool, bool]:
+def _policy(config: Mapping[str, Any]) -> str | None:
+    return _scalar(config.get("cpuManagerPolicy"), "cpuManagerPolicy")
+
+
+def _eviction(config: Mapping[str, Any]) -> dict[str, str | None]:
+    return _picked(config, "evictionHard", EVICTION_SIGNALS)
+
+
+def _reserved(config: Mapping[str, Any]) -> dict[str, str | None]:
+    """The reserved resources that count; every quantity must parse (upstream parses them)."""
+    reserved = config.get("kubeReserved")
+    for name, quantity in reserved.items() if isinstance(reserved, Mapping) else ():
+        text = _scalar(quantity, f"kubeReserved.{name}")
+        if not _QUANTITY.match(str(text)):
+            raise InPlaceError(f"kubeReserved quantity {shown(str(text))} does not parse")
+    return _picked(config, "kubeReserved", RESERVED_RESOURCES)
+
+
+_T = TypeVar("_T")
+
+
+def _differs(read: Callable[[_T], object], old: _T | None, new: _T) -> bool:
+    """Whether a setting differs between the applied OSC (``old``) and the new one. The new
+    value must be readable (else this update fails). An applied value that cannot be read
+    (None: its whole config) counts as changed: it was applied by an update that failed on it,
+    and the update after it must not fail on it again."""
+    wanted = read(new)
+    if old is None:
+        return True
+    try:
+        return read(old) != wanted
+    except InPlaceError:
+        return True
+
+
+def kubelet_config_change(
+    old: Mapping[str, Any] | None, new: Mapping[str, Any]
+) -> tuple[bool, bool]:
     """(config changed, CPU manager policy changed), as upstream judges them: the eviction
-    thresholds first, then the reserved resources (whose quantities must parse)."""
-    policy = old.get("cpuManagerPolicy") != new.get("cpuManagerPolicy")
-    if _picked(old.get("evictionHard"), EVICTION_SIGNALS) != _picked(
-        new.get("evictionHard"), EVICTION_SIGNALS
-    ):
-        return True, policy
-    for config in (old, new):
-        reserved = config.get("kubeReserved")
-        for quantity in (reserved or {}).values() if isinstance(reserved, Mapping) else ():
-            if not _QUANTITY.match(str(quantity)):
-                raise InPlaceError(f"kubeReserved quantity {quantity!r} does not parse")
-    changed = _picked(old.get("kubeReserved"), RESERVED_RESOURCES) != _picked(
-        new.get("kubeReserved"), RESERVED_RESOURCES
-    )
+    thresholds first, then the reserved resources (whose quantities must parse). ``old`` is
+    None when the applied config cannot be read."""
+    policy = _differs(_policy, old, new)
+    changed = _differs(_eviction, old, new) or _differs(_reserved, old, new)
     return changed, policy
 
 
@@ -203,16 +281,19 @@ def _initiated(rotation: object, key: str) -> tuple[bool, datetime | None]:
     raw = rotation[key].get("lastInitiationTime")
     if raw is None:
         return True, None
+    if not isinstance(raw, str):
+        raise InPlaceError(f"credentialsRotation.{key}.lastInitiationTime is not a string")
     try:
-        return True, datetime.fromisoformat(str(raw))
+        return True, datetime.fromisoformat(raw)
     except ValueError as exc:
-        raise InPlaceError(f"credentialsRotation.{key}.lastInitiationTime {raw!r}") from exc
+        raise InPlaceError(f"credentialsRotation.{key}.lastInitiationTime {shown(raw)}") from exc
 
 
 def credentials_rotation(
     old: OperatingSystemConfig, new: OperatingSystemConfig
 ) -> tuple[bool, bool]:
-    """(CA rotation, service account key rotation) begun between ``old`` and ``new``."""
+    """(CA rotation, service account key rotation) begun between ``old`` and ``new``; a time
+    of ``old`` that cannot be read counts as another time (see ``_differs``)."""
     old_spec, new_spec = old.spec.in_place_updates, new.spec.in_place_updates
     new_rot = new_spec.credentials_rotation if new_spec else None
     if new_rot is None:
@@ -224,7 +305,11 @@ def credentials_rotation(
         if old_rot is None:
             result.append(new_has and new_time is not None)
             continue
-        old_has, old_time = _initiated(old_rot, key)
+        try:
+            old_has, old_time = _initiated(old_rot, key)
+        except InPlaceError:
+            result.append(new_has)
+            continue
         result.append(old_has and new_has and old_time != new_time)
     return result[0], result[1]
 
@@ -236,18 +321,30 @@ def _cpu_policy_of(osc: OperatingSystemConfig) -> str | None:
     return None
 
 
+def _kubelet_minor(osc: OperatingSystemConfig) -> int:
+    spec = osc.spec.in_place_updates
+    return parse_version(spec.kubelet_version if spec is not None else "")[1]
+
+
 def detect(
     old: OperatingSystemConfig, new: OperatingSystemConfig, current_os: str | None
 ) -> InPlaceChanges:
     """What the change from ``old`` (applied) to ``new`` asks in place; nothing unless both
-    carry ``spec.inPlaceUpdates`` (a first apply, or a pool that is not updated in place)."""
+    carry ``spec.inPlaceUpdates`` (a first apply, or a pool that is not updated in place).
+    Raises ``InPlaceError`` for a value of ``new`` that cannot be read; one of ``old`` counts
+    as changed (``_differs``)."""
     old_spec, new_spec = old.spec.in_place_updates, new.spec.in_place_updates
     if old_spec is None or new_spec is None:
         return InPlaceChanges()
     minor = False
     if old_spec.kubelet_version != new_spec.kubelet_version:
-        minor = minor_changed(old_spec.kubelet_version, new_spec.kubelet_version)
-    config, policy = kubelet_config_change(kubelet_config(old), kubelet_config(new))
+        minor = _differs(_kubelet_minor, old, new)
+    new_config = kubelet_config(new)
+    try:
+        old_config: dict[str, Any] | None = kubelet_config(old)
+    except InPlaceError:
+        old_config = None
+    config, policy = kubelet_config_change(old_config, new_config)
     # newer Gardener also names the policy in spec.inPlaceUpdates.kubelet
     policy = policy or _cpu_policy_of(old) != _cpu_policy_of(new)
     ca, sa = credentials_rotation(old, new)
@@ -295,13 +392,76 @@ def owes_outcome(node: Mapping[str, Any]) -> bool:
     return (ready_for_update(node) and result != RESULT_SUCCESSFUL) or result == RESULT_FAILED
 
 
-def classify(output: str) -> OutputKind:
-    """How a failed OS update command's output counts (upstream's patterns)."""
-    if RETRIABLE.search(output):
-        return "retriable"
-    if NON_RETRIABLE.search(output):
-        return "non-retriable"
-    return "unknown"
+class CommandOutput:
+    """The OS update command's output as it is read, in bounded memory: its size, its last
+    ``keep`` bytes, and whether upstream's retry patterns occur anywhere in it. Upstream
+    matches them against all of the output; so does this, a chunk at a time (with the end of
+    the chunk before, so that a pattern split between two reads is found), so the decision is
+    upstream's however long the output."""
+
+    #: more than the longest pattern's match
+    _OVERLAP = 64
+
+    def __init__(self, keep: int = OUTPUT_KEPT) -> None:
+        self.keep = keep
+        self.total = 0
+        self.tail = b""
+        self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        self._carry = ""
+        self._retriable = self._non_retriable = False
+
+    @classmethod
+    def of(cls, text: str) -> CommandOutput:
+        out = cls()
+        out.feed(text.encode())
+        return out
+
+    def feed(self, chunk: bytes) -> None:
+        self.total += len(chunk)
+        self.tail = (self.tail + chunk)[-self.keep :]
+        window = self._carry + self._decoder.decode(chunk)
+        # Go's (?i) on these ASCII words, 30 times faster than a regular expression (a command
+        # may print hundreds of MB): lower() maps the Kelvin sign to k, as Go's case folding
+        # does, and the long s is the one other letter Go folds into them
+        folded = window.lower().replace("\u017f", "s")
+        self._retriable = self._retriable or any(w in folded for w in RETRIABLE)
+        self._non_retriable = self._non_retriable or any(w in folded for w in NON_RETRIABLE)
+        self._carry = window[-self._OVERLAP :]
+
+    @property
+    def kind(self) -> OutputKind:
+        if self._retriable:
+            return "retriable"
+        return "non-retriable" if self._non_retriable else "unknown"
+
+    def text(self) -> str:
+        """The kept tail on one line (a character cut at its start dropped)."""
+        tail = self.tail
+        if self.total > len(tail):  # up to 3 continuation bytes of a character cut in two
+            cut = next((i for i, b in enumerate(tail[:3]) if not 0x80 <= b < 0xC0), len(tail[:3]))
+            tail = tail[cut:]
+        return " ".join(tail.decode(errors="replace").split())
+
+    def reported(self) -> str:
+        """The output as the failure reason says it: all of it, or its tail and its size."""
+        if self.total > len(self.tail):
+            return f"output (its last {len(self.tail)} of {self.total} bytes): {self.text()}"
+        return f"output: {self.text()}"
+
+
+def bounded_reason(reason: str, limit: int = REASON_LIMIT) -> str:
+    """``reason`` within ``limit`` UTF-8 bytes: its head (what failed) and its tail (a command's
+    last words), saying how much was cut between them. Always valid UTF-8 (it is persisted and
+    sent as JSON)."""
+    raw = reason.encode(errors="replace")
+    if len(raw) <= limit:
+        return raw.decode()
+    head_size = limit // 4
+    tail_size = limit - head_size - 64  # room for the note
+    cut = len(raw) - head_size - tail_size
+    head = raw[:head_size].decode(errors="ignore")
+    tail = raw[-tail_size:].decode(errors="ignore")
+    return f"{head} [... {cut} bytes cut ...] {tail}"
 
 
 def updating_os_patch(version: str) -> dict[str, Any]:
@@ -321,11 +481,15 @@ def successful_patch() -> dict[str, Any]:
     }
 
 
-def failed_patch(reason: str) -> dict[str, Any]:
+def failed_patch(reason: str | None) -> dict[str, Any]:
+    """The update failed: the result label and the reason (bounded; None: the label alone,
+    any earlier reason removed)."""
     return {
         "metadata": {
             "labels": {LABEL_UPDATE_RESULT: RESULT_FAILED},
-            "annotations": {ANNOTATION_UPDATE_FAILED_REASON: reason},
+            "annotations": {
+                ANNOTATION_UPDATE_FAILED_REASON: None if reason is None else bounded_reason(reason)
+            },
         }
     }
 

@@ -62,6 +62,11 @@ SCRIPT = """#!/bin/sh
 set -eu
 version="$2"
 if [ "$version" = "0" ]; then echo "error: invalid arguments"; exit 2; fi
+if [ "$version" = "9" ]; then  # 2 MiB of output, then the cause
+  x=xxxxxxxxxxxxxxxx; for i in 1 2 3 4 5 6 7 8 9 10; do x="$x$x"; done
+  i=0; while [ $i -lt 128 ]; do echo "$x"; i=$((i + 1)); done
+  echo "error: system failure"; exit 3
+fi
 echo "PRETTY_NAME=\\"Test Linux $version\\"" > /etc/os-release.next
 echo "runs" >> /var/lib/inplace-update.runs
 echo "update to $version staged; reboot required"
@@ -260,6 +265,59 @@ async def test_a_non_retriable_os_update_failure(agent: OSCAgent, node: Isolated
     # the rest of the OSC is applied; the node keeps its OS and the old checksum
     assert node.path("/etc/demo/inplace.conf").read_text() == "two\n"
     assert (await agent.node_annotations())["checksum/cloud-config-data"] == first
+
+
+async def test_megabytes_of_update_output_fail_the_update_with_their_tail(
+    agent: OSCAgent, node: IsolatedSystemd
+) -> None:
+    """Upstream puts all of the output in the Node's annotation: past 256 KiB the API server
+    refuses that patch, and the failure never reaches machine-controller-manager."""
+    first = await agent.publish(in_place_osc("1877.4", "one\n"))
+    await agent.wait_applied(first)
+    await set_ready_for_update(agent)
+    await agent.publish(in_place_osc("9", "two\n"))
+
+    async def failed() -> bool:
+        return (await agent.node_labels()).get(ip.LABEL_UPDATE_RESULT) == "failed"
+
+    await wait_for(failed, 60, "the Node marked failed")
+    reason = (await agent.node_annotations())[ip.ANNOTATION_UPDATE_FAILED_REASON]
+    assert "non-retriable error detected: exit status 3, output (its last 4096 of " in reason
+    assert reason.endswith("xxxx error: system failure")
+    assert len(reason.encode()) <= ip.REASON_LIMIT
+    assert node.path("/etc/demo/inplace.conf").read_text() == "two\n"
+    assert (await agent.node_annotations())["checksum/cloud-config-data"] == first
+
+
+async def test_a_version_nobody_expected_fails_that_update_and_the_agent_stays_up(
+    harness: OSCAgent, node: IsolatedSystemd, tmp_path: Path
+) -> None:
+    """``str.isdigit`` takes "²", ``int`` does not: the agent exited 1, on every restart."""
+    set_os(node, "1877.4")
+    agent = AgentProcess(harness, tmp_path / "agent.log")
+    try:
+        first = await harness.publish(process_osc("1877.4", "v1"))
+        await agent.start()
+        await harness.wait_applied(first)
+        await set_condition(harness, READY)
+        await harness.publish(process_osc("1877.4", "v2", kubelet="1.3²"))
+
+        async def failed() -> bool:
+            return (await harness.node_labels()).get(ip.LABEL_UPDATE_RESULT) == "failed"
+
+        await wait_for(failed, 60, "the Node marked failed")
+        reason = (await harness.node_annotations())[ip.ANNOTATION_UPDATE_FAILED_REASON]
+        assert reason == "in-place changes not computed: invalid version '1.3²'"
+        assert node.path("/etc/demo/inplace.conf").read_text() == "v2\n"  # the rest applied
+        assert agent.proc is not None
+        assert agent.proc.returncode is None, agent.log_tail()  # up
+        assert await agent.terminate() == 0, agent.log_tail()
+        await agent.start()  # restarted on the same Secret: up, the outcome kept
+        await wait_for(lambda: phase_is(node.root, "failed"), 30, "the failure after a restart")
+        assert agent.proc.returncode is None, agent.log_tail()
+        assert await agent.terminate() == 0, agent.log_tail()
+    finally:
+        await agent.kill()
 
 
 # --- the kubelet: a minor update and a CPU manager policy change ----------------------------------
@@ -504,13 +562,13 @@ NOT_READY = {"type": "InPlaceUpdate", "status": "False", "reason": "SelectedForU
 KILL_POINTS = ["detected", "drain-gate", "os-command", "before-reboot", "after-reboot"]
 
 
-def process_osc(os_version: str, tag: str) -> dict[str, Any]:
+def process_osc(os_version: str, tag: str, kubelet: str = "1.33.0") -> dict[str, Any]:
     """The in-place OSC with a unit that changes with the update and one that does not."""
     units = [
         counted_service("inplace-changed.service", tag, extra=f"Environment=TAG={tag}\n"),
         counted_service("inplace-bystander.service", "same"),
     ]
-    return in_place_osc(os_version, f"{tag}\n", units=units)
+    return in_place_osc(os_version, f"{tag}\n", kubelet=kubelet, units=units)
 
 
 async def in_place_phase(root: Path) -> str | None:

@@ -5,9 +5,13 @@ outcome on the Node)."""
 from __future__ import annotations
 
 import base64
+import copy
 import hashlib
 import os
-from collections.abc import Sequence
+import sys
+import time
+import tracemalloc
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,16 +22,21 @@ from hypothesis import strategies as st
 
 from node_agent.agent import build_applier
 from node_agent.base import layout
-from node_agent.base.errors import InPlaceUpdateError
-from node_agent.base.loop import SKIPPED
+from node_agent.base.errors import InPlaceUpdateError, KubeInvalid
+from node_agent.base.loop import DONE, RETRY, SKIPPED
 from node_agent.context import AgentContext
 from node_agent.controllers.osc.controller import OSCController
-from node_agent.controllers.osc.inplace import InPlaceRecord, kubelet_bootstrapped
+from node_agent.controllers.osc.inplace import (
+    KILL_GRACE,
+    InPlaceRecord,
+    InPlaceUpdater,
+    kubelet_bootstrapped,
+)
 from node_agent.kube.report import ANNOTATION_APPLIED_CHECKSUM, ANNOTATION_SECRET_CHECKSUM
 from node_agent.osc import inplace as ip
 from node_agent.osc.decode import parse_osc
 from node_agent.osc.models import OperatingSystemConfig
-from tests.unit.fakes import FakeKube, FakeSystemd, make_ctx
+from tests.unit.fakes import FakeKube, FakeSystemd, make_ctx, merge_patch
 
 SECRET = "gardener-node-agent-pool"
 
@@ -43,12 +52,17 @@ def osc_doc(
     config: dict[str, Any] | None = None,
     rotation: dict[str, Any] | None = None,
     command: str = "/opt/update.sh",
+    args: list[str] | None = None,
     text: str = "one",
+    config_text: str | None = None,
 ) -> dict[str, Any]:
+    """An in-place OSC; ``config_text`` is the kubelet config file's text as it is (else
+    ``config`` dumped), ``args`` the update command's arguments (else ``--v <os_version>``)."""
+    kubelet_text = config_text if config_text is not None else kubelet_config(**(config or {}))
     files = [
         {"path": ip.KUBELET_CONFIG, "permissions": 0o644,
          "content": {"inline": {"encoding": "b64", "data": base64.b64encode(
-             kubelet_config(**(config or {})).encode()).decode()}}},
+             kubelet_text.encode()).decode()}}},
         {"path": "/etc/test/a.conf", "permissions": 0o644, "content": {"inline": {"data": text}}},
     ]  # fmt: skip
     spec: dict[str, Any] = {"operatingSystemVersion": os_version, "kubelet": kubelet}
@@ -59,8 +73,8 @@ def osc_doc(
         "kind": "OperatingSystemConfig",
         "spec": {"type": "gardenlinux", "purpose": "reconcile", "files": files,
                  "units": [], "inPlaceUpdates": spec},
-        "status": {"inPlaceUpdates": {"osUpdate": {"command": command,
-                                                   "args": ["--v", os_version]}}},
+        "status": {"inPlaceUpdates": {"osUpdate": {
+            "command": command, "args": ["--v", os_version] if args is None else args}}},
     }  # fmt: skip
 
 
@@ -134,8 +148,12 @@ def test_the_newer_object_shape_of_kubelet_counts_its_policy() -> None:
 
 
 def test_an_unparsable_reserved_quantity_is_an_error() -> None:
-    with pytest.raises(ip.InPlaceError):
-        ip.kubelet_config_change({"kubeReserved": {"cpu": "lots"}}, {})
+    with pytest.raises(ip.InPlaceError, match="'lots' does not parse"):
+        ip.kubelet_config_change({}, {"kubeReserved": {"cpu": "lots"}})
+    with pytest.raises(ip.InPlaceError, match="does not parse"):  # ASCII digits only, as Go
+        ip.kubelet_config_change({}, {"kubeReserved": {"cpu": "\u0661\u0660\u0660m"}})
+    # in the applied config (an update that failed on it applied it): counted as changed
+    assert ip.kubelet_config_change({"kubeReserved": {"cpu": "lots"}}, {}) == (True, False)
 
 
 SIGNALS = st.dictionaries(
@@ -174,9 +192,13 @@ def test_drain_gate_and_outcome_rules() -> None:
     assert ip.owes_outcome(node("ReadyForUpdate"))
     assert not ip.owes_outcome(node("ReadyForUpdate", "successful"))
     assert ip.owes_outcome(node(None, "failed"))
-    assert ip.classify("Network problems: retry") == "retriable"
-    assert ip.classify("error: invalid ARGUMENTS") == "non-retriable"
-    assert ip.classify("disk full") == "unknown"
+    assert ip.CommandOutput.of("Network problems: retry").kind == "retriable"
+    assert ip.CommandOutput.of("error: invalid ARGUMENTS").kind == "non-retriable"
+    assert ip.CommandOutput.of("disk full").kind == "unknown"
+    # Go's (?i): the Kelvin sign and the long s fold into k and s, the dotless i does not
+    assert ip.CommandOutput.of("networ\u212a problems").kind == "retriable"
+    assert ip.CommandOutput.of("\u017fystem failure").kind == "non-retriable"
+    assert ip.CommandOutput.of("\u0131nvalid arguments").kind == "unknown"
 
 
 # -- the controller on fakes ---------------------------------------------------------------------
@@ -201,12 +223,13 @@ class Host:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(f'ID=gardenlinux\nPRETTY_NAME="Garden Linux {version}"\n')
 
-    async def run(self, argv: Sequence[str], limit: float) -> tuple[int, str]:
+    async def run(self, argv: Sequence[str], limit: float) -> tuple[int, ip.CommandOutput]:
         self.runs.append(list(argv))
         if self.answers:
-            return self.answers.pop(0)
+            code, output = self.answers.pop(0)
+            return code, ip.CommandOutput.of(output)
         (self.root / "next-os").write_text(argv[-1])
-        return 0, "update staged; reboot required"
+        return 0, ip.CommandOutput.of("update staged; reboot required")
 
     def reboot(self) -> None:
         self.boot += 1
@@ -533,3 +556,273 @@ def plain_doc() -> dict[str, Any]:
     doc = osc_doc()
     del doc["spec"]["inPlaceUpdates"], doc["status"]
     return doc
+
+
+# -- values nobody expected (issue 33) -----------------------------------------------------------
+
+
+def test_versions_are_read_with_ascii_digits_only() -> None:
+    # str.isdigit accepts "²" (int refuses it) and int reads "٣٤" as 34; Go reads neither
+    for version in ("1.3²", "1877.²", "1.٣٤", "\u0661.\u0662.\u0663", "1" * 5000, str(1 << 64)):
+        with pytest.raises(ip.InPlaceError, match="invalid version"):
+            ip.parse_version(version)
+    assert ip.parse_version(str((1 << 64) - 1)) == ((1 << 64) - 1, 0, 0)
+    # Go's \b\d+ in PRETTY_NAME: ASCII digits only
+    assert ip.os_version('PRETTY_NAME="Garden Linux 1877.٣٤"\n') == "1877"
+    with pytest.raises(ip.InPlaceError):
+        ip.os_version('PRETTY_NAME="Garden Linux ١٨٧٧"\n')
+
+
+DEEP_KUBELET_CONFIG = "kind: KubeletConfiguration\nx: " + "[" * 3000 + "]" * 3000 + "\n"
+
+
+@pytest.mark.parametrize(
+    ("change", "said"),
+    [
+        ({"kubelet": "1.3²"}, "1.3²"),
+        ({"kubelet": "1.٣٤"}, "1.٣٤"),
+        ({"os_version": "1877.²"}, "1877.²"),
+        ({"config_text": DEEP_KUBELET_CONFIG}, ip.KUBELET_CONFIG),
+        ({"os_version": "1877.5", "command": "/opt/up\x00date.sh"}, "embedded null byte"),
+        ({"os_version": "1877.5", "args": ["--v\x00", "1877.5"]}, "embedded null byte"),
+    ],
+    ids=["kubelet-superscript", "kubelet-arabic", "os-superscript", "deep-config", "nul-command",
+         "nul-argument"],
+)  # fmt: skip
+async def test_an_unreadable_in_place_value_fails_that_update_and_keeps_the_agent_up(
+    tmp_path: Path, change: dict[str, Any], said: str
+) -> None:
+    host = Host(tmp_path)
+    ctl = host.controller()
+    ctl.inplace._run = ctl.inplace._run_on_host  # the real runner: exec refuses a NUL
+    await ctl.reconcile(secret(osc_doc()))
+    await host.set_condition("ReadyForUpdate")
+    update = secret(osc_doc(text="two", **change))
+    ctl._latest, ctl._seen = update, True
+    assert await ctl._step(True) is SKIPPED  # the agent is up; the Secret is left as it is
+    labels, annotations = await host.labels(), await host.annotations()
+    assert labels[ip.LABEL_UPDATE_RESULT] == "failed"
+    assert said in annotations[ip.ANNOTATION_UPDATE_FAILED_REASON]
+    assert (tmp_path / "etc/test/a.conf").read_text() == "two"  # the rest of the OSC applied
+    assert ctl.inplace.view().phase == "failed"
+    assert await ctl._step(True) is DONE  # the same Secret: nothing tried again
+    history = await ctl.ctx.state.load_history_async()
+    assert [e.result for e in history.entries if e.trigger == "in-place"] == ["failed"]
+
+    back = host.controller()  # restarted on the same Secret: up, the outcome kept
+    back._latest, back._seen = update, True
+    assert await back._step(True) is SKIPPED
+    assert (await host.labels())[ip.LABEL_UPDATE_RESULT] == "failed"
+
+
+async def test_an_update_after_one_that_failed_on_an_unreadable_value_goes_through(
+    tmp_path: Path,
+) -> None:
+    host = Host(tmp_path)
+    ctl = host.controller()
+    await ctl.reconcile(secret(osc_doc()))
+    await host.set_condition("ReadyForUpdate")
+    ctl._latest, ctl._seen = secret(osc_doc(kubelet="1.3²", text="two")), True
+    assert await ctl._step(True) is SKIPPED
+    assert (await host.labels())[ip.LABEL_UPDATE_RESULT] == "failed"
+    # the applied OSC now holds the value that cannot be read: the next update counts that
+    # part as changed instead of failing on it again
+    fixed = secret(osc_doc(kubelet="1.34.0", text="three"))
+    ctl._latest = fixed
+    assert await ctl._step(True) is not SKIPPED
+    assert (await host.labels())[ip.LABEL_UPDATE_RESULT] == "successful"
+    assert (tmp_path / "etc/test/a.conf").read_text() == "three"
+    assert (await host.annotations())[ANNOTATION_APPLIED_CHECKSUM] == checksum(fixed)
+
+
+def big_output_command(size: int, head: str, tail: str, code: int) -> list[str]:
+    """A command printing ``head``, ``size`` bytes of filler lines and ``tail``, then exiting
+    with ``code``."""
+    script = (
+        "import sys\n"
+        f"out = sys.stdout.buffer\nout.write({head.encode()!r})\n"
+        f"block = (b'x' * 1023 + b'\\n') * 1024\nleft = {size}\n"
+        "while left > 0:\n    out.write(block[:left])\n    left -= len(block)\n"
+        f"out.write({tail.encode()!r})\nout.flush()\nsys.exit({code})\n"
+    )
+    return [sys.executable, "-c", script]
+
+
+async def test_the_os_update_commands_output_is_bounded_in_memory_and_on_the_node(
+    tmp_path: Path,
+) -> None:
+    host = Host(tmp_path)
+    ctl = host.controller()
+    ctl.inplace._run = ctl.inplace._run_on_host
+    ctl.ctx.settings = ctl.ctx.settings.model_copy(update={"root": Path("/")})  # no chroot
+    ctl.inplace.retry_timeout = 120.0  # also the command's time limit
+    await ctl.reconcile(secret(osc_doc()))
+    await host.set_condition("ReadyForUpdate")
+    size = 32 << 20
+    command, *args = big_output_command(size, "", "error: system failure\n", 3)
+    update = secret(osc_doc(os_version="1877.5", text="two", command=command, args=args))
+    ctl._latest, ctl._seen = update, True
+    tracemalloc.start()
+    try:
+        assert await ctl._step(True) is SKIPPED
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 << 20, f"{peak} bytes at the peak for {size} bytes of output"
+    reason = (await host.annotations())[ip.ANNOTATION_UPDATE_FAILED_REASON]
+    assert len(reason.encode()) <= ip.REASON_LIMIT
+    assert "non-retriable error detected: exit status 3" in reason
+    assert reason.endswith("error: system failure")  # the tail, where the cause is said
+    assert f"of {size + len('error: system failure') + 1} bytes" in reason  # its size said
+    assert (await host.labels())[ip.LABEL_UPDATE_RESULT] == "failed"
+
+
+async def test_a_retry_pattern_anywhere_in_a_long_output_counts_as_upstream_counts_it(
+    tmp_path: Path,
+) -> None:
+    """Upstream matches its patterns against all of the output: so does the agent, while it
+    reads it, though it keeps only the tail."""
+    host = Host(tmp_path)
+    ctl = host.controller()
+    ctl.inplace._run = ctl.inplace._run_on_host
+    ctl.ctx.settings = ctl.ctx.settings.model_copy(update={"root": Path("/")})
+    ctl.inplace.retry_interval, ctl.inplace.retry_timeout = 0.01, 0.5
+    await ctl.reconcile(secret(osc_doc()))
+    await host.set_condition("ReadyForUpdate")
+    command, *args = big_output_command(1 << 20, "mirror: Network Problems\n", "giving up\n", 1)
+    ctl._latest, ctl._seen = secret(osc_doc(os_version="1877.5", command=command, args=args)), True
+    assert await ctl._step(True) is RETRY  # retriable: retried by the controller
+    assert ctl.inplace.command_runs > 1  # and retried within the update first
+    reason = (await host.annotations())[ip.ANNOTATION_UPDATE_FAILED_REASON]
+    assert "retriable error" in reason
+    assert "non-retriable" not in reason
+    assert len(reason.encode()) <= ip.REASON_LIMIT
+    assert reason.endswith("giving up")
+
+
+def test_the_output_kept_is_its_tail_with_its_size_and_the_patterns_seen_anywhere() -> None:
+    out = ip.CommandOutput(keep=16)
+    for chunk in (b"network pro", b"blems here\n", "é".encode() * 40, b"\n  the  end \n"):
+        out.feed(chunk)
+    assert out.kind == "retriable"  # found across two chunks
+    assert out.total == 11 + 11 + 80 + 13
+    # the last 16 bytes begin inside a two-byte "é": that half is dropped
+    assert out.reported() == f"output (its last 16 of {out.total} bytes): é the end"
+    short = ip.CommandOutput.of("error:\n invalid arguments\n")
+    assert (short.kind, short.reported()) == ("non-retriable", "output: error: invalid arguments")
+    assert ip.CommandOutput.of("disk full").kind == "unknown"
+
+
+def test_a_reason_is_bounded_keeping_its_head_and_tail() -> None:
+    reason = "in-place changes not computed: invalid version '" + "9" * 100_000 + "x'"
+    bounded = ip.bounded_reason(reason)
+    assert len(bounded.encode()) <= ip.REASON_LIMIT
+    assert bounded.startswith("in-place changes not computed: invalid version '999")
+    assert bounded.endswith("999x'")
+    assert "bytes cut" in bounded
+    assert ip.bounded_reason("short") == "short"
+    assert ip.failed_patch(reason)["metadata"]["annotations"][
+        ip.ANNOTATION_UPDATE_FAILED_REASON
+    ] == (bounded)
+
+
+class StrictKube(FakeKube):
+    """The API server's 256 KiB bound on all of a Node's annotations: a patch past it is
+    refused as invalid (422), as the real server refuses it."""
+
+    refused = 0
+
+    async def patch_node(self, name: str, patch: Mapping[str, Any]) -> dict[str, Any]:
+        node = copy.deepcopy(self.nodes().items[name])
+        merge_patch(node, patch)
+        annotations = node["metadata"].get("annotations") or {}
+        if sum(len(k) + len(v.encode()) for k, v in annotations.items()) > 256 << 10:
+            self.refused += 1
+            raise KubeInvalid(
+                f'Node "{name}" is invalid: metadata.annotations: Too long: may not be more '
+                "than 262144 bytes",
+                status=422,
+                reason="Invalid",
+            )
+        return await super().patch_node(name, patch)
+
+
+def strict_host(root: Path) -> Host:
+    host = Host(root)
+    host.kube = StrictKube()
+    host.kube.nodes().put({"metadata": {"name": "n1", "uid": "u1", "resourceVersion": "1"}})
+    return host
+
+
+async def test_a_node_that_refuses_the_reason_still_gets_the_failed_label(tmp_path: Path) -> None:
+    host = strict_host(tmp_path)
+    node = await host.node()
+    node["metadata"]["annotations"] = {"example.com/big": "b" * (255 << 10)}  # 1 KiB left
+    ctl = host.controller()
+    await ctl.reconcile(secret(osc_doc()))
+    await host.set_condition("ReadyForUpdate")
+    host.answers = [(2, "error: invalid arguments " + "y" * 2000)]
+    update = secret(osc_doc(os_version="1877.5", text="two"))
+    ctl._latest, ctl._seen = update, True
+    assert await ctl._step(True) is SKIPPED  # terminal: not the same refused patch again
+    assert isinstance(host.kube, StrictKube)
+    assert host.kube.refused == 1  # the full reason, once; then a short note went through
+    labels, annotations = await host.labels(), await host.annotations()
+    assert labels[ip.LABEL_UPDATE_RESULT] == "failed"
+    assert "refused" in annotations[ip.ANNOTATION_UPDATE_FAILED_REASON]
+    patches = len(host.kube.writes("patch_node"))
+    back = host.controller()  # a restart does not send the refused patch again
+    back._latest, back._seen = update, True
+    assert await back._step(True) is SKIPPED
+    assert (host.kube.refused, len(host.kube.writes("patch_node"))) == (1, patches)
+
+
+async def test_a_refused_updating_os_annotation_fails_the_update_once(tmp_path: Path) -> None:
+    host = strict_host(tmp_path)
+    ctl = host.controller()
+    await ctl.reconcile(secret(osc_doc()))
+    await host.set_condition("ReadyForUpdate")
+    version = "1877.5-" + "a" * (300 << 10)  # read as 1877.5; too long for an annotation
+    ctl._latest, ctl._seen = secret(osc_doc(os_version=version, text="two")), True
+    assert await ctl._step(True) is SKIPPED
+    assert host.runs == []  # the command is not run without the Node's mark
+    labels, annotations = await host.labels(), await host.annotations()
+    assert labels[ip.LABEL_UPDATE_RESULT] == "failed"
+    reason = annotations[ip.ANNOTATION_UPDATE_FAILED_REASON]
+    assert ip.ANNOTATION_UPDATING_OS_VERSION in reason
+    assert len(reason.encode()) <= ip.REASON_LIMIT
+    assert await ctl._step(True) is DONE  # the same Secret: not sent again
+    assert isinstance(host.kube, StrictKube)
+    assert host.kube.refused == 1
+
+
+async def test_a_command_past_its_time_limit_is_ended_with_what_it_started(tmp_path: Path) -> None:
+    ctx: AgentContext = make_ctx(tmp_path)
+    ctx.settings = ctx.settings.model_copy(update={"root": Path("/")})
+    updater = InPlaceUpdater(ctx)
+    script = (
+        "import subprocess, sys, time\n"
+        "child = subprocess.Popen(['sleep', '600'])\n"  # holds the output pipe open too
+        "sys.stdout.write('x' * (1 << 20) + f'\\nchild {child.pid}\\n')\nsys.stdout.flush()\n"
+        "time.sleep(600)\n"
+    )
+    started = time.monotonic()
+    code, output = await updater._run_on_host([sys.executable, "-c", script], 1.0)
+    assert time.monotonic() - started < 1.0 + KILL_GRACE
+    assert code == -1
+    assert output.total > 1 << 20
+    text = output.text()
+    assert text.endswith("[timed out after 1s]")
+    child = int(text.split("child ")[1].split()[0])
+    stat = Path(f"/proc/{child}/stat")
+    assert not stat.exists() or stat.read_text().split(") ")[1].startswith("Z")  # ended
+
+
+def test_the_kept_tail_drops_only_a_cut_characters_continuation_bytes() -> None:
+    binary = ip.CommandOutput(keep=8)
+    binary.feed(b"head" + bytes([0x80]) * 20)  # not UTF-8 at all: shown, not dropped
+    assert binary.text() == "\ufffd" * 5
+    cut = ip.CommandOutput(keep=5)
+    cut.feed("€ok€".encode())  # the last 5 bytes begin with two bytes of the first "€"
+    assert cut.text() == "ok€"
+    assert ip.bounded_reason("a\udc80b") == "a?b"  # a lone surrogate cannot be sent as JSON

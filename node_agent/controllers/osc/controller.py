@@ -5,6 +5,11 @@ it always works on the latest Secret, so a burst of updates collapses into one a
 OSC is reported (log + Warning Event on the Node) and left alone until the Secret changes,
 while transient failures (API, systemd, missing secretRef) are retried with jittered backoff.
 The Node is annotated with the applied checksum only after everything succeeded.
+
+Nothing a reconcile raises ends the controller: an error of a kind no layer expected becomes
+an ``UnexpectedError`` naming the Secret, reported and retried like any failed reconcile; a
+write the API server refused as invalid (422) is not retried on the backoff (the same body
+would be refused again), only when the loop is woken or at the periodic check.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import traceback
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -26,11 +32,13 @@ from node_agent.base.errors import (
     ApplyError,
     InPlaceUpdateError,
     KubeError,
+    KubeInvalid,
     KubeNotFound,
     NodeAgentError,
     OSCDecodeError,
     OSCError,
     SecretRefError,
+    UnexpectedError,
 )
 from node_agent.base.layout import BOOTSTRAP_TOKEN_FILE, KUBELET_BOOTSTRAP_KUBECONFIG
 from node_agent.base.log import get_logger
@@ -310,8 +318,16 @@ class OSCController:
             self.failures += 1
             self.ctx.health.error("osc", f"InPlaceUpdateError: {exc}")
             return SKIPPED
+        except KubeInvalid as exc:
+            # refused as invalid: the same body is refused again, so not on the backoff
+            await self._failed(exc, transient=False)
+            return SKIPPED
         except NodeAgentError as exc:
             await self._failed(exc, transient=True)
+            return RETRY
+        except Exception as exc:  # the boundary: no error ends the controller
+            error = UnexpectedError(f"secret {NAMESPACE}/{self.ctx.secret_name}", exc)
+            await self._failed(error, transient=True, item=error.item, at=_where(exc))
             return RETRY
         self._last_failure = None
         held = dict(self.applier.held_back())
@@ -324,18 +340,20 @@ class OSCController:
         log.info("items held back; checking again", items=held, seconds=wait)
         return Next.after(wait)
 
-    async def _failed(self, exc: NodeAgentError, *, transient: bool) -> None:
-        """Log and report a failed reconcile; the Warning Event only when the error is new, so a
-        retry loop with backoff does not flood the Node with the same Event."""
+    async def _failed(self, exc: NodeAgentError, *, transient: bool, **details: object) -> None:
+        """Log (one event, with ``details``) and report a failed reconcile; the Warning Event
+        only when the error is new, so a retry loop with backoff does not flood the Node with
+        the same Event."""
         self.failures += 1
         kind = type(exc).__name__
         message = f"{kind}: {exc}"
-        log.error("OSC not applied", error=message, retry=transient)
+        log.error("OSC not applied", error=message, retry=transient, **details)
         self.ctx.health.error("osc", message)
         if message == self._last_failure:
             return
         self._last_failure = message
-        reason = report.REASON_OSC_FAILED if transient else report.REASON_OSC_INVALID
+        invalid = isinstance(exc, OSCError) and not transient
+        reason = report.REASON_OSC_INVALID if invalid else report.REASON_OSC_FAILED
         await self.ctx.event(reason, message, warning=True)
 
     async def _partly_applied(self, exc: ApplyError) -> None:
@@ -966,6 +984,16 @@ class OSCController:
         for path in paths:
             if await fs.remove_async(path):
                 log.info("bootstrap credentials removed", path=path)
+
+
+def _where(exc: BaseException, frames: int = 3) -> list[str]:
+    """Where ``exc`` was raised: its innermost frames, as ``module path:line in function``."""
+    where = []
+    for frame in traceback.extract_tb(exc.__traceback__)[-frames:]:
+        start = frame.filename.rfind("node_agent/")
+        path = frame.filename[start:] if start >= 0 else frame.filename.rsplit("/", 1)[-1]
+        where.append(f"{path}:{frame.lineno} in {frame.name}")
+    return where
 
 
 def changed_items(cs: ChangeSet | None, rep: ApplyReport | None) -> tuple[str, ...]:

@@ -22,12 +22,17 @@ The OSC controller calls, for an update of a pool with ``spec.inPlaceUpdates``:
 
 A step that cannot succeed (a non-retriable OS update error, the kubelet unhealthy for 5
 minutes, an OS that came back on its old version) marks the Node failed and raises a terminal
-:class:`InPlaceUpdateError`: the OSC is left until the Secret changes, as upstream does.
+:class:`InPlaceUpdateError`: the OSC is left until the Secret changes, as upstream does. So does
+an update whose in-place changes cannot be computed (a version or kubelet config of the OSC that
+cannot be read): it is still applied after the drain, and then marked failed with the reason.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import signal
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -37,8 +42,9 @@ from typing import Any, Literal
 
 from node_agent.apply.executor import crash_hook
 from node_agent.base import layout
-from node_agent.base.errors import InPlaceUpdateError, KubeError, NodeAgentError
+from node_agent.base.errors import InPlaceUpdateError, KubeError, KubeInvalid, NodeAgentError
 from node_agent.base.log import get_logger
+from node_agent.base.versions import shown
 from node_agent.context import AgentContext
 from node_agent.host.documents import Document
 from node_agent.host.fs import HostFS
@@ -75,6 +81,9 @@ REASON_REBOOTING = "InPlaceUpdateRebooting"
 REASON_SUCCEEDED = "InPlaceUpdateSuccessful"
 REASON_FAILED = "InPlaceUpdateFailed"
 
+#: seconds to read what an OS update command killed at its time limit had written
+KILL_GRACE = 5.0
+
 
 class InPlaceRecord(Document):
     """The in-place part of the change set being applied (persisted, 0600)."""
@@ -90,6 +99,9 @@ class InPlaceRecord(Document):
     #: a terminal failure (the reason on the Node): kept until the OSC changes, so that a
     #: restarted agent neither tries the update again nor records its outcome twice
     failed: str | None = None
+    #: why the in-place changes could not be computed: the update is applied after the drain
+    #: and then fails with this reason (``detected`` is empty)
+    unreadable: str | None = None
 
 
 @dataclass(frozen=True)
@@ -115,7 +127,8 @@ class InPlaceView:
     pods_deleted: int = 0
 
 
-RunCommand = Callable[[Sequence[str], float], Awaitable[tuple[int, str]]]
+#: runs the OS update command: its exit status and its output (bounded, see ``CommandOutput``)
+RunCommand = Callable[[Sequence[str], float], Awaitable[tuple[int, ip.CommandOutput]]]
 
 
 class InPlaceUpdater:
@@ -217,9 +230,7 @@ class InPlaceUpdater:
             self._enter("failed", record.failed, record, reason=record.failed)
             node = await self._node()
             if node is not None and ip.update_result(node) != ip.RESULT_FAILED:
-                await self.ctx.kube.patch_node(
-                    str(self.ctx.node_name), ip.failed_patch(record.failed)
-                )
+                await self._mark_failed(record.failed)
             raise InPlaceUpdateError(record.failed, terminal=True)
         if osc.spec.in_place_updates is None:
             return None
@@ -228,12 +239,15 @@ class InPlaceUpdater:
             last = await self.ctx.state.load_last_applied_async()
             if last is None:
                 return None
+            old = await asyncio.to_thread(parse_osc, last.raw)
+            unreadable = None
             try:
-                old = await asyncio.to_thread(parse_osc, last.raw)
                 changes = ip.detect(old, osc, current)
             except ip.InPlaceError as exc:
-                raise InPlaceUpdateError(f"in-place changes not computed: {exc}") from exc
-            if not changes.any():
+                # this update's failure, not the agent's: it goes on to its drain and apply
+                changes = ip.InPlaceChanges()
+                unreadable = ip.bounded_reason(f"in-place changes not computed: {exc}")
+            if not changes.any() and unreadable is None:
                 return None
             record = await self._save(
                 InPlaceRecord(
@@ -242,11 +256,15 @@ class InPlaceUpdater:
                     remaining=changes,
                     target_os=osc.spec.in_place_updates.operating_system_version,
                     began_at=report.now(),
+                    unreadable=unreadable,
                 )
             )
-            log.info("in-place update detected", checksum=checksum, parts=changes.names())
+            if unreadable is not None:
+                log.error("in-place update fails after its apply", reason=unreadable)
+            else:
+                log.info("in-place update detected", checksum=checksum, parts=changes.names())
             crash_hook("in-place:detected")
-        if record.remaining.operating_system and ip.os_up_to_date(current, osc):
+        if record.remaining.operating_system and self._up_to_date(current, osc):
             log.info("the OS is on its new version", version=current)
             record = await self._clear_parts(record, operating_system=True)
         self._view = replace(
@@ -311,6 +329,8 @@ class InPlaceUpdater:
         if node is None:
             return "done"
         if record is not None:
+            if record.unreadable is not None:
+                await self._failed(record.unreadable)
             if record.remaining.kubelet():
                 await self._kubelet_healthy("after its minor version/config update")
                 record = await self._clear_parts(
@@ -394,12 +414,18 @@ class InPlaceUpdater:
         if not desired:
             await self._failed("operating system version is not provided in OSC")
         args = [str(a) for a in update.get("args") or ()]
-        await self.ctx.kube.patch_node(str(self.ctx.node_name), ip.updating_os_patch(desired))
+        try:
+            await self.ctx.kube.patch_node(str(self.ctx.node_name), ip.updating_os_patch(desired))
+        except KubeInvalid as exc:  # sent again, it would be refused again
+            await self._failed(
+                f"the Node refused the annotation {ip.ANNOTATION_UPDATING_OS_VERSION} for "
+                f"version {shown(desired)}: {exc}"
+            )
         self._enter("updating-os", f"{command} (to {desired})", record)
         await self.ctx.event(REASON_OS_UPDATE, f"updating the OS to {desired}: {command}")
         await self._run_os_command([command, *args])
         record = await self._save(record.model_copy(update={"os_command_boot": boot}))
-        if ip.os_up_to_date(self.current_os(), osc):
+        if self._up_to_date(self.current_os(), osc):
             return await self._clear_parts(record, operating_system=True)
         await self.ctx.event(
             REASON_REBOOTING, f"OS update to {desired} ran; waiting for the node to reboot"
@@ -409,7 +435,8 @@ class InPlaceUpdater:
 
     async def _run_os_command(self, argv: list[str]) -> None:
         """Upstream's rules: a failure whose output says "network problems" is retried every
-        30 s for up to 5 min; any other failure ends the update."""
+        30 s for up to 5 min; any other failure ends the update. The reason carries the end of
+        the output (and its size, when that is not all of it)."""
         deadline = time.monotonic() + self.retry_timeout
         while True:
             self._view = replace(self._view, command_runs=self._view.command_runs + 1)
@@ -417,9 +444,14 @@ class InPlaceUpdater:
             if code == 0:
                 log.info("OS update command succeeded", command=argv[0])
                 return
-            flat = " ".join(output.split())
-            kind = ip.classify(output)
-            log.warning("OS update command failed", code=code, output=flat[:500], kind=kind)
+            kind = output.kind
+            log.warning(
+                "OS update command failed",
+                code=code,
+                kind=kind,
+                output_bytes=output.total,
+                output_tail=output.text()[-500:],
+            )
             if kind != "retriable":
                 what = (
                     "non-retriable error detected"
@@ -428,36 +460,47 @@ class InPlaceUpdater:
                 )
                 await self._failed(
                     f"failed to execute OS update command: {what}: exit status {code}, "
-                    f"output: {flat}"
+                    f"{output.reported()}"
                 )
             if time.monotonic() + self.retry_interval > deadline:
-                reason = f"failed to execute OS update command: retriable error: {flat}"
+                reason = (
+                    f"failed to execute OS update command: retriable error: {output.reported()}"
+                )
                 # retried by the controller, as upstream (the failed label lets it through the
                 # drain gate again)
                 await self._failed(reason, terminal=False)
             await asyncio.sleep(self.retry_interval)
 
-    async def _run_on_host(self, argv: Sequence[str], limit: float) -> tuple[int, str]:
-        """The command on the host; with a ``--root`` prefix, inside that root."""
+    async def _run_on_host(self, argv: Sequence[str], limit: float) -> tuple[int, ip.CommandOutput]:
+        """The command on the host; with a ``--root`` prefix, inside that root. Its output
+        (stdout and stderr) is read as it comes and kept in bounded memory: a command that
+        prints hundreds of MB costs the agent no more than one that prints a line."""
         root = self.ctx.settings.root
         full = list(argv) if root == Path("/") else ["chroot", str(root), *argv]
+        output = ip.CommandOutput()
         try:
             proc = await asyncio.create_subprocess_exec(
                 *full,
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.STDOUT,
+                start_new_session=True,  # its own process group: a timeout ends all of it
             )
-        except OSError as exc:
-            return 127, str(exc)
-        try:
+        except (OSError, ValueError) as exc:  # ValueError: a NUL byte, which exec cannot pass
+            output.feed(f"cannot run {shown(argv[0])}: {exc}".encode())
+            return 127, output
+        with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(limit):
-                out, _ = await proc.communicate()
-        except TimeoutError:
-            proc.kill()
-            await proc.wait()
-            return -1, f"timed out after {limit:g}s"
-        return proc.returncode or 0, out.decode(errors="replace")
+                return await _finished(proc, output), output
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        # What it wrote before it died is read too: the process counts as ended only once its
+        # pipe is closed. Something outside its group may hold the pipe: not waited for long.
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(KILL_GRACE):
+                await _finished(proc, output)
+        output.feed(f" [timed out after {limit:g}s]".encode())
+        return -1, output
 
     def _boot(self) -> str:
         """This boot's identity: the kernel's boot id and the start of PID 1 (a node whose init
@@ -543,7 +586,9 @@ class InPlaceUpdater:
     async def _failed(self, reason: str, *, terminal: bool = True) -> None:
         """Mark the Node failed (machine-controller-manager's label and reason), record the
         outcome (history, ``status``) and end the update: until the Secret changes
-        (``terminal``), else until the controller's retry."""
+        (``terminal``), else until the controller's retry. The reason is bounded
+        (``ip.bounded_reason``) everywhere it goes."""
+        reason = ip.bounded_reason(reason)
         log.error("in-place update failed", reason=reason, terminal=terminal)
         record = self._current
         if record is not None and terminal:
@@ -552,13 +597,41 @@ class InPlaceUpdater:
         self._enter("failed", reason, record, reason=reason, failed=self._view.failed + 1)
         if self.ctx.node_name is not None:
             try:
-                await self.ctx.kube.patch_node(self.ctx.node_name, ip.failed_patch(reason))
+                marked = await self._mark_failed(reason)
             except KubeError as exc:
                 raise InPlaceUpdateError(f"{reason} (Node not marked: {exc})") from exc
+            terminal = terminal or not marked  # a retry would send the refused patches again
         await self.ctx.event(REASON_FAILED, reason, warning=True)
         if record is not None:
             await self._history(record, reason)
         raise InPlaceUpdateError(reason, terminal=terminal)
+
+    async def _mark_failed(self, reason: str) -> bool:
+        """The failed label and ``reason`` on the Node; whether the label is on it. A patch
+        the API server refuses as invalid (422: e.g. the Node's annotations would pass
+        Kubernetes' 256 KiB) is never sent again: the label goes with a short note instead,
+        then alone. Other API errors are raised (retried)."""
+        name = str(self.ctx.node_name)
+        attempts: list[str | None] = [reason]
+        while attempts:
+            attempt = attempts.pop(0)
+            try:
+                await self.ctx.kube.patch_node(name, ip.failed_patch(attempt))
+                return True
+            except KubeInvalid as exc:
+                log.error("the Node refused the in-place outcome", reason=attempt, error=str(exc))
+                if attempt == reason:
+                    attempts = [ip.REASON_REFUSED.format(error=shown(str(exc), 200)), None]
+        return False
+
+    @staticmethod
+    def _up_to_date(current: str | None, osc: OperatingSystemConfig) -> bool:
+        """Whether the host's OS version is the OSC's; a host version that cannot be compared
+        is retried (the OSC's was read when the update was detected)."""
+        try:
+            return ip.os_up_to_date(current, osc)
+        except ip.InPlaceError as exc:
+            raise InPlaceUpdateError(str(exc)) from exc
 
     async def _node(self) -> JSON | None:
         if self.ctx.node_name is None and not await self.ctx.look_up_node():
@@ -577,7 +650,17 @@ def kubelet_bootstrapped(fs: HostFS) -> bool:
     return own is not None and own.st_mtime_ns > bootstrap.st_mtime_ns
 
 
+async def _finished(proc: asyncio.subprocess.Process, output: ip.CommandOutput) -> int:
+    """Read ``proc``'s output to its end, then its exit status."""
+    assert proc.stdout is not None
+    while chunk := await proc.stdout.read(1 << 16):
+        output.feed(chunk)
+    return await proc.wait()
+
+
 def _parts(record: InPlaceRecord) -> str:
+    if record.unreadable is not None:
+        return "(changes not computed)"
     return "(" + ", ".join(record.detected.names()) + ")"
 
 
