@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from node_agent.base.durations import parse_duration
-from node_agent.commands.status import human_duration
+from node_agent.commands.status import escape_controls, human_duration
 from node_agent.controllers.osc import pacing
 from node_agent.kube import report
 
@@ -715,7 +715,10 @@ def _counts(counts: Mapping[str, int], *, label: Mapping[str, str] | None = None
 
 
 def render(report: FleetReport, *, max_nodes: int = 20) -> str:
-    """The text screen: one block per pool."""
+    """The text screen: one block per pool. Every string in it came from the cluster, where
+    any node's agent may write it (names, checksums, messages, the Lease's holder, the
+    ledger's hosts): each line is shown with its control characters escaped, as ``status``
+    shows them, so none of them drives the terminal. ``dump`` keeps them exact."""
     if not report.pools:
         return "no node-agent pools found (no Nodes with an agent, no OSC Secrets)\n"
     return "\n".join(_render_pool(p, max_nodes) for p in report.pools)
@@ -777,12 +780,13 @@ def _render_pool(pool: PoolReport, max_nodes: int) -> str:
     behind = [n for n in pool.nodes if n.state != "up-to-date"]
     if behind:
         out.append(f"  not up to date ({len(behind)}):")
-        width = max(len(n.name) for n in behind[:max_nodes])
-        for line in behind[:max_nodes]:
-            out.append(f"    {line.name:<{width}}  {LABELS[line.state]:<18}  {line.detail}")
+        names = [escape_controls(n.name) for n in behind[:max_nodes]]
+        width = max(len(name) for name in names)
+        for name, line in zip(names, behind[:max_nodes], strict=True):
+            out.append(f"    {name:<{width}}  {LABELS[line.state]:<18}  {line.detail}")
         if len(behind) > max_nodes:
             out.append(f"    ... {len(behind) - max_nodes} more (-o json lists every node)")
-    return "\n".join(out) + "\n"
+    return "".join(escape_controls(line) + "\n" for line in out)
 
 
 def dump(report: FleetReport, output: str) -> str:

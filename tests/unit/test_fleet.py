@@ -498,3 +498,155 @@ def test_serial_holder_only_in_serial_mode_and_while_held() -> None:
     assert "serial Lease held by n2" in fleet.render(summarize(nodes, secrets, leases, events, NOW))
     (lapsed,) = summarize(nodes, secrets, leases, events, NOW + 41).pools
     assert lapsed.serial_holder is None
+
+
+# -- what the cluster wrote, shown safely ---------------------------------------------------------
+
+#: terminal controls any agent (or anyone who can write a Node, Lease or Event) may put in a
+#: string: CSI (7- and 8-bit), OSC (title, hyperlink; ended by BEL and by ST), C1 controls,
+#: carriage return, backspace, a bidi override and NUL
+CONTROLS = "\x1b[31m\x9b2J\x1b]0;owned\x07\x1b]8;;http://e\x1b\\\x85\x9d\r\x08\u202e\x00"
+
+
+def hostile(tag: str) -> str:
+    return f"{tag}{CONTROLS}end"
+
+
+#: checksums are shown by their first 12 characters: controls there
+HOSTILE_DESIRED = "\x1b[2J\x1b]0;t\x07\x9b\x85" + "d" * 52
+HOSTILE_APPLIED = "\x9b31m\x1b]8;;\x1b\\\x85\x00" + "e" * 52
+
+
+def hostile_pool() -> tuple[list[Any], list[Any], list[Any], list[Any], dict[str, str]]:
+    """A pool whose every printed string carries controls; returns the objects and the raw
+    value of each printed field by name."""
+    fields = {
+        name: hostile(name)
+        for name in (
+            "pool",
+            "secret",
+            "node",
+            "kubernetes",
+            "kubelet",
+            "rollout_message",
+            "unit",
+            "unit_message",
+            "event_message",
+            "holder",
+            "slot_host",
+            "canary",
+            "failed_host",
+            "failed_why",
+            "ledger_checksum",
+        )
+    }
+    fields["desired"] = HOSTILE_DESIRED
+    fields["applied"] = HOSTILE_APPLIED
+    pool = fields["pool"]
+    ledger = pacing.Ledger(
+        checksum=fields["ledger_checksum"],
+        slots=(pacing.Slot(fields["slot_host"], NEW, NOW - 10, 600.0, canary=True),),
+        canaries=(fields["slot_host"], fields["canary"]),
+        healthy={fields["canary"]: NOW - 5},
+        failed={fields["failed_host"]: fields["failed_why"]},
+    )
+    secret = {
+        "metadata": {
+            "name": fields["secret"],
+            "labels": {fleet.LABEL_POOL: pool, fleet.LABEL_ROLE: fleet.ROLE_OSC},
+            "annotations": {
+                fleet.ANNOTATION_DESIRED: HOSTILE_DESIRED,
+                fleet.ANNOTATION_SERIAL: "true",
+                pacing.ANNOTATION_MAX_PARALLEL: "1",
+            },
+        }
+    }
+    units = {
+        "type": "SystemdUnitsReady",
+        "status": "False",
+        "reason": "UnhealthyUnits",
+        "message": f"{fields['unit']}: {fields['unit_message']}",
+    }
+    waiting = {
+        "type": "OSCRollout",
+        "status": "False",
+        "reason": "WaitingForSlot",
+        "message": fields["rollout_message"],
+    }
+    first = node_obj(fields["node"], HOSTILE_APPLIED, pool=pool, conditions=[units, waiting])
+    first["metadata"]["labels"][fleet.LABEL_KUBERNETES_VERSION] = fields["kubernetes"]
+    first["status"]["nodeInfo"]["kubeletVersion"] = fields["kubelet"]
+    failing = node_obj("n2", HOSTILE_APPLIED, pool=pool)
+    pool_lease = lease_obj(fields["secret"], NOW, {pacing.ANNOTATION_LEDGER: ledger.dump()})
+    pool_lease["spec"]["holderIdentity"] = fields["holder"]
+    leases = [
+        lease_obj(f"gardener-node-agent-{fields['node']}", NOW - 3),
+        lease_obj("gardener-node-agent-n2", NOW - 3),
+        pool_lease,
+    ]
+    events = [
+        {
+            "involvedObject": {"kind": "Node", "name": "n2"},
+            "reason": report.REASON_OSC_FAILED,
+            "type": "Warning",
+            "message": fields["event_message"],
+            "lastTimestamp": t(NOW - 1),
+        }
+    ]
+    return [first, failing], [secret], leases, events, fields
+
+
+def raw_controls(text: str) -> list[str]:
+    import unicodedata
+
+    return sorted({ch for ch in text if ch != "\n" and unicodedata.category(ch) in ("Cc", "Cf")})
+
+
+def test_the_text_view_shows_every_string_of_the_cluster_escaped() -> None:
+    """Nodes, Leases and Events are written by every node's agent: no control character of
+    theirs reaches the terminal; each field is shown, escaped as ``status`` escapes."""
+    from node_agent.commands.status import escape_controls
+
+    nodes, secrets, leases, events, fields = hostile_pool()
+    text = fleet.render(summarize(nodes, secrets, leases, events, NOW))
+    assert raw_controls(text) == []
+    shown = {
+        name: value[:12] if name in ("desired", "applied", "ledger_checksum") else value
+        for name, value in fields.items()
+    }
+    missing = [name for name, value in shown.items() if escape_controls(value) not in text]
+    assert missing == []
+
+
+def test_json_and_yaml_carry_the_clusters_strings_exactly() -> None:
+    import yaml
+
+    nodes, secrets, leases, events, fields = hostile_pool()
+    result = summarize(nodes, secrets, leases, events, NOW)
+    text = fleet.dump(result, "json")
+    assert text == json.dumps(fleet.to_document(result), indent=2) + "\n"
+    for doc in (json.loads(text), yaml.safe_load(fleet.dump(result, "yaml"))):
+        (pool,) = doc["pools"]
+        rollout = pool["rollout"]
+        assert pool["name"] == fields["pool"]
+        assert pool["secrets"] == [{"name": fields["secret"], "checksum": HOSTILE_DESIRED}]
+        assert pool["applied"] == {HOSTILE_APPLIED: 2}
+        assert rollout["serialHolder"] == fields["holder"]
+        assert rollout["ledger"]["slots"][0]["host"] == fields["slot_host"]
+        assert rollout["ledger"]["canaries"] == [fields["slot_host"], fields["canary"]]
+        assert rollout["ledger"]["failed"] == {fields["failed_host"]: fields["failed_why"]}
+        assert pool["unitsNotReady"]["nodes"] == [
+            {
+                "name": fields["node"],
+                "units": [{"unit": fields["unit"], "message": fields["unit_message"]}],
+            }
+        ]
+        assert pool["versions"] == {
+            "kubernetes": {fields["kubernetes"]: 1, "1.33.1": 1},
+            "kubelet": {fields["kubelet"]: 1, "v1.33.1": 1},
+        }
+        details = {n["name"]: n["detail"] for n in pool["nodeStates"]}
+        assert details == {
+            fields["node"]: f"WaitingForSlot: {fields['rollout_message']}",
+            "n2": f"{report.REASON_OSC_FAILED}: {fields['event_message']}",
+        }
