@@ -146,16 +146,7 @@ def test_an_unreadable_ledger_is_empty_for_both(text: str | None) -> None:
     ],
 )
 def test_policy_reads_as_the_agents_read_it(annotations: Mapping[str, str]) -> None:
-    theirs = pacing.parse_policy(annotations)
-    ours = read_policy(annotations)
-    assert ours.serial == theirs.serial
-    if theirs.pacing is None:
-        assert ours.max_parallel is None
-    else:
-        assert ours.max_parallel == theirs.pacing.max_parallel
-        assert ours.canaries == theirs.pacing.canaries
-        assert ours.soak == theirs.pacing.soak
-        assert ours.max_failures == theirs.pacing.max_failures
+    assert read_policy(annotations) == pacing.parse_policy(annotations)
 
 
 # -- one node's state ------------------------------------------------------------------------------
@@ -650,3 +641,97 @@ def test_json_and_yaml_carry_the_clusters_strings_exactly() -> None:
             fields["node"]: f"WaitingForSlot: {fields['rollout_message']}",
             "n2": f"{report.REASON_OSC_FAILED}: {fields['event_message']}",
         }
+
+
+# -- one reader of the rollout's wire rules, the agents' -----------------------------------------
+
+ROLLOUT_KEYS = (
+    pacing.ANNOTATION_MAX_PARALLEL,
+    pacing.ANNOTATION_CANARIES,
+    pacing.ANNOTATION_SOAK,
+    pacing.ANNOTATION_MAX_FAILURES,
+    pacing.ANNOTATION_SLOT_TTL,
+)
+annotation_values = st.one_of(
+    st.integers(-3, 10**6).map(str),
+    st.builds(
+        lambda n, unit: f"{n}{unit}",
+        st.integers(-5, 10**7),
+        st.sampled_from(["s", "m", "h", "ms", "ns", "us", "d", ""]),
+    ),
+    st.sampled_from(["1000h", "24h0m1s", "0s", "-1s", " 2 ", "", "1e3", "١٢", "soon", "1h30m"]),
+    st.text(max_size=12),
+)
+
+
+def policy_pool(annotations: Mapping[str, str], lease_spec: Mapping[str, Any] | None = None) -> Any:
+    nodes, secrets, leases, events = pool_objects()
+    secrets[0]["metadata"]["annotations"] = {fleet.ANNOTATION_DESIRED: NEW, **annotations}
+    if lease_spec is not None:
+        leases[-1]["spec"] = dict(lease_spec)
+    return summarize(nodes, secrets, leases, events, NOW)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.dictionaries(st.sampled_from(ROLLOUT_KEYS), annotation_values, max_size=5),
+    st.sampled_from([None, "true", "false", "True"]),
+)
+def test_the_rollout_policy_shown_is_the_one_the_agents_follow(
+    annotations: dict[str, str], serial: str | None
+) -> None:
+    """The agents cap, refuse and default the Secret's rollout annotations; the fleet view
+    shows exactly what they follow (``rollout-canary-soak: 1000h`` is 86,400 s to them)."""
+    if serial is not None:
+        annotations[report.ANNOTATION_SERIAL] = serial
+    theirs = pacing.parse_policy(annotations)
+    result = policy_pool(annotations)
+    (rollout,) = [p["rollout"] for p in fleet.to_document(result)["pools"]]
+    text = fleet.render(result)
+    if theirs.pacing is None:
+        assert rollout["maxParallel"] is None
+    else:
+        assert rollout["maxParallel"] == theirs.pacing.max_parallel
+        assert rollout["canaries"] == theirs.pacing.canaries
+        assert rollout["maxFailures"] == theirs.pacing.max_failures
+        assert theirs.pacing.describe() in rollout["policy"]
+        assert theirs.pacing.describe() in text
+    assert ("serial" in rollout["mode"]) == theirs.serial
+
+
+def test_a_soak_above_the_agents_cap_is_shown_capped() -> None:
+    annotations = {pacing.ANNOTATION_MAX_PARALLEL: "2", pacing.ANNOTATION_SOAK: "1000h"}
+    text = fleet.render(policy_pool(annotations))
+    assert f"(soak {pacing.MAX_SOAK:g}s)" in text
+    assert "3.6e+06" not in text
+
+
+def test_a_slot_without_a_readable_ttl_lives_as_long_as_the_agents_let_it() -> None:
+    """A slot whose ttl cannot be read lives the pool's ``rollout-slot-ttl`` (the agents'
+    ``current``), not a default of the view's own."""
+    nodes, secrets, leases, events = pool_objects()
+    secrets[0]["metadata"]["annotations"][pacing.ANNOTATION_SLOT_TTL] = "120s"
+    doc = json.loads(pacing.Ledger(checksum=NEW).dump())
+    doc["slots"] = [{"host": "n2", "checksum": NEW, "renewed": NOW - 10, "ttl": "x"}]
+    leases[-1]["metadata"]["annotations"][pacing.ANNOTATION_LEDGER] = json.dumps(doc)
+    (pool,) = summarize(nodes, secrets, leases, events, NOW).pools
+    assert pool.ledger is not None
+    (slot,) = pool.ledger.slots
+    assert slot.expires_in == pytest.approx(110.0)
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        # renewed 700 s ago for a billion seconds: the agents bound a holder by the pool's 600 s
+        {"holderIdentity": "n2", "leaseDurationSeconds": 10**9, "renewTime": t(NOW - 700)},
+        # a boolean is no duration to the agents
+        {"holderIdentity": "n2", "leaseDurationSeconds": True, "renewTime": t(NOW)},
+    ],
+)
+def test_the_serial_holder_is_the_one_the_agents_wait_for(spec: dict[str, Any]) -> None:
+    annotations = {report.ANNOTATION_SERIAL: "true"}
+    step = pacing.serial_step(spec, "another-node", NOW, pacing.SERIAL_LEASE_SECONDS)
+    assert step.action == "acquire"  # the agents take the Lease: nobody holds it
+    (pool,) = policy_pool(annotations, spec).pools
+    assert pool.serial_holder is None
