@@ -66,6 +66,22 @@ def test_wire_names_are_the_agents() -> None:
     assert fleet.LOST == pacing.LOST
     reasons = {pacing.REASON_SERIAL, pacing.REASON_SLOT, pacing.REASON_CANARIES}
     assert reasons | {pacing.REASON_BREAKER} == fleet.WAITING_REASONS
+    # the heartbeat Lease as the Lease controller names and writes it
+    from node_agent.controllers import lease
+
+    assert fleet.LEASE_PREFIX == lease.LEASE_PREFIX
+    assert NodeFacts("n", "p", None).lease_duration == lease.LEASE_DURATION_SECONDS
+
+
+def test_the_units_fleet_names_are_those_the_condition_was_written_with() -> None:
+    written = report.units_condition(
+        ["kubelet.service: failed", "x@a:b.service: node-agent stopped restarting it after 5"], []
+    )
+    units = ConditionFact(written.status, written.reason, written.message, NOW)
+    assert fleet.unit_problems(units) == (
+        ("kubelet.service", "failed"),
+        ("x@a:b.service", "node-agent stopped restarting it after 5"),
+    )
 
 
 def test_the_held_mark_is_what_the_restart_guard_writes() -> None:
