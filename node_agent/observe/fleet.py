@@ -112,19 +112,31 @@ LABELS: Mapping[str, str] = {
 # -- small readers --------------------------------------------------------------------------------
 
 
+def _part(obj: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+    """``obj[key]`` when it is an object, else empty (what an API object lacks reads as unset)."""
+    part = obj.get(key)
+    return part if isinstance(part, Mapping) else {}
+
+
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
-    meta = obj.get("metadata")
-    return meta if isinstance(meta, Mapping) else {}
+    return _part(obj, "metadata")
+
+
+def _strings(obj: Mapping[str, Any], key: str) -> Mapping[str, str]:
+    """A map of strings of the metadata (labels, annotations); an entry that is not a string
+    reads as unset."""
+    entries = _part(_meta(obj), key)
+    if all(type(v) is str for v in entries.values()):
+        return entries
+    return {k: v for k, v in entries.items() if type(v) is str}
 
 
 def _labels(obj: Mapping[str, Any]) -> Mapping[str, str]:
-    labels = _meta(obj).get("labels")
-    return labels if isinstance(labels, Mapping) else {}
+    return _strings(obj, "labels")
 
 
 def _annotations(obj: Mapping[str, Any]) -> Mapping[str, str]:
-    annotations = _meta(obj).get("annotations")
-    return annotations if isinstance(annotations, Mapping) else {}
+    return _strings(obj, "annotations")
 
 
 def parse_time(value: object) -> float | None:
@@ -413,7 +425,8 @@ class FleetReport:
 
 
 def _condition(node: Mapping[str, Any], kind: str) -> ConditionFact | None:
-    for cond in (node.get("status") or {}).get("conditions") or []:
+    conditions = _part(node, "status").get("conditions")
+    for cond in conditions if isinstance(conditions, list) else []:
         if isinstance(cond, Mapping) and cond.get("type") == kind:
             return ConditionFact(
                 str(cond.get("status") or ""),
@@ -452,13 +465,13 @@ def node_facts(
     lease = leases.get(LEASE_PREFIX + name)
     renewed = duration = None
     if lease is not None:
-        spec = lease.get("spec") or {}
+        spec = _part(lease, "spec")
         renewed = parse_time(spec.get("renewTime")) or parse_time(spec.get("acquireTime"))
         seconds = spec.get("leaseDurationSeconds")
         duration = float(seconds) if isinstance(seconds, int | float) and seconds > 0 else None
         if renewed is None:
             renewed = 0.0  # a Lease never renewed: lapsed
-    info = (node.get("status") or {}).get("nodeInfo") or {}
+    info = _part(_part(node, "status"), "nodeInfo")
     return NodeFacts(
         name=name,
         pool=str(labels.get(LABEL_POOL) or ""),
@@ -497,7 +510,7 @@ def summarize(
     lease_by_name = {str(_meta(lease).get("name")): lease for lease in leases}
     by_node: dict[str, list[EventFact]] = {}
     for event in events:
-        involved = event.get("involvedObject") or {}
+        involved = _part(event, "involvedObject")
         if involved.get("kind") != "Node":
             continue
         by_node.setdefault(str(involved.get("name") or ""), []).append(

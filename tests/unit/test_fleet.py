@@ -751,3 +751,71 @@ def test_the_serial_holder_is_the_one_the_agents_wait_for(spec: dict[str, Any]) 
     assert step.action == "acquire"  # the agents take the Lease: nobody holds it
     (pool,) = policy_pool(annotations, spec).pools
     assert pool.serial_holder is None
+
+
+# -- whatever the lists hold ----------------------------------------------------------------------
+
+FIELDS = [
+    "metadata",
+    "name",
+    "labels",
+    "annotations",
+    "spec",
+    "status",
+    "conditions",
+    "type",
+    "reason",
+    "message",
+    "lastTransitionTime",
+    "holderIdentity",
+    "renewTime",
+    "acquireTime",
+    "leaseDurationSeconds",
+    "nodeInfo",
+    "kubeletVersion",
+    "involvedObject",
+    "kind",
+    "lastTimestamp",
+    "managedFields",
+    "time",
+    "creationTimestamp",
+    fleet.LABEL_POOL,
+    fleet.ANNOTATION_APPLIED,
+    fleet.ANNOTATION_DESIRED,
+    fleet.ANNOTATION_SERIAL,
+    pacing.ANNOTATION_LEDGER,
+    pacing.ANNOTATION_MAX_PARALLEL,
+    pacing.ANNOTATION_SOAK,
+]
+json_values: st.SearchStrategy[Any] = st.recursive(
+    st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(-(2**70), 2**70),
+        st.floats(),
+        st.text(max_size=12),
+        st.sampled_from(["true", "p", "Node", "9999-12-31T23:59:59Z", "2026-01-01T00:00:00Z"]),
+    ),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3), st.dictionaries(st.sampled_from(FIELDS), inner, max_size=4)
+    ),
+    max_leaves=20,
+)
+api_objects = st.lists(
+    st.dictionaries(st.sampled_from(FIELDS), json_values, max_size=4), max_size=3
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(api_objects, api_objects, api_objects, api_objects)
+def test_any_listed_objects_make_a_report(
+    nodes: list[dict[str, Any]],
+    secrets: list[dict[str, Any]],
+    leases: list[dict[str, Any]],
+    events: list[dict[str, Any]],
+) -> None:
+    """Objects of any shape (a field of another type, a label that is not a string) read as
+    unset where they are not what the API writes: the view is made, never a crash."""
+    result = summarize(nodes, secrets, leases, events, NOW)
+    assert raw_controls(fleet.render(result)) == []
+    json.loads(fleet.dump(result, "json"))
