@@ -50,8 +50,11 @@ bin=$1
 starts=@STARTS@
 good=@GOOD@
 record=@RECORD@
-n=$(cat "$starts" 2>/dev/null) || n=0
-case $n in '' | *[!0-9]*) n=0 ;; esac
+# The count as written here and by the agent is 0 or up to 9 digits not starting with 0.
+# Anything else (missing, unreadable, a NUL, a number sh's arithmetic cannot take: 2^63 and
+# up, "08") starts a new count at 1: the guard is never switched off by its own file.
+n=$(head -c 16 "$starts" 2>/dev/null | tr '\\000' x)
+case $n in '' | *[!0-9]* | 0?* | ??????????*) n=0 ;; esac
 n=$((n + 1))
 echo "$n" >"$starts.tmp" && mv -f "$starts.tmp" "$starts"
 [ "$n" -gt @THRESHOLD@ ] || exit 0

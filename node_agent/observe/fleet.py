@@ -7,9 +7,9 @@ the pool and Kubernetes version labels), the OSC Secrets' metadata (their checks
 annotations; never their data), the Leases in ``kube-system`` (each agent's heartbeat and each
 pool's rollout ledger) and the agents' Events on Nodes.
 
-The ledger and the rollout annotations are the wire format of
-``node_agent.controllers.osc.pacing``; this module sits below the controllers in the layers, so
-it reads that format with its own small reader, kept equal to pacing's by a unit test.
+The ledger, the rollout annotations and the serial Lease are the wire format of
+``node_agent.controllers.osc.pacing``, and they are read here with pacing's own pure readers
+(the same caps, refusals and defaults as the agents'), never with a second reader of the view's.
 
 Three parts: the pure model (:func:`classify` decides one node's state, :func:`summarize` turns
 the listed objects into a :class:`FleetReport`), the rendering (text with a progress bar, or a
@@ -30,8 +30,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
-from node_agent.base.durations import parse_duration
-from node_agent.commands.status import human_duration
+from node_agent.commands.status import escape_controls, human_duration
 from node_agent.controllers.osc import pacing
 from node_agent.kube import report
 
@@ -63,9 +62,7 @@ ANNOTATION_CANARIES = pacing.ANNOTATION_CANARIES
 ANNOTATION_SOAK = pacing.ANNOTATION_SOAK
 ANNOTATION_MAX_FAILURES = pacing.ANNOTATION_MAX_FAILURES
 ANNOTATION_LEDGER = pacing.ANNOTATION_LEDGER
-DEFAULT_CANARIES = pacing.DEFAULT_CANARIES
-DEFAULT_SOAK = pacing.DEFAULT_SOAK
-DEFAULT_MAX_FAILURES = pacing.DEFAULT_MAX_FAILURES
+DEFAULT_SLOT_TTL = pacing.DEFAULT_SLOT_TTL
 #: why a slot was counted as failed when it expired unreported
 LOST = pacing.LOST
 
@@ -115,19 +112,31 @@ LABELS: Mapping[str, str] = {
 # -- small readers --------------------------------------------------------------------------------
 
 
+def _part(obj: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+    """``obj[key]`` when it is an object, else empty (what an API object lacks reads as unset)."""
+    part = obj.get(key)
+    return part if isinstance(part, Mapping) else {}
+
+
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
-    meta = obj.get("metadata")
-    return meta if isinstance(meta, Mapping) else {}
+    return _part(obj, "metadata")
+
+
+def _strings(obj: Mapping[str, Any], key: str) -> Mapping[str, str]:
+    """A map of strings of the metadata (labels, annotations); an entry that is not a string
+    reads as unset."""
+    entries = _part(_meta(obj), key)
+    if all(type(v) is str for v in entries.values()):
+        return entries
+    return {k: v for k, v in entries.items() if type(v) is str}
 
 
 def _labels(obj: Mapping[str, Any]) -> Mapping[str, str]:
-    labels = _meta(obj).get("labels")
-    return labels if isinstance(labels, Mapping) else {}
+    return _strings(obj, "labels")
 
 
 def _annotations(obj: Mapping[str, Any]) -> Mapping[str, str]:
-    annotations = _meta(obj).get("annotations")
-    return annotations if isinstance(annotations, Mapping) else {}
+    return _strings(obj, "annotations")
 
 
 def parse_time(value: object) -> float | None:
@@ -150,62 +159,23 @@ def _short(checksum: str | None) -> str:
 # -- the pool's rollout: policy and ledger --------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Policy:
-    """The OSC Secret's rollout annotations (pacing's reading: unreadable values -> defaults)."""
-
-    serial: bool = False
-    max_parallel: int | None = None  # None: no paced rollout
-    canaries: int = DEFAULT_CANARIES
-    soak: float = DEFAULT_SOAK
-    max_failures: int = DEFAULT_MAX_FAILURES
-
-    @property
-    def mode(self) -> str:
-        if self.max_parallel is not None:
-            return "paced+serial" if self.serial else "paced"
-        return "serial" if self.serial else "none"
-
-    def describe(self) -> str:
-        parts = []
-        if self.max_parallel is not None:
-            parts.append(
-                f"at most {self.max_parallel} at once, {self.canaries} canaries "
-                f"(soak {self.soak:g}s), breaker after {self.max_failures} failures"
-            )
-        if self.serial:
-            parts.append("serial (one node at a time on the pool's Lease)")
-        return "; ".join(parts) or "none (every node applies at once)"
+def read_policy(annotations: Mapping[str, str]) -> pacing.Policy:
+    """The OSC Secret's rollout annotations exactly as the agents follow them (pacing's reader:
+    the same caps, refusals and defaults, with what was not understood in ``problems``)."""
+    return pacing.parse_policy(annotations)
 
 
-def _count(raw: str | None, default: int, low: int) -> int:
-    try:
-        value = int(str(raw).strip())
-    except ValueError:
-        return default
-    return value if value >= low else default
+def policy_mode(policy: pacing.Policy) -> str:
+    if policy.pacing is not None:
+        return "paced+serial" if policy.serial else "paced"
+    return "serial" if policy.serial else "none"
 
 
-def _seconds(raw: str | None, default: float) -> float:
-    try:
-        value = parse_duration(str(raw).strip()).total_seconds()
-    except ValueError:
-        return default
-    return value if value >= 0 else default
-
-
-def read_policy(annotations: Mapping[str, str]) -> Policy:
-    serial = annotations.get(ANNOTATION_SERIAL) == "true"
-    if ANNOTATION_MAX_PARALLEL not in annotations:
-        return Policy(serial=serial)
-    get = annotations.get
-    return Policy(
-        serial=serial,
-        max_parallel=_count(get(ANNOTATION_MAX_PARALLEL), 1, 1),
-        canaries=_count(get(ANNOTATION_CANARIES), DEFAULT_CANARIES, 0),
-        soak=_seconds(get(ANNOTATION_SOAK), DEFAULT_SOAK),
-        max_failures=_count(get(ANNOTATION_MAX_FAILURES), DEFAULT_MAX_FAILURES, 1),
-    )
+def describe_policy(policy: pacing.Policy) -> str:
+    parts = [policy.pacing.describe()] if policy.pacing is not None else []
+    if policy.serial:
+        parts.append("serial (one node at a time on the pool's Lease)")
+    return "; ".join(parts) or "none (every node applies at once)"
 
 
 @dataclass(frozen=True)
@@ -231,18 +201,29 @@ class LedgerFacts:
         return tuple(s.host for s in self.slots)
 
 
-def read_ledger(text: str | None, now: float) -> LedgerFacts:
+def read_ledger(text: str | None, now: float, ttl: float = DEFAULT_SLOT_TTL) -> LedgerFacts:
     """The ledger annotation as the agents read it now (pacing's own parser and ``current``,
-    with the numbers bounded as a reader that first sees them now believes them); unreadable
-    reads as empty."""
+    with the numbers bounded as a reader that first sees them now believes them, a slot's
+    unreadable ttl the pool's ``ttl``); unreadable reads as empty."""
     ledger = pacing.Ledger.load(text)
     if ledger == pacing.Ledger():
         return LedgerFacts()
-    seen = pacing.current(ledger, ledger.checksum, now)
+    seen = pacing.current(ledger, ledger.checksum, now, ttl)
     slots = tuple(
         SlotFact(s.host, s.checksum, s.renewed + s.ttl - now, s.canary) for s in seen.slots
     )
     return LedgerFacts(seen.checksum, slots, seen.canaries, dict(seen.healthy), dict(seen.failed))
+
+
+def serial_lease_holder(spec: object, now: float) -> str | None:
+    """Who holds the pool's serial Lease now, as a waiting agent judges it (pacing's
+    ``serial_step``: the holder's duration bounded by the pool's 600 s, a renewal "in the
+    future" counted from now); None when an agent would take it."""
+    if not isinstance(spec, Mapping):
+        return None
+    # as seen by a node that holds nothing (no host is named "")
+    step = pacing.serial_step(spec, "", now, pacing.SERIAL_LEASE_SECONDS)
+    return str(step.holder) if step.action == "wait" and step.holder is not None else None
 
 
 # -- one node -------------------------------------------------------------------------------------
@@ -397,7 +378,7 @@ class PoolReport:
     name: str
     secrets: tuple[tuple[str, str | None], ...]  # (name, checksum)
     desired: str | None
-    policy: Policy
+    policy: pacing.Policy
     ledger: LedgerFacts | None
     serial_holder: str | None
     nodes: tuple[NodeLine, ...]
@@ -420,10 +401,11 @@ class PoolReport:
     def breaker(self) -> tuple[bool, str]:
         """Open?, and why (the failures of the ledger's checksum, against the limit)."""
         ledger = self.ledger
-        if self.policy.max_parallel is None or ledger is None or not ledger.checksum:
+        pace = self.policy.pacing
+        if pace is None or ledger is None or not ledger.checksum:
             return False, ""
         failed = len(ledger.failed)
-        limit = self.policy.max_failures
+        limit = pace.max_failures
         why = "; ".join(f"{h}: {w}" for h, w in sorted(ledger.failed.items()))
         return failed >= limit, f"{failed}/{limit} failures" + (f": {why}" if why else "")
 
@@ -443,7 +425,8 @@ class FleetReport:
 
 
 def _condition(node: Mapping[str, Any], kind: str) -> ConditionFact | None:
-    for cond in (node.get("status") or {}).get("conditions") or []:
+    conditions = _part(node, "status").get("conditions")
+    for cond in conditions if isinstance(conditions, list) else []:
         if isinstance(cond, Mapping) and cond.get("type") == kind:
             return ConditionFact(
                 str(cond.get("status") or ""),
@@ -482,13 +465,13 @@ def node_facts(
     lease = leases.get(LEASE_PREFIX + name)
     renewed = duration = None
     if lease is not None:
-        spec = lease.get("spec") or {}
+        spec = _part(lease, "spec")
         renewed = parse_time(spec.get("renewTime")) or parse_time(spec.get("acquireTime"))
         seconds = spec.get("leaseDurationSeconds")
         duration = float(seconds) if isinstance(seconds, int | float) and seconds > 0 else None
         if renewed is None:
             renewed = 0.0  # a Lease never renewed: lapsed
-    info = (node.get("status") or {}).get("nodeInfo") or {}
+    info = _part(_part(node, "status"), "nodeInfo")
     return NodeFacts(
         name=name,
         pool=str(labels.get(LABEL_POOL) or ""),
@@ -527,7 +510,7 @@ def summarize(
     lease_by_name = {str(_meta(lease).get("name")): lease for lease in leases}
     by_node: dict[str, list[EventFact]] = {}
     for event in events:
-        involved = event.get("involvedObject") or {}
+        involved = _part(event, "involvedObject")
         if involved.get("kind") != "Node":
             continue
         by_node.setdefault(str(involved.get("name") or ""), []).append(
@@ -575,19 +558,15 @@ def _pool_report(
 ) -> PoolReport:
     newest = secrets[-1] if secrets else None
     pool_desired = _annotations(newest).get(ANNOTATION_DESIRED) if newest else None
-    policy = read_policy(_annotations(newest)) if newest else Policy()
+    policy = read_policy(_annotations(newest)) if newest else pacing.Policy()
     pool_lease = leases.get(str(_meta(newest).get("name"))) if newest else None
     ledger = None
     serial_holder = None
     if pool_lease is not None:
-        ledger = read_ledger(_annotations(pool_lease).get(ANNOTATION_LEDGER), now)
-        spec = pool_lease.get("spec") or {}
-        holder = spec.get("holderIdentity")
-        renewed = parse_time(spec.get("renewTime"))
-        seconds = spec.get("leaseDurationSeconds")
-        live = renewed is not None and isinstance(seconds, int) and renewed + seconds > now
-        if policy.serial and holder and live:
-            serial_holder = str(holder)
+        ttl = policy.pacing.slot_ttl if policy.pacing is not None else DEFAULT_SLOT_TTL
+        ledger = read_ledger(_annotations(pool_lease).get(ANNOTATION_LEDGER), now, ttl)
+        if policy.serial:
+            serial_holder = serial_lease_holder(pool_lease.get("spec"), now)
     lines: list[NodeLine] = []
     units: list[tuple[str, tuple[tuple[str, str], ...]]] = []
     held: dict[str, list[str]] = {}
@@ -649,6 +628,7 @@ def to_document(report: FleetReport) -> JSON:
 def _pool_document(pool: PoolReport) -> JSON:
     open_, why = pool.breaker()
     ledger = pool.ledger
+    pace = pool.policy.pacing
     unit_counts = Counter(u for _, problems in pool.units_not_ready for u, _ in problems)
     return {
         "name": pool.name,
@@ -658,11 +638,12 @@ def _pool_document(pool: PoolReport) -> JSON:
         "states": pool.states,
         "applied": pool.applied,
         "rollout": {
-            "mode": pool.policy.mode,
-            "policy": pool.policy.describe(),
-            "maxParallel": pool.policy.max_parallel,
-            "canaries": pool.policy.canaries,
-            "maxFailures": pool.policy.max_failures,
+            "mode": policy_mode(pool.policy),
+            "policy": describe_policy(pool.policy),
+            "maxParallel": pace.max_parallel if pace else None,
+            "canaries": pace.canaries if pace else pacing.DEFAULT_CANARIES,
+            "maxFailures": pace.max_failures if pace else pacing.DEFAULT_MAX_FAILURES,
+            "problems": list(pool.policy.problems),
             "serialHolder": pool.serial_holder,
             "ledger": None
             if ledger is None
@@ -715,7 +696,10 @@ def _counts(counts: Mapping[str, int], *, label: Mapping[str, str] | None = None
 
 
 def render(report: FleetReport, *, max_nodes: int = 20) -> str:
-    """The text screen: one block per pool."""
+    """The text screen: one block per pool. Every string in it came from the cluster, where
+    any node's agent may write it (names, checksums, messages, the Lease's holder, the
+    ledger's hosts): each line is shown with its control characters escaped, as ``status``
+    shows them, so none of them drives the terminal. ``dump`` keeps them exact."""
     if not report.pools:
         return "no node-agent pools found (no Nodes with an agent, no OSC Secrets)\n"
     return "\n".join(_render_pool(p, max_nodes) for p in report.pools)
@@ -734,18 +718,21 @@ def _render_pool(pool: PoolReport, max_nodes: int) -> str:
         for c, n in pool.applied.items()
     }
     out.append(f"  desired {_short(pool.desired)}; applied: {_counts(applied)}")
-    out.append(f"  rollout: {pool.policy.describe()}")
+    out.append(f"  rollout: {describe_policy(pool.policy)}")
+    if pool.policy.problems:
+        out.append(f"    annotations as the agents read them: {'; '.join(pool.policy.problems)}")
     if pool.serial_holder:
         out.append(f"    serial Lease held by {pool.serial_holder}")
     ledger = pool.ledger
-    if pool.policy.max_parallel is not None and ledger is not None and ledger.checksum:
+    pace = pool.policy.pacing
+    if pace is not None and ledger is not None and ledger.checksum:
         slots = ", ".join(
             f"{s.host}{' (canary)' if s.canary else ''} {human_duration(s.expires_in)} left"
             for s in ledger.slots
         )
         out.append(
             f"    ledger {_short(ledger.checksum)}: slots {len(ledger.slots)}/"
-            f"{pool.policy.max_parallel}{': ' + slots if slots else ''}"
+            f"{pace.max_parallel}{': ' + slots if slots else ''}"
         )
         out.append(
             f"    canaries: {', '.join(ledger.canaries) or '-'}; "
@@ -777,12 +764,13 @@ def _render_pool(pool: PoolReport, max_nodes: int) -> str:
     behind = [n for n in pool.nodes if n.state != "up-to-date"]
     if behind:
         out.append(f"  not up to date ({len(behind)}):")
-        width = max(len(n.name) for n in behind[:max_nodes])
-        for line in behind[:max_nodes]:
-            out.append(f"    {line.name:<{width}}  {LABELS[line.state]:<18}  {line.detail}")
+        names = [escape_controls(n.name) for n in behind[:max_nodes]]
+        width = max(len(name) for name in names)
+        for name, line in zip(names, behind[:max_nodes], strict=True):
+            out.append(f"    {name:<{width}}  {LABELS[line.state]:<18}  {line.detail}")
         if len(behind) > max_nodes:
             out.append(f"    ... {len(behind) - max_nodes} more (-o json lists every node)")
-    return "\n".join(out) + "\n"
+    return "".join(escape_controls(line) + "\n" for line in out)
 
 
 def dump(report: FleetReport, output: str) -> str:

@@ -6,9 +6,12 @@ planned: the checksum, the size, the shape of the YAML, the type, and every path
 name, encoding and mode. Each failure is a typed error (see ``node_agent.base.errors``) naming the
 offending item, in one line.
 
-The YAML is read the way upstream's decoder reads it (``sigs.k8s.io/yaml`` on go-yaml v2, then a
-typed JSON decode): ``y``/``n`` are booleans, ``0o644`` is an octal integer, base-60 numbers and
-bare timestamps are plain strings, and a field of the wrong type is an error, never coerced.
+The YAML is read the way upstream's decoder reads it (``sigs.k8s.io/yaml.YAMLToJSON`` on go-yaml
+v2, without a target, then a typed JSON decode): every plain scalar is resolved by go-yaml v2's
+rules, by the one reader of them (``node_agent.base.goyaml.resolve_plain``, on both ways of
+``load_yaml``): ``y``/``n`` are booleans, ``0o644`` is an octal integer, ``1e3`` and ``08`` are
+floats, base-60 numbers and bare timestamps are plain strings, and a field of the wrong type is an
+error, never coerced (a number in a string field is refused, as upstream refuses it).
 Stricter than upstream, on purpose: a mapping key given twice is refused (upstream keeps one of
 them silently), and so is an integral float such as ``420.0`` for ``permissions``.
 
@@ -57,6 +60,7 @@ from yaml.nodes import MappingNode, Node, ScalarNode
 from node_agent.base import layout
 from node_agent.base.by_change import common_prefix, common_suffix
 from node_agent.base.errors import OSCChecksumError, OSCDecodeError, OSCValidationError
+from node_agent.base.goyaml import resolve_plain
 from node_agent.base.log import get_logger
 from node_agent.osc.memo import ITEM_MEMO_BYTES, Memo, item_weight
 from node_agent.osc.models import (
@@ -99,34 +103,25 @@ _UNIT_DIR_SLASH = f"{layout.UNIT_DIR}/"
 
 _TAG = "tag:yaml.org,2002:"
 _MERGE_TAG = f"{_TAG}merge"
-# go-yaml v2's plain-scalar resolution, in PyYAML's terms (see the module docstring).
-_BOOL = re.compile(
-    r"^(?:y|Y|yes|Yes|YES|n|N|no|No|NO|true|True|TRUE|false|False|FALSE|on|On|ON|off|Off|OFF)$"
-)
-_INT = re.compile(
-    r"^(?:[-+]?0b[0-1_]+|[-+]?0o[0-7_]+|[-+]?0[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)"
-    r"|[-+]?0x[0-9a-fA-F_]+)$"
-)
-_FLOAT = re.compile(
-    r"^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+][0-9]+)?|\.[0-9][0-9_]*(?:[eE][-+][0-9]+)?"
-    r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"
-)
-_REPLACED_TAGS = {f"{_TAG}{name}" for name in ("bool", "int", "float", "timestamp")}
+#: every plain scalar but a merge key: resolved by go-yaml v2's rules (``resolve_plain``)
+_GO_PLAIN_TAG = "tag:node-agent,2026:go-plain"
 
 
 def _loader_class(base: type[Any]) -> type[Any]:
     """``base`` (a safe loader) with upstream's scalar types and no duplicate mapping keys."""
 
     class Loader(base):  # type: ignore[misc]
-        yaml_implicit_resolvers: ClassVar[dict[Any, list[tuple[str, re.Pattern[str]]]]] = {
-            first: [(tag, regexp) for tag, regexp in entries if tag not in _REPLACED_TAGS]
-            for first, entries in yaml.resolver.Resolver.yaml_implicit_resolvers.items()
-        }
+        #: an explicit ``!!bool`` takes go-yaml's words too
         bool_values: ClassVar[dict[str, bool]] = {
             **yaml.constructor.SafeConstructor.bool_values,
             "y": True,
             "n": False,
         }
+
+        def resolve(self, kind: Any, value: Any, implicit: Any) -> Any:
+            if kind is ScalarNode and implicit[0] and value != "<<":
+                return _GO_PLAIN_TAG
+            return super().resolve(kind, value, implicit)
 
         def construct_mapping(self, node: Node, deep: bool = False) -> dict[Any, Any]:
             if isinstance(node, MappingNode):
@@ -134,9 +129,7 @@ def _loader_class(base: type[Any]) -> type[Any]:
             mapping: dict[Any, Any] = super().construct_mapping(node, deep=deep)
             return mapping
 
-    Loader.add_implicit_resolver(f"{_TAG}bool", _BOOL, list("yYnNtTfFoO"))
-    Loader.add_implicit_resolver(f"{_TAG}int", _INT, list("-+0123456789"))
-    Loader.add_implicit_resolver(f"{_TAG}float", _FLOAT, list("-+0123456789."))
+    Loader.add_constructor(_GO_PLAIN_TAG, lambda _, node: resolve_plain(str(node.value)))
     return Loader
 
 
@@ -175,10 +168,6 @@ class _Unusual(Exception):
 
 _MISSING = object()
 _NO_KEY = object()
-#: plain scalars ``_load_plain`` builds itself; any other resolved tag (merge ``<<``, value
-#: ``=``) is left to the general path
-_PLAIN_TAGS = frozenset(f"{_TAG}{name}" for name in ("null", "bool", "int", "float"))
-_STR_TAG = f"{_TAG}str"
 
 
 def load_yaml(raw: bytes) -> Any:
@@ -258,7 +247,7 @@ def _load_plain(loader: Any, *, depth: int = 0, items: _Items | None = None) -> 
             value = event.value
             if event.implicit[0]:
                 known = scalars.get(value, _MISSING)
-                value = _plain_scalar(loader, value, scalars) if known is _MISSING else known
+                value = _plain_scalar(value, scalars) if known is _MISSING else known
         elif kind is MappingStartEvent or kind is SequenceStartEvent:
             depth += 1
             nodes += 1
@@ -306,19 +295,12 @@ def _load_plain(loader: Any, *, depth: int = 0, items: _Items | None = None) -> 
             keys[-1] = value
 
 
-def _plain_scalar(loader: Any, text: str, known: dict[str, Any]) -> Any:
-    """The value of a plain scalar as the loader resolves and constructs it."""
-    tag = loader.resolve(ScalarNode, text, (True, False))
-    if tag == _STR_TAG:
-        known[text] = text
-        return text
-    if tag not in _PLAIN_TAGS:
+def _plain_scalar(text: str, known: dict[str, Any]) -> Any:
+    """The value of a plain scalar as the loader resolves it (go-yaml v2's reading); a merge
+    key is left to the general way."""
+    if text == "<<":
         raise _Unusual
-    try:
-        value = loader.yaml_constructors[tag](loader, ScalarNode(tag, text))
-    except Exception as exc:  # e.g. "0b_": the general way reports it, after the limits
-        raise _Unusual from exc
-    known[text] = value
+    value = known[text] = resolve_plain(text)
     return value
 
 

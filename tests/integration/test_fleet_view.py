@@ -354,3 +354,92 @@ async def test_watch_follows_a_rollout_until_every_node_is_up_to_date(
     assert progress[-1] == 3
     assert docs[-1]["done"] is True
     assert len(set(progress)) >= 3  # it saw the rollout progress, not only its end
+
+
+#: terminal controls an agent could write into its Node, its Lease, the pool's Lease or an Event
+CONTROLS = "\x1b[31m\x9b2J\x1b]0;owned\x07\x1b]8;;http://e\x1b\\\x85\r\u202e"
+
+
+def raw_controls(text: str) -> set[str]:
+    import unicodedata
+
+    return {ch for ch in text if ch != "\n" and unicodedata.category(ch) in ("Cc", "Cf")}
+
+
+async def test_what_agents_wrote_is_shown_escaped_and_the_policy_as_the_agents_follow_it(
+    control_plane: ControlPlane,
+) -> None:
+    """Strings through the real API server, as any node's agent can write them, reach the
+    terminal escaped and JSON exactly; the rollout is shown as the agents cap it."""
+    from node_agent.commands.status import escape_controls
+
+    suffix = uuid.uuid4().hex[:6]
+    pool = f"hostile-{suffix}"
+    secret_name = f"gardener-node-agent-{pool}-{uuid.uuid4().hex[:16]}"
+    node = f"h-{suffix}"
+    now = datetime.now(UTC)
+    hostile = {
+        key: f"{key}{CONTROLS}end"
+        for key in ("applied", "unit_message", "holder", "slot_host", "why", "event")
+    }
+    async with KubeClient.from_kubeconfig(control_plane.admin_kubeconfig) as admin:
+        await admin.secrets(NS).create(
+            {
+                "metadata": {
+                    "name": secret_name,
+                    "namespace": NS,
+                    "labels": {fleet.LABEL_ROLE: fleet.ROLE_OSC, fleet.LABEL_POOL: pool},
+                    "annotations": {
+                        fleet.ANNOTATION_DESIRED: NEW,
+                        fleet.ANNOTATION_SERIAL: "true",
+                        pacing.ANNOTATION_MAX_PARALLEL: "1",
+                        pacing.ANNOTATION_MAX_FAILURES: "5",
+                        pacing.ANNOTATION_SOAK: "1000h",
+                    },
+                }
+            }
+        )
+        ledger = pacing.Ledger(
+            checksum=NEW,
+            slots=(pacing.Slot(hostile["slot_host"], NEW, now.timestamp(), 600.0),),
+            failed={node: hostile["why"]},
+        )
+        await make_lease(
+            admin,
+            secret_name,
+            now,
+            {pacing.ANNOTATION_LEDGER: ledger.dump()},
+            holder=hostile["holder"],
+        )
+        units = {
+            "type": "SystemdUnitsReady",
+            "status": "False",
+            "reason": "UnhealthyUnits",
+            "message": f"kubelet.service: {hostile['unit_message']}",
+        }
+        await make_node(admin, node, pool, hostile["applied"], [units])
+        await make_lease(admin, fleet.LEASE_PREFIX + node, now)
+        await make_event(admin, node, "OSCApplyFailed", hostile["event"])
+
+    kubeconfig = str(control_plane.admin_kubeconfig)
+    code, text, err = await fleet_cli(kubeconfig, "--pool", pool)
+    assert (code, err) == (0, "")
+    print(text)
+    assert raw_controls(text) == set()
+    for key in ("unit_message", "holder", "slot_host", "why"):
+        assert escape_controls(hostile[key]) in text, key
+    assert escape_controls(hostile["applied"][:12]) in text
+    assert f"(soak {pacing.MAX_SOAK:g}s)" in text
+    assert "rollout-canary-soak is above 86400s (capped)" in text
+
+    code, out, err = await fleet_cli(kubeconfig, "--pool", pool, "-o", "json")
+    assert (code, err) == (0, "")
+    (pd,) = json.loads(out)["pools"]
+    assert pd["applied"] == {hostile["applied"]: 1}
+    assert pd["rollout"]["serialHolder"] == hostile["holder"]
+    assert pd["rollout"]["ledger"]["slots"][0]["host"] == hostile["slot_host"]
+    assert pd["rollout"]["ledger"]["failed"] == {node: hostile["why"]}
+    assert pd["unitsNotReady"]["nodes"][0]["units"][0]["message"] == hostile["unit_message"]
+    assert pd["rollout"]["problems"] == [
+        f"{pacing.ANNOTATION_SOAK} is above {pacing.MAX_SOAK:g}s (capped)"
+    ]

@@ -66,6 +66,22 @@ def test_wire_names_are_the_agents() -> None:
     assert fleet.LOST == pacing.LOST
     reasons = {pacing.REASON_SERIAL, pacing.REASON_SLOT, pacing.REASON_CANARIES}
     assert reasons | {pacing.REASON_BREAKER} == fleet.WAITING_REASONS
+    # the heartbeat Lease as the Lease controller names and writes it
+    from node_agent.controllers import lease
+
+    assert fleet.LEASE_PREFIX == lease.LEASE_PREFIX
+    assert NodeFacts("n", "p", None).lease_duration == lease.LEASE_DURATION_SECONDS
+
+
+def test_the_units_fleet_names_are_those_the_condition_was_written_with() -> None:
+    written = report.units_condition(
+        ["kubelet.service: failed", "x@a:b.service: node-agent stopped restarting it after 5"], []
+    )
+    units = ConditionFact(written.status, written.reason, written.message, NOW)
+    assert fleet.unit_problems(units) == (
+        ("kubelet.service", "failed"),
+        ("x@a:b.service", "node-agent stopped restarting it after 5"),
+    )
 
 
 def test_the_held_mark_is_what_the_restart_guard_writes() -> None:
@@ -146,16 +162,7 @@ def test_an_unreadable_ledger_is_empty_for_both(text: str | None) -> None:
     ],
 )
 def test_policy_reads_as_the_agents_read_it(annotations: Mapping[str, str]) -> None:
-    theirs = pacing.parse_policy(annotations)
-    ours = read_policy(annotations)
-    assert ours.serial == theirs.serial
-    if theirs.pacing is None:
-        assert ours.max_parallel is None
-    else:
-        assert ours.max_parallel == theirs.pacing.max_parallel
-        assert ours.canaries == theirs.pacing.canaries
-        assert ours.soak == theirs.pacing.soak
-        assert ours.max_failures == theirs.pacing.max_failures
+    assert read_policy(annotations) == pacing.parse_policy(annotations)
 
 
 # -- one node's state ------------------------------------------------------------------------------
@@ -498,3 +505,317 @@ def test_serial_holder_only_in_serial_mode_and_while_held() -> None:
     assert "serial Lease held by n2" in fleet.render(summarize(nodes, secrets, leases, events, NOW))
     (lapsed,) = summarize(nodes, secrets, leases, events, NOW + 41).pools
     assert lapsed.serial_holder is None
+
+
+# -- what the cluster wrote, shown safely ---------------------------------------------------------
+
+#: terminal controls any agent (or anyone who can write a Node, Lease or Event) may put in a
+#: string: CSI (7- and 8-bit), OSC (title, hyperlink; ended by BEL and by ST), C1 controls,
+#: carriage return, backspace, a bidi override and NUL
+CONTROLS = "\x1b[31m\x9b2J\x1b]0;owned\x07\x1b]8;;http://e\x1b\\\x85\x9d\r\x08\u202e\x00"
+
+
+def hostile(tag: str) -> str:
+    return f"{tag}{CONTROLS}end"
+
+
+#: checksums are shown by their first 12 characters: controls there
+HOSTILE_DESIRED = "\x1b[2J\x1b]0;t\x07\x9b\x85" + "d" * 52
+HOSTILE_APPLIED = "\x9b31m\x1b]8;;\x1b\\\x85\x00" + "e" * 52
+
+
+def hostile_pool() -> tuple[list[Any], list[Any], list[Any], list[Any], dict[str, str]]:
+    """A pool whose every printed string carries controls; returns the objects and the raw
+    value of each printed field by name."""
+    fields = {
+        name: hostile(name)
+        for name in (
+            "pool",
+            "secret",
+            "node",
+            "kubernetes",
+            "kubelet",
+            "rollout_message",
+            "unit",
+            "unit_message",
+            "event_message",
+            "holder",
+            "slot_host",
+            "canary",
+            "failed_host",
+            "failed_why",
+            "ledger_checksum",
+        )
+    }
+    fields["desired"] = HOSTILE_DESIRED
+    fields["applied"] = HOSTILE_APPLIED
+    pool = fields["pool"]
+    ledger = pacing.Ledger(
+        checksum=fields["ledger_checksum"],
+        slots=(pacing.Slot(fields["slot_host"], NEW, NOW - 10, 600.0, canary=True),),
+        canaries=(fields["slot_host"], fields["canary"]),
+        healthy={fields["canary"]: NOW - 5},
+        failed={fields["failed_host"]: fields["failed_why"]},
+    )
+    secret = {
+        "metadata": {
+            "name": fields["secret"],
+            "labels": {fleet.LABEL_POOL: pool, fleet.LABEL_ROLE: fleet.ROLE_OSC},
+            "annotations": {
+                fleet.ANNOTATION_DESIRED: HOSTILE_DESIRED,
+                fleet.ANNOTATION_SERIAL: "true",
+                pacing.ANNOTATION_MAX_PARALLEL: "1",
+            },
+        }
+    }
+    units = {
+        "type": "SystemdUnitsReady",
+        "status": "False",
+        "reason": "UnhealthyUnits",
+        "message": f"{fields['unit']}: {fields['unit_message']}",
+    }
+    waiting = {
+        "type": "OSCRollout",
+        "status": "False",
+        "reason": "WaitingForSlot",
+        "message": fields["rollout_message"],
+    }
+    first = node_obj(fields["node"], HOSTILE_APPLIED, pool=pool, conditions=[units, waiting])
+    first["metadata"]["labels"][fleet.LABEL_KUBERNETES_VERSION] = fields["kubernetes"]
+    first["status"]["nodeInfo"]["kubeletVersion"] = fields["kubelet"]
+    failing = node_obj("n2", HOSTILE_APPLIED, pool=pool)
+    pool_lease = lease_obj(fields["secret"], NOW, {pacing.ANNOTATION_LEDGER: ledger.dump()})
+    pool_lease["spec"]["holderIdentity"] = fields["holder"]
+    leases = [
+        lease_obj(f"gardener-node-agent-{fields['node']}", NOW - 3),
+        lease_obj("gardener-node-agent-n2", NOW - 3),
+        pool_lease,
+    ]
+    events = [
+        {
+            "involvedObject": {"kind": "Node", "name": "n2"},
+            "reason": report.REASON_OSC_FAILED,
+            "type": "Warning",
+            "message": fields["event_message"],
+            "lastTimestamp": t(NOW - 1),
+        }
+    ]
+    return [first, failing], [secret], leases, events, fields
+
+
+def raw_controls(text: str) -> list[str]:
+    import unicodedata
+
+    return sorted({ch for ch in text if ch != "\n" and unicodedata.category(ch) in ("Cc", "Cf")})
+
+
+def test_the_text_view_shows_every_string_of_the_cluster_escaped() -> None:
+    """Nodes, Leases and Events are written by every node's agent: no control character of
+    theirs reaches the terminal; each field is shown, escaped as ``status`` escapes."""
+    from node_agent.commands.status import escape_controls
+
+    nodes, secrets, leases, events, fields = hostile_pool()
+    text = fleet.render(summarize(nodes, secrets, leases, events, NOW))
+    assert raw_controls(text) == []
+    shown = {
+        name: value[:12] if name in ("desired", "applied", "ledger_checksum") else value
+        for name, value in fields.items()
+    }
+    missing = [name for name, value in shown.items() if escape_controls(value) not in text]
+    assert missing == []
+
+
+def test_json_and_yaml_carry_the_clusters_strings_exactly() -> None:
+    import yaml
+
+    nodes, secrets, leases, events, fields = hostile_pool()
+    result = summarize(nodes, secrets, leases, events, NOW)
+    text = fleet.dump(result, "json")
+    assert text == json.dumps(fleet.to_document(result), indent=2) + "\n"
+    for doc in (json.loads(text), yaml.safe_load(fleet.dump(result, "yaml"))):
+        (pool,) = doc["pools"]
+        rollout = pool["rollout"]
+        assert pool["name"] == fields["pool"]
+        assert pool["secrets"] == [{"name": fields["secret"], "checksum": HOSTILE_DESIRED}]
+        assert pool["applied"] == {HOSTILE_APPLIED: 2}
+        assert rollout["serialHolder"] == fields["holder"]
+        assert rollout["ledger"]["slots"][0]["host"] == fields["slot_host"]
+        assert rollout["ledger"]["canaries"] == [fields["slot_host"], fields["canary"]]
+        assert rollout["ledger"]["failed"] == {fields["failed_host"]: fields["failed_why"]}
+        assert pool["unitsNotReady"]["nodes"] == [
+            {
+                "name": fields["node"],
+                "units": [{"unit": fields["unit"], "message": fields["unit_message"]}],
+            }
+        ]
+        assert pool["versions"] == {
+            "kubernetes": {fields["kubernetes"]: 1, "1.33.1": 1},
+            "kubelet": {fields["kubelet"]: 1, "v1.33.1": 1},
+        }
+        details = {n["name"]: n["detail"] for n in pool["nodeStates"]}
+        assert details == {
+            fields["node"]: f"WaitingForSlot: {fields['rollout_message']}",
+            "n2": f"{report.REASON_OSC_FAILED}: {fields['event_message']}",
+        }
+
+
+# -- one reader of the rollout's wire rules, the agents' -----------------------------------------
+
+ROLLOUT_KEYS = (
+    pacing.ANNOTATION_MAX_PARALLEL,
+    pacing.ANNOTATION_CANARIES,
+    pacing.ANNOTATION_SOAK,
+    pacing.ANNOTATION_MAX_FAILURES,
+    pacing.ANNOTATION_SLOT_TTL,
+)
+annotation_values = st.one_of(
+    st.integers(-3, 10**6).map(str),
+    st.builds(
+        lambda n, unit: f"{n}{unit}",
+        st.integers(-5, 10**7),
+        st.sampled_from(["s", "m", "h", "ms", "ns", "us", "d", ""]),
+    ),
+    st.sampled_from(["1000h", "24h0m1s", "0s", "-1s", " 2 ", "", "1e3", "١٢", "soon", "1h30m"]),
+    st.text(max_size=12),
+)
+
+
+def policy_pool(annotations: Mapping[str, str], lease_spec: Mapping[str, Any] | None = None) -> Any:
+    nodes, secrets, leases, events = pool_objects()
+    secrets[0]["metadata"]["annotations"] = {fleet.ANNOTATION_DESIRED: NEW, **annotations}
+    if lease_spec is not None:
+        leases[-1]["spec"] = dict(lease_spec)
+    return summarize(nodes, secrets, leases, events, NOW)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.dictionaries(st.sampled_from(ROLLOUT_KEYS), annotation_values, max_size=5),
+    st.sampled_from([None, "true", "false", "True"]),
+)
+def test_the_rollout_policy_shown_is_the_one_the_agents_follow(
+    annotations: dict[str, str], serial: str | None
+) -> None:
+    """The agents cap, refuse and default the Secret's rollout annotations; the fleet view
+    shows exactly what they follow (``rollout-canary-soak: 1000h`` is 86,400 s to them)."""
+    if serial is not None:
+        annotations[report.ANNOTATION_SERIAL] = serial
+    theirs = pacing.parse_policy(annotations)
+    result = policy_pool(annotations)
+    (rollout,) = [p["rollout"] for p in fleet.to_document(result)["pools"]]
+    text = fleet.render(result)
+    if theirs.pacing is None:
+        assert rollout["maxParallel"] is None
+    else:
+        assert rollout["maxParallel"] == theirs.pacing.max_parallel
+        assert rollout["canaries"] == theirs.pacing.canaries
+        assert rollout["maxFailures"] == theirs.pacing.max_failures
+        assert theirs.pacing.describe() in rollout["policy"]
+        assert theirs.pacing.describe() in text
+    assert ("serial" in rollout["mode"]) == theirs.serial
+
+
+def test_a_soak_above_the_agents_cap_is_shown_capped() -> None:
+    annotations = {pacing.ANNOTATION_MAX_PARALLEL: "2", pacing.ANNOTATION_SOAK: "1000h"}
+    text = fleet.render(policy_pool(annotations))
+    assert f"(soak {pacing.MAX_SOAK:g}s)" in text
+    assert "3.6e+06" not in text
+
+
+def test_a_slot_without_a_readable_ttl_lives_as_long_as_the_agents_let_it() -> None:
+    """A slot whose ttl cannot be read lives the pool's ``rollout-slot-ttl`` (the agents'
+    ``current``), not a default of the view's own."""
+    nodes, secrets, leases, events = pool_objects()
+    secrets[0]["metadata"]["annotations"][pacing.ANNOTATION_SLOT_TTL] = "120s"
+    doc = json.loads(pacing.Ledger(checksum=NEW).dump())
+    doc["slots"] = [{"host": "n2", "checksum": NEW, "renewed": NOW - 10, "ttl": "x"}]
+    leases[-1]["metadata"]["annotations"][pacing.ANNOTATION_LEDGER] = json.dumps(doc)
+    (pool,) = summarize(nodes, secrets, leases, events, NOW).pools
+    assert pool.ledger is not None
+    (slot,) = pool.ledger.slots
+    assert slot.expires_in == pytest.approx(110.0)
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        # renewed 700 s ago for a billion seconds: the agents bound a holder by the pool's 600 s
+        {"holderIdentity": "n2", "leaseDurationSeconds": 10**9, "renewTime": t(NOW - 700)},
+        # a boolean is no duration to the agents
+        {"holderIdentity": "n2", "leaseDurationSeconds": True, "renewTime": t(NOW)},
+    ],
+)
+def test_the_serial_holder_is_the_one_the_agents_wait_for(spec: dict[str, Any]) -> None:
+    annotations = {report.ANNOTATION_SERIAL: "true"}
+    step = pacing.serial_step(spec, "another-node", NOW, pacing.SERIAL_LEASE_SECONDS)
+    assert step.action == "acquire"  # the agents take the Lease: nobody holds it
+    (pool,) = policy_pool(annotations, spec).pools
+    assert pool.serial_holder is None
+
+
+# -- whatever the lists hold ----------------------------------------------------------------------
+
+FIELDS = [
+    "metadata",
+    "name",
+    "labels",
+    "annotations",
+    "spec",
+    "status",
+    "conditions",
+    "type",
+    "reason",
+    "message",
+    "lastTransitionTime",
+    "holderIdentity",
+    "renewTime",
+    "acquireTime",
+    "leaseDurationSeconds",
+    "nodeInfo",
+    "kubeletVersion",
+    "involvedObject",
+    "kind",
+    "lastTimestamp",
+    "managedFields",
+    "time",
+    "creationTimestamp",
+    fleet.LABEL_POOL,
+    fleet.ANNOTATION_APPLIED,
+    fleet.ANNOTATION_DESIRED,
+    fleet.ANNOTATION_SERIAL,
+    pacing.ANNOTATION_LEDGER,
+    pacing.ANNOTATION_MAX_PARALLEL,
+    pacing.ANNOTATION_SOAK,
+]
+json_values: st.SearchStrategy[Any] = st.recursive(
+    st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(-(2**70), 2**70),
+        st.floats(),
+        st.text(max_size=12),
+        st.sampled_from(["true", "p", "Node", "9999-12-31T23:59:59Z", "2026-01-01T00:00:00Z"]),
+    ),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3), st.dictionaries(st.sampled_from(FIELDS), inner, max_size=4)
+    ),
+    max_leaves=20,
+)
+api_objects = st.lists(
+    st.dictionaries(st.sampled_from(FIELDS), json_values, max_size=4), max_size=3
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(api_objects, api_objects, api_objects, api_objects)
+def test_any_listed_objects_make_a_report(
+    nodes: list[dict[str, Any]],
+    secrets: list[dict[str, Any]],
+    leases: list[dict[str, Any]],
+    events: list[dict[str, Any]],
+) -> None:
+    """Objects of any shape (a field of another type, a label that is not a string) read as
+    unset where they are not what the API writes: the view is made, never a crash."""
+    result = summarize(nodes, secrets, leases, events, NOW)
+    assert raw_controls(fleet.render(result)) == []
+    json.loads(fleet.dump(result, "json"))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,6 +64,30 @@ def test_policy_defaults_and_bad_values_fall_back_to_the_safe_side() -> None:
     assert policy.pacing == Pacing(1, 0, pacing.DEFAULT_SOAK, 1, pacing.DEFAULT_SLOT_TTL)
     assert len(policy.problems) == 3
     assert "rollout-max-parallel='many'" in policy.problems[0]
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["99999999999999999999h", "9" * 400 + "s", "7" * (256 << 10), 3600, ["1h"]],
+    ids=["beyond timedelta", "beyond float", "256 KiB of digits", "an int", "a list"],
+)
+def test_any_annotation_value_falls_back_to_its_default_with_a_short_problem(
+    value: object,
+) -> None:
+    """Whatever the Secret's annotations hold, the policy is read at once (a value beyond any
+    duration raised OverflowError out of the rollout's admission, a long run of digits took
+    minutes), and the problem quotes only the start of the value."""
+    annotations: Any = {
+        "node-agent.gardener.cloud/rollout-max-parallel": value,
+        "node-agent.gardener.cloud/rollout-canary-soak": value,
+        "node-agent.gardener.cloud/rollout-slot-ttl": value,
+    }
+    started = time.monotonic()
+    policy = parse_policy(annotations)
+    assert time.monotonic() - started < 1.0
+    assert policy.pacing == Pacing(1, 0, pacing.DEFAULT_SOAK, 1, pacing.DEFAULT_SLOT_TTL)
+    assert len(policy.problems) == 3
+    assert all(len(problem) < 200 for problem in policy.problems)
 
 
 def test_disruptive_units() -> None:

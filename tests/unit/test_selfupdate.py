@@ -4,8 +4,11 @@ the agent's side of it (ready, record, report)."""
 from __future__ import annotations
 
 import hashlib
+import shlex
 import subprocess
 from pathlib import Path
+
+import pytest
 
 from node_agent.base import layout
 from node_agent.host import selfupdate
@@ -120,3 +123,77 @@ def test_install_writes_the_drop_in_once(tmp_path: Path) -> None:
     )
     script = tmp_path / selfupdate.GUARD_SCRIPT.lstrip("/")
     assert script.stat().st_mode & 0o777 == 0o755
+
+
+#: counters the guard cannot count on: too big for sh's arithmetic (2^63 and up, a 10 MB
+#: number), not a number, or an octal-looking one sh refuses ("08")
+UNUSABLE_COUNTERS: dict[str, bytes | None] = {
+    "2^63-1": b"9223372036854775807\n",
+    "2^63": b"9223372036854775808\n",
+    "2^64+5": b"18446744073709551621\n",
+    "-1": b"-1\n",
+    "abc": b"abc\n",
+    "empty": b"",
+    "NUL": b"\x00",
+    "digit and NUL": b"2\x00\n",
+    "08": b"08\n",
+    "10 MB of digits": b"7" * (10 * 1024 * 1024),
+    "missing": None,
+}
+
+
+def exec_start_pre(binary: Path, script: Path) -> list[str]:
+    """The drop-in's ``ExecStartPre=`` command for ``binary``, exactly as systemd runs it (its
+    ``-`` prefix only tells systemd to ignore a failure), with the guard script at ``script``
+    in place of its host path."""
+    (line,) = [
+        line
+        for line in selfupdate.drop_in(str(binary)).decode().splitlines()
+        if line.startswith("ExecStartPre=")
+    ]
+    argv = shlex.split(line.removeprefix("ExecStartPre=").removeprefix("-"))
+    assert argv == ["/bin/sh", selfupdate.GUARD_SCRIPT, str(binary)]
+    return [argv[0], str(script), argv[2]]
+
+
+@pytest.mark.parametrize("content", UNUSABLE_COUNTERS.values(), ids=UNUSABLE_COUNTERS.keys())
+def test_a_counter_the_guard_cannot_use_starts_again_from_one(
+    tmp_path: Path, content: bytes | None
+) -> None:
+    """Never "no guard": an unreadable, huge or broken count is the first start of a new count,
+    and the fourth start without a ready agent still puts the previous binary back."""
+    script, binary = guard(tmp_path)
+    binary.write_bytes(NEW)
+    binary.with_name("agent.previous").write_bytes(OLD)
+    counter = tmp_path / "state" / layout.SELF_UPDATE_STARTS
+    if content is not None:
+        counter.write_bytes(content)
+    command = exec_start_pre(binary, script)
+    first = subprocess.run(command, capture_output=True, timeout=60, check=False)
+    assert (first.returncode, first.stderr) == (0, b"")
+    assert counter.read_bytes() == b"1\n"
+    for _ in range(3):
+        subprocess.run(command, capture_output=True, timeout=60, check=True)
+    assert binary.read_bytes() == OLD
+    assert "starts=3\n" in (tmp_path / "state" / layout.SELF_UPDATE_FALLBACK).read_text()
+
+
+@pytest.mark.parametrize("content", UNUSABLE_COUNTERS.values(), ids=UNUSABLE_COUNTERS.keys())
+def test_a_ready_agent_sets_any_counter_back_to_zero(tmp_path: Path, content: bytes | None) -> None:
+    """The agent's side never parses the count: once ready it writes 0 over whatever is there."""
+    fs = HostFS(tmp_path)
+    fs.write_atomic("/opt/bin/agent", OLD, 0o755)
+    if content is not None:
+        fs.write_atomic(selfupdate.STARTS_FILE, content, 0o644)
+    assert selfupdate.reached_ready(fs, "/opt/bin/agent") is None
+    assert fs.read(selfupdate.STARTS_FILE) == b"0\n"
+
+
+def test_a_usable_counter_goes_on_counting(tmp_path: Path) -> None:
+    script, binary = guard(tmp_path)
+    binary.write_bytes(NEW)
+    counter = tmp_path / "state" / layout.SELF_UPDATE_STARTS
+    for before, after in ((b"0\n", b"1\n"), (b"2", b"3\n"), (b"999999998\n", b"999999999\n")):
+        counter.write_bytes(before)
+        subprocess.run(exec_start_pre(binary, script), capture_output=True, check=True)
+        assert counter.read_bytes() == after

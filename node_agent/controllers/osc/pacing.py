@@ -117,16 +117,23 @@ class Policy:
         return self.serial or self.pacing is not None
 
 
+#: the longest annotation value read as a number or a duration: real ones are a few characters,
+#: and the duration parser's time grows with the square of a long run of digits
+MAX_VALUE_CHARS = 64
+
+
 def _count(annotations: Mapping[str, str], key: str, default: int, low: int) -> tuple[int, str]:
     raw = annotations.get(key)
     if raw is None:
         return default, ""
     try:
-        value = int(raw.strip())
+        value = int(raw.strip()) if _readable(raw) else None
     except ValueError:
-        return default, f"{key}={raw!r} is not a number"
+        value = None
+    if value is None:
+        return default, f"{key}={_shown(raw)} is not a number"
     if value < low:
-        return default, f"{key}={raw!r} is below {low}"
+        return default, f"{key}={_shown(raw)} is below {low}"
     return value, ""
 
 
@@ -135,12 +142,22 @@ def _seconds(annotations: Mapping[str, str], key: str, default: float) -> tuple[
     if raw is None:
         return default, ""
     try:
-        value = parse_duration(raw.strip()).total_seconds()
-    except ValueError:
-        return default, f"{key}={raw!r} is not a duration"
+        value = parse_duration(raw.strip() if _readable(raw) else "").total_seconds()
+    except (ValueError, OverflowError):  # OverflowError: beyond timedelta ("10**20h")
+        return default, f"{key}={_shown(raw)} is not a duration"
     if value < 0:
-        return default, f"{key}={raw!r} is negative"
+        return default, f"{key}={_shown(raw)} is negative"
     return value, ""
+
+
+def _readable(raw: object) -> TypeGuard[str]:
+    return isinstance(raw, str) and len(raw) <= MAX_VALUE_CHARS
+
+
+def _shown(raw: object) -> str:
+    """An annotation's value in a message: quoted, at most 64 characters of it."""
+    text = raw if isinstance(raw, str) else str(raw)
+    return repr(text[:64]) + ("..." if len(text) > 64 else "")
 
 
 def parse_policy(annotations: Mapping[str, str] | None) -> Policy:
