@@ -161,8 +161,8 @@ class TokenSync:
             return SKIPPED
         if missing:
             log.info("token file deleted; rewriting it", path=self.path)
-            self.stats.rewrites_after_delete += 1
             await self._write(self.token, why="deleted")
+            self.stats.rewrites_after_delete += 1  # counted once the write is done
             watched = self._watch_removal()  # its directory may be a new one
         return Next.after(max(WATCHED_CHECK_PERIOD, self.check_period)) if watched else DONE
 

@@ -99,12 +99,8 @@ async def test_deleted_file_is_rewritten_from_the_last_token(tmp_path: Path) -> 
     task = asyncio.create_task(sync._existence_loop())
     try:
         path.unlink()
-        for _ in range(200):
-            if path.exists():
-                break
-            await asyncio.sleep(0.01)
+        await _until(lambda: sync.stats.rewrites_after_delete == 1, "rewrite")
         assert path.read_bytes() == b"abc"
-        assert sync.stats.rewrites_after_delete == 1
     finally:
         task.cancel()
 
