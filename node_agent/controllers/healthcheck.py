@@ -225,8 +225,9 @@ def kubelet_healthz_url(unit: AppliedUnit | None, config: bytes | None) -> str |
     # a list or mapping is not a setting: never turned into text (aliases make it huge)
     address = flags.get("healthz-bind-address", _plain(settings.get("healthzBindAddress")))
     port = flags.get("healthz-port", _plain(settings.get("healthzPort")))
-    try:
-        number = KUBELET_HEALTHZ_PORT if port in (None, "") else int(str(port))
+    text = "" if port is None else str(port)
+    try:  # kubelet's parser takes ASCII digits only (int() takes any script's)
+        number = int(text) if text.isascii() and text else KUBELET_HEALTHZ_PORT
     except ValueError:
         number = KUBELET_HEALTHZ_PORT
     if number == 0:

@@ -12,9 +12,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
 
+from node_agent.base.text import head_and_tail
+
 COMPONENT = "gardener-node-agent"
 NAMESPACE = "kube-system"  # the OSC, token and Lease objects of node agents live here
 EVENT_NAMESPACE = "default"  # Events about cluster-scoped objects (a Node) live here
+EVENT_MESSAGE_LIMIT = 1024  # bytes of an Event's message: its head and its tail
 
 ANNOTATION_APPLIED_CHECKSUM = "checksum/cloud-config-data"
 ANNOTATION_SECRET_CHECKSUM = "checksum/data-script"
@@ -200,7 +203,7 @@ def node_event(
             **({"uid": node_uid} if node_uid else {}),
         },
         "reason": reason,
-        "message": message[:1024],
+        "message": head_and_tail(message, EVENT_MESSAGE_LIMIT),
         "type": event_type,
         "source": {"component": COMPONENT, **({"host": host} if host else {})},
         "firstTimestamp": moment,

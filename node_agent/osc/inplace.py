@@ -33,6 +33,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict
 
 from node_agent.base.errors import OSCDecodeError
+from node_agent.base.text import head_and_tail
 from node_agent.base.versions import VersionError, semver, shown
 from node_agent.osc.decode import load_yaml
 from node_agent.osc.models import KubeletUpdate, OperatingSystemConfig
@@ -451,17 +452,8 @@ class CommandOutput:
 
 def bounded_reason(reason: str, limit: int = REASON_LIMIT) -> str:
     """``reason`` within ``limit`` UTF-8 bytes: its head (what failed) and its tail (a command's
-    last words), saying how much was cut between them. Always valid UTF-8 (it is persisted and
-    sent as JSON)."""
-    raw = reason.encode(errors="replace")
-    if len(raw) <= limit:
-        return raw.decode()
-    head_size = limit // 4
-    tail_size = limit - head_size - 64  # room for the note
-    cut = len(raw) - head_size - tail_size
-    head = raw[:head_size].decode(errors="ignore")
-    tail = raw[-tail_size:].decode(errors="ignore")
-    return f"{head} [... {cut} bytes cut ...] {tail}"
+    last words)."""
+    return head_and_tail(reason, limit)
 
 
 def updating_os_patch(version: str) -> dict[str, Any]:

@@ -571,6 +571,12 @@ def test_managed_units_are_every_unit_of_the_osc_but_those_to_stop() -> None:
             b"healthzPort: 10300\n",
             "http://127.0.0.3:10301/healthz",
         ),
+        # a port in another script's digits is not kubelet's port: the default is asked
+        (
+            KUBELET_TEXT.replace("\n", " --healthz-port=\u0661\u0660\u0663\u0660\u0660\n"),
+            None,
+            "http://127.0.0.1:10248/healthz",
+        ),
     ],
 )
 def test_kubelet_healthz_url(unit_text: str, config: bytes | None, url: str | None) -> None:
