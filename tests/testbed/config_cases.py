@@ -132,6 +132,15 @@ VERSION = f"{OSC}.kubernetesVersion"
 SECRET = "secretName: gardener-node-agent-worker-f8cc3ecb9ae0b769"
 SYNC_A = {"secretName": "gardener-node-agent", "path": "/var/lib/gardener-node-agent/token"}
 SYNC_B = {"secretName": "valitail", "path": "/var/lib/valitail/auth-token"}
+KUBECONFIG = "/var/lib/gardener-node-agent/credentials/kubeconfig"
+#: go-yaml's and Go JSON's own reasons: upstream's refusal names them too
+GO_YAML_REASONS = (
+    "max depth",
+    "excessive aliasing",
+    "contains itself",
+    "unknown anchor",
+    "map merge",
+)
 
 CASES: tuple[ConfigCase, ...] = (
     # --- accepted: Gardener's rendering, its zero values, nulls, omissions ---------------------
@@ -160,6 +169,11 @@ CASES: tuple[ConfigCase, ...] = (
     ok("sync-period-greek-mu", {f"{OSC}.syncPeriod": "15000000\u03bcs"}),
     ok("stuck-threshold-30s", {f"{CHECK}.stuckThreshold": "30s", f"{CHECK}.syncPeriod": "15s"}),
     ok("token-sync-configs", {f"{TOKEN}.syncConfigs": [SYNC_A, SYNC_B]}),
+    # upstream's decode takes any path; node-agent refuses such an entry when it syncs it
+    ok("sync-config-relative-path", {f"{TOKEN}.syncConfigs": [{**SYNC_B, "path": "var/token"}]}),
+    ok("sync-config-dot-dot", {f"{TOKEN}.syncConfigs": [{**SYNC_B, "path": "/var/lib/../token"}]}),
+    ok("sync-config-nul", {f"{TOKEN}.syncConfigs": [{**SYNC_B, "path": "/var/lib/to\0ken"}]}),
+    ok("sync-config-agents-kubeconfig", {f"{TOKEN}.syncConfigs": [{**SYNC_B, "path": KUBECONFIG}]}),
     ok("version-oldest", {VERSION: "1.32.0"}),
     ok("version-newest", {VERSION: "1.36.99"}),
     ok("version-v-prefix", {VERSION: "v1.34.2"}),
