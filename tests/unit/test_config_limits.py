@@ -20,7 +20,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from node_agent.base.configfile import MAX_CONFIG_BYTES, read_config_file
+from node_agent.base.configfile import MAX_CONFIG_BYTES, find_config, read_config_file
 from node_agent.base.errors import ConfigError
 from node_agent.base.goyaml import load_go_yaml
 from node_agent.commands.status import offline_document
@@ -190,6 +190,16 @@ def test_status_with_a_fifo_as_config_does_not_block(tmp_path: Path) -> None:
     os.mkfifo(fifo)
     doc = offline_document(tmp_path, fifo, "not running")
     assert doc["osc"]["secret_name"] is None
+
+
+@pytest.mark.timeout(10)
+def test_a_fifo_in_the_config_dir_is_no_config(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "config-v1.151.0.yaml")
+    os.mkfifo(tmp_path / "config.yaml")
+    with pytest.raises(ConfigError, match=r"no config-<version>\.yaml or config\.yaml in"):
+        find_config(tmp_path)
+    (tmp_path / "config-v1.150.0.yaml").write_text(GARDENER_RENDERED)
+    assert load_config(find_config(tmp_path)).kind == "NodeAgentConfiguration"
 
 
 @pytest.mark.parametrize(
