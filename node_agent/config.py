@@ -29,9 +29,10 @@ from pydantic_core import PydanticUseDefault
 
 from node_agent.base.configfile import config_version_key as config_version_key
 from node_agent.base.configfile import find_config as find_config
+from node_agent.base.configfile import read_config_file
 from node_agent.base.durations import format_duration, parse_duration, parse_go_duration_ns
 from node_agent.base.errors import ConfigError
-from node_agent.base.goyaml import load_go_yaml
+from node_agent.base.goyaml import describe_yaml_error, load_go_yaml
 from node_agent.base.layout import AGENT_UNIT
 from node_agent.base.layout import BASE_DIR as BASE_DIR
 from node_agent.base.layout import BOOTSTRAP_TOKEN_FILE as BOOTSTRAP_TOKEN_FILE
@@ -109,12 +110,23 @@ def _go_float32(value: object) -> object:
     return value
 
 
+def _shown(value: object) -> str:
+    """A value of the file for an error message, in one short line: a collection by its kind
+    only (its repr could be megabytes long, or 10,000 levels deep)."""
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:57]}..."
+
+
 def _go_duration(value: object) -> object:
     """metav1.Duration: a string in Go's duration syntax (a number is refused)."""
     if isinstance(value, timedelta):
         return value  # set in code, not read from a file
     if not isinstance(value, str):
-        raise ValueError(f"expected a Go duration string such as 1m30s, got {value!r}")
+        raise ValueError(f"expected a Go duration string such as 1m30s, got {_shown(value)}")
     # whole microseconds, rounded down: a comparison with a whole-second minimum stays exact
     return timedelta(microseconds=parse_go_duration_ns(value) // 1000)
 
@@ -140,7 +152,7 @@ def kubernetes_version(value: object) -> str:
     """The version as upstream prints it (``v1.33`` is ``1.33.0``): what the Node's
     ``worker.gardener.cloud/kubernetes-version`` label carries."""
     if not isinstance(value, str):
-        raise ValueError(f"expected a version string such as 1.33.4, got {value!r}")
+        raise ValueError(f"expected a version string such as 1.33.4, got {_shown(value)}")
     match = _SEMVER.fullmatch(value) if len(value) <= _SEMVER_MAX_LENGTH else None
     if match is None:
         raise ValueError(f"not a semantic version: {value!r}")
@@ -424,14 +436,15 @@ def validate_config(
             f"clientConnection.burst: must not be negative, got {config.client_connection.burst}"
         )
     if config.log_level not in LOG_LEVELS:
-        problems.append(f"logLevel: {config.log_level!r} is none of {', '.join(LOG_LEVELS)}")
+        problems.append(f"logLevel: {_shown(config.log_level)} is none of {', '.join(LOG_LEVELS)}")
     if config.log_format not in LOG_FORMATS:
-        problems.append(f"logFormat: {config.log_format!r} is none of {', '.join(LOG_FORMATS)}")
+        problems.append(
+            f"logFormat: {_shown(config.log_format)} is none of {', '.join(LOG_FORMATS)}"
+        )
     for gate in config.feature_gates:
         if gate not in FEATURE_GATES:
-            problems.append(
-                f"featureGates: unknown feature gate {gate!r} (known: {', '.join(FEATURE_GATES)})"
-            )
+            known = ", ".join(FEATURE_GATES)
+            problems.append(f"featureGates: unknown feature gate {_shown(gate)} (known: {known})")
 
     def at_least(path: str, value: timedelta, minimum: timedelta) -> None:
         if value < minimum:
@@ -490,7 +503,7 @@ def _type_meta(data: dict[Any, Any], source: str) -> None:
         if value != wanted:
             raise ConfigError(
                 f"{source}: expected apiVersion {API_VERSION} kind {KIND}, "
-                f"got {data.get('apiVersion')!r} {data.get('kind')!r}"
+                f"got {_shown(data.get('apiVersion'))} {_shown(data.get('kind'))}"
             )
 
 
@@ -502,11 +515,15 @@ def _field_path(loc: tuple[int | str, ...]) -> str:
 
 
 def decode_config(raw: bytes | str, *, source: str = "config") -> NodeAgentConfiguration:
-    """The config as upstream's decoder and defaulting read it, not yet validated."""
+    """The config as upstream's decoder and defaulting read it, not yet validated.
+
+    Whatever the bytes, the answer is the config or a ``ConfigError`` naming ``source``, in one
+    line: the YAML reader keeps upstream's depth and alias limits and uses no Python stack per
+    level, and no message shows more than a short piece of a value."""
     try:
         data = load_go_yaml(raw)
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{source}: not valid YAML: {exc}") from exc
+        raise ConfigError(f"{source}: not valid YAML: {describe_yaml_error(exc)}") from exc
     except ValueError as exc:
         raise ConfigError(f"{source}: not valid as JSON, as upstream reads it: {exc}") from exc
     if not isinstance(data, dict):
@@ -536,11 +553,9 @@ def parse_config(raw: bytes | str, *, source: str = "config") -> NodeAgentConfig
 
 def load_config(path: Path, *, validate: bool = True) -> NodeAgentConfiguration:
     """The config file at ``path``; ``validate=False`` for a reader that only reports (``status``
-    must show what a config says even when the agent refuses to start with it)."""
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise ConfigError(f"cannot read config {path}: {exc.strerror}") from exc
+    must show what a config says even when the agent refuses to start with it). Only a regular
+    file of a config's size is read (:func:`node_agent.base.configfile.read_config_file`)."""
+    raw = read_config_file(path)
     if validate:
         return parse_config(raw, source=str(path))
     return decode_config(raw, source=str(path))

@@ -235,7 +235,7 @@ def offline_document(root: Path, config_file: Path | None, reason: str) -> dict[
     """The status from files under ``root`` only: no API server, no systemd, no writes."""
     from pydantic import ValidationError
 
-    from node_agent.base.errors import HostError
+    from node_agent.base.errors import ConfigError, HostError
     from node_agent.host.documents import ApplyRecord, Inventory, JournalDoc, JournalProgress
     from node_agent.host.state import (
         CHANGES,
@@ -258,7 +258,9 @@ def offline_document(root: Path, config_file: Path | None, reason: str) -> dict[
             return None
 
     if config_file is not None:
-        with contextlib.suppress(Exception):
+        # only a regular file of a config's size is read (a FIFO would block here for ever),
+        # and any config it holds gives a ConfigError or the config
+        with contextlib.suppress(ConfigError):
             from node_agent.config import load_config
 
             config = load_config(config_file, validate=False)

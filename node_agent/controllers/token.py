@@ -17,6 +17,12 @@ disk) is retried from the last known token on the agent's one backoff policy
 (``node_agent.base.retry.API``), not only at the next resync an hour later. Both periodic jobs
 run on the agent's one controller loop (``node_agent.base.loop``). A Secret that is missing
 or has no ``token`` key is logged; the file is left alone (a stale token beats none).
+
+An entry whose ``path`` can never be written (relative, with ``..`` or a NUL) or names one of the
+agent's own files (its kubeconfig, bootstrap token, config, state, CA, unit: see
+:func:`refusal`) is refused when the controller starts: logged and reported once with the
+entry's index, Secret and path, never synced, never retried, while the other entries and the
+agent run on. Upstream's decode accepts such a config, so the agent starts with it too.
 """
 
 from __future__ import annotations
@@ -26,13 +32,15 @@ import base64
 import binascii
 from dataclasses import dataclass
 
-from node_agent.base.errors import HostError, KubeError, KubeNotFound
+from node_agent.base import layout
+from node_agent.base.configfile import config_version_key
+from node_agent.base.errors import HostError, KubeError, KubeNotFound, UnsafePathError
 from node_agent.base.log import get_logger
 from node_agent.base.loop import DONE, SKIPPED, Next, Wake, run_loop
 from node_agent.base.retry import API, Backoff
 from node_agent.config import TokenSyncConfig
 from node_agent.context import AgentContext
-from node_agent.host.fs import WriteResult
+from node_agent.host.fs import WriteResult, host_parts
 from node_agent.host.inotify import RemovalWatch
 from node_agent.kube.report import NAMESPACE
 from node_agent.kube.watch import list_watch
@@ -61,6 +69,63 @@ def token_bytes(secret: dict[str, object] | None) -> bytes | None:
         return None
 
 
+def refusal(ctx: AgentContext, path: str) -> str | None:
+    """Why no token may ever be written at ``path`` (None: it may).
+
+    Never a path the host layer cannot take (relative, ``..``, NUL, the root), and never one of
+    the agent's own files or a directory holding them: a token over its kubeconfig, bootstrap
+    token, config, state, cluster CA, machine name or unit would lock the agent out or lose what
+    it knows. The one exception is ``credentials/token``: a token file, which a standalone
+    install's kubeconfig names and this sync is meant to rotate."""
+    try:
+        parts = host_parts(path)
+    except UnsafePathError as exc:
+        return exc.args[0] if exc.args else str(exc)
+    if not parts:
+        return "is the root directory"
+    normal = "/" + "/".join(parts)
+    if normal == layout.TOKEN_FILE:
+        return None
+    if normal == layout.CREDENTIALS_DIR or normal.startswith(layout.CREDENTIALS_DIR + "/"):
+        return "is in the agent's credentials directory"
+    if normal.startswith(layout.drop_in_dir(ctx.settings.agent_unit) + "/"):
+        return "is a drop-in of the agent's own unit"
+    own = _agent_files(ctx)
+    if normal in own:
+        return "is one of the agent's own files (credentials, config, state, CA or unit)"
+    directory, name = normal.rsplit("/", 1)
+    if directory == layout.BASE_DIR and (name == "config.yaml" or config_version_key(name)):
+        return "is a config file of the agent"
+    if any(mine.startswith(normal + "/") for mine in own):
+        return "is a directory holding the agent's own files"
+    return None
+
+
+def _agent_files(ctx: AgentContext) -> set[str]:
+    """The agent's own files, by normalized host path."""
+    settings, config = ctx.settings, ctx.config
+    named = {
+        *layout.RESERVED_FILES,
+        *layout.RESERVED_DIRS,
+        layout.KUBELET_BOOTSTRAP_KUBECONFIG,
+        layout.unit_path(settings.agent_unit),
+        layout.drop_in_dir(settings.agent_unit),
+        f"{layout.BASE_DIR}/cluster-ca.crt",
+        f"{layout.BASE_DIR}/machine-name",
+        settings.config_file,
+        config.client_connection.kubeconfig,
+        config.api_server.ca_file,
+    }
+    own: set[str] = set()
+    for path in named:
+        try:
+            own.add("/" + "/".join(host_parts(path)))
+        except UnsafePathError:
+            continue  # a configured path the agent cannot use itself: nothing to protect there
+    own.discard(layout.TOKEN_FILE)
+    return own
+
+
 @dataclass
 class SyncStats:
     writes: int = 0
@@ -85,6 +150,8 @@ class TokenSync:
         self.ctx = ctx
         self.secret_name = config.secret_name
         self.path = config.path
+        #: why this entry is never synced (see :func:`refusal`); None for a usable path
+        self.refused = refusal(ctx, config.path)
         self.sync_period = sync_period
         self.check_period = check_period
         self.token: bytes | None = None
@@ -97,6 +164,8 @@ class TokenSync:
         self._unwatched: str | None = None  # why the file is polled (logged once per reason)
 
     async def run(self) -> None:
+        if self.refused is not None:
+            return  # reported by the controller; nothing here ever writes it
         async with asyncio.TaskGroup() as tasks:
             tasks.create_task(self._watch(), name=f"token-watch-{self.secret_name}")
             tasks.create_task(self._resync_loop(), name=f"token-resync-{self.secret_name}")
@@ -189,6 +258,8 @@ class TokenSync:
         return written
 
     async def _write(self, token: bytes, *, why: str) -> bool:
+        if self.refused is not None:
+            return False  # not even on a direct call: the path is the agent's own or unusable
         async with self._lock:
             try:
                 result = await self.ctx.fs.write_atomic_async(
@@ -233,14 +304,34 @@ class TokenController:
         period = max(token_config.sync_period.total_seconds(), 1.0)
         # one inotify instance for all the files (the per-user instance limit is small)
         self.removals = RemovalWatch()
-        self.syncs = [
-            TokenSync(
+        self.ctx = ctx
+        self.syncs: list[TokenSync] = []
+        #: the entries refused for their path: (where in the config, the entry, why)
+        self.refused: list[tuple[str, TokenSyncConfig, str]] = []
+        for index, entry in enumerate(token_config.sync_configs):
+            sync = TokenSync(
                 ctx, entry, sync_period=period, check_period=check_period, removals=self.removals
             )
-            for entry in token_config.sync_configs
-        ]
+            if sync.refused is None:
+                self.syncs.append(sync)
+            else:
+                self.refused.append(
+                    (f"controllers.token.syncConfigs[{index}]", entry, sync.refused)
+                )
 
     async def run(self) -> None:
+        for where, entry, why in self.refused:
+            log.error(
+                "token sync entry refused",
+                entry=where,
+                secret=entry.secret_name,
+                path=entry.path,
+                reason=why,
+            )
+            self.ctx.health.error(
+                "token",
+                f"{where} (Secret {entry.secret_name}, path {entry.path!r}) {why}: not synced",
+            )
         if not self.syncs:
             return
         try:

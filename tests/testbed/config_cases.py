@@ -87,6 +87,44 @@ def refused(
     return ConfigCase(name, text if changes is None else _with(changes), False, field)
 
 
+def _appended(text: str) -> str:
+    """Gardener's rendering with ``text`` (an unknown top-level field) after it."""
+    return GARDENER_RENDERED + text
+
+
+def _flow_depth(levels: int) -> str:
+    """An unknown field of ``levels`` nested flow mappings: the JSON nests ``levels + 1`` deep,
+    go-yaml's scanner counts ``levels`` flow levels."""
+    return _appended("someNewField: " + "{a: " * levels + "1" + "}" * levels + "\n")
+
+
+def _bracket_depth(levels: int) -> str:
+    """``levels`` nested flow sequences, one byte each way (100,000 levels in 200 KB)."""
+    return _appended("someNewField: " + "[" * levels + "]" * levels + "\n")
+
+
+def _block_depth(levels: int) -> str:
+    """``levels`` nested block sequences on one line (``- - - 1``): each ``- `` is one more
+    indentation level of go-yaml's scanner (the document's mapping is one more)."""
+    return _appended("someNewField:\n " + "- " * levels + "1\n")
+
+
+def _aliases(items: int, uses: int) -> str:
+    """An anchored list of ``items`` scalars, then a list of ``uses`` aliases of it."""
+    return _appended(
+        f"aliases:\n  anchor: &a [{','.join(['x'] * items)}]\n  uses: [{','.join(['*a'] * uses)}]\n"
+    )
+
+
+#: the classic "billion laughs", 9 levels of 9 aliases (9^9 "lol"s once expanded), as a field
+BILLION_LAUGHS = _appended(
+    "laughs:\n"
+    + '  l0: &l0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]\n'
+    + "".join(f"  l{i}: &l{i} [{','.join([f'*l{i - 1}'] * 9)}]\n" for i in range(1, 10))
+)
+
+MERGE_LOG_LEVEL = "<<: {logLevel: info}\n"
+
 OSC = "controllers.operatingSystemConfig"
 TOKEN = "controllers.token"
 CHECK = "controllers.systemdUnitCheck"
@@ -94,6 +132,15 @@ VERSION = f"{OSC}.kubernetesVersion"
 SECRET = "secretName: gardener-node-agent-worker-f8cc3ecb9ae0b769"
 SYNC_A = {"secretName": "gardener-node-agent", "path": "/var/lib/gardener-node-agent/token"}
 SYNC_B = {"secretName": "valitail", "path": "/var/lib/valitail/auth-token"}
+KUBECONFIG = "/var/lib/gardener-node-agent/credentials/kubeconfig"
+#: go-yaml's and Go JSON's own reasons: upstream's refusal names them too
+GO_YAML_REASONS = (
+    "max depth",
+    "excessive aliasing",
+    "contains itself",
+    "unknown anchor",
+    "map merge",
+)
 
 CASES: tuple[ConfigCase, ...] = (
     # --- accepted: Gardener's rendering, its zero values, nulls, omissions ---------------------
@@ -122,6 +169,11 @@ CASES: tuple[ConfigCase, ...] = (
     ok("sync-period-greek-mu", {f"{OSC}.syncPeriod": "15000000\u03bcs"}),
     ok("stuck-threshold-30s", {f"{CHECK}.stuckThreshold": "30s", f"{CHECK}.syncPeriod": "15s"}),
     ok("token-sync-configs", {f"{TOKEN}.syncConfigs": [SYNC_A, SYNC_B]}),
+    # upstream's decode takes any path; node-agent refuses such an entry when it syncs it
+    ok("sync-config-relative-path", {f"{TOKEN}.syncConfigs": [{**SYNC_B, "path": "var/token"}]}),
+    ok("sync-config-dot-dot", {f"{TOKEN}.syncConfigs": [{**SYNC_B, "path": "/var/lib/../token"}]}),
+    ok("sync-config-nul", {f"{TOKEN}.syncConfigs": [{**SYNC_B, "path": "/var/lib/to\0ken"}]}),
+    ok("sync-config-agents-kubeconfig", {f"{TOKEN}.syncConfigs": [{**SYNC_B, "path": KUBECONFIG}]}),
     ok("version-oldest", {VERSION: "1.32.0"}),
     ok("version-newest", {VERSION: "1.36.99"}),
     ok("version-v-prefix", {VERSION: "v1.34.2"}),
@@ -162,6 +214,29 @@ CASES: tuple[ConfigCase, ...] = (
         "sync-period-int64", f"{TOKEN}.syncPeriod", {f"{TOKEN}.syncPeriod": "9223372036854775808ns"}
     ),
     ok("sync-period-int64-max", {f"{TOKEN}.syncPeriod": "9223372036854775807ns"}),
+    # --- go-yaml's limits: depth, aliases (the upstream error each refusal must name) ---------
+    ok("depth-1000", text=_flow_depth(1000)),
+    ok("depth-json-10000", text=_flow_depth(9999)),
+    refused("depth-json-10001", "max depth", text=_flow_depth(10000)),
+    refused("depth-100000", "max depth", text=_bracket_depth(100_000)),
+    ok("depth-indent-10000", text=_block_depth(9999)),
+    refused("depth-indent-10001", "max depth", text=_block_depth(10000)),
+    refused("billion-laughs", "excessive aliasing", text=BILLION_LAUGHS),
+    ok("aliases-moderate", text=_aliases(20, 200)),
+    ok("aliases-at-the-limit", text=_aliases(114, 1000)),
+    refused("aliases-over-the-limit", "excessive aliasing", text=_aliases(115, 1000)),
+    refused("alias-inside-its-anchor", "contains itself", text=_appended("x: &a [1, *a]\n")),
+    refused("alias-unknown", "unknown anchor", text=_appended("x: *nowhere\n")),
+    ok("anchor-redefined", text=_appended("a: &x 1\nb: &x 2\nc: *x\n")),
+    ok("tagged-collections", text=_appended("x: !custom {a: !!set [1]}\n")),
+    # a merge key's values win over the keys before it, as go-yaml merges in document order
+    ok("merge-after-a-key", text=_raw('logLevel: ""', "logLevel: bogus") + MERGE_LOG_LEVEL),
+    refused(
+        "merge-before-a-key",
+        "logLevel",
+        text=MERGE_LOG_LEVEL + _raw('logLevel: ""', "logLevel: bogus"),
+    ),
+    refused("merge-of-a-scalar", "map merge", text=_appended("x: {<<: 1}\n")),
     # --- refused: what upstream's validation requires -----------------------------------------
     refused("no-secret-name", f"{OSC}.secretName", {f"{OSC}.secretName": _DELETE}),
     refused("empty-secret-name", f"{OSC}.secretName", {f"{OSC}.secretName": ""}),

@@ -178,8 +178,9 @@ async def test_the_kernels_word_rewrites_a_deleted_file_without_polling(
                 path.parent.rmdir()
             else:
                 path.parent.rename(tmp_path / f"var/lib/x/moved-{round_}")
-            await _until(
-                lambda n=round_: sync.stats.rewrites_after_delete == n, f"rewrite {round_}"
+            await _until(  # counted as the rewrite starts: its file is there once it is done
+                lambda n=round_: sync.stats.rewrites_after_delete == n and path.exists(),
+                f"rewrite {round_}",
             )
             assert path.read_bytes() == b"abc"
             await _until(lambda: removals.watching("/var/lib/x/credentials/token"), "re-armed")
