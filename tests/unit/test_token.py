@@ -178,7 +178,7 @@ async def test_the_kernels_word_rewrites_a_deleted_file_without_polling(
                 path.parent.rmdir()
             else:
                 path.parent.rename(tmp_path / f"var/lib/x/moved-{round_}")
-            await _until(  # counted as the rewrite starts: its file is there once it is done
+            await _until(  # counted once the rewrite is done
                 lambda n=round_: sync.stats.rewrites_after_delete == n and path.exists(),
                 f"rewrite {round_}",
             )
