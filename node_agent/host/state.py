@@ -181,10 +181,17 @@ class Removal:
     kept: str | None = None  # what is there stays: why it is not provably what the agent wrote
 
 
-def refusal(path: str, entry: OwnedEntry, keep: Collection[str] = ()) -> str | None:
+def refusal(
+    path: str, entry: OwnedEntry, keep: Collection[str] = (), *, by_osc: bool = False
+) -> str | None:
     """Why an inventory entry can never make the agent remove ``path``, without looking at the
-    disk: the agent's own directory, ``keep`` (its program, its unit), no recorded digest."""
-    if own_path(path):
+    disk: the agent's own directory, ``keep`` (its program, its unit), no recorded digest.
+
+    ``by_osc``: the applied OSC itself removes ``path`` (the executor), not an entry alone. The
+    agent's own directory is no bar then: no OSC file can be a state file or a credential
+    (``layout.RESERVED_FILES``), and an old ``config-<version>.yaml`` must go as upstream
+    removes it, or a Gardener downgrade would keep running the higher version's config."""
+    if own_path(path) and not by_osc:
         return "it is in the agent's own directory (state, credentials, config)"
     if path in keep:
         return "it is the agent's own program or unit"
@@ -204,13 +211,16 @@ def not_written(fs: HostFS, path: str, entry: OwnedEntry, keep: Collection[str] 
     return None if fs.stat_matches(path, sha256=entry.sha256) else Removed.OTHER_CONTENT.value
 
 
-def remove_created(fs: HostFS, path: str, entry: OwnedEntry, keep: Collection[str] = ()) -> Removal:
+def remove_created(
+    fs: HostFS, path: str, entry: OwnedEntry, keep: Collection[str] = (), *, by_osc: bool = False
+) -> Removal:
     """Remove ``path``, which the inventory says the agent created, only if what is there is
-    provably what the agent wrote: outside its own directory and ``keep``, and a regular file
-    whose bytes have the recorded digest (read from the file that is then unlinked). Anything
-    else stays (``Removal.kept`` says why). HostError when it cannot be removed: a directory
-    there, a parent that is a symlink (never followed), a read-only file system."""
-    why = refusal(path, entry, keep)
+    provably what the agent wrote: outside its own directory (unless ``by_osc``, see
+    :func:`refusal`) and ``keep``, and a regular file whose bytes have the recorded digest
+    (read from the file that is then unlinked). Anything else stays (``Removal.kept`` says
+    why). HostError when it cannot be removed: a directory there, a parent that is a symlink
+    (never followed), a read-only file system."""
+    why = refusal(path, entry, keep, by_osc=by_osc)
     if why is not None:
         return Removal(kept=why)
     assert entry.sha256 is not None  # refusal() said so
