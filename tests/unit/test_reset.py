@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -10,11 +11,13 @@ from structlog.testing import capture_logs
 
 from node_agent.base import layout
 from node_agent.base.errors import NodeAgentError
+from node_agent.cli import main
 from node_agent.commands.reset import NOTHING_TO_DO, reset_node
 from node_agent.host.documents import Claim, EntryKind
 from node_agent.host.fs import HostFS
 from node_agent.host.state import StateStore, claims_for, sha256_hex
 from node_agent.osc.plan import ChangeSet, FileWrite
+from node_agent.systemd import client as systemd_client
 from tests.unit.fakes import ACTIVE, FakeSystemd
 
 
@@ -293,3 +296,33 @@ async def test_reset_removes_the_agent_program_its_unit_names(
     assert (tmp_path / "opt/bin/gardener-node-agent.previous").exists() is not in_inventory
     assert not unpacked.parent.exists()  # the launcher's copies go in any case
     assert ("removed /opt/bin/gardener-node-agent" in lines) is removed
+
+
+def test_the_reset_command_logs_one_json_event_per_item_and_prints_lines(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """As the agent does, ``node-agent reset`` logs JSON by default (on stderr: stdout has the
+    lines for people): one event for each item kept or not removed, naming it."""
+    root, outside = tmp_path / "node", tmp_path / "outside"
+    root.mkdir()
+    _node(root)
+    _obstacles(root, outside)
+    (root / "etc/pre-existing.conf").write_bytes(b"changed\n")
+    StateStore(HostFS(root)).claim([_claim("file", "/etc/edited.conf", b"x\n")], created=True)
+    (root / "etc/edited.conf").write_bytes(b"the operator's\n")
+    monkeypatch.setattr(systemd_client, "Systemd", lambda _address: FakeSystemd({}))
+
+    assert main(["reset", "--root", str(root)]) == 1
+
+    captured = capsys.readouterr()
+    assert "not removed file /etc/demo/a.conf: remove /etc/demo/a.conf: Is a directory" in (
+        captured.out.splitlines()
+    )
+    *events, last = captured.err.splitlines()
+    assert last.startswith("node-agent: ResetIncompleteError: reset incomplete: 2 item(s)")
+    logged = [json.loads(line) for line in events]
+    assert [(e["event"], e["level"], e["path"]) for e in logged] == [
+        ("not removed", "error", "/etc/demo/a.conf"),
+        ("kept", "warning", "/etc/edited.conf"),
+        ("not removed", "error", "/etc/linked/b.conf"),
+    ]
