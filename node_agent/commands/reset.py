@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Protocol
 
 from node_agent.base import layout
-from node_agent.base.errors import HostError, NodeAgentError, ResetBusyError, SystemdError
+from node_agent.base.errors import HostError, ResetBusyError, ResetIncompleteError, SystemdError
 from node_agent.base.layout import AGENT_UNIT
 from node_agent.base.log import get_logger
 from node_agent.host.documents import OwnedEntry
@@ -118,19 +118,6 @@ def _cgroup_units(cgroup_file: Path = Path("/proc/self/cgroup")) -> set[str]:
             if "." in part:
                 units.add(part)
     return units
-
-
-class ResetIncompleteError(NodeAgentError):
-    """``reset`` did all it could and these items are still on the node; ``items`` names each
-    (a path or a unit) with why. Raised at the very end, after the credentials are gone."""
-
-    def __init__(self, items: Sequence[tuple[str, str]]) -> None:
-        names = ", ".join(item for item, _ in items)
-        super().__init__(
-            f"reset incomplete: {len(items)} item(s) not removed ({names}); everything else "
-            "was done; run reset again once they are fixed"
-        )
-        self.items = tuple(items)
 
 
 class _Report:

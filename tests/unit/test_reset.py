@@ -10,7 +10,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from node_agent.base import layout
-from node_agent.base.errors import NodeAgentError
+from node_agent.base.errors import NodeAgentError, ResetIncompleteError
 from node_agent.cli import main
 from node_agent.commands.reset import NOTHING_TO_DO, reset_node
 from node_agent.host.documents import Claim, EntryKind
@@ -171,10 +171,11 @@ async def test_reset_goes_on_past_each_item_it_cannot_remove(tmp_path: Path) -> 
     _node(root)
     _obstacles(root, outside)
     lines: list[str] = []
-    with capture_logs() as logs, pytest.raises(NodeAgentError) as err:
+    with capture_logs() as logs, pytest.raises(ResetIncompleteError) as err:
         await reset_node(root, FakeSystemd({}), out=lines.append, caller_units=set())
     message = str(err.value)
     assert message.startswith("reset incomplete: 2 item(s) not removed"), message
+    assert [item for item, _ in err.value.items] == ["/etc/demo/a.conf", "/etc/linked/b.conf"]
     assert "/etc/demo/a.conf" in message
     assert "/etc/linked/b.conf" in message
     # each named on its own line and in its own log event
