@@ -589,7 +589,8 @@ class StateStore:
         for c in claims:
             old = entries.get(c.path)
             created = old.created if old is not None else c.path not in before
-            entry = OwnedEntry(kind=c.kind, created=created, sha256=c.sha256, mode=c.mode)
+            by = old.by if old is not None else c.by
+            entry = OwnedEntry(kind=c.kind, created=created, sha256=c.sha256, mode=c.mode, by=by)
             if entry != old:
                 updates[c.path] = entry
         if not updates and self.has_inventory():
@@ -743,7 +744,9 @@ class StateStore:
     def claim(self, claims: Iterable[Claim], *, created: bool | None = None) -> Inventory:
         """Record paths about to be written. A path seen for the first time counts as created
         by the agent if nothing exists there now (``created`` overrides that, e.g. to adopt
-        files an upstream agent wrote); a known path keeps its flag and gets the new digest."""
+        files an upstream agent wrote); a known path keeps its flag and gets the new digest. A
+        path ``bootstrap`` claims is bootstrap's from then on (``OwnedEntry.by``): no later
+        OSC's write makes it the OSC's, so the orphan sweep never takes it."""
         inv = self.inventory()
         entries = dict(inv.entries)
         for c in claims:
@@ -752,7 +755,10 @@ class StateStore:
                 flag = old.created if created is None else created
             else:
                 flag = not self.fs.exists(c.path) if created is None else created
-            entries[c.path] = OwnedEntry(kind=c.kind, created=flag, sha256=c.sha256, mode=c.mode)
+            by = old.by if old is not None and c.by == "osc" else c.by
+            entries[c.path] = OwnedEntry(
+                kind=c.kind, created=flag, sha256=c.sha256, mode=c.mode, by=by
+            )
         return self._save_inventory(entries)
 
     def keep_only(self, entries: Mapping[str, OwnedEntry]) -> Inventory:
