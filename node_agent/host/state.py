@@ -232,6 +232,98 @@ def remove_created(
     return Removal(kept=done.value)
 
 
+@dataclass(frozen=True)
+class Vetting:
+    """A progress file's claims as the agent takes them (:func:`vet_claims`)."""
+
+    claims: Mapping[str, OwnedEntry]  # taken, "created" turned to "found" where it must be
+    dropped: tuple[str, ...] = ()  # named by no change set or applied record: not the agent's
+    found: tuple[str, ...] = ()  # said "created" of a path the agent found there
+
+
+def vet_claims(
+    claims: Mapping[str, OwnedEntry],
+    entries: Mapping[str, OwnedEntry],
+    *,
+    named: Collection[str] | None,
+    preexisting: Collection[str] = (),
+) -> Vetting:
+    """The rule for the claims of a progress file, for the store and the offline status alike.
+
+    A claim for a path not in ``named`` (:func:`named_paths`; None: every path, when the
+    journal is there but unreadable and the claims are the only record of its writes) is
+    dropped. A claim that says "created" of a path in ``preexisting`` (the journal saw it
+    before its first write) or that ``entries`` (the inventory) hold as found says "found": a
+    claim never turns a file the agent found into one it may delete."""
+    vetted: dict[str, OwnedEntry] = {}
+    dropped: list[str] = []
+    found: list[str] = []
+    for path, entry in claims.items():
+        if named is not None and path not in named:
+            dropped.append(path)
+            continue
+        old = entries.get(path)
+        if entry.created and (path in preexisting or (old is not None and not old.created)):
+            entry = entry.model_copy(update={"created": False})
+            found.append(path)
+        vetted[path] = entry
+    if not dropped and not found:
+        return Vetting(claims)
+    return Vetting(vetted, tuple(dropped), tuple(found))
+
+
+def named_paths(change_set: ChangeSet | None, records: Iterable[Applied | None]) -> frozenset[str]:
+    """Every host path a journal's change set writes and the applied ``records`` (its base and
+    target, the last applied OSC's record) name: the paths a progress file may claim."""
+    paths = written_paths(change_set) if change_set is not None else set()
+    for applied in records:
+        if applied is not None:
+            paths |= applied_paths(applied)
+    return frozenset(paths)
+
+
+def last_applied_of(raw: bytes | None, meta: LastAppliedMeta | None) -> LastApplied | None:
+    """The last applied OSC from its bytes and its meta document (which counts only when it
+    is of those bytes)."""
+    if raw is None:
+        return None
+    checksum = sha256_hex(raw)
+    if meta is None or meta.checksum != checksum:
+        return LastApplied(raw=raw, checksum=checksum, applied_at=None, resolved=None)
+    return LastApplied(
+        raw=raw,
+        checksum=checksum,
+        applied_at=meta.applied_at,
+        resolved=dict(meta.resolved),
+        applied=meta.applied,
+    )
+
+
+def journal_applied(
+    doc: JournalDoc, last: LastApplied | None
+) -> tuple[Applied | None, Applied | None]:
+    """The journal's base and target, written whole or by reference to the last applied OSC's
+    record (``base_checksum``, ``target_changes``).
+
+    The record changes only when an apply completes, just before its journal is dropped: a
+    journal that finds the record of its own checksum completed before a crash kept it from
+    being dropped, and its target is that record (its base is then the same, since nothing is
+    left to do). A record that is gone or unreadable leaves both unknown, as in a journal of an
+    older agent: the plan then starts from the last applied OSC and owes the commands not
+    done."""
+    if doc.base_checksum is None:
+        return doc.base, doc.target
+    if last is None or last.applied is None:
+        return None, None
+    if last.checksum == doc.base_checksum:
+        base = last.applied
+        changes = doc.target_changes
+        return base, changes.apply_to(base) if changes is not None else doc.target
+    if last.checksum == doc.osc_checksum:
+        return None, last.applied
+    return None, None
+
+
 _D = TypeVar("_D", bound=BaseModel)
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
@@ -313,20 +405,9 @@ class StateStore:
         return await _off_loop(self.load_last_applied)  # reading and hashing up to 1 MiB
 
     def _last_applied(self, raw: bytes | None, meta: LastAppliedMeta | None) -> LastApplied | None:
-        if raw is None:
-            self._applied = ""
-            return None
-        checksum = sha256_hex(raw)
-        self._applied = checksum
-        if meta is None or meta.checksum != checksum:
-            return LastApplied(raw=raw, checksum=checksum, applied_at=None, resolved=None)
-        return LastApplied(
-            raw=raw,
-            checksum=checksum,
-            applied_at=meta.applied_at,
-            resolved=dict(meta.resolved),
-            applied=meta.applied,
-        )
+        last = last_applied_of(raw, meta)
+        self._applied = last.checksum if last is not None else ""
+        return last
 
     def save_last_applied(
         self,
@@ -503,27 +584,11 @@ class StateStore:
         return self._pending
 
     def _journal_applied(self, doc: JournalDoc) -> tuple[Applied | None, Applied | None]:
-        """The journal's base and target, written whole or by reference to the last applied
-        OSC's record (``base_checksum``, ``target_changes``).
-
-        The record changes only when an apply completes, just before its journal is dropped:
-        a journal that finds the record of its own checksum completed before a crash kept it
-        from being dropped, and its target is that record (its base is then the same, since
-        nothing is left to do). A record that is gone or unreadable leaves both unknown, as in
-        a journal of an older agent: the plan then starts from the last applied OSC and owes
-        the commands not done."""
+        """The journal's base and target (:func:`journal_applied`); the last applied OSC is
+        read only when the journal refers to it."""
         if doc.base_checksum is None:
             return doc.base, doc.target
-        last = self.load_last_applied()
-        if last is None or last.applied is None:
-            return None, None
-        if last.checksum == doc.base_checksum:
-            base = last.applied
-            changes = doc.target_changes
-            return base, changes.apply_to(base) if changes is not None else doc.target
-        if last.checksum == doc.osc_checksum:
-            return None, last.applied
-        return None, None
+        return journal_applied(doc, self.load_last_applied())
 
     def mark_done(self, *steps: str, failed: Mapping[str, str] | None = None) -> Pending:
         """Record ``steps`` (ids from ``steps.py``) as completed and, when given, the steps that
@@ -681,25 +746,17 @@ class StateStore:
         pending = self.pending()
         named = None if self._journal_unreadable else self._named_paths()
         before = pending.preexisting if pending is not None else frozenset()
-        vetted: dict[str, OwnedEntry] = {}
-        dropped: list[str] = []
-        found: list[str] = []
-        for path, entry in claims.items():
-            if named is not None and path not in named:
-                dropped.append(path)
-                continue
-            old = inv.entries.get(path)
-            if entry.created and (path in before or (old is not None and not old.created)):
-                entry = entry.model_copy(update={"created": False})
-                found.append(path)
-            vetted[path] = entry
+        vetting = vet_claims(claims, inv.entries, named=named, preexisting=before)
         for paths, why in (
-            (dropped, "no change set or applied OSC of the agent names them; dropped"),
-            (found, "they existed before the agent wrote them; kept as found, never deleted"),
+            (vetting.dropped, "no change set or applied OSC of the agent names them; dropped"),
+            (
+                vetting.found,
+                "they existed before the agent wrote them; kept as found, never deleted",
+            ),
         ):
             if paths:
-                self._distrust(paths, why)
-        return vetted if dropped or found else claims
+                self._distrust(list(paths), why)
+        return vetting.claims
 
     def _distrust(self, paths: list[str], why: str) -> None:
         """Say once (log, and a note for a Warning on the Node) which claims were not taken as
@@ -721,17 +778,12 @@ class StateStore:
     def _named_paths(self) -> frozenset[str]:
         """Every host path a persisted change set or applied record names: the journal's writes,
         its base and target, and the last applied OSC's record (derived items included)."""
-        paths: set[str] = set()
         pending = self.pending()
-        if pending is not None:
-            paths |= written_paths(pending.change_set)
-            for applied in (pending.base, pending.target):
-                if applied is not None:
-                    paths |= applied_paths(applied)
         last = self.load_last_applied()
-        if last is not None and last.applied is not None:
-            paths |= applied_paths(last.applied)
-        return frozenset(paths)
+        records = [last.applied if last is not None else None]
+        if pending is None:
+            return named_paths(None, records)
+        return named_paths(pending.change_set, [pending.base, pending.target, *records])
 
     def has_inventory(self) -> bool:
         """False on a node never touched by this agent version (e.g. taken over from upstream)."""
