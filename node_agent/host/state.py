@@ -26,9 +26,11 @@ atomically through HostFS, each a versioned pydantic model:
   from the journal and the disk before the next apply. ``owns()`` is true only for created paths: a
   distro unit that merely gets drop-ins, or a pre-existing file the OSC overwrote, is never
   deleted. Claims read back from a progress file are taken only as far as the agent can show
-  they are its own writes (``_vetted``), and a removal by an inventory entry
-  (``remove_created``) never touches the agent's own directory and removes only the bytes the
-  entry recorded: nothing in these files can make the agent delete what it did not write.
+  they are its own writes (``vet_claims``, the rule the offline status counts them by too), and
+  a removal by an inventory entry (``remove_created``) never touches the agent's own directory
+  and removes only the bytes the entry recorded: nothing in these files can make the agent
+  delete what it did not write. ``OwnedEntry.by`` says who had a path written: what
+  ``bootstrap`` wrote is never an orphan of an apply, only ``reset`` takes it back.
 - ``status.json`` — the last apply's outcome, for ``node-agent status`` (mode 0644, no secrets).
 
 There is one way to persist: every operation is written once, synchronously, and every byte goes
@@ -740,9 +742,10 @@ class StateStore:
         Warning naming them. With the journal there but unreadable (set aside), the claims are
         the only record of what it wrote and are taken. A claim that says "created" for a path
         the journal saw before its first write, or that the inventory holds as found, says
-        "found": a claim never turns a file the agent found into one it may delete. Each
-        removal still checks the bytes (``remove_created``). Runs only with the inventory read
-        from disk (a start, ``reset``), never on an apply's way."""
+        "found": a claim never turns a file the agent found into one it may delete (the rule:
+        :func:`vet_claims`; here each claim not taken as it is is also said). Each removal
+        still checks the bytes (``remove_created``). Runs only with the inventory read from
+        disk (a start, ``reset``), never on an apply's way."""
         pending = self.pending()
         named = None if self._journal_unreadable else self._named_paths()
         before = pending.preexisting if pending is not None else frozenset()
