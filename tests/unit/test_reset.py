@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import logging
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import structlog
 from structlog.testing import capture_logs
 
 from node_agent.base import layout
@@ -299,6 +302,19 @@ async def test_reset_removes_the_agent_program_its_unit_names(
     assert ("removed /opt/bin/gardener-node-agent" in lines) is removed
 
 
+@pytest.fixture
+def logging_restored() -> Iterator[None]:
+    """The command configures logging for the process, onto a stream capsys closes: the
+    configuration of before is put back."""
+    config = structlog.get_config()
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    structlog.configure(**config)
+    root.handlers[:], root.level = handlers, level
+
+
+@pytest.mark.usefixtures("logging_restored")
 def test_the_reset_command_logs_one_json_event_per_item_and_prints_lines(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
