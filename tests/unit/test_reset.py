@@ -343,3 +343,21 @@ def test_the_reset_command_logs_one_json_event_per_item_and_prints_lines(
         ("kept", "warning", "/etc/edited.conf"),
         ("not removed", "error", "/etc/linked/b.conf"),
     ]
+
+
+async def test_reset_leaves_the_standalone_install_its_unit_reaches_through_a_symlink(
+    tmp_path: Path,
+) -> None:
+    """The standalone install runs ``/opt/node-agent/current/bin/node-agent``, ``current`` a
+    symlink to the release: no symlink is followed to remove it, and that is no failure."""
+    fs = HostFS(tmp_path)
+    unit = "/etc/systemd/system/gardener-node-agent.service"
+    text = b"[Service]\nExecStart=/opt/node-agent/current/bin/node-agent run\n"
+    fs.write_atomic(unit, text, 0o644)
+    fs.write_atomic("/opt/node-agent/releases/v1/bin/node-agent", b"\x7fELF", 0o755)
+    (tmp_path / "opt/node-agent/current").symlink_to("releases/v1")
+    StateStore(fs).claim([_claim("unit", unit, text)], created=True)
+    lines: list[str] = []
+    await reset_node(tmp_path, None, out=lines.append)
+    assert f"removed unit {unit}" in lines
+    assert (tmp_path / "opt/node-agent/current/bin/node-agent").read_bytes() == b"\x7fELF"
