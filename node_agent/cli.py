@@ -353,14 +353,16 @@ def _fleet(args: argparse.Namespace) -> int:
 
 
 def _reset(args: argparse.Namespace) -> int:
-    """``reset``: one line per action on stdout; the config is not needed (nor read)."""
+    """``reset``: one line per item on stdout for people; on stderr, as the agent logs, one JSON
+    event per item kept or not removed (``--log-format text`` for people). The config is not
+    needed (nor read)."""
     from node_agent.base import log
     from node_agent.base.errors import NodeAgentError
     from node_agent.commands.reset import reset_lock, reset_node
     from node_agent.config import AgentSettings
     from node_agent.systemd import Systemd
 
-    log.configure(args.log_level or "warning", args.log_format or "text", stream=sys.stderr)
+    log.configure(args.log_level or "warning", args.log_format or "json", stream=sys.stderr)
     settings = AgentSettings(root=args.root)
 
     async def go() -> None:

@@ -497,15 +497,19 @@ class Applier:
     async def remove_orphans(self, applied: Applied) -> list[str]:
         """Delete what the agent created and no OSC wants any more (stop/disable units first).
 
-        Only what it can show it wrote: never in its own directory nor its program or unit, and
-        only a regular file still holding the bytes recorded when it was written (claims of a
-        progress file were vetted when read). What fails that is kept, said in the log, and
-        forgotten; what could not be removed is kept for a later apply."""
+        Only what it can show it wrote: never in its own directory nor its program or unit, nor
+        what ``bootstrap`` wrote (``OwnedEntry.by``: the kubelet data volume's mount unit, which
+        no OSC names; ``reset`` takes it back), and only a regular file still holding the bytes
+        recorded when it was written (claims of a progress file were vetted when read). What
+        fails that is kept, said in the log, and forgotten; what could not be removed is kept
+        for a later apply."""
         wanted = wanted_paths(applied)
         own_unit = unit_path(self.agent_unit)  # never swept: reset's to remove
         entries = (await self.state.inventory_async()).entries
         owned = {
-            p: e for p, e in entries.items() if e.created and p not in wanted and p != own_unit
+            p: e
+            for p, e in entries.items()
+            if e.created and e.by == "osc" and p not in wanted and p != own_unit
         }
         if not owned:
             return []

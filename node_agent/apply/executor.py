@@ -17,8 +17,9 @@ failure: it raises, with every finished step already recorded.
 
 Consecutive steps of one kind are batched: all enables in one call (one by one only after a
 failure, to find the culprit), and all unit commands as one parallel batch of systemd jobs.
-Deletions touch only what the agent created (the inventory). The agent's own restart is never
-run here: the caller persists everything first and restarts the agent last.
+Deletions touch only what the agent created (the inventory), and only while it holds the bytes
+the agent wrote (``state.remove_created``). The agent's own restart is never run here: the
+caller persists everything first and restarts the agent last.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from node_agent.base.log import get_logger
 from node_agent.containerd.images import ImagePull, ImageStore
 from node_agent.host.documents import Claim, ItemFailure, Pending
 from node_agent.host.fs import HostFS
-from node_agent.host.state import UNIT_FILE_MODE, StateStore, sha256_hex
+from node_agent.host.state import UNIT_FILE_MODE, StateStore, remove_created, sha256_hex
 from node_agent.osc import steps as S
 from node_agent.osc.models import ImageRefContent
 from node_agent.osc.plan import ChangeSet, DropInWrite, FileWrite, UnitCommand, UnitWrite
@@ -421,14 +422,23 @@ class Executor:
         return removed and step in pending.steps and step not in pending.done
 
     def _delete(self, path: str, rep: ApplyReport) -> bool:
-        """Delete ``path`` if the agent created it; leave anything else in place. Already gone
-        is success."""
-        if not self.state.owns(path):
+        """Delete ``path`` if the agent created it and it is still a regular file holding the
+        bytes the agent wrote (``remove_created``; the digest is read only here, from the file
+        about to go). Anything else stays, is said in ``skipped`` (a Warning naming the path)
+        and is no longer the agent's. Already gone is success."""
+        entry = self.state.inventory().entries.get(path)
+        if entry is None or not entry.created:
             if self.fs.exists(path):
                 rep.skipped.append(f"{path}: not created by node-agent, left in place")
             return False
-        self.fs.remove(path)
+        removal = remove_created(self.fs, path, entry, by_osc=True)
         self.state.release([path])
+        if removal.kept is not None:
+            rep.skipped.append(f"{path}: kept, {removal.kept}; no longer node-agent's")
+            log.warning(
+                "removed item kept: not what the agent wrote", path=path, reason=removal.kept
+            )
+            return False
         return True
 
     def _needless(self, reload: str, pending: Pending) -> bool:

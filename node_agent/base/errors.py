@@ -7,6 +7,8 @@ message names the file, unit or field at fault so an operator can act on the log
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from node_agent.base.layout import CONTAINERD_CONFIG_FILE
 
 
@@ -261,6 +263,19 @@ class ApplyError(NodeAgentError):
 
 class ResetBusyError(NodeAgentError):
     """Another ``node-agent reset`` held the node's reset lock for longer than we wait."""
+
+
+class ResetIncompleteError(NodeAgentError):
+    """``reset`` did all it could and these items are still on the node; ``items`` names each
+    (a path or a unit) with why. Raised at the very end, after the credentials are gone."""
+
+    def __init__(self, items: Sequence[tuple[str, str]]) -> None:
+        names = ", ".join(item for item, _ in items)
+        super().__init__(
+            f"reset incomplete: {len(items)} item(s) not removed ({names}); everything else "
+            "was done; run reset again once they are fixed"
+        )
+        self.items = tuple(items)
 
 
 class InPlaceUpdateError(NodeAgentError):

@@ -237,7 +237,9 @@ async def bootstrap(
         unit_file = f"{UNIT_DIR}/{unit}"
         unit_text = unit_template(exec_start)
         # The agent installs itself: a unit file it creates is its own, for `reset` to remove.
-        StateStore(fs).claim([Claim("unit", unit_file, sha256_hex(unit_text), 0o644)])
+        StateStore(fs).claim(
+            [Claim("unit", unit_file, sha256_hex(unit_text), 0o644, by="bootstrap")]
+        )
         written = fs.write_atomic(unit_file, unit_text, 0o644)
     except HostError as exc:
         raise BootstrapError(f"writing files: {exc}") from exc

@@ -313,7 +313,9 @@ async def _ensure_unit(fs: HostFS, systemd: SystemdSeam, options: str, changed: 
     """The mount unit, claimed like the agent's own unit, loaded and enabled."""
     unit_file = f"{UNIT_DIR}/{MOUNT_UNIT}"
     text = mount_unit_text(options)
-    StateStore(fs).claim([Claim("unit", unit_file, sha256_hex(text.encode()), 0o644)])
+    StateStore(fs).claim(
+        [Claim("unit", unit_file, sha256_hex(text.encode()), 0o644, by="bootstrap")]
+    )
     written = fs.write_atomic(unit_file, text.encode(), 0o644)
     state = (await systemd.unit_states([MOUNT_UNIT]))[MOUNT_UNIT]
     if written or state.load_state != "loaded":

@@ -39,7 +39,13 @@ from pathlib import Path
 from typing import Protocol
 
 from node_agent.base import layout
-from node_agent.base.errors import HostError, NodeAgentError, ResetBusyError, SystemdError
+from node_agent.base.errors import (
+    HostError,
+    ResetBusyError,
+    ResetIncompleteError,
+    SystemdError,
+    UnsafePathError,
+)
 from node_agent.base.layout import AGENT_UNIT
 from node_agent.base.log import get_logger
 from node_agent.host.documents import OwnedEntry
@@ -118,19 +124,6 @@ def _cgroup_units(cgroup_file: Path = Path("/proc/self/cgroup")) -> set[str]:
             if "." in part:
                 units.add(part)
     return units
-
-
-class ResetIncompleteError(NodeAgentError):
-    """``reset`` did all it could and these items are still on the node; ``items`` names each
-    (a path or a unit) with why. Raised at the very end, after the credentials are gone."""
-
-    def __init__(self, items: Sequence[tuple[str, str]]) -> None:
-        names = ", ".join(item for item, _ in items)
-        super().__init__(
-            f"reset incomplete: {len(items)} item(s) not removed ({names}); everything else "
-            "was done; run reset again once they are fixed"
-        )
-        self.items = tuple(items)
 
 
 class _Report:
@@ -281,6 +274,8 @@ async def _take_back(
         try:
             if _is_regular(fs, path) and fs.remove(path):
                 report.did(f"removed {path}")
+        except UnsafePathError:
+            continue  # reached through a symlink (the standalone install's ``current``): it stays
         except HostError as exc:
             report.not_removed("file", path, exc)
     try:
@@ -337,8 +332,8 @@ def _own_program(fs: HostFS, entries: Mapping[str, OwnedEntry], agent_unit: str)
     written by ``bootstrap`` or by an OSC, and still holding the bytes recorded then). On a
     Gardener node it is ``/opt/bin/gardener-node-agent``, put there by the user-data and
     replaced by OSCs, so no inventory entry says "created"; it is the agent all the same. Only
-    regular files are removed: the standalone install's ``bin/node-agent`` is a symlink into
-    its own directory and stays."""
+    regular files reached without a symlink are removed: the standalone install's program, run
+    through its ``current`` symlink (and ``bin/node-agent`` a symlink itself), stays."""
     unit_file = layout.unit_path(agent_unit)
     entry = entries.get(unit_file)
     if entry is None or entry.sha256 is None:

@@ -236,15 +236,26 @@ def offline_document(root: Path, config_file: Path | None, reason: str) -> dict[
     from pydantic import ValidationError
 
     from node_agent.base.errors import ConfigError, HostError
-    from node_agent.host.documents import ApplyRecord, Inventory, JournalDoc, JournalProgress
+    from node_agent.host.documents import (
+        ApplyRecord,
+        Inventory,
+        JournalDoc,
+        JournalProgress,
+        LastAppliedMeta,
+    )
     from node_agent.host.state import (
         CHANGES,
         CHANGES_DONE,
         INVENTORY,
+        LAST_APPLIED_META,
         LAST_APPLIED_OSC,
         STATUS,
+        journal_applied,
+        last_applied_of,
+        named_paths,
         read_state_file,
         sha256_hex,
+        vet_claims,
     )
     from node_agent.osc.steps import step_ids
 
@@ -278,8 +289,12 @@ def offline_document(root: Path, config_file: Path | None, reason: str) -> dict[
     if progress_raw is not None:
         with contextlib.suppress(ValidationError):
             progress = JournalProgress.model_validate_json(progress_raw)
-    journal = read(CHANGES)
-    if journal is not None:
+    try:  # as read(), but a journal there and unreadable takes its claims (see below)
+        journal = read_state_file(root, CHANGES)
+    except (OSError, HostError):
+        journal = b""
+    jdoc: JournalDoc | None = None
+    if journal:
         with contextlib.suppress(ValidationError):
             jdoc = JournalDoc.model_validate_json(journal)
             done: set[str] = set()
@@ -290,11 +305,32 @@ def offline_document(root: Path, config_file: Path | None, reason: str) -> dict[
             doc["change_in_progress"] = pending_entry(
                 jdoc.osc_checksum, jdoc.started_at, steps, remaining
             )
+
+    def named() -> frozenset[str] | None:
+        """The paths a claim may name, as the agent reads them (``host.state.vet_claims``);
+        None for a journal there and unreadable: its claims are the only record of its writes."""
+        if journal is not None and jdoc is None:
+            return None
+        meta = None
+        meta_raw = read(LAST_APPLIED_META)
+        if meta_raw is not None:
+            with contextlib.suppress(ValidationError):
+                meta = LastAppliedMeta.model_validate_json(meta_raw)
+        last = last_applied_of(raw, meta)
+        records = [last.applied if last is not None else None]
+        if jdoc is not None:
+            records += journal_applied(jdoc, last)
+        return named_paths(jdoc.change_set if jdoc is not None else None, records)
+
     inventory = read(INVENTORY)
     if inventory is not None:
         with contextlib.suppress(ValidationError):
             inv = Inventory.model_validate_json(inventory)
-            entries = inv.updated(inv.unfolded(progress)).entries.values()  # an unfinished apply's
+            claims = inv.unfolded(progress)  # an unfinished apply's, taken as the agent takes them
+            if claims:
+                before = jdoc.preexisting if jdoc is not None else ()
+                claims = vet_claims(claims, inv.entries, named=named(), preexisting=before).claims
+            entries = inv.updated(claims).entries.values()
             doc["inventory"] = inventory_counts((e.kind, e.created) for e in entries)
     return doc
 

@@ -23,6 +23,9 @@ from node_agent.osc.steps import step_ids
 SCHEMA_VERSION: Literal[1] = 1
 
 EntryKind = Literal["file", "unit", "dropin"]
+#: who had the agent write a path: an OSC, or ``bootstrap`` (the agent's own unit, the kubelet
+#: data volume's mount unit), which no OSC names and only ``reset`` takes back
+Origin = Literal["osc", "bootstrap"]
 
 
 class _Doc(BaseModel):
@@ -71,6 +74,8 @@ class OwnedEntry(BaseModel):
     created: bool  # False: the path existed before the agent first wrote it
     sha256: str | None = None  # None: content not known up front (imageRef files)
     mode: int | None = None
+    #: who wrote it first; an entry of a version that did not say is an OSC's, as it was
+    by: Origin = "osc"
 
 
 class JournalProgress(_Doc):
@@ -175,3 +180,4 @@ class Claim:
     path: str
     sha256: str | None
     mode: int | None
+    by: Origin = "osc"

@@ -26,9 +26,11 @@ atomically through HostFS, each a versioned pydantic model:
   from the journal and the disk before the next apply. ``owns()`` is true only for created paths: a
   distro unit that merely gets drop-ins, or a pre-existing file the OSC overwrote, is never
   deleted. Claims read back from a progress file are taken only as far as the agent can show
-  they are its own writes (``_vetted``), and a removal by an inventory entry
-  (``remove_created``) never touches the agent's own directory and removes only the bytes the
-  entry recorded: nothing in these files can make the agent delete what it did not write.
+  they are its own writes (``vet_claims``, the rule the offline status counts them by too), and
+  a removal by an inventory entry (``remove_created``) never touches the agent's own directory
+  and removes only the bytes the entry recorded: nothing in these files can make the agent
+  delete what it did not write. ``OwnedEntry.by`` says who had a path written: what
+  ``bootstrap`` wrote is never an orphan of an apply, only ``reset`` takes it back.
 - ``status.json`` — the last apply's outcome, for ``node-agent status`` (mode 0644, no secrets).
 
 There is one way to persist: every operation is written once, synchronously, and every byte goes
@@ -181,10 +183,17 @@ class Removal:
     kept: str | None = None  # what is there stays: why it is not provably what the agent wrote
 
 
-def refusal(path: str, entry: OwnedEntry, keep: Collection[str] = ()) -> str | None:
+def refusal(
+    path: str, entry: OwnedEntry, keep: Collection[str] = (), *, by_osc: bool = False
+) -> str | None:
     """Why an inventory entry can never make the agent remove ``path``, without looking at the
-    disk: the agent's own directory, ``keep`` (its program, its unit), no recorded digest."""
-    if own_path(path):
+    disk: the agent's own directory, ``keep`` (its program, its unit), no recorded digest.
+
+    ``by_osc``: the applied OSC itself removes ``path`` (the executor), not an entry alone. The
+    agent's own directory is no bar then: no OSC file can be a state file or a credential
+    (``layout.RESERVED_FILES``), and an old ``config-<version>.yaml`` must go as upstream
+    removes it, or a Gardener downgrade would keep running the higher version's config."""
+    if own_path(path) and not by_osc:
         return "it is in the agent's own directory (state, credentials, config)"
     if path in keep:
         return "it is the agent's own program or unit"
@@ -204,13 +213,16 @@ def not_written(fs: HostFS, path: str, entry: OwnedEntry, keep: Collection[str] 
     return None if fs.stat_matches(path, sha256=entry.sha256) else Removed.OTHER_CONTENT.value
 
 
-def remove_created(fs: HostFS, path: str, entry: OwnedEntry, keep: Collection[str] = ()) -> Removal:
+def remove_created(
+    fs: HostFS, path: str, entry: OwnedEntry, keep: Collection[str] = (), *, by_osc: bool = False
+) -> Removal:
     """Remove ``path``, which the inventory says the agent created, only if what is there is
-    provably what the agent wrote: outside its own directory and ``keep``, and a regular file
-    whose bytes have the recorded digest (read from the file that is then unlinked). Anything
-    else stays (``Removal.kept`` says why). HostError when it cannot be removed: a directory
-    there, a parent that is a symlink (never followed), a read-only file system."""
-    why = refusal(path, entry, keep)
+    provably what the agent wrote: outside its own directory (unless ``by_osc``, see
+    :func:`refusal`) and ``keep``, and a regular file whose bytes have the recorded digest
+    (read from the file that is then unlinked). Anything else stays (``Removal.kept`` says
+    why). HostError when it cannot be removed: a directory there, a parent that is a symlink
+    (never followed), a read-only file system."""
+    why = refusal(path, entry, keep, by_osc=by_osc)
     if why is not None:
         return Removal(kept=why)
     assert entry.sha256 is not None  # refusal() said so
@@ -220,6 +232,98 @@ def remove_created(fs: HostFS, path: str, entry: OwnedEntry, keep: Collection[st
     if done is Removed.ABSENT:
         return Removal()
     return Removal(kept=done.value)
+
+
+@dataclass(frozen=True)
+class Vetting:
+    """A progress file's claims as the agent takes them (:func:`vet_claims`)."""
+
+    claims: Mapping[str, OwnedEntry]  # taken, "created" turned to "found" where it must be
+    dropped: tuple[str, ...] = ()  # named by no change set or applied record: not the agent's
+    found: tuple[str, ...] = ()  # said "created" of a path the agent found there
+
+
+def vet_claims(
+    claims: Mapping[str, OwnedEntry],
+    entries: Mapping[str, OwnedEntry],
+    *,
+    named: Collection[str] | None,
+    preexisting: Collection[str] = (),
+) -> Vetting:
+    """The rule for the claims of a progress file, for the store and the offline status alike.
+
+    A claim for a path not in ``named`` (:func:`named_paths`; None: every path, when the
+    journal is there but unreadable and the claims are the only record of its writes) is
+    dropped. A claim that says "created" of a path in ``preexisting`` (the journal saw it
+    before its first write) or that ``entries`` (the inventory) hold as found says "found": a
+    claim never turns a file the agent found into one it may delete."""
+    vetted: dict[str, OwnedEntry] = {}
+    dropped: list[str] = []
+    found: list[str] = []
+    for path, entry in claims.items():
+        if named is not None and path not in named:
+            dropped.append(path)
+            continue
+        old = entries.get(path)
+        if entry.created and (path in preexisting or (old is not None and not old.created)):
+            entry = entry.model_copy(update={"created": False})
+            found.append(path)
+        vetted[path] = entry
+    if not dropped and not found:
+        return Vetting(claims)
+    return Vetting(vetted, tuple(dropped), tuple(found))
+
+
+def named_paths(change_set: ChangeSet | None, records: Iterable[Applied | None]) -> frozenset[str]:
+    """Every host path a journal's change set writes and the applied ``records`` (its base and
+    target, the last applied OSC's record) name: the paths a progress file may claim."""
+    paths = written_paths(change_set) if change_set is not None else set()
+    for applied in records:
+        if applied is not None:
+            paths |= applied_paths(applied)
+    return frozenset(paths)
+
+
+def last_applied_of(raw: bytes | None, meta: LastAppliedMeta | None) -> LastApplied | None:
+    """The last applied OSC from its bytes and its meta document (which counts only when it
+    is of those bytes)."""
+    if raw is None:
+        return None
+    checksum = sha256_hex(raw)
+    if meta is None or meta.checksum != checksum:
+        return LastApplied(raw=raw, checksum=checksum, applied_at=None, resolved=None)
+    return LastApplied(
+        raw=raw,
+        checksum=checksum,
+        applied_at=meta.applied_at,
+        resolved=dict(meta.resolved),
+        applied=meta.applied,
+    )
+
+
+def journal_applied(
+    doc: JournalDoc, last: LastApplied | None
+) -> tuple[Applied | None, Applied | None]:
+    """The journal's base and target, written whole or by reference to the last applied OSC's
+    record (``base_checksum``, ``target_changes``).
+
+    The record changes only when an apply completes, just before its journal is dropped: a
+    journal that finds the record of its own checksum completed before a crash kept it from
+    being dropped, and its target is that record (its base is then the same, since nothing is
+    left to do). A record that is gone or unreadable leaves both unknown, as in a journal of an
+    older agent: the plan then starts from the last applied OSC and owes the commands not
+    done."""
+    if doc.base_checksum is None:
+        return doc.base, doc.target
+    if last is None or last.applied is None:
+        return None, None
+    if last.checksum == doc.base_checksum:
+        base = last.applied
+        changes = doc.target_changes
+        return base, changes.apply_to(base) if changes is not None else doc.target
+    if last.checksum == doc.osc_checksum:
+        return None, last.applied
+    return None, None
 
 
 _D = TypeVar("_D", bound=BaseModel)
@@ -303,20 +407,9 @@ class StateStore:
         return await _off_loop(self.load_last_applied)  # reading and hashing up to 1 MiB
 
     def _last_applied(self, raw: bytes | None, meta: LastAppliedMeta | None) -> LastApplied | None:
-        if raw is None:
-            self._applied = ""
-            return None
-        checksum = sha256_hex(raw)
-        self._applied = checksum
-        if meta is None or meta.checksum != checksum:
-            return LastApplied(raw=raw, checksum=checksum, applied_at=None, resolved=None)
-        return LastApplied(
-            raw=raw,
-            checksum=checksum,
-            applied_at=meta.applied_at,
-            resolved=dict(meta.resolved),
-            applied=meta.applied,
-        )
+        last = last_applied_of(raw, meta)
+        self._applied = last.checksum if last is not None else ""
+        return last
 
     def save_last_applied(
         self,
@@ -493,27 +586,11 @@ class StateStore:
         return self._pending
 
     def _journal_applied(self, doc: JournalDoc) -> tuple[Applied | None, Applied | None]:
-        """The journal's base and target, written whole or by reference to the last applied
-        OSC's record (``base_checksum``, ``target_changes``).
-
-        The record changes only when an apply completes, just before its journal is dropped:
-        a journal that finds the record of its own checksum completed before a crash kept it
-        from being dropped, and its target is that record (its base is then the same, since
-        nothing is left to do). A record that is gone or unreadable leaves both unknown, as in
-        a journal of an older agent: the plan then starts from the last applied OSC and owes
-        the commands not done."""
+        """The journal's base and target (:func:`journal_applied`); the last applied OSC is
+        read only when the journal refers to it."""
         if doc.base_checksum is None:
             return doc.base, doc.target
-        last = self.load_last_applied()
-        if last is None or last.applied is None:
-            return None, None
-        if last.checksum == doc.base_checksum:
-            base = last.applied
-            changes = doc.target_changes
-            return base, changes.apply_to(base) if changes is not None else doc.target
-        if last.checksum == doc.osc_checksum:
-            return None, last.applied
-        return None, None
+        return journal_applied(doc, self.load_last_applied())
 
     def mark_done(self, *steps: str, failed: Mapping[str, str] | None = None) -> Pending:
         """Record ``steps`` (ids from ``steps.py``) as completed and, when given, the steps that
@@ -579,7 +656,8 @@ class StateStore:
         for c in claims:
             old = entries.get(c.path)
             created = old.created if old is not None else c.path not in before
-            entry = OwnedEntry(kind=c.kind, created=created, sha256=c.sha256, mode=c.mode)
+            by = old.by if old is not None else c.by
+            entry = OwnedEntry(kind=c.kind, created=created, sha256=c.sha256, mode=c.mode, by=by)
             if entry != old:
                 updates[c.path] = entry
         if not updates and self.has_inventory():
@@ -664,31 +742,24 @@ class StateStore:
         Warning naming them. With the journal there but unreadable (set aside), the claims are
         the only record of what it wrote and are taken. A claim that says "created" for a path
         the journal saw before its first write, or that the inventory holds as found, says
-        "found": a claim never turns a file the agent found into one it may delete. Each
-        removal still checks the bytes (``remove_created``). Runs only with the inventory read
-        from disk (a start, ``reset``), never on an apply's way."""
+        "found": a claim never turns a file the agent found into one it may delete (the rule:
+        :func:`vet_claims`; here each claim not taken as it is is also said). Each removal
+        still checks the bytes (``remove_created``). Runs only with the inventory read from
+        disk (a start, ``reset``), never on an apply's way."""
         pending = self.pending()
         named = None if self._journal_unreadable else self._named_paths()
         before = pending.preexisting if pending is not None else frozenset()
-        vetted: dict[str, OwnedEntry] = {}
-        dropped: list[str] = []
-        found: list[str] = []
-        for path, entry in claims.items():
-            if named is not None and path not in named:
-                dropped.append(path)
-                continue
-            old = inv.entries.get(path)
-            if entry.created and (path in before or (old is not None and not old.created)):
-                entry = entry.model_copy(update={"created": False})
-                found.append(path)
-            vetted[path] = entry
+        vetting = vet_claims(claims, inv.entries, named=named, preexisting=before)
         for paths, why in (
-            (dropped, "no change set or applied OSC of the agent names them; dropped"),
-            (found, "they existed before the agent wrote them; kept as found, never deleted"),
+            (vetting.dropped, "no change set or applied OSC of the agent names them; dropped"),
+            (
+                vetting.found,
+                "they existed before the agent wrote them; kept as found, never deleted",
+            ),
         ):
             if paths:
-                self._distrust(paths, why)
-        return vetted if dropped or found else claims
+                self._distrust(list(paths), why)
+        return vetting.claims
 
     def _distrust(self, paths: list[str], why: str) -> None:
         """Say once (log, and a note for a Warning on the Node) which claims were not taken as
@@ -710,17 +781,12 @@ class StateStore:
     def _named_paths(self) -> frozenset[str]:
         """Every host path a persisted change set or applied record names: the journal's writes,
         its base and target, and the last applied OSC's record (derived items included)."""
-        paths: set[str] = set()
         pending = self.pending()
-        if pending is not None:
-            paths |= written_paths(pending.change_set)
-            for applied in (pending.base, pending.target):
-                if applied is not None:
-                    paths |= applied_paths(applied)
         last = self.load_last_applied()
-        if last is not None and last.applied is not None:
-            paths |= applied_paths(last.applied)
-        return frozenset(paths)
+        records = [last.applied if last is not None else None]
+        if pending is None:
+            return named_paths(None, records)
+        return named_paths(pending.change_set, [pending.base, pending.target, *records])
 
     def has_inventory(self) -> bool:
         """False on a node never touched by this agent version (e.g. taken over from upstream)."""
@@ -733,7 +799,9 @@ class StateStore:
     def claim(self, claims: Iterable[Claim], *, created: bool | None = None) -> Inventory:
         """Record paths about to be written. A path seen for the first time counts as created
         by the agent if nothing exists there now (``created`` overrides that, e.g. to adopt
-        files an upstream agent wrote); a known path keeps its flag and gets the new digest."""
+        files an upstream agent wrote); a known path keeps its flag and gets the new digest. A
+        path ``bootstrap`` claims is bootstrap's from then on (``OwnedEntry.by``): no later
+        OSC's write makes it the OSC's, so the orphan sweep never takes it."""
         inv = self.inventory()
         entries = dict(inv.entries)
         for c in claims:
@@ -742,7 +810,10 @@ class StateStore:
                 flag = old.created if created is None else created
             else:
                 flag = not self.fs.exists(c.path) if created is None else created
-            entries[c.path] = OwnedEntry(kind=c.kind, created=flag, sha256=c.sha256, mode=c.mode)
+            by = old.by if old is not None and c.by == "osc" else c.by
+            entries[c.path] = OwnedEntry(
+                kind=c.kind, created=flag, sha256=c.sha256, mode=c.mode, by=by
+            )
         return self._save_inventory(entries)
 
     def keep_only(self, entries: Mapping[str, OwnedEntry]) -> Inventory:

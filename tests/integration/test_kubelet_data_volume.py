@@ -30,7 +30,13 @@ from node_agent.commands.data_volume import (
     QUOTA_ENV,
     mount_unit_text,
 )
-from tests.testbed.agent_harness import OSCAgent, wait_for, warning_messages
+from tests.testbed.agent_harness import (
+    OSCAgent,
+    inline_file,
+    osc_document,
+    wait_for,
+    warning_messages,
+)
 from tests.testbed.controlplane import ControlPlane
 from tests.testbed.systemd_ns import IsolatedSystemd
 from tests.testbed.userdata import (
@@ -237,6 +243,19 @@ async def test_the_one_blank_disk_becomes_the_kubelet_directory(
     assert f"kubelet data volume already mounted ({device})" in again.stdout
     assert blkid(device, "UUID") == uuid
     assert mounts_on_kubelet_dir(node) == before == 1
+
+    # The mount unit is bootstrap's: an apply whose OSC does not name it leaves it mounted (its
+    # orphan sweep takes only what OSCs had written); reset takes it back.
+    checksum = await booted.agent.publish(osc_document([inline_file("/etc/dv/a.conf", "a\n")], []))
+    await booted.agent.wait_applied(checksum)
+    assert node.path("/etc/dv/a.conf").exists()
+    assert show(node, MOUNT_UNIT)["ActiveState"] == "active"
+    assert node.path(f"/etc/systemd/system/{MOUNT_UNIT}").read_text() == unit
+    reset = sh(node, "/opt/node-agent/current/bin/node-agent reset")
+    assert reset.returncode == 0, reset.stdout + reset.stderr
+    assert f"removed unit /etc/systemd/system/{MOUNT_UNIT}" in reset.stdout.splitlines()
+    assert not node.path(f"/etc/systemd/system/{MOUNT_UNIT}").exists()
+    assert mounts_on_kubelet_dir(node) == 0
     print(f"\n{options} on {device} ({size} bytes)", end="")
 
 

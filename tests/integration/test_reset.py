@@ -3,6 +3,7 @@ what it found stays, and a second reset has nothing to do."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -121,6 +122,13 @@ def test_reset_goes_on_past_what_it_cannot_remove(node: IsolatedSystemd, tmp_pat
             "node-agent: ResetIncompleteError: reset incomplete: 2 item(s) not removed "
             "(/etc/reset-linked/b.conf, /etc/reset-stuck/a.conf)"
         ), reset.stderr
+        events = [
+            json.loads(line) for line in reset.stderr.splitlines()[:-1]
+        ]  # JSON, as the agent's
+        assert [(e["event"], e["path"]) for e in events] == [
+            ("not removed", "/etc/reset-linked/b.conf"),
+            ("not removed", "/etc/reset-stuck/a.conf"),
+        ]
         failed = [line for line in reset.stdout.splitlines() if line.startswith("not removed")]
         assert [line.split(":")[0] for line in failed] == [
             "not removed file /etc/reset-linked/b.conf",

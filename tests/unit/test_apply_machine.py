@@ -50,7 +50,7 @@ from node_agent.apply import executor
 from node_agent.apply.applier import Applier
 from node_agent.base.errors import ApplyError, HostIOError, SystemdCallError
 from node_agent.base.layout import drop_in_path, unit_path
-from node_agent.host.fs import TEMP_PREFIX, HostFS, HostPath, WriteResult
+from node_agent.host.fs import TEMP_PREFIX, HostFS, HostPath, Removed, WriteResult
 from node_agent.host.state import (
     CHANGES,
     CHANGES_DONE,
@@ -247,6 +247,16 @@ class FaultyFS(HostFS):
         if self.faults.get(host_path) == errno.EROFS and self.exists(host_path):
             raise HostIOError("remove", host_path, OSError(errno.EROFS, os.strerror(errno.EROFS)))
         removed = super().remove(path)
+        self.machine.tick(f"after removing {host_path}")
+        return removed
+
+    def remove_written(self, path: HostPath, sha256: str) -> Removed:
+        """The removal of what the agent wrote (a deletion step, the orphan sweep): the same
+        faults and kill points as ``remove``."""
+        host_path = os.fspath(path)
+        if self.faults.get(host_path) == errno.EROFS and self.exists(host_path):
+            raise HostIOError("remove", host_path, OSError(errno.EROFS, os.strerror(errno.EROFS)))
+        removed = super().remove_written(path, sha256)
         self.machine.tick(f"after removing {host_path}")
         return removed
 

@@ -10,6 +10,8 @@ from typing import Any
 
 import pytest
 
+from node_agent.apply.applier import Applier
+from node_agent.base.layout import AGENT_UNIT
 from node_agent.commands.data_volume import (
     COPY_MOUNT,
     LABEL,
@@ -26,8 +28,10 @@ from node_agent.commands.data_volume import (
     mounted_from,
     parse_lsblk,
 )
+from node_agent.commands.reset import reset_node
 from node_agent.host.fs import HostFS
 from node_agent.host.state import StateStore
+from node_agent.osc.applied import Applied
 from tests.unit.fakes import ACTIVE, INACTIVE, FakeSystemd
 
 GIB = 1 << 30
@@ -329,3 +333,27 @@ async def test_what_lsblk_does_not_show_the_device_itself_does(fs: HostFS) -> No
     done.device["mountpoint"] = f"{fs.root}/var/lib/kubelet"
     result = await ensure_kubelet_data_volume(SIZE, fs, FakeSystemd({MOUNT_UNIT: INACTIVE}), done)
     assert result.state == "already mounted"
+
+
+async def test_the_sweep_leaves_the_mount_unit_to_reset(fs: HostFS) -> None:
+    """bootstrap's mount unit is the agent's (reset takes it back) but no OSC's: the orphan
+    sweep after an apply whose OSC does not name it neither stops nor removes it."""
+    systemd = FakeSystemd({MOUNT_UNIT: INACTIVE})
+    await ensure_kubelet_data_volume(SIZE, fs, systemd, FakeDisks(blank_disk()))
+    unit_file = fs.root / "etc/systemd/system" / MOUNT_UNIT
+    entry = StateStore(fs).inventory().entries[f"/etc/systemd/system/{MOUNT_UNIT}"]
+    assert (entry.created, entry.by) == (True, "bootstrap")
+    systemd.units[MOUNT_UNIT] = ACTIVE
+    systemd.calls.clear()
+
+    applier = Applier(fs, StateStore(fs), systemd, host_name="h", agent_unit=AGENT_UNIT)
+    assert await applier.remove_orphans(Applied()) == []
+    assert unit_file.read_bytes() == mount_unit_text().encode()
+    assert systemd.calls == []  # not stopped, not disabled
+    assert StateStore(fs).owns(f"/etc/systemd/system/{MOUNT_UNIT}")
+
+    lines: list[str] = []
+    await reset_node(fs.root, systemd, out=lines.append, caller_units=set())
+    assert f"stopped {MOUNT_UNIT}" in lines
+    assert f"removed unit /etc/systemd/system/{MOUNT_UNIT}" in lines
+    assert not unit_file.exists()

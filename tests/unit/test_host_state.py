@@ -661,3 +661,41 @@ def test_a_journal_over_another_base_writes_it_whole(store: StateStore, root: Pa
     resumed = StateStore(HostFS(root)).pending()
     assert resumed is not None
     assert (resumed.base, resumed.target) == (base, target)
+
+
+def test_an_inventory_of_the_previous_version_loads_its_entries_as_the_oscs(
+    store: StateStore, root: Path
+) -> None:
+    """Entries written before they said who wrote them read as the OSC's, as they were."""
+    doc = {
+        "version": 1,
+        "entries": {
+            "/etc/a.conf": {"kind": "file", "created": True, "sha256": sha(b"a"), "mode": 420},
+            "/etc/found.conf": {"kind": "file", "created": False, "sha256": None, "mode": None},
+        },
+        "folded": None,
+    }
+    state_file(root, INVENTORY).parent.mkdir(parents=True)
+    state_file(root, INVENTORY).write_text(json.dumps(doc))
+    inv = store.inventory()
+    assert store.take_set_aside() == []  # nothing set aside as unreadable
+    assert inv.owns("/etc/a.conf")
+    assert {p: e.by for p, e in inv.entries.items()} == {
+        "/etc/a.conf": "osc",
+        "/etc/found.conf": "osc",
+    }
+
+
+def test_an_entry_bootstrap_claimed_stays_bootstraps_when_an_osc_writes_it(
+    store: StateStore, root: Path
+) -> None:
+    unit = unit_path("x.service")
+    store.claim([Claim("unit", unit, sha(b"1"), 0o644, by="bootstrap")])
+    cs = ChangeSet(units_to_write=(UnitWrite(name="x.service", content="2", reason="r"),))
+    store.begin(cs, "s")
+    store.record_written(claims_for(cs))
+    store.finish()
+    entry = StateStore(HostFS(root)).inventory().entries[unit]
+    assert (entry.created, entry.by, entry.sha256) == (True, "bootstrap", sha(b"2"))
+    store.claim([Claim("file", "/etc/b.conf", sha(b"b"), 0o644)])
+    assert StateStore(HostFS(root)).inventory().entries["/etc/b.conf"].by == "osc"

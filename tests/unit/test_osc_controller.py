@@ -27,6 +27,7 @@ from node_agent.context import AgentContext
 from node_agent.controllers.osc import controller as controller_module
 from node_agent.controllers.osc import pacing
 from node_agent.controllers.osc.controller import OSCController
+from node_agent.host.fs import Removed
 from node_agent.host.history import HistoryEntry
 from node_agent.kube import report
 from node_agent.kube.report import ANNOTATION_APPLIED_CHECKSUM, ANNOTATION_SECRET_CHECKSUM
@@ -223,17 +224,17 @@ async def test_a_removed_unit_deleted_by_a_retry_is_reloaded_after(
     await ctl.reconcile(secret(yaml.safe_dump(doc).encode()))
     assert (tmp_path / unit_path("t@.service").lstrip("/")).exists()
     without = osc_bytes("one\n")
-    real = ctx.fs.remove
+    real = ctx.fs.remove_written  # how a deletion step removes what the agent wrote
 
-    def read_only(path: str) -> bool:
+    def read_only(path: str, sha256: str) -> Removed:
         if path == unit_path("t@.service"):
             raise HostIOError("remove", path, OSError(errno.EROFS, os.strerror(errno.EROFS)))
-        return real(path)
+        return real(path, sha256)
 
-    monkeypatch.setattr(ctx.fs, "remove", read_only)
+    monkeypatch.setattr(ctx.fs, "remove_written", read_only)
     with pytest.raises(ApplyError):
         await ctl.reconcile(secret(without))
-    monkeypatch.setattr(ctx.fs, "remove", real)
+    monkeypatch.setattr(ctx.fs, "remove_written", real)
     systemd.calls.clear()
     await ctl.reconcile(secret(without))
     assert not (tmp_path / unit_path("t@.service").lstrip("/")).exists()

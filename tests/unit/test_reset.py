@@ -2,19 +2,25 @@
 
 from __future__ import annotations
 
+import json
+import logging
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import structlog
 from structlog.testing import capture_logs
 
 from node_agent.base import layout
-from node_agent.base.errors import NodeAgentError
+from node_agent.base.errors import NodeAgentError, ResetIncompleteError
+from node_agent.cli import main
 from node_agent.commands.reset import NOTHING_TO_DO, reset_node
 from node_agent.host.documents import Claim, EntryKind
 from node_agent.host.fs import HostFS
 from node_agent.host.state import StateStore, claims_for, sha256_hex
 from node_agent.osc.plan import ChangeSet, FileWrite
+from node_agent.systemd import client as systemd_client
 from tests.unit.fakes import ACTIVE, FakeSystemd
 
 
@@ -168,10 +174,11 @@ async def test_reset_goes_on_past_each_item_it_cannot_remove(tmp_path: Path) -> 
     _node(root)
     _obstacles(root, outside)
     lines: list[str] = []
-    with capture_logs() as logs, pytest.raises(NodeAgentError) as err:
+    with capture_logs() as logs, pytest.raises(ResetIncompleteError) as err:
         await reset_node(root, FakeSystemd({}), out=lines.append, caller_units=set())
     message = str(err.value)
     assert message.startswith("reset incomplete: 2 item(s) not removed"), message
+    assert [item for item, _ in err.value.items] == ["/etc/demo/a.conf", "/etc/linked/b.conf"]
     assert "/etc/demo/a.conf" in message
     assert "/etc/linked/b.conf" in message
     # each named on its own line and in its own log event
@@ -293,3 +300,64 @@ async def test_reset_removes_the_agent_program_its_unit_names(
     assert (tmp_path / "opt/bin/gardener-node-agent.previous").exists() is not in_inventory
     assert not unpacked.parent.exists()  # the launcher's copies go in any case
     assert ("removed /opt/bin/gardener-node-agent" in lines) is removed
+
+
+@pytest.fixture
+def logging_restored() -> Iterator[None]:
+    """The command configures logging for the process, onto a stream capsys closes: the
+    configuration of before is put back."""
+    config = structlog.get_config()
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    structlog.configure(**config)
+    root.handlers[:], root.level = handlers, level
+
+
+@pytest.mark.usefixtures("logging_restored")
+def test_the_reset_command_logs_one_json_event_per_item_and_prints_lines(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """As the agent does, ``node-agent reset`` logs JSON by default (on stderr: stdout has the
+    lines for people): one event for each item kept or not removed, naming it."""
+    root, outside = tmp_path / "node", tmp_path / "outside"
+    root.mkdir()
+    _node(root)
+    _obstacles(root, outside)
+    (root / "etc/pre-existing.conf").write_bytes(b"changed\n")
+    StateStore(HostFS(root)).claim([_claim("file", "/etc/edited.conf", b"x\n")], created=True)
+    (root / "etc/edited.conf").write_bytes(b"the operator's\n")
+    monkeypatch.setattr(systemd_client, "Systemd", lambda _address: FakeSystemd({}))
+
+    assert main(["reset", "--root", str(root)]) == 1
+
+    captured = capsys.readouterr()
+    assert "not removed file /etc/demo/a.conf: remove /etc/demo/a.conf: Is a directory" in (
+        captured.out.splitlines()
+    )
+    *events, last = captured.err.splitlines()
+    assert last.startswith("node-agent: ResetIncompleteError: reset incomplete: 2 item(s)")
+    logged = [json.loads(line) for line in events]
+    assert [(e["event"], e["level"], e["path"]) for e in logged] == [
+        ("not removed", "error", "/etc/demo/a.conf"),
+        ("kept", "warning", "/etc/edited.conf"),
+        ("not removed", "error", "/etc/linked/b.conf"),
+    ]
+
+
+async def test_reset_leaves_the_standalone_install_its_unit_reaches_through_a_symlink(
+    tmp_path: Path,
+) -> None:
+    """The standalone install runs ``/opt/node-agent/current/bin/node-agent``, ``current`` a
+    symlink to the release: no symlink is followed to remove it, and that is no failure."""
+    fs = HostFS(tmp_path)
+    unit = "/etc/systemd/system/gardener-node-agent.service"
+    text = b"[Service]\nExecStart=/opt/node-agent/current/bin/node-agent run\n"
+    fs.write_atomic(unit, text, 0o644)
+    fs.write_atomic("/opt/node-agent/releases/v1/bin/node-agent", b"\x7fELF", 0o755)
+    (tmp_path / "opt/node-agent/current").symlink_to("releases/v1")
+    StateStore(fs).claim([_claim("unit", unit, text)], created=True)
+    lines: list[str] = []
+    await reset_node(tmp_path, None, out=lines.append)
+    assert f"removed unit {unit}" in lines
+    assert (tmp_path / "opt/node-agent/current/bin/node-agent").read_bytes() == b"\x7fELF"

@@ -5,8 +5,10 @@ use."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
+import shutil
 import socket
 import stat
 import time
@@ -26,19 +28,25 @@ from node_agent.config import CONFIG_FILE, AgentSettings
 from node_agent.context import AgentContext
 from node_agent.controllers.lease import LeaseStats
 from node_agent.controllers.node import NodeStats
-from node_agent.host.documents import ApplyRecord, ItemFailure
-from node_agent.host.state import claims_for
+from node_agent.host.documents import ApplyRecord, Claim, ItemFailure
+from node_agent.host.fs import HostFS
+from node_agent.host.state import CHANGES, CHANGES_DONE, STATE_DIR, StateStore, claims_for
 from node_agent.kube.client import ClientStats
 from node_agent.observe import unix_socket
 from node_agent.observe.observations import ApplyObservations
 from node_agent.observe.probes import Probes
 from node_agent.observe.view import AgentView, EndpointView, Sources, reader
+from node_agent.osc.applied import Applied, AppliedFile
 from node_agent.osc.decode import parse_osc
-from node_agent.osc.plan import plan
+from node_agent.osc.plan import ChangeSet, FileWrite, plan
 from tests.unit import fakes
 from tests.unit.fakes import ACTIVE, FakeKube, FakeSystemd
 
 SECRET = "gardener-node-agent-pool-a-0123456789abcdef"
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
 
 
 def osc_yaml(units: list[str], text: str = "x=1\n") -> bytes:
@@ -558,3 +566,50 @@ def test_control_characters_of_stored_errors_are_escaped_in_the_text(tmp_path: P
         assert [ch for ch in line if unicodedata.category(ch) in ("Cc", "Cf")] == [], line
     assert "x\\x1b]0;t\\x07.service: \\x1b[2Jgone" in text
     assert "boom\\x1b[31m\\r" in text
+
+
+@pytest.mark.parametrize(
+    ("journal", "paths", "created"),
+    [
+        ("readable", 4, 3),  # /etc/passwd named by nothing; found.conf was there before
+        ("absent", 2, 2),  # a lone progress file: only the last applied record names paths
+        ("unreadable", 5, 5),  # the claims are the only record of what it wrote: taken
+    ],
+)
+def test_offline_counts_only_the_claims_the_agent_takes(
+    tmp_path: Path, journal: str, paths: int, created: int
+) -> None:
+    """The offline status counts a progress file's claims as the agent reads them (the same
+    rule), never as they are written: a forged claim is no path of the agent's there either."""
+    root = tmp_path / "node"
+    root.mkdir()
+    fs = HostFS(root)
+    store = StateStore(fs)
+    store.claim([Claim("file", "/etc/base.conf", _sha(b"b"), 0o644)], created=True)
+    fs.write_atomic("/etc/found.conf", b"the operator's\n", 0o644)
+    old = AppliedFile(mode=0o644, sha256=_sha(b"o"))
+    store.save_last_applied(b"osc", applied=Applied(files={"/etc/old.conf": old}))
+    writes = tuple(
+        FileWrite(path=p, mode=0o644, content=b"n", sha256=_sha(b"n"), reason="r")
+        for p in ("/etc/new.conf", "/etc/found.conf")
+    )
+    pending = store.begin(ChangeSet(files_to_write=writes), "c" * 64)
+    claimed = ("/etc/old.conf", "/etc/new.conf", "/etc/found.conf", "/etc/passwd")
+    claims = {p: {"kind": "file", "created": True, "sha256": _sha(b"n")} for p in claimed}
+    state = root / STATE_DIR.lstrip("/")
+    (state / CHANGES_DONE).write_text(
+        json.dumps({"version": 1, "id": pending.id, "claims": claims})
+    )
+    if journal == "absent":
+        (state / CHANGES).unlink()
+    elif journal == "unreadable":
+        (state / CHANGES).write_text("{not json")
+
+    doc = status.offline_document(root, None, "no socket")
+
+    counts = doc["inventory"]
+    assert (counts["paths"], counts["created"]) == (paths, created)
+    copy = tmp_path / "copy"  # the agent's own reading, which may set files aside: on a copy
+    shutil.copytree(root, copy, symlinks=True)
+    entries = StateStore(HostFS(copy)).inventory().entries.values()
+    assert counts == status.inventory_counts((e.kind, e.created) for e in entries)
