@@ -109,7 +109,10 @@ def test_parse_go_durations(text: str, seconds: float) -> None:
     assert parse_duration(text).total_seconds() == pytest.approx(seconds)
 
 
-@pytest.mark.parametrize("text", ["", "10", "m", "1x", "1m 30s", "abc"])
+@pytest.mark.parametrize(
+    "text",
+    ["", "10", "m", "1x", "1m 30s", "abc", "\u0661\u0660s", "1\uff10m", "\u00b2s"],
+)  # Go reads ASCII digits only: Arabic-Indic 10s is no duration
 def test_reject_non_durations(text: str) -> None:
     with pytest.raises(ValueError, match="duration"):
         parse_duration(text)
