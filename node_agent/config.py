@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 from collections.abc import Mapping
 from datetime import timedelta
 from pathlib import Path
@@ -27,6 +26,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticUseDefault
 
+from node_agent.base import versions
 from node_agent.base.configfile import config_version_key as config_version_key
 from node_agent.base.configfile import find_config as find_config
 from node_agent.base.configfile import read_config_file
@@ -139,32 +139,14 @@ GoFloat32 = BeforeValidator(_go_float32)
 #: a duration of Gardener's config (``metav1.Duration``)
 GoDuration = Annotated[timedelta, BeforeValidator(_go_duration)]
 
-# Masterminds/semver's lenient reading (NewVersion), which upstream decodes kubernetesVersion with
-_SEMVER = re.compile(
-    r"v?([0-9]+)(?:\.([0-9]+))?(?:\.([0-9]+))?"
-    r"(?:-([0-9A-Za-z-]+(?:\.[0-9A-Za-z-]+)*))?"
-    r"(?:\+([0-9A-Za-z-]+(?:\.[0-9A-Za-z-]+)*))?"
-)
-_SEMVER_MAX_LENGTH = 256
-
 
 def kubernetes_version(value: object) -> str:
-    """The version as upstream prints it (``v1.33`` is ``1.33.0``): what the Node's
-    ``worker.gardener.cloud/kubernetes-version`` label carries."""
+    """The version read as upstream decodes it (Masterminds' ``NewVersion``, see
+    :func:`node_agent.base.versions.semver`) and printed as upstream prints it (``v1.33`` is
+    ``1.33.0``): what the Node's ``worker.gardener.cloud/kubernetes-version`` label carries."""
     if not isinstance(value, str):
         raise ValueError(f"expected a version string such as 1.33.4, got {_shown(value)}")
-    match = _SEMVER.fullmatch(value) if len(value) <= _SEMVER_MAX_LENGTH else None
-    if match is None:
-        raise ValueError(f"not a semantic version: {value!r}")
-    major, minor, patch, pre, meta = match.groups()
-    numbers = [int(part or "0") for part in (major, minor, patch)]
-    if any(n >= 1 << 64 for n in numbers):
-        raise ValueError(f"not a semantic version: {value!r} (a number is too large)")
-    for part in (pre or "").split(".") if pre else ():
-        if part.isdigit() and len(part) > 1 and part.startswith("0"):
-            raise ValueError(f"not a semantic version: {value!r} (prerelease {part!r})")
-    text = ".".join(str(n) for n in numbers)
-    return text + (f"-{pre}" if pre else "") + (f"+{meta}" if meta else "")
+    return versions.semver(value).text()
 
 
 KubernetesVersion = BeforeValidator(kubernetes_version)
@@ -417,8 +399,8 @@ DISABLE_VERSION_CHECK_ENV = "EXPERIMENTAL_DISABLE_KUBERNETES_VERSION_CHECK"
 
 
 def _supported_kubernetes_version(version: str) -> bool:
-    major, minor = (int(n) for n in re.split(r"[-+.]", version)[:2])
-    return (major, minor) in SUPPORTED_KUBERNETES_MINORS
+    read = versions.semver(version)
+    return (read.major, read.minor) in SUPPORTED_KUBERNETES_MINORS
 
 
 def validate_config(

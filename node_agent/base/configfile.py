@@ -12,6 +12,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
+from node_agent.base import versions
 from node_agent.base.errors import ConfigError
 
 #: the most a config file may hold. Gardener's are about 1 KiB; upstream reads any size, but a
@@ -26,27 +27,20 @@ _KINDS = {
     stat.S_IFSOCK: "a socket",
 }
 
-_VERSIONED_CONFIG = re.compile(
-    r"config-v?(\d+)\.(\d+)\.(\d+)(?:-([0-9A-Za-z.-]+))?(?:\+[0-9A-Za-z.-]+)?\.yaml"
-)
-
-
-def _prerelease_key(text: str | None) -> tuple[int, tuple[tuple[int, int, str], ...]]:
-    """Semver precedence of a prerelease: a release sorts after all of its prereleases; numeric
-    identifiers compare as numbers and sort before alphanumeric ones."""
-    if text is None:
-        return (1, ())
-    parts = tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in text.split("."))
-    return (0, parts)
+#: ``config-<version>.yaml`` with all three numbers, in ASCII (read by :mod:`.versions`)
+_VERSIONED_CONFIG = re.compile(r"config-(v?[0-9]+\.[0-9]+\.[0-9]+(?:[-+].*)?)\.yaml")
 
 
 def config_version_key(name: str) -> tuple[Any, ...] | None:
-    """Sort key of ``config-<version>.yaml`` by semantic version; None for any other name."""
+    """Sort key of ``config-<version>.yaml`` by semantic version precedence; None for any
+    other name (one whose version is no semantic version in ASCII digits included)."""
     match = _VERSIONED_CONFIG.fullmatch(name)
     if match is None:
         return None
-    major, minor, patch, pre = match.groups()
-    return (int(major), int(minor), int(patch), _prerelease_key(pre))
+    try:
+        return versions.precedence(versions.semver(match.group(1)))
+    except versions.VersionError:
+        return None
 
 
 def find_config(config_dir: Path) -> Path:

@@ -8,7 +8,8 @@ from __future__ import annotations
 import re
 from datetime import timedelta
 
-_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
+#: ASCII digits, as Go reads them (``\d`` alone matches any decimal digit, and ``float`` reads it)
+_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)", re.ASCII)
 _UNIT_SECONDS = {
     "ns": 1e-9,
     "us": 1e-6,

@@ -17,7 +17,7 @@ class Notifier:
         pid = os.environ.get("WATCHDOG_PID")
         owned = pid is None or pid == str(os.getpid())
         self.watchdog_interval: float | None = (
-            int(usec) / 2e6 if usec and usec.isdigit() and owned else None
+            int(usec) / 2e6 if usec and usec.isascii() and usec.isdigit() and owned else None
         )
 
     def notify(self, *fields: str) -> bool:

@@ -61,6 +61,23 @@ def semver(text: str) -> SemVer:
     return SemVer(numbers[0], numbers[1], numbers[2], pre or "", meta or "")
 
 
+#: a prerelease identifier's place in :func:`precedence`: (0, number, "") or (1, 0, text)
+_Identifier = tuple[int, int, str]
+
+
+def precedence(version: SemVer) -> tuple[int, int, int, int, tuple[_Identifier, ...]]:
+    """Sort key of ``version`` by Semantic Versioning precedence: the numbers numerically, a
+    release after all of its prereleases, a prerelease's numeric identifiers numerically and
+    before alphanumeric ones, more identifiers after fewer; build metadata does not count."""
+    if not version.prerelease:
+        return (version.major, version.minor, version.patch, 1, ())
+    parts = tuple(
+        (0, int(p), "") if p.isascii() and p.isdigit() else (1, 0, p)
+        for p in version.prerelease.split(".")
+    )
+    return (version.major, version.minor, version.patch, 0, parts)
+
+
 def shown(text: str, limit: int = 80) -> str:
     """``text`` quoted for a message, shortened: a version may come from a 1 MiB field."""
     if len(text) <= limit:

@@ -33,13 +33,15 @@ Last-applied state and everything else the agent keeps are never touched.
 from __future__ import annotations
 
 import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
 import node_agent
-from node_agent.base.errors import ConfigError, HostError, NodeAgentError
+from node_agent.base.configfile import MAX_CONFIG_BYTES, read_config_file
+from node_agent.base.errors import ConfigError, HostError, NodeAgentError, UnsafePathError
 from node_agent.base.layout import KUBELET_BOOTSTRAP_KUBECONFIG
 from node_agent.base.log import get_logger
 from node_agent.commands.data_volume import (
@@ -152,26 +154,33 @@ def kubelet_bootstrap_kubeconfig(server: str, ca_file: str, token: str) -> bytes
 
 def load_user_data_config(path: Path) -> tuple[bytes, NodeAgentConfiguration]:
     """Read and validate the config shipped in user-data (like ``--config`` of every command, a
-    plain path, not one below ``--root``)."""
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise ConfigError(f"cannot read config {path}: {exc.strerror}") from exc
+    plain path, not one below ``--root``), bounded as every config is read
+    (:func:`~node_agent.base.configfile.read_config_file`: a FIFO would block for ever)."""
+    raw = read_config_file(path)
     return raw, parse_config(raw, source=str(path))
 
 
 def seed_config(fs: HostFS, settings: AgentSettings, source: Path, raw: bytes) -> str:
-    """Copy the user-data config to the agent's config path unless a valid one is there."""
+    """Copy the user-data config to the agent's config path unless a valid one is there.
+
+    The agent's copy is read as ``run`` reads a config: one larger than ``MAX_CONFIG_BYTES``
+    would be refused there, so it is replaced like one that does not parse."""
     target = settings.config_file
     if os.path.normpath(source) == os.path.normpath(settings.root / target.lstrip("/")):
         return "in place"
-    existing = fs.read(target)
-    if existing is not None:
-        try:
+    try:
+        existing = fs.read(target, limit=MAX_CONFIG_BYTES)
+        if existing is not None:
             parse_config(existing, source=target)
-        except ConfigError as exc:
-            log.warning("replacing an unreadable config with the user-data one", error=str(exc))
-        else:
+    except ConfigError as exc:
+        log.warning("replacing an unreadable config with the user-data one", error=str(exc))
+    except UnsafePathError as exc:
+        st = fs.lstat(target)
+        if st is None or not stat.S_ISREG(st.st_mode):
+            raise  # a symlink, FIFO or directory there is refused, never replaced
+        log.warning("replacing an unreadable config with the user-data one", error=str(exc))
+    else:
+        if existing is not None:
             return "kept (the agent's copy wins over user-data)"
     fs.write_atomic(target, raw, 0o600, dir_mode=0o755)
     return "written"

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from node_agent.base.configfile import MAX_CONFIG_BYTES
 from node_agent.base.errors import ConfigError, HostError, KubeNotFound, NodeAgentError
 from node_agent.base.log import get_logger
 from node_agent.base.loop import DONE, RETRY, SKIPPED, Next, Wake, run_loop
@@ -331,7 +332,7 @@ class NodeController:
         path = self.ctx.settings.config_file
         fs = self.ctx.fs
         try:
-            raw = await fs.read_async(path)
+            raw = await fs.read_async(path, limit=MAX_CONFIG_BYTES)
             st = await asyncio.to_thread(fs.lstat, path)
         except HostError as exc:
             raise ConfigError(f"cannot read config {path}: {exc}") from exc

@@ -671,8 +671,8 @@ class HostFS:
             self.write_atomic, path, data, mode, dir_mode=dir_mode, uid=uid, gid=gid
         )
 
-    async def read_async(self, path: HostPath) -> bytes | None:
-        return await asyncio.to_thread(self.read, path)
+    async def read_async(self, path: HostPath, *, limit: int | None = None) -> bytes | None:
+        return await asyncio.to_thread(self.read, path, limit=limit)
 
     async def remove_async(self, path: HostPath) -> bool:
         return await asyncio.to_thread(self.remove, path)

@@ -3,12 +3,14 @@ the shipped unit. (The systemd side runs for real in tests/integration/test_arti
 
 from __future__ import annotations
 
+import os
 import stat
 from pathlib import Path
 
 import pytest
 import yaml
 
+from node_agent.base.configfile import MAX_CONFIG_BYTES
 from node_agent.base.errors import ConfigError
 from node_agent.base.layout import KUBELET_BOOTSTRAP_KUBECONFIG
 from node_agent.commands.bootstrap import (
@@ -124,6 +126,31 @@ def test_bad_user_data_config_is_one_clear_error(tmp_path: Path) -> None:
     bad.write_bytes(CONFIG.replace(b"NodeAgentConfiguration", b"Something"))
     with pytest.raises(ConfigError, match="expected apiVersion"):
         load_user_data_config(bad)
+
+
+@pytest.mark.timeout(10)
+def test_user_data_config_is_read_as_every_config_is(tmp_path: Path) -> None:
+    """A FIFO would block bootstrap for ever and a huge file is no config: refused in one line."""
+    fifo = tmp_path / "fifo.yaml"
+    os.mkfifo(fifo)
+    with pytest.raises(ConfigError, match=rf"^config {fifo} is not a regular file \(a FIFO\)$"):
+        load_user_data_config(fifo)
+    big = tmp_path / "big.yaml"
+    big.write_bytes(CONFIG + b"#" * MAX_CONFIG_BYTES + b"\n")
+    with pytest.raises(ConfigError, match=rf"^config {big} is larger than 256 KiB"):
+        load_user_data_config(big)
+
+
+def test_a_config_larger_than_any_config_is_replaced_by_user_data(
+    fs: HostFS, tmp_path: Path
+) -> None:
+    """``run`` refuses a config file above MAX_CONFIG_BYTES, so it is not kept, however valid."""
+    settings = AgentSettings(root=tmp_path)
+    target = tmp_path / settings.config_file.lstrip("/")
+    target.parent.mkdir(parents=True)
+    target.write_bytes(CONFIG + b"#" * MAX_CONFIG_BYTES + b"\n")
+    assert seed_config(fs, settings, tmp_path / "user-data.yaml", CONFIG) == "written"
+    assert target.read_bytes() == CONFIG
 
 
 def test_kubelet_kubeconfig_follows_upstreams_rule(fs: HostFS, tmp_path: Path) -> None:

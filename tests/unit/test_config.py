@@ -109,7 +109,10 @@ def test_parse_go_durations(text: str, seconds: float) -> None:
     assert parse_duration(text).total_seconds() == pytest.approx(seconds)
 
 
-@pytest.mark.parametrize("text", ["", "10", "m", "1x", "1m 30s", "abc"])
+@pytest.mark.parametrize(
+    "text",
+    ["", "10", "m", "1x", "1m 30s", "abc", "\u0661\u0660s", "1\uff10m", "\u00b2s"],
+)  # Go reads ASCII digits only: Arabic-Indic 10s is no duration
 def test_reject_non_durations(text: str) -> None:
     with pytest.raises(ValueError, match="duration"):
         parse_duration(text)
@@ -182,6 +185,43 @@ def test_config_version_key_is_not_lexical() -> None:
     assert new is not None
     assert old < new
     assert config_version_key("config.yaml") is None
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "config-v1.\u0661\u0665\u0660.0.yaml",  # Arabic-Indic 150
+        "config-v\uff11.150.0.yaml",  # fullwidth 1
+        "config-v1.150.\u00b2.yaml",  # superscript two
+        "config-v1.150.yaml",  # all three numbers are required
+        "config-v1.150.0-01.yaml",  # not a semantic version
+        "config-v1.150.0-a..b.yaml",
+    ],
+)
+def test_a_config_name_that_is_no_ascii_semantic_version_is_no_config(
+    tmp_path: Path, name: str
+) -> None:
+    assert config_version_key(name) is None
+    _dir_with(tmp_path, "config-v1.99.0.yaml", name)
+    assert find_config(tmp_path).name == "config-v1.99.0.yaml"
+
+
+def test_config_names_sort_by_semantic_version_precedence(tmp_path: Path) -> None:
+    order = [
+        "config-v1.150.0-alpha.yaml",
+        "config-v1.150.0-alpha.1.yaml",
+        "config-v1.150.0-alpha.beta.yaml",
+        "config-v1.150.0-beta.2.yaml",
+        "config-v1.150.0-beta.11.yaml",
+        "config-v1.150.0-rc.1.yaml",
+        "config-1.150.0.yaml",
+        "config-v1.150.1+build.7.yaml",
+    ]
+    keys = [config_version_key(name) for name in order]
+    assert None not in keys
+    assert sorted(order, key=config_version_key) == order  # type: ignore[arg-type]
+    _dir_with(tmp_path, *order)
+    assert find_config(tmp_path).name == "config-v1.150.1+build.7.yaml"
 
 
 # What Gardener's encoder writes for the agent's config (Go zero values of every field it does

@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from node_agent.base.errors import KubeTransportError
+from node_agent.base.configfile import MAX_CONFIG_BYTES
+from node_agent.base.errors import ConfigError, KubeTransportError
 from node_agent.base.retry import API, Backoff
 from node_agent.config import parse_config
 from node_agent.context import AgentContext
@@ -103,6 +104,23 @@ async def test_failed_removal_is_retried_without_restarting_again(tmp_path: Path
     await controller.reconcile(node)
     assert [k for k, _ in _log(ctx)].count("restart") == 1
     assert report.ANNOTATION_RESTART_SERVICES not in node["metadata"]["annotations"]
+
+
+async def test_a_config_larger_than_any_config_is_not_rewritten(tmp_path: Path) -> None:
+    """The config is read bounded, as at start: a huge file is refused, not read whole."""
+    path = tmp_path / "var/lib/gardener-node-agent/config.yaml"
+    path.parent.mkdir(parents=True)
+    valid = (
+        b"apiVersion: nodeagent.config.gardener.cloud/v1alpha1\nkind: NodeAgentConfiguration\n"
+        b"controllers:\n  operatingSystemConfig:\n    secretName: osc-a\n"
+        b"    kubernetesVersion: 1.33.4\n"
+    )
+    huge = valid + b"#" * MAX_CONFIG_BYTES + b"\n"
+    path.write_bytes(huge)
+    controller = NodeController(_ctx(tmp_path, _node()))
+    with pytest.raises(ConfigError, match=rf"^cannot read config .*larger than {MAX_CONFIG_BYTES}"):
+        await controller.rewrite_config_secret_name("osc-b")
+    assert path.read_bytes() == huge
 
 
 async def test_secret_name_label_rewrites_config_and_restarts_once(tmp_path: Path) -> None:

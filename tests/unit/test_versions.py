@@ -53,3 +53,31 @@ def test_any_text_is_read_or_refused_with_a_version_error(text: str) -> None:
 def test_numbers_round_trip(major: int, minor: int, patch: int) -> None:
     assert versions.semver(f"{major}.{minor}.{patch}") == SemVer(major, minor, patch)
     assert versions.semver(f"v{major}.{minor}").text() == f"{major}.{minor}.0"
+
+
+def test_precedence_is_semvers() -> None:
+    """Semantic Versioning 2.0.0, item 11: numbers numerically, a release after its
+    prereleases, numeric identifiers before alphanumeric ones and numerically, more identifiers
+    after fewer, build metadata ignored."""
+    order = [
+        "1.0.0-alpha", "1.0.0-alpha.1", "1.0.0-alpha.beta", "1.0.0-beta", "1.0.0-beta.2",
+        "1.0.0-beta.11", "1.0.0-rc.1", "1.0.0", "1.2.0", "1.10.0", "2.0.0-0", "2.0.0",
+    ]  # fmt: skip
+    keys = [versions.precedence(versions.semver(text)) for text in order]
+    assert keys == sorted(keys)
+    assert len(set(keys)) == len(keys)
+    same = versions.precedence(versions.semver("1.0.0+build.1"))
+    assert same == versions.precedence(versions.semver("v1.0+other"))
+
+
+@given(
+    st.from_regex(
+        r"[0-9]{1,3}(\.[0-9]{1,3}){2}(-[0-9a-z]{1,3}(\.[0-9a-z]{1,3}){0,2})?", fullmatch=True
+    )
+)
+def test_precedence_is_the_texts_own(text: str) -> None:
+    try:
+        read = versions.semver(text)
+    except VersionError:
+        return
+    assert versions.precedence(read) == versions.precedence(versions.semver(read.text()))
