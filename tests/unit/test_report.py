@@ -87,5 +87,5 @@ def test_node_event_shape() -> None:
     assert event["firstTimestamp"] == event["lastTimestamp"] == "2026-01-01T12:00:00Z"
     assert (
         report.node_event(node_name="n1", node_uid=None, reason="r", message="x" * 5000)["message"]
-        == "x" * 1024
+        == "x" * 256 + " [... 4040 bytes cut ...] " + "x" * 704
     )
