@@ -66,6 +66,14 @@ def test_policy_defaults_and_bad_values_fall_back_to_the_safe_side() -> None:
     assert "rollout-max-parallel='many'" in policy.problems[0]
 
 
+@pytest.mark.parametrize("value", ["\u0663", "1_0", "\uff13", "3.0", "0x3"])
+def test_a_count_is_ascii_digits(value: str) -> None:
+    """int() reads other scripts' digits and underscores; the pool's annotations are plain."""
+    policy = parse_policy({"node-agent.gardener.cloud/rollout-max-parallel": value})
+    assert policy.pacing.max_parallel == 1
+    assert "is not a number" in policy.problems[0]
+
+
 @pytest.mark.parametrize(
     "value",
     ["99999999999999999999h", "9" * 400 + "s", "7" * (256 << 10), 3600, ["1h"]],

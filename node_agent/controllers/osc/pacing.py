@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -122,14 +123,16 @@ class Policy:
 MAX_VALUE_CHARS = 64
 
 
+_WHOLE_NUMBER = re.compile(r"[+-]?[0-9]+")
+
+
 def _count(annotations: Mapping[str, str], key: str, default: int, low: int) -> tuple[int, str]:
     raw = annotations.get(key)
     if raw is None:
         return default, ""
-    try:
-        value = int(raw.strip()) if _readable(raw) else None
-    except ValueError:
-        value = None
+    text = raw.strip() if _readable(raw) else ""
+    # ASCII digits only: int() also takes other scripts' digits and "1_0"
+    value = int(text) if _WHOLE_NUMBER.fullmatch(text) else None
     if value is None:
         return default, f"{key}={_shown(raw)} is not a number"
     if value < low:
