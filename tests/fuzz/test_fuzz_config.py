@@ -1,0 +1,82 @@
+"""Fuzz: the agent's NodeAgentConfiguration file through ``config.decode_config`` and
+``parse_config``: a file is accepted or refused with a ConfigError, within the per-example
+bound (an unknown field nested thousands deep, a billion-laughs file); an accepted file names
+no token path that could never be right or that is the agent's own."""
+
+from __future__ import annotations
+
+import posixpath
+
+import pytest
+from hypothesis import example as explicit
+from hypothesis import given
+
+from node_agent.base import layout
+from node_agent.config import NodeAgentConfiguration, decode_config, parse_config
+from tests.fuzz import harness
+from tests.fuzz.harness import bounded, budget, expect, only
+from tests.fuzz.strategies import alias_bomb, config_texts, deep_text
+from tests.testbed.config_cases import GARDENER_RENDERED
+
+#: a failure takes minutes to shrink; a pass takes seconds
+pytestmark = pytest.mark.timeout(900)
+
+#: the agent's own files: a token sync must never write one of them (issue 33, finding 7)
+OWN_FILES = layout.RESERVED_FILES | layout.RESERVED_DIRS
+
+
+def _sync(path: str) -> str:
+    return GARDENER_RENDERED.replace(
+        "  token:\n",
+        f"  token:\n    syncConfigs:\n    - secretName: gardener-node-agent\n      path: {path}\n",
+    )
+
+
+def _token_path_problem(path: str) -> str | None:
+    """Why a token sync path can never be right, or is the agent's own; None when usable."""
+    if "\x00" in path:
+        return "contains a NUL byte"
+    if not path.startswith("/"):
+        return "is not absolute"
+    if ".." in path.split("/"):
+        return "contains '..'"
+    if posixpath.normpath(path) in OWN_FILES or path.rstrip("/") == "":
+        return "is one of the agent's own files"
+    return None
+
+
+def _check_accepted(config: NodeAgentConfiguration) -> None:
+    for index, sync in enumerate(config.controllers.token.sync_configs):
+        problem = _token_path_problem(sync.path)
+        if problem is not None:
+            expect(
+                False,
+                "parse_config (token paths)",
+                f"token syncConfigs[{index}].path {sync.path!r} {problem}, and the config was "
+                "accepted (issue 33, finding 7)",
+                key=problem,
+            )
+
+
+def check(text: str) -> None:
+    raw = text.encode("utf-8", "surrogatepass")
+    with only(harness.CONFIG, "decode_config"):
+        decode_config(raw, source="fuzz")
+    with only(harness.CONFIG, "parse_config") as outcome:
+        config = parse_config(raw, source="fuzz")
+    if outcome.refused is None:
+        _check_accepted(config)
+
+
+@budget(short=80)
+@explicit(text=GARDENER_RENDERED + f"unknownDeep: {deep_text(1000, 'map')}\n")  # finding 4
+@explicit(text=GARDENER_RENDERED + f"bomb: {alias_bomb(9, 10)}\n")  # finding 4
+@explicit(text=_sync("relative/token"))  # finding 7
+@explicit(text=_sync('"/var/lib/x/tok\\0en"'))  # finding 7
+@explicit(text=_sync(layout.KUBECONFIG_FILE))  # finding 7
+@explicit(text=GARDENER_RENDERED + "nodeAgent:\n  healthGate:\n    settleWindow: 99999999999999h\n")
+@given(text=config_texts())
+def test_a_config_is_accepted_or_refused_with_a_config_error(text: str) -> None:
+    harness.example(text)
+    with bounded("config decode"):
+        check(text)

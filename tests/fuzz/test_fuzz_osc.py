@@ -1,0 +1,177 @@
+"""Fuzz: the bytes of an OSC Secret through the pure path, end to end.
+
+decode (``osc.decode.decode_osc``) → plan (``osc.plan.plan``, from the OSC applied before) →
+in-place detection (``osc.inplace.plan``/``detect``, against an os-release) → steps
+(``osc.steps.step_ids``, the inventory claims of ``host.state.write_claims``, the change set's
+JSON and YAML) → what is reported (the Node patches and Events of ``kube.report`` and
+``osc.inplace``). Each stage lets through only the errors ``tests/fuzz/harness.py`` lists for
+it, within the per-example bound on time and memory.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from hypothesis import example as explicit
+from hypothesis import given
+from hypothesis import strategies as st
+
+from node_agent.host.state import write_claims
+from node_agent.kube import report
+from node_agent.osc import inplace as ip
+from node_agent.osc.decode import decode_osc
+from node_agent.osc.merge import osc_files
+from node_agent.osc.models import OperatingSystemConfig
+from node_agent.osc.plan import ChangeSet, plan
+from node_agent.osc.steps import step_ids
+from tests.fuzz import harness
+from tests.fuzz.harness import bounded, budget, expect, only
+from tests.fuzz.strategies import HOST, checksum, os_releases, osc_bytes, osc_docs
+from tests.unit.test_inplace import osc_doc
+
+#: a failure takes minutes to shrink; a pass takes seconds
+pytestmark = pytest.mark.timeout(900)
+
+#: the longest error text a refusal may carry: it becomes a Node annotation or Event message
+MAX_ERROR_TEXT = 16 * 1024
+
+
+def _raw(doc: dict[str, Any]) -> bytes:
+    return json.dumps(doc).encode()
+
+
+def _deep_kubelet(depth: int) -> dict[str, Any]:
+    doc = osc_doc(os_version="1877.5")
+    doc["spec"]["files"][0]["content"]["inline"] = {"data": "[" * depth + "]" * depth}
+    return doc
+
+
+def _in_place(**kw: Any) -> bytes:
+    return _raw(osc_doc(**kw))
+
+
+#: the inputs issue 33 named (finding 1), run first in every short run
+KNOWN: tuple[tuple[bytes | None, bytes, str | None], ...] = (
+    (_in_place(), _in_place(kubelet="1.3²"), 'PRETTY_NAME="Garden Linux 1877.4"\n'),
+    (_in_place(), _in_place(os_version="1877.²"), 'PRETTY_NAME="Garden Linux 1877.4"\n'),
+    (_in_place(), _in_place(kubelet="1.٣٤"), 'PRETTY_NAME="Garden Linux 1877.4"\n'),
+    (_in_place(), _raw(_deep_kubelet(3000)), 'PRETTY_NAME="Garden Linux 1877.4"\n'),
+    (
+        _in_place(),
+        _in_place(config={"evictionHard": {"memory.available": "1" * 5000}}),
+        'PRETTY_NAME="Garden Linux 1877.4"\n',
+    ),
+)
+
+
+def decoded(raw: bytes, where: str) -> OperatingSystemConfig | None:
+    """The OSC of ``raw`` as the controller decodes it, or None when refused (typed)."""
+    osc: OperatingSystemConfig | None = None
+    with only(harness.DECODE_OSC, where) as outcome:
+        osc = decode_osc(raw, checksum(raw), HOST)
+    if outcome.refused is not None:
+        _bounded_text(outcome.refused, where)
+        return None
+    return osc
+
+
+def _bounded_text(exc: BaseException, where: str) -> None:
+    text = str(exc)
+    expect(
+        len(text.encode("utf-8", "replace")) <= MAX_ERROR_TEXT,
+        where,
+        lambda: f"error text over {MAX_ERROR_TEXT} bytes ({len(text)} characters): {text[:200]!r}",
+    )
+
+
+def _secrets(osc: OperatingSystemConfig | None) -> dict[str, bytes]:
+    if osc is None:
+        return {}
+    return {f.path: b"secret\n" for f in osc_files(osc, HOST) if f.content.secret_ref is not None}
+
+
+def pipeline(old_raw: bytes | None, new_raw: bytes, os_release: str | None) -> None:
+    old = decoded(old_raw, "decode_osc (applied)") if old_raw is not None else None
+    new = decoded(new_raw, "decode_osc")
+    if new is None:
+        return
+    with only(harness.PLAN, "plan → steps"):
+        cs = plan(old, new, HOST, _secrets(new), previous_resolved=_secrets(old))
+        steps = step_ids(cs)
+        expect(len(set(steps)) == len(steps), "steps", lambda: f"a step twice: {steps}")
+        claims = write_claims(cs)
+        expect(set(claims) <= set(steps), "claims", lambda: f"{set(claims) - set(steps)}")
+        cs.summary()
+        cs.reasons()
+        again = ChangeSet.from_json(cs.to_json())
+        expect(again == cs, "change set JSON", lambda: "does not read back as written")
+        expect(ChangeSet.from_yaml(cs.to_yaml()) == cs, "change set YAML", lambda: "differs")
+    with only(harness.INPLACE_PLAN, "inplace.plan"):
+        found = ip.plan(old, new, os_release)
+        if found is not None:
+            ip.describe(found)
+    current: str | None = None
+    with only(harness.DETECT, "inplace.os_version") as outcome:
+        current = ip.os_version(os_release) if os_release is not None else None
+    reasons: list[str] = []
+    if old is not None and outcome.refused is None:
+        with only(harness.DETECT, "inplace.detect") as detected:
+            changes = ip.detect(old, new, current)
+            changes.names()
+        if detected.refused is not None:
+            _bounded_text(detected.refused, "inplace.detect")
+            reasons.append(str(detected.refused))
+    spec = new.spec.in_place_updates
+    with only(harness.PLAN, "report patches"):
+        patches = [
+            report.applied_patch(
+                checksum=checksum(new_raw),
+                kubernetes_version=spec.kubelet_version if spec is not None else None,
+                control_plane=False,
+                zone=None,
+            ),
+            ip.successful_patch(),
+            *(ip.failed_patch(reason) for reason in reasons),
+        ]
+        if spec is not None:
+            patches.append(ip.updating_os_patch(spec.operating_system_version))
+        for reason in reasons:
+            patches.append(
+                report.node_event(node_name=HOST, node_uid=None, reason="x", message=reason)
+            )
+        for patch in patches:
+            json.dumps(patch)
+
+
+_applied = st.none() | osc_docs().flatmap(osc_bytes)
+
+
+@budget(short=100)
+@given(old_raw=_applied, new_raw=osc_docs().flatmap(osc_bytes), os_release=os_releases())
+def test_an_osc_goes_the_pure_path_or_is_refused_typed(
+    old_raw: bytes | None, new_raw: bytes, os_release: str | None
+) -> None:
+    harness.example((old_raw, new_raw, os_release))
+    with bounded("osc pipeline"):
+        pipeline(old_raw, new_raw, os_release)
+
+
+def _known(fn: Any) -> Any:
+    for old, new, release in KNOWN:
+        fn = explicit(old_raw=old, new_raw=new, os_release=release)(fn)
+    return fn
+
+
+@budget(short=1)
+@_known
+@given(old_raw=st.just(_in_place()), new_raw=st.just(_in_place()), os_release=st.none())
+def test_the_inputs_issue_33_named_are_refused_typed(
+    old_raw: bytes | None, new_raw: bytes, os_release: str | None
+) -> None:
+    """Issue 33's own inputs (non-ASCII digits in versions, a kubelet config nested 3,000 deep,
+    a huge reserved quantity) must fail that update with a typed error, not the agent."""
+    harness.example((old_raw, new_raw, os_release))
+    with bounded("osc pipeline (issue 33's inputs)"):
+        pipeline(old_raw, new_raw, os_release)
