@@ -199,8 +199,19 @@ def kubelet_config_texts() -> st.SearchStrategy[str]:
     return st.one_of(
         config.map(lambda doc: yaml.safe_dump(doc, allow_unicode=True)),
         config.map(json.dumps),
+        st.builds(bombed_kubelet_config, st.integers(1, 9), st.integers(2, 12), signals),
         nasty_yaml(),
         hostile(40),
+    )
+
+
+def bombed_kubelet_config(levels: int, width: int, signal: str) -> str:
+    """A KubeletConfiguration whose eviction threshold is a billion-laughs value (a reader that
+    turns it into text or compares it walks every expanded value)."""
+    bomb = alias_bomb(levels, width)
+    return (
+        f"kind: KubeletConfiguration\nbombs: {bomb}\n"
+        f"evictionHard:\n  {signal}: *l{levels}\nkubeReserved:\n  cpu: *l{levels}\n"
     )
 
 

@@ -28,7 +28,14 @@ from node_agent.osc.plan import ChangeSet, plan
 from node_agent.osc.steps import step_ids
 from tests.fuzz import harness
 from tests.fuzz.harness import bounded, budget, expect, only
-from tests.fuzz.strategies import HOST, checksum, os_releases, osc_bytes, osc_docs
+from tests.fuzz.strategies import (
+    HOST,
+    bombed_kubelet_config,
+    checksum,
+    os_releases,
+    osc_bytes,
+    osc_docs,
+)
 from tests.unit.test_inplace import osc_doc
 
 #: a failure takes minutes to shrink; a pass takes seconds
@@ -53,6 +60,13 @@ def _in_place(**kw: Any) -> bytes:
 
 
 #: the inputs issue 33 named (finding 1), run first in every short run
+def _bombed(levels: int) -> bytes:
+    doc = osc_doc(os_version="1877.5")
+    text = bombed_kubelet_config(levels, 10, "memory.available")
+    doc["spec"]["files"][0]["content"]["inline"] = {"data": text}
+    return _raw(doc)
+
+
 KNOWN: tuple[tuple[bytes | None, bytes, str | None], ...] = (
     (_in_place(), _in_place(kubelet="1.3²"), 'PRETTY_NAME="Garden Linux 1877.4"\n'),
     (_in_place(), _in_place(os_version="1877.²"), 'PRETTY_NAME="Garden Linux 1877.4"\n'),
@@ -63,6 +77,8 @@ KNOWN: tuple[tuple[bytes | None, bytes, str | None], ...] = (
         _in_place(config={"evictionHard": {"memory.available": "1" * 5000}}),
         'PRETTY_NAME="Garden Linux 1877.4"\n',
     ),
+    # found by this harness: an eviction threshold that is a billion-laughs value
+    (_in_place(), _bombed(8), 'PRETTY_NAME="Garden Linux 1877.4"\n'),
 )
 
 

@@ -8,7 +8,9 @@ of the state store and the offline ``status`` document must take it without an e
 
 Then ``reset`` on that node (no systemd): it may report a typed host error, but it must remove
 the agent's credentials in any case (issue 33, finding 3) and never a file whose content is not
-what its claim says (finding 5).
+what its claim says (finding 5). And the self-update guard (``sh``, in a throwaway directory)
+must fall back to the previous binary after its threshold whatever its start counter held
+(finding 8).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import asyncio
 import json
 import os
 import shutil
+import subprocess
 import unicodedata
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,6 +35,7 @@ from node_agent.commands import status
 from node_agent.commands.reset import reset_node
 from node_agent.controllers.osc.health_gate import GateRecord
 from node_agent.controllers.osc.inplace import InPlaceRecord
+from node_agent.host import selfupdate
 from node_agent.host.fs import HostFS
 from node_agent.host.state import StateStore, sha256_hex
 from tests.fuzz import harness
@@ -205,3 +209,52 @@ def test_reset_removes_the_credentials_and_nothing_foreign(
     with bounded("reset"):
         reset_checks(root, claims)
     shutil.rmtree(root, ignore_errors=True)
+
+
+# -- the self-update guard's start counter ------------------------------------------------------
+
+
+def _counters() -> st.SearchStrategy[bytes]:
+    """What the start counter file may hold after a crash, a full disk or a hand."""
+    return st.one_of(
+        st.integers(0, 2**70).map(lambda n: str(n).encode()),
+        st.sampled_from(
+            [b"", b"\n", b"2\n", b"-1", b"+3", b" 3", b"3 ", b"0x10", b"1e3", b"9" * 40,
+             str(2**63).encode(), str(2**63 - 1).encode(), str(2**64).encode(), b"\x00",
+             "\u0663".encode()]
+        ),
+        st.binary(max_size=24),
+    )  # fmt: skip
+
+
+def guard_checks(base: Path, counter: bytes) -> None:
+    """THRESHOLD + 1 starts in a row without the agent getting ready, whatever the counter held
+    before: the previous binary must be back in place by then."""
+    binary, previous = base / "agent", base / "agent.previous"
+    binary.write_bytes(b"new, broken\n")
+    previous.write_bytes(b"old, good\n")
+    (base / layout.SELF_UPDATE_STARTS).write_bytes(counter)
+    script = base / "guard.sh"
+    script.write_bytes(selfupdate.guard_script(str(base)))
+    for _ in range(selfupdate.THRESHOLD + 1):
+        subprocess.run(["/bin/sh", str(script), str(binary)], capture_output=True, check=False)
+    expect(
+        binary.read_bytes() == b"old, good\n",
+        "self-update guard",
+        f"a start counter holding {counter[:40]!r} kept the guard from falling back after "
+        f"{selfupdate.THRESHOLD + 1} starts (issue 33, finding 8)",
+    )
+
+
+@budget(short=15)
+@explicit(counter=str(2**63).encode())
+@explicit(counter=b"99999999999999999999")
+@given(counter=_counters())
+def test_no_start_counter_disables_the_self_update_guard(roots: Path, counter: bytes) -> None:
+    harness.example(counter)
+    base = roots / "guard"
+    shutil.rmtree(base, ignore_errors=True)
+    base.mkdir()
+    with bounded("self-update guard"):
+        guard_checks(base, counter)
+    shutil.rmtree(base, ignore_errors=True)
