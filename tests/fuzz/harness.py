@@ -49,6 +49,7 @@ from node_agent.base.errors import (
     NodeAgentError,
     OSCChecksumError,
     OSCDecodeError,
+    OSCError,
     OSCValidationError,
 )
 from node_agent.osc.inplace import InPlaceError
@@ -112,6 +113,9 @@ Allowed = tuple[type[BaseException], ...]
 
 #: ``osc.decode.decode_osc``: the bad-OSC errors the OSC controller reports and skips
 DECODE_OSC: Allowed = (OSCDecodeError, OSCValidationError, OSCChecksumError)
+#: the containerd expansion of a decoded OSC (``containerd.expand.ContainerdExpander``): a
+#: criConfig it refuses is a bad OSC (a file it cannot derive is a failed item, not an error)
+EXPAND: Allowed = (OSCError,)
 #: ``osc.plan.plan``, ``osc.steps.step_ids``, the ChangeSet's own methods, ``write_claims`` and
 #: the patch builders of ``kube.report`` / ``osc.inplace``, on an OSC that decoded: nothing
 PLAN: Allowed = ()

@@ -26,6 +26,8 @@ from node_agent.kube import report
 from node_agent.observe import fleet
 from node_agent.osc import inplace as ip
 from tests.testbed.config_cases import GARDENER_RENDERED, SYNC_A
+from tests.unit.test_containerd_config import _bases, _plugin
+from tests.unit.test_containerd_registries import _url_text
 from tests.unit.test_osc_decode_load import block, flow, trees
 from tests.unit.test_osc_plan import PATHS, file_dicts, unit_dicts
 from tests.unit.test_pacing import _json, _ledger
@@ -295,6 +297,47 @@ def hostile_units() -> st.SearchStrategy[JSON]:
     )  # fmt: skip
 
 
+def cri_configs() -> st.SearchStrategy[Any]:
+    """``spec.criConfig``: containerd with registry mirrors, a sandbox image and plugin edits
+    (the containerd tests' own strategies), now and then hostile or of the wrong shape."""
+    host = st.fixed_dictionaries(
+        {"url": _url_text.map(lambda t: "https://" + t) | texts(12)},
+        optional={
+            "capabilities": st.lists(
+                st.sampled_from(["pull", "resolve", "push"]) | texts(4), max_size=2
+            ),
+            "caCerts": st.lists(texts(12) | st.just("/etc/ssl/ca.crt"), max_size=2),
+            "overridePath": st.booleans() | numbers(),
+        },
+    )
+    registry = st.fixed_dictionaries(
+        {"upstream": st.sampled_from(["docker.io", "localhost:5000", "..", "a/b"]) | texts(10)},
+        optional={
+            "server": _url_text.map(lambda t: "https://" + t) | texts(10),
+            "hosts": st.lists(host, max_size=2),
+            "readinessProbe": st.just(False),
+        },
+    )
+    containerd = st.fixed_dictionaries(
+        {},
+        optional={
+            "registries": st.lists(registry, max_size=3),
+            "sandboxImage": st.sampled_from(["registry.k8s.io/pause:3.10"]) | hostile(20),
+            "plugins": st.lists(_plugin, max_size=2) | _json,
+        },
+    )
+    return st.one_of(
+        st.fixed_dictionaries(
+            {"name": st.just("containerd"), "containerd": containerd},
+            optional={"cgroupDriver": st.sampled_from(["systemd", "cgroupfs"]) | texts(6)}),
+        _json,
+    )  # fmt: skip
+
+
+#: what ``containerd config default`` printed on the node (the containerd tests' samples)
+config_toml_bases = _bases
+
+
 @st.composite
 def osc_docs(draw: st.DrawFn, *, in_place: bool = True) -> JSON:
     """An OperatingSystemConfig document (a dict) of an in-place pool: its kubelet config file,
@@ -323,6 +366,8 @@ def osc_docs(draw: st.DrawFn, *, in_place: bool = True) -> JSON:
     }
     if draw(st.integers(0, 7)) == 0:
         doc["spec"]["unknownField"] = draw(_json)
+    if draw(st.integers(0, 2)) == 0:
+        doc["spec"]["criConfig"] = draw(cri_configs())
     return doc
 
 

@@ -11,6 +11,7 @@ it, within the per-example bound on time and memory.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,6 +19,8 @@ from hypothesis import example as explicit
 from hypothesis import given
 from hypothesis import strategies as st
 
+from node_agent.containerd.expand import ContainerdExpander
+from node_agent.host.fs import HostFS
 from node_agent.host.state import write_claims
 from node_agent.kube import report
 from node_agent.osc import inplace as ip
@@ -32,6 +35,7 @@ from tests.fuzz.strategies import (
     HOST,
     bombed_kubelet_config,
     checksum,
+    config_toml_bases,
     os_releases,
     osc_bytes,
     osc_docs,
@@ -108,9 +112,30 @@ def _secrets(osc: OperatingSystemConfig | None) -> dict[str, bytes]:
     return {f.path: b"secret\n" for f in osc_files(osc, HOST) if f.content.secret_ref is not None}
 
 
-def pipeline(old_raw: bytes | None, new_raw: bytes, os_release: str | None) -> None:
+def expanded(
+    osc: OperatingSystemConfig | None, expand: ContainerdExpander | None, where: str
+) -> OperatingSystemConfig | None:
+    """``osc`` with the containerd files its criConfig asks for (the applier's expansion)."""
+    if osc is None or expand is None:
+        return osc
+    out: OperatingSystemConfig | None = None
+    with only(harness.EXPAND, where) as outcome:
+        out = expand(osc)
+    return None if outcome.refused is not None else out
+
+
+def pipeline(
+    old_raw: bytes | None,
+    new_raw: bytes,
+    os_release: str | None,
+    expand: ContainerdExpander | None = None,
+) -> None:
     old = decoded(old_raw, "decode_osc (applied)") if old_raw is not None else None
     new = decoded(new_raw, "decode_osc")
+    old, new = (
+        expanded(old, expand, "containerd expansion (applied)"),
+        expanded(new, expand, "containerd expansion"),
+    )
     if new is None:
         return
     with only(harness.PLAN, "plan → steps"):
@@ -164,14 +189,34 @@ def pipeline(old_raw: bytes | None, new_raw: bytes, os_release: str | None) -> N
 _applied = st.none() | osc_docs().flatmap(osc_bytes)
 
 
+@pytest.fixture(scope="module")
+def empty_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A node with nothing on it: the containerd expansion reads config.toml from there."""
+    return tmp_path_factory.mktemp("fuzz-osc")
+
+
 @budget(short=100)
-@given(old_raw=_applied, new_raw=osc_docs().flatmap(osc_bytes), os_release=os_releases())
+@given(
+    old_raw=_applied,
+    new_raw=osc_docs().flatmap(osc_bytes),
+    os_release=os_releases(),
+    config_toml=config_toml_bases,
+)
 def test_an_osc_goes_the_pure_path_or_is_refused_typed(
-    old_raw: bytes | None, new_raw: bytes, os_release: str | None
+    empty_root: Path,
+    old_raw: bytes | None,
+    new_raw: bytes,
+    os_release: str | None,
+    config_toml: str,
 ) -> None:
     harness.example((old_raw, new_raw, os_release))
+    expand = ContainerdExpander(
+        HostFS(empty_root),
+        default_config=lambda: config_toml.encode(),
+        probe=lambda registry, read: None,
+    )
     with bounded("osc pipeline"):
-        pipeline(old_raw, new_raw, os_release)
+        pipeline(old_raw, new_raw, os_release, expand)
 
 
 def _known(fn: Any) -> Any:
