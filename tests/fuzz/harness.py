@@ -141,6 +141,7 @@ _KNOWN: tuple[tuple[str, str, str], ...] = (
     ("RecursionError", "", "finding 1/4: a document nested thousands deep (RecursionError)"),
     ("ValueError", "invalid literal for int()", "finding 1: a non-ASCII digit in a version"),
     ("ValueError", "embedded null byte", "finding 1: a NUL in the OS update command or args"),
+    ("ValueError", "Exceeds the limit", "finding 1's kind: a number of over 4,300 digits"),
     ("OverflowError", "", "a number too large for what reads it"),
     ("UnicodeEncodeError", "surrogates not allowed", "a lone surrogate taken for text"),
 )

@@ -11,11 +11,11 @@ it, within the per-example bound on time and memory.
 from __future__ import annotations
 
 import json
+import unicodedata
 from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import example as explicit
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -64,9 +64,9 @@ def _in_place(**kw: Any) -> bytes:
 
 
 #: the inputs issue 33 named (finding 1), run first in every short run
-def _bombed(levels: int) -> bytes:
+def _bombed(levels: int, width: int) -> bytes:
     doc = osc_doc(os_version="1877.5")
-    text = bombed_kubelet_config(levels, 10, "memory.available")
+    text = bombed_kubelet_config(levels, width, "memory.available")
     doc["spec"]["files"][0]["content"]["inline"] = {"data": text}
     return _raw(doc)
 
@@ -76,13 +76,10 @@ KNOWN: tuple[tuple[bytes | None, bytes, str | None], ...] = (
     (_in_place(), _in_place(os_version="1877.²"), 'PRETTY_NAME="Garden Linux 1877.4"\n'),
     (_in_place(), _in_place(kubelet="1.٣٤"), 'PRETTY_NAME="Garden Linux 1877.4"\n'),
     (_in_place(), _raw(_deep_kubelet(3000)), 'PRETTY_NAME="Garden Linux 1877.4"\n'),
-    (
-        _in_place(),
-        _in_place(config={"evictionHard": {"memory.available": "1" * 5000}}),
-        'PRETTY_NAME="Garden Linux 1877.4"\n',
-    ),
-    # found by this harness: an eviction threshold that is a billion-laughs value
-    (_in_place(), _bombed(8), 'PRETTY_NAME="Garden Linux 1877.4"\n'),
+    # found by this harness: a version number of 5,000 digits (int() refuses over 4,300), an
+    # eviction threshold that is a billion-laughs value
+    (_in_place(), _in_place(kubelet="1." + "9" * 5000), 'PRETTY_NAME="Garden Linux 1877.4"\n'),
+    (_in_place(), _bombed(7, 12), 'PRETTY_NAME="Garden Linux 1877.4"\n'),
 )
 
 
@@ -104,6 +101,24 @@ def _bounded_text(exc: BaseException, where: str) -> None:
         where,
         lambda: f"error text over {MAX_ERROR_TEXT} bytes ({len(text)} characters): {text[:200]!r}",
     )
+
+
+def _foreign_digits(version: str) -> bool:
+    return any(not ch.isascii() and unicodedata.digit(ch, None) is not None for ch in version)
+
+
+def _misread_versions(
+    old: OperatingSystemConfig, new: OperatingSystemConfig, current: str | None
+) -> list[str]:
+    """The versions ``detect`` compared (the kubelet's when they differ, the OS's against the
+    host's) that hold a digit Python takes for a number and Go does not."""
+    old_spec, new_spec = old.spec.in_place_updates, new.spec.in_place_updates
+    if old_spec is None or new_spec is None:
+        return []
+    compared = [new_spec.operating_system_version, current or ""]
+    if old_spec.kubelet_version != new_spec.kubelet_version:
+        compared += [old_spec.kubelet_version, new_spec.kubelet_version]
+    return [v for v in compared if _foreign_digits(v)]
 
 
 def _secrets(osc: OperatingSystemConfig | None) -> dict[str, bytes]:
@@ -164,6 +179,16 @@ def pipeline(
         if detected.refused is not None:
             _bounded_text(detected.refused, "inplace.detect")
             reasons.append(str(detected.refused))
+        else:
+            misread = _misread_versions(old, new, current)
+            expect(
+                not misread,
+                "inplace.detect (versions)",
+                lambda: (
+                    f"took {misread} for numbers; Go's semver refuses a digit that is not "
+                    "ASCII (issue 33, finding 1)"
+                ),
+            )
     spec = new.spec.in_place_updates
     with only(harness.PLAN, "report patches"):
         patches = [
@@ -219,20 +244,24 @@ def test_an_osc_goes_the_pure_path_or_is_refused_typed(
         pipeline(old_raw, new_raw, os_release, expand)
 
 
-def _known(fn: Any) -> Any:
-    for old, new, release in KNOWN:
-        fn = explicit(old_raw=old, new_raw=new, os_release=release)(fn)
-    return fn
-
-
-@budget(short=1)
-@_known
-@given(old_raw=st.just(_in_place()), new_raw=st.just(_in_place()), os_release=st.none())
-def test_the_inputs_issue_33_named_are_refused_typed(
+@pytest.mark.parametrize(
+    ("old_raw", "new_raw", "os_release"),
+    KNOWN,
+    ids=[
+        "kubelet-1.3-superscript-two",
+        "os-1877-superscript-two",
+        "kubelet-arabic-indic-minor",
+        "kubelet-config-3000-deep",
+        "kubelet-minor-5000-digits",
+        "eviction-threshold-billion-laughs",
+    ],
+)
+def test_an_input_known_to_break_the_path_is_refused_typed(
     old_raw: bytes | None, new_raw: bytes, os_release: str | None
 ) -> None:
-    """Issue 33's own inputs (non-ASCII digits in versions, a kubelet config nested 3,000 deep,
-    a huge reserved quantity) must fail that update with a typed error, not the agent."""
+    """Inputs that broke this path (issue 33's: non-ASCII digits in versions, a kubelet config
+    nested 3,000 deep; this harness's: a 5,000-digit version, a billion-laughs threshold) must
+    fail that update with a typed error within the bound, not end the agent."""
     harness.example((old_raw, new_raw, os_release))
-    with bounded("osc pipeline (issue 33's inputs)"):
+    with bounded("osc pipeline (a known input)"):
         pipeline(old_raw, new_raw, os_release)
