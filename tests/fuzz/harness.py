@@ -39,6 +39,7 @@ import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType, TracebackType
 from typing import Any, TypeVar
 
 from hypothesis import HealthCheck, Phase, seed, settings
@@ -291,6 +292,7 @@ WALL_SECONDS = 60.0
 RSS_BYTES = int(os.environ.get("NODE_AGENT_FUZZ_RSS_MIB") or 512) << 20
 _TICK = 0.005
 _IDLE = 0.02
+_AGAIN = 0.1
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
@@ -307,6 +309,19 @@ def _peak() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def _unraisable(frame: FrameType | None) -> bool:
+    """Whether ``frame`` runs where an exception is dropped (a finalizer, a callback of the
+    garbage collector) or would escape the bound (its ``__exit__``, which checks the budget
+    itself)."""
+    if frame is not None and frame.f_code is bounded.__exit__.__code__:
+        return True
+    while frame is not None:
+        if frame.f_code.co_name in ("__del__", "gc_callback"):
+            return True
+        frame = frame.f_back
+    return False
+
+
 class _Watchdog:
     """One thread for the whole run: while an example is armed, it samples CPU time and memory
     every few milliseconds and signals the main thread (SIGUSR2) once a limit is crossed."""
@@ -319,11 +334,11 @@ class _Watchdog:
         signal.signal(signal.SIGUSR2, self._interrupt)
         threading.Thread(target=self._run, name="fuzz-watchdog", daemon=True).start()
 
-    def _interrupt(self, signum: int, frame: object) -> None:
+    def _interrupt(self, signum: int, frame: FrameType | None) -> None:
         reason = self.reason
-        if reason is not None and self.armed is reason[0]:
-            self.armed = None
-            raise OverBudget(reason[1])
+        if reason is None or self.armed is not reason[0] or _unraisable(frame):
+            return  # not this example's, or it would be dropped: the watchdog signals again
+        raise OverBudget(reason[1])
 
     def _run(self) -> None:
         while True:
@@ -346,43 +361,63 @@ class _Watchdog:
             if reason is not None and self.armed is armed:
                 self.reason = (armed, reason)
                 assert self.main is not None
-                signal.pthread_kill(self.main, signal.SIGUSR2)
-                while self.armed is armed:  # until the example has ended
-                    time.sleep(_TICK)
+                # again and again until the example has ended: an exception raised while the
+                # interpreter runs a callback of its own (the garbage collector's) is dropped
+                while self.armed is armed:
+                    signal.pthread_kill(self.main, signal.SIGUSR2)
+                    time.sleep(_AGAIN)
 
 
 _WATCHDOG: list[_Watchdog] = []
 
 
-@contextlib.contextmanager
-def bounded(where: str) -> Iterator[None]:
+class bounded:
     """Run one example within ``CPU_SECONDS``, ``RSS_BYTES`` and ``WALL_SECONDS`` (see the
-    module's docstring); over budget fails it (or is surveyed)."""
-    if not _WATCHDOG:
-        _WATCHDOG.append(_Watchdog())
-    dog = _WATCHDOG[0]
-    start_rss, start_peak, start_cpu = _rss(), _peak(), time.process_time()
-    dog.reason = None
-    dog.armed = (start_cpu, start_rss, time.monotonic())
-    why: str | None = None
-    try:
-        yield
-    except OverBudget as exc:
-        why = str(exc)
-        _forget(exc)
-    finally:
-        dog.armed = None
-    if why is None:
-        peak = _peak()
-        used = time.process_time() - start_cpu
-        if peak > start_peak and peak - start_rss > RSS_BYTES:
-            why = f"peaked {(peak - start_rss) >> 20} MiB above its start"
-        elif used > CPU_SECONDS:
-            why = f"used {used:.1f} s of CPU"
-    if why is None:
-        return
-    text = f"an example {why}"
-    if SURVEY is not None:
-        _survey(where, "over-budget", text, why.split(" ")[0])
-        return
-    raise _kind("OverBudgetFailure", where)(f"{where}: {text} (time and memory are bounded)")
+    module's docstring); over budget fails it (or is surveyed).
+
+    A class, not a generator: the watchdog is armed by the very last statement of
+    ``__enter__`` and disarmed by the first of ``__exit__``, so that no interruption can land
+    where it would not be caught."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+        if not _WATCHDOG:
+            _WATCHDOG.append(_Watchdog())
+        self.dog = _WATCHDOG[0]
+        self.start_rss = self.start_peak = 0
+        self.start_cpu = 0.0
+
+    def __enter__(self) -> None:
+        self.start_rss, self.start_peak, self.start_cpu = _rss(), _peak(), time.process_time()
+        self.dog.reason = None
+        self.dog.armed = (self.start_cpu, self.start_rss, time.monotonic())
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        self.dog.armed = None
+        why: str | None = None
+        if isinstance(exc, OverBudget):
+            why = str(exc)
+            _forget(exc)
+        elif exc is not None:
+            return False
+        else:
+            peak = _peak()
+            used = time.process_time() - self.start_cpu
+            if peak > self.start_peak and peak - self.start_rss > RSS_BYTES:
+                why = f"peaked {(peak - self.start_rss) >> 20} MiB above its start"
+            elif used > CPU_SECONDS:
+                why = f"used {used:.1f} s of CPU"
+        if why is None:
+            return False
+        text = f"an example {why}"
+        if SURVEY is not None:
+            _survey(self.where, "over-budget", text, why.split(" ")[0])
+            return True
+        raise _kind("OverBudgetFailure", self.where)(
+            f"{self.where}: {text} (time and memory are bounded)"
+        )
