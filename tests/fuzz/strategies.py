@@ -28,6 +28,7 @@ from node_agent.osc import inplace as ip
 from tests.testbed.config_cases import GARDENER_RENDERED, SYNC_A
 from tests.unit.test_containerd_config import _bases, _plugin
 from tests.unit.test_containerd_registries import _url_text
+from tests.unit.test_inplace import osc_doc as in_place_doc
 from tests.unit.test_osc_decode_load import block, flow, trees
 from tests.unit.test_osc_plan import PATHS, file_dicts, unit_dicts
 from tests.unit.test_pacing import _json, _ledger
@@ -69,6 +70,12 @@ YAML_BITS = ("&a", "*a", "!!binary", "<<", "{", "[", ": ", " #", "'", '"', "|", 
 #: no lone surrogates: neither YAML nor JSON (nor the API server) can carry them
 _chars = st.characters(exclude_categories=["Cs"])
 _pieces = st.sampled_from(NON_ASCII_DIGITS + TERMINAL + YAML_BITS)
+
+
+def rare(n: int) -> st.SearchStrategy[bool]:
+    """True about once in ``n`` draws: a value in the middle of the range, which Hypothesis
+    does not favour as it favours the ends (``integers(0, n) == 0`` comes up far more often)."""
+    return st.integers(0, n - 1).map(lambda i: i == n // 2)
 
 
 def texts(max_size: int = 24) -> st.SearchStrategy[str]:
@@ -231,12 +238,10 @@ def _kubelet_file(text: str, encoding: str) -> JSON:
 def rotations() -> st.SearchStrategy[Any]:
     moment = times() | numbers() | st.none()
     one = st.fixed_dictionaries({}, optional={"lastInitiationTime": moment}) | _json
-    return st.one_of(
-        st.fixed_dictionaries(
-            {}, optional={"certificateAuthorities": one, "serviceAccountKey": one}
-        ),
-        _json,
+    mapping = st.fixed_dictionaries(
+        {}, optional={"certificateAuthorities": one, "serviceAccountKey": one}
     )
+    return st.one_of(mapping, mapping, mapping, _json)
 
 
 def in_place_specs() -> st.SearchStrategy[Any]:
@@ -252,7 +257,7 @@ def in_place_specs() -> st.SearchStrategy[Any]:
         {"operatingSystemVersion": versions(), "kubelet": kubelet},
         optional={"credentialsRotation": rotations(), "extra": _json},
     )
-    return spec | _json
+    return st.one_of(spec, spec, spec, spec, spec, _json)
 
 
 def os_updates() -> st.SearchStrategy[Any]:
@@ -264,7 +269,7 @@ def os_updates() -> st.SearchStrategy[Any]:
             "args": st.lists(arg, max_size=4) | hostile(8),
         },
     )
-    return update | _json
+    return st.one_of(update, update, update, _json)
 
 
 def hostile_files() -> st.SearchStrategy[JSON]:
@@ -344,17 +349,17 @@ def osc_docs(draw: st.DrawFn, *, in_place: bool = True) -> JSON:
     ``spec.inPlaceUpdates``, ``status.inPlaceUpdates.osUpdate``, ordinary files and units (the
     planner's own strategies), and now and then hostile items or unknown fields."""
     files = [draw(file_dicts(p)) for p in draw(st.lists(st.sampled_from(PATHS), unique=True))]
-    if draw(st.integers(0, 9)) < 9:
+    if not draw(rare(10)):
         encoding = draw(st.sampled_from(["b64", "b64", "", "b64-garbage"]))
         files.insert(0, _kubelet_file(draw(kubelet_config_texts()), encoding))
     units = draw(st.lists(unit_dicts, max_size=3))
-    if draw(st.integers(0, 5)) == 0:
+    if draw(rare(6)):
         files.append(draw(hostile_files()))
-    if draw(st.integers(0, 5)) == 0:
+    if draw(rare(6)):
         units.append(draw(hostile_units()))
     spec: JSON = {"type": "gardenlinux", "purpose": "reconcile", "files": files, "units": units}
     status: JSON = {}
-    if in_place and draw(st.integers(0, 9)) < 9:
+    if in_place and not draw(rare(10)):
         spec["inPlaceUpdates"] = draw(in_place_specs())
         status["inPlaceUpdates"] = {"osUpdate": draw(os_updates())}
     doc: JSON = {
@@ -364,16 +369,16 @@ def osc_docs(draw: st.DrawFn, *, in_place: bool = True) -> JSON:
         "spec": spec,
         "status": status,
     }
-    if draw(st.integers(0, 7)) == 0:
+    if draw(rare(8)):
         doc["spec"]["unknownField"] = draw(_json)
-    if draw(st.integers(0, 2)) == 0:
+    if draw(rare(3)):
         doc["spec"]["criConfig"] = draw(cri_configs())
     return doc
 
 
 def _dump(doc: JSON, style: str) -> str:
-    if style == "json":
-        return json.dumps(doc, ensure_ascii=False)
+    if style == "json":  # escaped: a raw C1 control or DEL is not YAML (libyaml refuses it)
+        return json.dumps(doc)
     flow_style = style == "flow"
     return yaml.safe_dump(doc, default_flow_style=flow_style, allow_unicode=True, width=1 << 30)
 
@@ -384,7 +389,7 @@ def osc_bytes(draw: st.DrawFn, doc: JSON) -> bytes:
     document spliced in (a deep one, an alias bomb) or with bytes changed."""
     style = draw(st.sampled_from(["block", "block", "flow", "json"]))
     text = _dump(doc, style)
-    if style == "block" and draw(st.integers(0, 5)) == 0:
+    if style == "block" and draw(rare(6)):
         key = draw(st.sampled_from(["extra", "spec"]))
         nasty = draw(nasty_yaml())
         if key == "extra":
@@ -392,14 +397,28 @@ def osc_bytes(draw: st.DrawFn, doc: JSON) -> bytes:
         else:  # the nasty document as the kubelet's config, inline
             text = text.replace("spec:\n", f"spec:\n  extraConfig: {flow_value(nasty)}\n", 1)
     raw = text.encode("utf-8", "surrogatepass")
-    if draw(st.integers(0, 7)) == 0:
-        at = draw(st.integers(0, len(raw)))
+    if draw(rare(16)) and len(raw) > 2:
+        at = draw(st.integers(1, len(raw) - 1))
         raw = (
             raw[:at]
             + draw(st.sampled_from([b"\x00", b"\xff", b"\t", b"&a ", b"*a", b"\n- "]))
             + raw[at:]
         )
     return raw
+
+
+def applied_docs() -> st.SearchStrategy[JSON]:
+    """The OSC applied before an update: mostly a good one of an in-place pool (so that the
+    update's in-place parts are compared with something), now and then any."""
+    good = st.builds(
+        lambda os_version, kubelet, policy: in_place_doc(
+            os_version=os_version, kubelet=kubelet, config={"cpuManagerPolicy": policy}
+        ),
+        st.sampled_from(["1877.4", "1877.5", "1592.0"]),
+        st.sampled_from(["1.33.0", "1.34.1", "v1.32.9"]),
+        st.sampled_from(["none", "static"]),
+    )
+    return st.one_of(good, good, good, osc_docs())
 
 
 def os_releases() -> st.SearchStrategy[str | None]:
@@ -485,7 +504,7 @@ def config_texts(draw: st.DrawFn) -> str:
     """A NodeAgentConfiguration file: Gardener's rendering with fields changed (hostile values,
     token paths, unknown fields nested deep, an alias bomb, YAML scalars as Go reads them), or
     a nasty document as a whole."""
-    if draw(st.integers(0, 9)) == 0:
+    if draw(rare(10)):
         return draw(nasty_yaml())
     doc: JSON = json.loads(json.dumps(_GARDENER))
     for path in draw(st.lists(st.sampled_from(_CONFIG_FIELDS), max_size=4, unique=True)):
@@ -505,12 +524,14 @@ def config_texts(draw: st.DrawFn) -> str:
         )  # fmt: skip
         doc["controllers"]["token"]["syncConfigs"] = sync
     text = yaml.safe_dump(doc, allow_unicode=True, width=1 << 30)
-    extra = draw(st.integers(0, 5))
-    if extra == 0:  # an unknown field nested deep (upstream takes 1,000 levels, refuses 100,000)
+    extra = draw(st.sampled_from(["none", "deep", "bomb", "scalar", "none", "none"]))
+    if (
+        extra == "deep"
+    ):  # an unknown field nested deep (upstream takes 1,000 levels, refuses 100,000)
         text += f"unknownDeep: {deep_text(draw(st.integers(1, DEEP)), 'map')}\n"
-    elif extra == 1:
+    elif extra == "bomb":
         text += f"bomb: {alias_bomb(draw(st.integers(1, 9)), draw(st.integers(2, 12)))}\n"
-    elif extra == 2:
+    elif extra == "scalar":
         field = draw(st.sampled_from(["logLevel", "controllers: {x", "qps"]))
         text += f"{field}: {draw(numbers()) if field == 'qps' else draw(texts(10))!s}\n"
     return text

@@ -33,6 +33,7 @@ from tests.fuzz import harness
 from tests.fuzz.harness import bounded, budget, expect, only
 from tests.fuzz.strategies import (
     HOST,
+    applied_docs,
     bombed_kubelet_config,
     checksum,
     config_toml_bases,
@@ -211,7 +212,9 @@ def pipeline(
             json.dumps(patch)
 
 
-_applied = st.none() | osc_docs().flatmap(osc_bytes)
+_applied = st.one_of(
+    st.none(), applied_docs().flatmap(osc_bytes), applied_docs().flatmap(osc_bytes)
+)
 
 
 @pytest.fixture(scope="module")
