@@ -149,6 +149,7 @@ _KNOWN: tuple[tuple[str, str, str], ...] = (
 
 
 def hint(exc: BaseException) -> str:
+    """Which known finding ``exc`` looks like, for the failure's message ("" if none)."""
     name, text = type(exc).__name__, str(exc)
     for kind, part, what in _KNOWN:
         if name == kind and part in text:
@@ -177,6 +178,8 @@ def _origin(exc: BaseException) -> str:
 
 
 def _survey(target: str, kind: str, message: str, origin: str) -> None:
+    """Count one failure in the survey file: one line per (target, kind, origin), with the
+    smallest example seen and its message."""
     assert SURVEY is not None
     path = Path(SURVEY)
     found: dict[str, dict[str, Any]] = {}
@@ -186,15 +189,13 @@ def _survey(target: str, kind: str, message: str, origin: str) -> None:
             found[row["key"]] = row
     key = f"{target}|{kind}|{origin}"
     text = repr(_example[0])
-    row = found.setdefault(
-        key,
-        {"key": key, "target": target, "kind": kind, "origin": origin, "count": 0, "example": text},
-    )
+    row = found.get(key)
+    if row is None:
+        row = found[key] = {"key": key, "target": target, "kind": kind, "origin": origin,
+                            "count": 0, "example": text, "message": message[:300]}  # fmt: skip
     row["count"] += 1
-    row["message"] = message[:300] if len(text) <= len(row["example"]) else row.get("message")
     if len(text) < len(row["example"]):
-        row["example"] = text
-    row.setdefault("message", message[:300])
+        row["example"], row["message"] = text, message[:300]
     path.write_text("".join(json.dumps(r) + "\n" for r in found.values()))
 
 

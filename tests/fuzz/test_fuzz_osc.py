@@ -1,6 +1,7 @@
 """Fuzz: the bytes of an OSC Secret through the pure path, end to end.
 
-decode (``osc.decode.decode_osc``) → plan (``osc.plan.plan``, from the OSC applied before) →
+decode (``osc.decode.decode_osc``) → the containerd files a criConfig asks for (the applier's
+``ContainerdExpander``) → plan (``osc.plan.plan``, from the OSC applied before) →
 in-place detection (``osc.inplace.plan``/``detect``, against an os-release) → steps
 (``osc.steps.step_ids``, the inventory claims of ``host.state.write_claims``, the change set's
 JSON and YAML) → what is reported (the Node patches and Events of ``kube.report`` and
