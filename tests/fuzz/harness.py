@@ -53,6 +53,7 @@ from node_agent.base.errors import (
     OSCError,
     OSCValidationError,
 )
+from node_agent.commands.show_history import HistoryUnreadable
 from node_agent.osc.inplace import InPlaceError
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -131,6 +132,9 @@ CONFIG: Allowed = (ConfigError,)
 #: the state store's readers (``StateStore.load_*``, ``pending``, ``inventory``) and the offline
 #: ``status`` document: nothing (an unusable document is set aside, never raised)
 STATE: Allowed = ()
+#: ``status --history``'s reader (``commands.show_history.read_history``): its own
+#: HistoryUnreadable, which the command reports (exit 1); its rendering: nothing
+HISTORY: Allowed = (HistoryUnreadable,)
 #: ``reset`` on a node whose state was planted: the typed host errors it reports
 RESET: Allowed = (HostError,)
 #: ``node-agent fleet``'s pure part (``summarize``, ``render``, ``dump``): nothing

@@ -601,6 +601,9 @@ def state_documents() -> st.SearchStrategy[dict[str, Any]]:
     version = st.sampled_from([1, 1, 1, 2, "1", None])
     ident = st.sampled_from(["j1", "j2"]) | texts(6)
     moment = times() | numbers()
+    at = st.datetimes(
+        min_value=datetime(1970, 1, 1), max_value=datetime(2100, 1, 1), timezones=st.just(UTC)
+    ).map(lambda moment: moment.strftime("%Y-%m-%dT%H:%M:%SZ"))
     docs = {
         layout.CHANGES: st.fixed_dictionaries(
             {"version": version, "id": ident, "osc_checksum": texts(8), "started_at": moment,
@@ -628,7 +631,21 @@ def state_documents() -> st.SearchStrategy[dict[str, Any]]:
             {"version": version, "checksum": texts(8), "began_at": moment,
              "detected": _json, "remaining": _json},
             optional={"failed": hostile(30) | st.none(), "target_os": versions()}),
-        layout.HISTORY: _json,
+        layout.HISTORY: st.fixed_dictionaries(
+            {"version": st.just(1),
+             "entries": st.lists(st.fixed_dictionaries(
+                 {"started_at": at, "finished_at": at,
+                  "duration_seconds": st.floats(0, 1e9) | numbers(),
+                  "trigger": st.sampled_from(["secret", "drift", "in-place"]),
+                  "result": st.sampled_from(["succeeded", "failed"])},
+                 optional={"checksum_to": texts(8), "error": hostile(40),
+                           "items_changed": st.lists(hostile(12), max_size=3),
+                           "restarted_units": st.lists(hostile(12), max_size=2),
+                           "failures": st.lists(st.fixed_dictionaries(
+                               {"kind": texts(6), "item": hostile(10), "error": hostile(30)}),
+                               max_size=2),
+                           "rollback": _json}),
+                 min_size=1, max_size=4)}) | _json,
     }  # fmt: skip
     return st.fixed_dictionaries({}, optional=docs)
 

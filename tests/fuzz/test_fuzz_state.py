@@ -31,7 +31,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from node_agent.base import layout
-from node_agent.commands import status
+from node_agent.commands import show_history, status
 from node_agent.commands.reset import reset_node
 from node_agent.controllers.osc.health_gate import GateRecord
 from node_agent.controllers.osc.inplace import InPlaceRecord
@@ -89,6 +89,13 @@ def read_everything(root: Path) -> None:
         store._load(layout.IN_PLACE, InPlaceRecord)
         store._load(layout.HEALTH_GATE, GateRecord)
         store.take_set_aside()
+    with only(harness.HISTORY, "status --history") as outcome:
+        log, skipped = show_history.read_history(root)
+    if outcome.refused is None:
+        with only(harness.STATE, "status --history (render)"):
+            text = show_history.render_history(log, skipped=skipped)
+            json.dumps(show_history.history_document(log))
+            expect(_no_controls(text), "status --history", lambda: f"a control character: {text!r}")
     with only(harness.STATE, "status (offline)"):
         doc = status.offline_document(root, None, "not running (fuzz)")
         json.dumps(doc)
