@@ -40,7 +40,9 @@ def _token_path_problem(path: str) -> str | None:
         return "is not absolute"
     if ".." in path.split("/"):
         return "contains '..'"
-    if posixpath.normpath(path) in OWN_FILES or path.rstrip("/") == "":
+    if path.endswith("/"):
+        return "names a directory"
+    if posixpath.normpath(path) in OWN_FILES:
         return "is one of the agent's own files"
     return None
 
