@@ -19,7 +19,6 @@ from typing import Any
 
 import pytest
 import yaml
-from hypothesis import example as explicit
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -82,8 +81,15 @@ _LEASE = {"metadata": {"name": fleet.LEASE_PREFIX + "n1"},
                    "holderIdentity": "\x1b[2J"}}  # fmt: skip
 
 
+def test_terminal_escapes_a_node_wrote_are_shown_escaped() -> None:
+    """Issue 33's finding 6: an agent's escapes in the applied checksum, a condition message
+    and its Lease's holder."""
+    harness.example(_ESCAPES)
+    with bounded("fleet (a known input)"):
+        check([_ESCAPES], [], [_LEASE], [])
+
+
 @budget(short=100)
-@explicit(node_list=[_ESCAPES], secret_list=[], lease_list=[_LEASE], event_list=[])
 @given(
     node_list=st.lists(nodes(), max_size=5, unique_by=lambda n: str(n["metadata"]["name"])),
     secret_list=st.lists(secrets(), max_size=3),
@@ -102,10 +108,18 @@ def _same(a: float, b: float) -> bool:
     return a == b or (math.isnan(a) and math.isnan(b))
 
 
+def test_a_soak_above_the_cap_reads_as_the_agents_read_it() -> None:
+    """Issue 33's finding 9: ``rollout-canary-soak: 1000h`` (the agents cap it at 86,400 s)."""
+    policy_check({fleet.ANNOTATION_MAX_PARALLEL: "2", fleet.ANNOTATION_SOAK: "1000h"})
+
+
 @budget(short=300)
-@explicit(annotations={fleet.ANNOTATION_MAX_PARALLEL: "2", fleet.ANNOTATION_SOAK: "1000h"})
 @given(annotations=policy_annotations())
 def test_fleet_reads_the_rollout_policy_as_the_agents_do(annotations: dict[str, str]) -> None:
+    policy_check(annotations)
+
+
+def policy_check(annotations: dict[str, str]) -> None:
     """One rule, one reading: what ``fleet`` shows of a Secret's rollout annotations is what
     the agents (``pacing.parse_policy``) act on."""
     harness.example(annotations)

@@ -195,14 +195,7 @@ def reset_checks(root: Path, claims: dict[str, tuple[bool, bool]]) -> None:
         )
 
 
-@budget(short=40)
-@explicit(claims={"/etc/dir-now": (True, True), "/etc/a": (True, True)}, in_progress=False)
-@explicit(claims={"/etc/passwd": (True, False)}, in_progress=True)
-@explicit(claims={"/etc/linked/file": (True, True), "/etc/a": (True, True)}, in_progress=False)
-@given(claims=_CLAIMS, in_progress=st.booleans())
-def test_reset_removes_the_credentials_and_nothing_foreign(
-    roots: Path, claims: dict[str, tuple[bool, bool]], in_progress: bool
-) -> None:
+def reset_run(roots: Path, claims: dict[str, tuple[bool, bool]], in_progress: bool) -> None:
     harness.example((claims, in_progress))
     root = roots / "reset"
     shutil.rmtree(root, ignore_errors=True)
@@ -216,6 +209,37 @@ def test_reset_removes_the_credentials_and_nothing_foreign(
     with bounded("reset"):
         reset_checks(root, claims)
     shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.mark.parametrize(
+    ("claims", "in_progress"),
+    [
+        ({"/etc/dir-now": (True, True), "/etc/a": (True, True)}, False),
+        ({"/etc/linked/file": (True, True), "/etc/a": (True, True)}, False),
+        ({"/etc/passwd": (True, False)}, True),
+        ({f"{layout.BASE_DIR}/cluster-ca.crt": (True, False)}, False),
+    ],
+    ids=[
+        "created-file-now-a-directory",
+        "parent-now-a-symlink",
+        "progress-file-claims-etc-passwd",
+        "inventory-claims-cluster-ca",
+    ],
+)
+def test_reset_known_to_stop_or_remove_too_much(
+    roots: Path, claims: dict[str, tuple[bool, bool]], in_progress: bool
+) -> None:
+    """Issue 33's findings 3 (reset stops at a path it cannot remove, credentials kept) and 5
+    (a claim makes reset delete what is not the agent's)."""
+    reset_run(roots, claims, in_progress)
+
+
+@budget(short=40)
+@given(claims=_CLAIMS, in_progress=st.booleans())
+def test_reset_removes_the_credentials_and_nothing_foreign(
+    roots: Path, claims: dict[str, tuple[bool, bool]], in_progress: bool
+) -> None:
+    reset_run(roots, claims, in_progress)
 
 
 # -- the self-update guard's start counter ------------------------------------------------------
@@ -253,11 +277,7 @@ def guard_checks(base: Path, counter: bytes) -> None:
     )
 
 
-@budget(short=15)
-@explicit(counter=str(2**63).encode())
-@explicit(counter=b"99999999999999999999")
-@given(counter=_counters())
-def test_no_start_counter_disables_the_self_update_guard(roots: Path, counter: bytes) -> None:
+def guard_run(roots: Path, counter: bytes) -> None:
     harness.example(counter)
     base = roots / "guard"
     shutil.rmtree(base, ignore_errors=True)
@@ -265,3 +285,17 @@ def test_no_start_counter_disables_the_self_update_guard(roots: Path, counter: b
     with bounded("self-update guard"):
         guard_checks(base, counter)
     shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.mark.parametrize(
+    "counter", [str(2**63).encode(), str(2**63 - 1).encode(), b"99999999999999999999"]
+)
+def test_a_start_counter_known_to_disable_the_guard(roots: Path, counter: bytes) -> None:
+    """Issue 33's finding 8: 2**63 or more (and 2**63 - 1, whose next start overflows)."""
+    guard_run(roots, counter)
+
+
+@budget(short=15)
+@given(counter=_counters())
+def test_no_start_counter_disables_the_self_update_guard(roots: Path, counter: bytes) -> None:
+    guard_run(roots, counter)
