@@ -18,7 +18,7 @@ export NODE_AGENT_TEST_CACHE ?= $(HOME)/.cache/node-agent-test
 export TMPDIR := $(NODE_AGENT_TEST_CACHE)/tmp
 $(shell mkdir -p $(TMPDIR))
 
-.PHONY: help deps venv controlplane gardener promtool monitoring artifact image lint typecheck unit test demo clean
+.PHONY: help deps venv controlplane gardener promtool monitoring artifact image lint typecheck unit test fuzz demo clean
 
 help:
 	@echo "make test   - set up and run ruff, mypy (strict) and the whole pytest suite"
@@ -26,6 +26,8 @@ help:
 	@echo "make artifact - build dist/node-agent-<version>-linux-amd64.tar.gz (+ .sha256; cached)"
 	@echo "make image  - build dist/node-agent-<version>-image.oci.tar (single-file agent; cached)"
 	@echo "make monitoring - promtool check + unit tests of the alert and recording rules"
+	@echo "make fuzz   - the fuzzing harness's long run: FUZZ_EXAMPLES (2000) examples per target,"
+	@echo "              random (seed printed; NODE_AGENT_FUZZ_SEED=<seed> replays a run)"
 	@echo "make lint | typecheck | unit | clean"
 
 deps:
@@ -77,6 +79,16 @@ typecheck: venv
 
 unit: venv
 	$(BIN)/pytest tests/unit $(PYTEST_ARGS)
+
+# The fuzzing harness (tests/fuzz) on its long budget: every target gets FUZZ_EXAMPLES random
+# examples instead of the short, derandomized budget of `make test`. The seed is printed first;
+# NODE_AGENT_FUZZ_SEED=<seed> replays a run. No Hypothesis database is read or written.
+FUZZ_EXAMPLES ?= 2000
+fuzz: venv
+	@seed="$${NODE_AGENT_FUZZ_SEED:-$$(od -An -N4 -tu4 /dev/urandom | tr -d ' ')}"; \
+	echo "fuzz: $(FUZZ_EXAMPLES) examples per target, NODE_AGENT_FUZZ_SEED=$$seed"; \
+	NODE_AGENT_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) NODE_AGENT_FUZZ_SEED=$$seed \
+	  $(BIN)/pytest tests/fuzz --timeout=0 --hypothesis-show-statistics $(PYTEST_ARGS)
 
 # The self-contained artifact (packaging/build.sh; reused from the cache while its sources are
 # unchanged). The integration tests install it on a throwaway node.

@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from datetime import timedelta
 
-#: ASCII digits, as Go reads them (``\d`` alone matches any decimal digit, and ``float`` reads it)
+#: ASCII digits only, as Go reads them (``\d`` alone takes any Unicode digit)
 _DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)", re.ASCII)
 _UNIT_SECONDS = {
     "ns": 1e-9,
@@ -22,11 +22,15 @@ _UNIT_SECONDS = {
 
 
 def parse_duration(value: object) -> timedelta:
-    """Parse a Go duration (``1m30s``, ``10m``, ``1h``, ``250ms``) or a number of seconds."""
+    """Parse a Go duration (``1m30s``, ``10m``, ``1h``, ``250ms``) or a number of seconds.
+
+    Anything else, a duration too long for a ``timedelta`` (about 2.7 million years) or one
+    that is not finite included, is a ValueError: every caller catches that, and nothing else.
+    """
     if isinstance(value, timedelta):
         return value
     if isinstance(value, int | float) and not isinstance(value, bool):
-        return timedelta(seconds=float(value))
+        return _seconds(float(value), value)
     if not isinstance(value, str) or not value.strip():
         raise ValueError(f"not a duration: {value!r}")
     text = value.strip()
@@ -35,14 +39,20 @@ def parse_duration(value: object) -> timedelta:
     if text == "0":
         return timedelta(0)
     pos, seconds = 0, 0.0
-    for match in _DURATION_PART.finditer(text):
-        if match.start() != pos:
-            break
+    # each part matched where the last ended: a search from every position would be quadratic
+    while match := _DURATION_PART.match(text, pos):
         seconds += float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
         pos = match.end()
     if pos != len(text) or pos == 0:
         raise ValueError(f"not a Go duration: {value!r} (examples: 30s, 1m30s, 10m, 1h)")
-    return timedelta(seconds=sign * seconds)
+    return _seconds(sign * seconds, value)
+
+
+def _seconds(seconds: float, value: object) -> timedelta:
+    try:
+        return timedelta(seconds=seconds)
+    except (OverflowError, ValueError) as exc:  # infinite, NaN, or beyond timedelta.max
+        raise ValueError(f"not a duration this agent can hold: {value!r}"[:200]) from exc
 
 
 def format_duration(value: timedelta) -> str:
