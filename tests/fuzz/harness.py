@@ -52,6 +52,7 @@ from node_agent.base.errors import (
     OSCDecodeError,
     OSCError,
     OSCValidationError,
+    ResetIncompleteError,
 )
 from node_agent.commands.show_history import HistoryUnreadable
 from node_agent.osc.inplace import InPlaceError
@@ -135,8 +136,9 @@ STATE: Allowed = ()
 #: ``status --history``'s reader (``commands.show_history.read_history``): its own
 #: HistoryUnreadable, which the command reports (exit 1); its rendering: nothing
 HISTORY: Allowed = (HistoryUnreadable,)
-#: ``reset`` on a node whose state was planted: the typed host errors it reports
-RESET: Allowed = (HostError,)
+#: ``reset`` on a node whose state was planted: ResetIncompleteError once it did all it could
+#: (each item it could not remove named), or a typed host error it reports
+RESET: Allowed = (ResetIncompleteError, HostError)
 #: ``node-agent fleet``'s pure part (``summarize``, ``render``, ``dump``): nothing
 FLEET: Allowed = ()
 

@@ -1,21 +1,26 @@
 """Fuzz: the agent's NodeAgentConfiguration file through ``config.decode_config`` and
 ``parse_config``: a file is accepted or refused with a ConfigError, within the per-example
 bound (an unknown field nested thousands deep, a billion-laughs file); an accepted file names
-no token path that could never be right or that is the agent's own."""
+token path that could never be right or that is the agent's own which the token controller
+would write."""
 
 from __future__ import annotations
 
 import posixpath
+import tempfile
+from pathlib import Path
 
 import pytest
 from hypothesis import given
 
 from node_agent.base import layout
 from node_agent.config import NodeAgentConfiguration, decode_config, parse_config
+from node_agent.controllers.token import refusal
 from tests.fuzz import harness
 from tests.fuzz.harness import bounded, budget, expect, only
 from tests.fuzz.strategies import alias_bomb, config_texts, deep_text
 from tests.testbed.config_cases import GARDENER_RENDERED
+from tests.unit.fakes import make_ctx
 
 #: a failure takes minutes to shrink; a pass takes seconds
 pytestmark = pytest.mark.timeout(900)
@@ -47,16 +52,22 @@ def _token_path_problem(path: str) -> str | None:
 
 
 def _check_accepted(config: NodeAgentConfiguration) -> None:
-    for index, sync in enumerate(config.controllers.token.sync_configs):
-        problem = _token_path_problem(sync.path)
-        if problem is not None:
-            expect(
-                False,
-                "parse_config (token paths)",
-                f"token syncConfigs[{index}].path {sync.path!r} {problem}, and the config was "
-                "accepted (issue 33, finding 7)",
-                key=problem,
-            )
+    """Upstream's decode accepts any token path, and so does ours; the token controller must
+    then refuse each one that could never be right or is the agent's own (finding 7)."""
+    if not config.controllers.token.sync_configs:
+        return
+    with tempfile.TemporaryDirectory() as root:
+        ctx = make_ctx(Path(root), config=config, node_name=None, node_uid=None)
+        for index, sync in enumerate(config.controllers.token.sync_configs):
+            problem = _token_path_problem(sync.path)
+            if problem is not None:
+                expect(
+                    refusal(ctx, sync.path) is not None,
+                    "token sync (paths)",
+                    f"token syncConfigs[{index}].path {sync.path!r} {problem}, and the token "
+                    "controller would write it (issue 33, finding 7)",
+                    key=problem,
+                )
 
 
 def check(text: str) -> None:

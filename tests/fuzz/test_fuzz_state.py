@@ -175,7 +175,7 @@ async def _reset(root: Path) -> list[str]:
     return await reset_node(root, None, out=lambda line: None, caller_units=set())
 
 
-def reset_checks(root: Path, claims: dict[str, tuple[bool, bool]]) -> None:
+def reset_checks(root: Path, claims: dict[str, tuple[bool, bool]], in_progress: bool) -> None:
     with only(harness.RESET, "reset") as outcome:
         asyncio.run(_reset(root))
     ended = type(outcome.refused).__name__ if outcome.refused else "no error"
@@ -193,6 +193,13 @@ def reset_checks(root: Path, claims: dict[str, tuple[bool, bool]]) -> None:
             "reset foreign files",
             f"{path} (not what its claim says) was removed by reset (issue 33, finding 5)",
         )
+    if not in_progress and claims.get("/etc/a") == (True, True):
+        expect(  # an item reset cannot remove never keeps it from removing the others
+            not os.path.lexists(root / "etc/a"),
+            "reset goes on",
+            f"/etc/a (created by the agent, its bytes) is still there after reset ({ended}; "
+            "issue 33, finding 3)",
+        )
 
 
 def reset_run(roots: Path, claims: dict[str, tuple[bool, bool]], in_progress: bool) -> None:
@@ -207,7 +214,7 @@ def reset_run(roots: Path, claims: dict[str, tuple[bool, bool]], in_progress: bo
     else:
         _plant(root, {layout.INVENTORY: json.dumps({"version": 1, "entries": entries}).encode()})
     with bounded("reset"):
-        reset_checks(root, claims)
+        reset_checks(root, claims, in_progress)
     shutil.rmtree(root, ignore_errors=True)
 
 
