@@ -15,6 +15,7 @@ from hypothesis import given
 
 from node_agent.base import layout
 from node_agent.config import NodeAgentConfiguration, decode_config, parse_config
+from node_agent.context import AgentContext
 from node_agent.controllers.token import refusal
 from tests.fuzz import harness
 from tests.fuzz.harness import bounded, budget, expect, only
@@ -57,7 +58,7 @@ def _check_accepted(config: NodeAgentConfiguration) -> None:
     if not config.controllers.token.sync_configs:
         return
     with tempfile.TemporaryDirectory() as root:
-        ctx = make_ctx(Path(root), config=config, node_name=None, node_uid=None)
+        ctx: AgentContext = make_ctx(Path(root), config=config, node_name=None, node_uid=None)
         for index, sync in enumerate(config.controllers.token.sync_configs):
             problem = _token_path_problem(sync.path)
             if problem is not None:

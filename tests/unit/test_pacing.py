@@ -70,6 +70,7 @@ def test_policy_defaults_and_bad_values_fall_back_to_the_safe_side() -> None:
 def test_a_count_is_ascii_digits(value: str) -> None:
     """int() reads other scripts' digits and underscores; the pool's annotations are plain."""
     policy = parse_policy({"node-agent.gardener.cloud/rollout-max-parallel": value})
+    assert policy.pacing is not None
     assert policy.pacing.max_parallel == 1
     assert "is not a number" in policy.problems[0]
 
