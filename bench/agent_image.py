@@ -13,6 +13,11 @@ next to wall time: the machine may be shared. Run from the repository root:
 ``--dirty MB``: before each first start, MB of other data are written (not synced) next to the
 unpack directory, as on a node whose containerd has just pulled images: what a start that
 flushes the file system would wait for.
+
+``--arch arm64`` (on an x86-64 machine): the same for the linux/arm64 single file, run through
+qemu-aarch64 (binfmt_misc) with the arm64 root file system of ``packaging/rootfs.sh`` as its
+library prefix, and beside it the amd64 bootloader under qemu-x86_64, the same emulation: these
+figures are emulated and say nothing about a real arm64 machine's speed.
 """
 
 from __future__ import annotations
@@ -27,7 +32,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests.testbed.agent_image import agent_image_layout, read_layout
+from tests.testbed.agent_image import ARCHES, agent_image_layout, layer_members, read_layout
+from tests.testbed.arm64_node import arm64_rootfs
 
 CACHE = Path(os.environ.get("NODE_AGENT_TEST_CACHE") or Path.home() / ".cache/node-agent-test")
 
@@ -77,7 +83,9 @@ def main() -> None:
     parser.add_argument(
         "--dirty", type=int, default=0, help="MB written unsynced before a first start"
     )
+    parser.add_argument("--arch", choices=ARCHES, default="amd64", help="whose single file")
     args = parser.parse_args()
+    emulated = args.arch != "amd64"
 
     (CACHE / "tmp").mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=CACHE / "tmp", prefix="bench-agent-image.") as work:
@@ -85,23 +93,27 @@ def main() -> None:
         started = time.perf_counter()
         built = agent_image_layout(tmp / "dist")
         print(f"image build (make image; cache hit or not): {time.perf_counter() - started:.1f}s")
-        image = read_layout(built.layout)
-        (layer,) = image.layers
+        index = read_layout(built.layout)
         with tarfile.open(fileobj=None, name=str(built.layout)) as tar:
             members = len(tar.getmembers())
-        tarball = next((tmp / "dist").glob("node-agent-*-linux-amd64.tar.gz"))
         print(f"image {built.layout.name}: layout tar {built.layout.stat().st_size / 1e6:.1f} MB "
-              f"({members} entries), compressed layer {layer.size / 1e6:.1f} MB, "
-              f"manifest {image.digest[:19]}…")  # fmt: skip
-        print(f"single file {built.executable.stat().st_size / 1e6:.1f} MB "
-              f"(onedir tarball {tarball.stat().st_size / 1e6:.1f} MB)")  # fmt: skip
+              f"({members} entries), index {index.digest[:19]}…")  # fmt: skip
+        for arch in ARCHES:
+            (layer,) = index.image(arch).layers
+            tarball = next((tmp / "dist").glob(f"node-agent-*-linux-{arch}.tar.gz"))
+            single = layer_members(index.image(arch))["gardener-node-agent"].size / 1e6
+            onedir = tarball.stat().st_size / 1e6
+            print(f"  linux/{arch}: compressed layer {layer.size / 1e6:.1f} MB, single file "
+                  f"{single:.1f} MB (onedir tarball {onedir:.1f} MB)")  # fmt: skip
 
         exe = tmp / "opt" / "bin" / "gardener-node-agent"
         exe.parent.mkdir(parents=True)
-        shutil.copyfile(built.executable, exe)
+        shutil.copyfile(built.single_file(args.arch), exe)
         exe.chmod(0o755)
         argv = ["gardener-node-agent", "version"]
         base_env = {"PATH": "/usr/bin:/bin"}
+        if emulated:  # arm64's loader, glibc and libsystemd, as a node has them
+            base_env["QEMU_LD_PREFIX"] = str(arm64_rootfs())
 
         first: list[float] = []
         synced: list[float] = []
@@ -128,7 +140,24 @@ def main() -> None:
         direct_cpu = CPU[-args.rounds :]
         size = sum(p.stat().st_size for p in bundle.rglob("*") if p.is_file())
 
-        print(f"`gardener-node-agent version`, {args.rounds} rounds (page cache warm; "
+        if emulated:  # the amd64 bootloader under the same emulation
+            amd64_root = tmp / "amd64"
+            amd64_exe = tmp / "amd64.bin"
+            shutil.copyfile(built.single_file("amd64"), amd64_exe)
+            amd64_exe.chmod(0o755)
+            amd64_env = {**base_env, "NODE_AGENT_UNPACK_DIR": str(amd64_root)}
+            amd64_env.pop("QEMU_LD_PREFIX")
+            timed(argv, amd64_exe, amd64_env)
+            durable(amd64_root, time.perf_counter())
+            (amd64_bundle,) = [p for p in amd64_root.iterdir() if not p.name.startswith(".")]
+            qemu = ["qemu-x86_64-static", "-0", "gardener-node-agent"]
+            amd64_argv = [*qemu, str(amd64_bundle / "node-agent"), "version"]
+            qemu_exe = Path(shutil.which(qemu[0]) or qemu[0])
+            amd64_direct = [timed(amd64_argv, qemu_exe, amd64_env) for _ in range(args.rounds)]
+            amd64_cpu = CPU[-args.rounds :]
+
+        where = f"linux/{args.arch}" + (" EMULATED (qemu-aarch64 on x86-64)" if emulated else "")
+        print(f"`gardener-node-agent version` of {where}, {args.rounds} rounds (page cache warm; "
               f"load average {os.getloadavg()[0]:.2f}; {args.dirty} MB of other data unsynced "
               "before each first start):")  # fmt: skip
         print(f"  first start (verify + unpack {size / 1e6:.0f} MB)   {summary(first)}   "
@@ -139,6 +168,9 @@ def main() -> None:
               f"{cpu(direct_cpu)}")  # fmt: skip
         overhead = statistics.median(warm) - statistics.median(direct)
         print(f"  launcher overhead on a warm start: {overhead * 1000:.1f} ms (p50 difference)")
+        if emulated:
+            print(f"  amd64 bootloader under qemu-x86_64 (EMULATED)  {summary(amd64_direct)}   "
+                  f"{cpu(amd64_cpu)}")  # fmt: skip
 
 
 if __name__ == "__main__":

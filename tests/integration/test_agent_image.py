@@ -1,10 +1,12 @@
 """The agent's image, installed the way Gardener's provision user-data installs it.
 
-``make image`` builds an OCI image layout; it is pushed to the test registry, pulled by the
-node's real containerd with ``ctr images pull --hosts-dir``, mounted with ``ctr images mount``,
-and ``/gardener-node-agent`` (or ``/ko-app/gardener-node-agent``) is copied to ``/opt/bin``
-exactly as upstream's init script does. The copied single file then runs on a node whose every
-Python is hidden, under its upstream name.
+``make image`` builds an OCI image layout of an image index (linux/amd64 and linux/arm64); it is
+pushed to the test registry, pulled by the node's real containerd with ``ctr images pull
+--hosts-dir``, mounted with ``ctr images mount``, and ``/gardener-node-agent`` (or
+``/ko-app/gardener-node-agent``) is copied to ``/opt/bin`` exactly as upstream's init script
+does. The copied single file then runs on a node whose every Python is hidden, under its
+upstream name. ``ctr`` pulls each platform of the index and gets that platform's file; the arm64
+agent's run on an arm64 node is test_arm64_node.py's.
 """
 
 from __future__ import annotations
@@ -17,8 +19,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.testbed.agent_image import AgentImage, agent_image_layout, layer_members, read_layout
-from tests.testbed.containerd import ContainerdNode
+from tests.testbed.agent_image import (
+    ARCHES,
+    ELF_MACHINES,
+    AgentImage,
+    agent_image_layout,
+    elf_machine,
+    layer_members,
+    read_layout,
+)
+from tests.testbed.containerd import CERTS_D, ContainerdNode
 from tests.testbed.registry import Registry
 from tests.testbed.userdata import hide_python, sh
 
@@ -47,17 +57,54 @@ def agent_image(workdir: Path) -> AgentImage:
     return agent_image_layout(workdir / "image-dist")
 
 
-def test_layout_is_one_layer_with_the_single_file(agent_image: AgentImage) -> None:
-    image = read_layout(agent_image.layout)
-    config = json.loads(image.config.data)
-    assert (config["architecture"], config["os"]) == ("amd64", "linux")
-    assert config["config"]["Entrypoint"] == ["/gardener-node-agent"]
-    members = layer_members(image)
-    assert sorted(members) == ["gardener-node-agent", "ko-app", "ko-app/gardener-node-agent"]
-    top, ko = members["gardener-node-agent"], members["ko-app/gardener-node-agent"]
-    assert (top.type, top.mode, top.uid, top.gid) == (tarfile.REGTYPE, 0o755, 0, 0)
-    assert (ko.type, ko.linkname) == (tarfile.LNKTYPE, "gardener-node-agent")
-    assert top.size == agent_image.executable.stat().st_size
+def test_layout_is_an_index_of_one_layer_per_platform(agent_image: AgentImage) -> None:
+    index = read_layout(agent_image.layout)
+    assert index.platforms() == [("linux", "amd64"), ("linux", "arm64")]
+    for arch in ARCHES:
+        image = index.image(arch)
+        config = json.loads(image.config.data)
+        assert (config["architecture"], config["os"]) == (arch, "linux")
+        assert config["config"]["Entrypoint"] == ["/gardener-node-agent"]
+        members = layer_members(image)
+        assert sorted(members) == ["gardener-node-agent", "ko-app", "ko-app/gardener-node-agent"]
+        top, ko = members["gardener-node-agent"], members["ko-app/gardener-node-agent"]
+        assert (top.type, top.mode, top.uid, top.gid) == (tarfile.REGTYPE, 0o755, 0, 0)
+        assert (ko.type, ko.linkname) == (tarfile.LNKTYPE, "gardener-node-agent")
+        single = agent_image.single_file(arch).read_bytes()
+        assert top.size == len(single)
+        assert elf_machine(single) == ELF_MACHINES[arch], arch
+
+
+def test_ctr_pulls_each_platform_of_the_index(
+    agent_image: AgentImage, registry: Registry, containerd_node: ContainerdNode
+) -> None:
+    """``ctr images pull --platform`` of the pushed index, per platform: each gets its own
+    manifest, and the mounted image's file is that platform's program (its ELF machine)."""
+    index = read_layout(agent_image.layout)
+    repository = f"gardener/node-agent-{uuid.uuid4().hex[:8]}"
+    digest = registry.push(repository, agent_image.version, index)
+    ref = registry.ref(repository, agent_image.version)
+    containerd_node.trust(registry.host)
+    for arch in ARCHES:
+        platform = f"linux/{arch}"
+        manifest = index.image(arch).digest
+        before = len(registry.served(repository))
+        containerd_node.ctr("images", "pull", "--platform", platform, "--hosts-dir", CERTS_D, ref)
+        fetched = {entry.path for entry in registry.served(repository)[before:]}
+        assert f"/v2/{repository}/manifests/{manifest}" in fetched, (arch, fetched)
+        others = {index.image(a).digest for a in ARCHES if a != arch}
+        assert not {f"/v2/{repository}/manifests/{d}" for d in others} & fetched, arch
+        target = f"/run/node-agent-test/image-{arch}"
+        containerd_node.node.run(["mkdir", "-p", target])
+        containerd_node.ctr("images", "mount", "--platform", platform, ref, target)
+        try:
+            data = containerd_node.node.path(f"{target}/gardener-node-agent").read_bytes()
+            ko = containerd_node.node.path(f"{target}/ko-app/gardener-node-agent").read_bytes()
+        finally:
+            containerd_node.unmount(target)
+        assert elf_machine(data) == ELF_MACHINES[arch], arch
+        assert data == ko == agent_image.single_file(arch).read_bytes(), arch
+    assert containerd_node.images()[ref] == digest == index.digest
 
 
 def test_user_data_installs_and_runs_the_single_file(
