@@ -21,6 +21,9 @@ and prints the layout's path. Same inputs, same bytes (fixed order, owners and t
 without a timestamp), so the same index digest. Finished images are kept under
 ``$NODE_AGENT_BUILD_CACHE/images`` keyed by the artifacts' sha256, the launcher, this script
 and the compilers (and the other architecture's libzstd.a).
+
+``NODE_AGENT_IMAGE_ARCHES="amd64"`` builds an index of that platform alone, for a test that
+needs no other (an arm64 build of new sources takes minutes under emulation).
 """
 
 from __future__ import annotations
@@ -342,11 +345,11 @@ def run_as(arch: str, argv: Sequence[str], work: Path, env: Mapping[str, str]) -
     return found.stdout + found.stderr
 
 
-def _compiler_versions() -> list[bytes]:
+def _compiler_versions(arches: Sequence[str]) -> list[bytes]:
     """Each compiler's version and the other architecture's libzstd.a: what the launchers
     are made of besides launcher.c."""
     parts = []
-    for arch in ARCHES:
+    for arch in arches:
         cc, zstd = compiler(arch)
         version = subprocess.run(
             [cc[0], "--version"], capture_output=True, text=True, check=True
@@ -357,12 +360,16 @@ def _compiler_versions() -> list[bytes]:
     return parts
 
 
-def build(out: Path) -> Path:
+def build(out: Path, arches: Sequence[str] = ARCHES) -> Path:
+    """The image of ``arches`` (all of ``ARCHES`` unless a test needs fewer) into ``out``."""
+    if not arches or any(arch not in ARCHES for arch in arches):
+        _die(f"platforms must be some of {' '.join(ARCHES)}, not {' '.join(arches)!r}")
+    arches = sorted(set(arches), key=ARCHES.index)
     out.mkdir(parents=True, exist_ok=True)
-    artifacts = {arch: _artifact(out, arch) for arch in ARCHES}
-    version = artifacts["amd64"].name.removeprefix("node-agent-")
-    version = version.removesuffix("-linux-amd64.tar.gz")
-    singles = {arch: f"node-agent-{version}-linux-{arch}.bin" for arch in ARCHES}
+    artifacts = {arch: _artifact(out, arch) for arch in arches}
+    version = artifacts[arches[0]].name.removeprefix("node-agent-")
+    version = version.removesuffix(f"-linux-{arches[0]}.tar.gz")
+    singles = {arch: f"node-agent-{version}-linux-{arch}.bin" for arch in arches}
     layout_name = f"node-agent-{version}-image.oci.tar"
     cache = Path(
         os.environ.get("NODE_AGENT_BUILD_CACHE")
@@ -371,10 +378,11 @@ def build(out: Path) -> Path:
     )
     key_input = b"\n".join(
         [
-            *(hashlib.sha256(artifacts[a].read_bytes()).hexdigest().encode() for a in ARCHES),
+            " ".join(arches).encode(),
+            *(hashlib.sha256(artifacts[a].read_bytes()).hexdigest().encode() for a in arches),
             hashlib.sha256(LAUNCHER_C.read_bytes()).hexdigest().encode(),
             hashlib.sha256(Path(__file__).read_bytes()).hexdigest().encode(),
-            *_compiler_versions(),
+            *_compiler_versions(arches),
         ]
     )
     done = cache / "images" / f"{version}-{_sha256(key_input)[:16]}"
@@ -386,7 +394,7 @@ def build(out: Path) -> Path:
             print(f"packaging/image.py: building {layout_name}", file=sys.stderr)
             (tmp / "done").mkdir()
             executables = {}
-            for arch in ARCHES:
+            for arch in arches:
                 compile_launcher(tmp / f"launcher-{arch}", arch)
                 executable = single_file(
                     (tmp / f"launcher-{arch}").read_bytes(), payload_from_artifact(artifacts[arch])
@@ -418,7 +426,8 @@ def build(out: Path) -> Path:
 
 def main() -> None:
     out = Path(sys.argv[1]) if len(sys.argv) > 1 else SRC / "dist"
-    print(build(out.resolve()))
+    arches = os.environ.get("NODE_AGENT_IMAGE_ARCHES", "").split() or ARCHES
+    print(build(out.resolve(), arches))
 
 
 if __name__ == "__main__":
