@@ -88,7 +88,10 @@ chroot "$tmp/root" /sbin/ldconfig || die "ldconfig failed in the $arch root file
 chroot "$tmp/root" /usr/bin/python3.11 - < "$src/packaging/pyinfo.py" > "$tmp/root/.node-agent-pyinfo" \
     || die "the $arch python3.11 does not run under emulation"
 mv -T "$tmp/root" "$root" 2> /dev/null || [ -f "$root/.node-agent-pyinfo" ] || die "cannot create $root"
-# Keep the two newest.
+# Keep the two newest, and the builds made in them (packaging/build.sh's $cache/<arch>-<key>).
 # shellcheck disable=SC2012 # our own directory names: no odd characters
-ls -1dt "$cache"/rootfs-"$arch"-*/ | tail -n +3 | while read -r old; do rm -rf "$old"; done
+ls -1dt "$cache"/rootfs-"$arch"-*/ | tail -n +3 | while read -r old; do
+    old=${old%/}
+    rm -rf "$old" "$cache/$arch-${old##*-}"
+done
 echo "$root"
