@@ -8,7 +8,7 @@ and warm starts (the unpacked copy is reused), against the unpacked bootloader r
 (what the launcher adds). CPU time (user + system of the start and its children) is printed
 next to wall time: the machine may be shared. Run from the repository root:
 
-    .venv/bin/python -m bench.agent_image [--rounds 15] [--dirty MB]
+    .venv/bin/python -m bench.agent_image [--rounds 15] [--dirty MB] [--arch amd64|arm64]
 
 ``--dirty MB``: before each first start, MB of other data are written (not synced) next to the
 unpack directory, as on a node whose containerd has just pulled images: what a start that

@@ -7,7 +7,7 @@
 #
 # Prints the root's path. Cached under $NODE_AGENT_BUILD_CACHE (default
 # $NODE_AGENT_TEST_CACHE/artifact) as rootfs-<arch>-<key>, the key being the hash of the package
-# list, the suite and its sources, this script and packaging/pyinfo.py; the two newest are kept.
+# list, the suite and its sources, packaging/pyinfo.py and $recipe; the two newest are kept.
 #
 # mmdebstrap's extract variant: the packages and their dependencies are unpacked, no maintainer
 # script runs. Nothing here needs one (no users, services or alternatives: python3.11 and gcc are
@@ -40,6 +40,8 @@ esac
 packages="bash binutils containerd coreutils dash findutils gcc grep gzip libc-bin libc6-dev \
 libpython3.11 libsystemd-dev libzstd-dev pkg-config python3.11 python3.11-dev python3.11-venv sed tar"
 suite=bookworm
+# How the root is made, for the key: change it with the mmdebstrap call or the steps after it.
+recipe="mmdebstrap-extract ldconfig pyinfo build-dir v1"
 sources="deb http://deb.debian.org/debian bookworm main
 deb http://deb.debian.org/debian bookworm-updates main
 deb http://deb.debian.org/debian-security bookworm-security main"
@@ -50,8 +52,10 @@ ensure_binfmt() {
         || die "cannot mount binfmt_misc on $dir"
     entry=$dir/qemu-$qemu
     if ! [ -e "$entry" ]; then
+        # Installed while binfmt_misc was not mounted (a container, a fresh boot): register it.
         command -v update-binfmts > /dev/null || die "update-binfmts missing (binfmt-support)"
         update-binfmts --import "qemu-$qemu" > /dev/null 2>&1 || true
+        update-binfmts --enable "qemu-$qemu" > /dev/null 2>&1 || true
     fi
     [ -e "$entry" ] || die "no binfmt_misc entry qemu-$qemu (install qemu-user-static)"
     [ "$(head -n 1 "$entry")" = enabled ] || echo 1 > "$entry"
@@ -61,8 +65,7 @@ ensure_binfmt() {
 ensure_binfmt
 key=$(
     {
-        printf '%s\n' "$arch" "$suite" "$packages" "$sources"
-        sha256sum < "$src/packaging/rootfs.sh"
+        printf '%s\n' "$arch" "$suite" "$packages" "$sources" "$recipe"
         sha256sum < "$src/packaging/pyinfo.py"
     } | sha256sum | cut -c1-16
 )
