@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import stat
 import tarfile
+import time
 import uuid
 from pathlib import Path
 
@@ -78,22 +79,28 @@ def test_layout_is_an_index_of_one_layer_per_platform(agent_image: AgentImage) -
 def test_ctr_pulls_each_platform_of_the_index(
     agent_image: AgentImage, registry: Registry, containerd_node: ContainerdNode
 ) -> None:
-    """``ctr images pull --platform`` of the pushed index, per platform: each gets its own
-    manifest, and the mounted image's file is that platform's program (its ELF machine)."""
+    """``ctr images pull --platform`` of the pushed index, per platform (each from a repository
+    of its own, so the registry's log tells the pulls apart): each fetches its own manifest and
+    not the other's, and the mounted image's file is that platform's program (its ELF
+    machine)."""
     index = read_layout(agent_image.layout)
-    repository = f"gardener/node-agent-{uuid.uuid4().hex[:8]}"
-    digest = registry.push(repository, agent_image.version, index)
-    ref = registry.ref(repository, agent_image.version)
     containerd_node.trust(registry.host)
+    name = f"gardener/node-agent-{uuid.uuid4().hex[:8]}"
     for arch in ARCHES:
-        platform = f"linux/{arch}"
-        manifest = index.image(arch).digest
-        before = len(registry.served(repository))
+        platform, repository = f"linux/{arch}", f"{name}-{arch}"
+        digest = registry.push(repository, agent_image.version, index)
+        assert digest == index.digest
+        ref = registry.ref(repository, agent_image.version)
         containerd_node.ctr("images", "pull", "--platform", platform, "--hosts-dir", CERTS_D, ref)
-        fetched = {entry.path for entry in registry.served(repository)[before:]}
-        assert f"/v2/{repository}/manifests/{manifest}" in fetched, (arch, fetched)
-        others = {index.image(a).digest for a in ARCHES if a != arch}
-        assert not {f"/v2/{repository}/manifests/{d}" for d in others} & fetched, arch
+        assert containerd_node.images()[ref] == index.digest
+        manifests = {f"/v2/{repository}/manifests/{index.image(a).digest}": a for a in ARCHES}
+        fetched: set[str] = set()
+        deadline = time.monotonic() + 10  # the registry logs a request once it answered it
+        while f"/v2/{repository}/manifests/{index.image(arch).digest}" not in fetched:
+            assert time.monotonic() < deadline, (arch, fetched)
+            time.sleep(0.1)
+            fetched = {entry.path for entry in registry.served(repository)}
+        assert {manifests[path] for path in fetched if path in manifests} == {arch}
         target = f"/run/node-agent-test/image-{arch}"
         containerd_node.node.run(["mkdir", "-p", target])
         containerd_node.ctr("images", "mount", "--platform", platform, ref, target)
@@ -104,7 +111,6 @@ def test_ctr_pulls_each_platform_of_the_index(
             containerd_node.unmount(target)
         assert elf_machine(data) == ELF_MACHINES[arch], arch
         assert data == ko == agent_image.single_file(arch).read_bytes(), arch
-    assert containerd_node.images()[ref] == digest == index.digest
 
 
 def test_user_data_installs_and_runs_the_single_file(
