@@ -11,7 +11,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 APT_PACKAGES := gcc pkg-config libsystemd-dev libzstd-dev zstd dbus util-linux e2fsprogs iproute2 openssl curl shellcheck containerd docker-registry \
-  mmdebstrap qemu-user-static binfmt-support gcc-aarch64-linux-gnu binutils
+  mmdebstrap arch-test gpg qemu-user-static binfmt-support gcc-aarch64-linux-gnu binutils
 CONTROLPLANE_STAMP := $(VENV)/.controlplane
 PYTEST_ARGS ?=
 # Everything the tests build or write stays in this cache, never in the host's /tmp.
