@@ -10,7 +10,8 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-APT_PACKAGES := gcc pkg-config libsystemd-dev libzstd-dev zstd dbus util-linux e2fsprogs iproute2 openssl curl shellcheck containerd docker-registry
+APT_PACKAGES := gcc pkg-config libsystemd-dev libzstd-dev zstd dbus util-linux e2fsprogs iproute2 openssl curl shellcheck containerd docker-registry \
+  mmdebstrap arch-test gpg qemu-user-static binfmt-support gcc-aarch64-linux-gnu binutils
 CONTROLPLANE_STAMP := $(VENV)/.controlplane
 PYTEST_ARGS ?=
 # Everything the tests build or write stays in this cache, never in the host's /tmp.
@@ -23,8 +24,8 @@ $(shell mkdir -p $(TMPDIR))
 help:
 	@echo "make test   - set up and run ruff, mypy (strict) and the whole pytest suite"
 	@echo "make demo   - run the agent's real job end to end on a throwaway node"
-	@echo "make artifact - build dist/node-agent-<version>-linux-amd64.tar.gz (+ .sha256; cached)"
-	@echo "make image  - build dist/node-agent-<version>-image.oci.tar (single-file agent; cached)"
+	@echo "make artifact - build dist/node-agent-<version>-linux-{amd64,arm64}.tar.gz (+ .sha256; cached)"
+	@echo "make image  - build dist/node-agent-<version>-image.oci.tar (amd64+arm64 index; cached)"
 	@echo "make monitoring - promtool check + unit tests of the alert and recording rules"
 	@echo "make fuzz   - the fuzzing harness's long run: FUZZ_EXAMPLES (2000) examples per target,"
 	@echo "              random (seed printed; NODE_AGENT_FUZZ_SEED=<seed> replays a run)"
@@ -72,7 +73,7 @@ monitoring: promtool
 lint: venv
 	$(BIN)/ruff check node_agent tests bench packaging
 	$(BIN)/ruff format --check node_agent tests bench packaging
-	shellcheck init/node-agent-init.sh packaging/build.sh tests/testbed/build-promtool.sh
+	shellcheck init/node-agent-init.sh packaging/build.sh packaging/rootfs.sh tests/testbed/build-promtool.sh
 
 typecheck: venv
 	$(BIN)/mypy node_agent tests bench
@@ -90,13 +91,17 @@ fuzz: venv
 	NODE_AGENT_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) NODE_AGENT_FUZZ_SEED=$$seed \
 	  $(BIN)/pytest tests/fuzz --timeout=0 --hypothesis-show-statistics $(PYTEST_ARGS)
 
-# The self-contained artifact (packaging/build.sh; reused from the cache while its sources are
-# unchanged). The integration tests install it on a throwaway node.
+# The self-contained artifact for linux/amd64 and linux/arm64 (packaging/build.sh; the other
+# architecture than this machine's is built in an emulated Debian root, packaging/rootfs.sh; each
+# reused from the cache while its sources are unchanged). The integration tests install them on
+# throwaway nodes.
 artifact: venv
-	PYTHON=$(BIN)/python sh packaging/build.sh
+	NODE_AGENT_ARCH=amd64 PYTHON=$(BIN)/python sh packaging/build.sh
+	NODE_AGENT_ARCH=arm64 PYTHON=$(BIN)/python sh packaging/build.sh
 
-# The OCI image layout with the agent as one executable (packaging/image.py; no container daemon;
-# reused from the cache while the artifact and the launcher are unchanged).
+# The OCI image layout, an index of linux/amd64 and linux/arm64 with the agent as one executable
+# each (packaging/image.py; no container daemon; reused from the cache while the artifacts and
+# the launcher are unchanged).
 image: artifact
 	$(BIN)/python packaging/image.py
 

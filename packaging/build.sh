@@ -4,8 +4,10 @@
 #
 #   packaging/build.sh [OUT_DIR]        (default: dist/ in the source tree)
 #
-# Writes OUT_DIR/node-agent-<version>-linux-amd64.tar.gz and its .sha256 (sha256sum format) and
-# prints the tarball's path. Tar layout:
+# Writes OUT_DIR/node-agent-<version>-linux-<arch>.tar.gz and its .sha256 (sha256sum format) and
+# prints the tarball's path. <arch> is amd64 or arm64: this machine's, or NODE_AGENT_ARCH. The
+# other architecture is built by this same script run inside a Debian 12 root file system of that
+# architecture under qemu-user (packaging/rootfs.sh), with that Debian's python3.11. Tar layout:
 #   bin/node-agent -> ../lib/node-agent/node-agent   the entry point
 #   bin/kubectl-node_agent -> the same               `kubectl node-agent` (the fleet view)
 #   lib/node-agent/                                  the bundle (bootloader + _internal/)
@@ -14,12 +16,15 @@
 #
 # Environment:
 #   NODE_AGENT_VERSION      build the same sources as this version instead of __version__
-#   PYTHON                  CPython 3.11 built with --enable-shared (default: python3)
+#   NODE_AGENT_ARCH         amd64 or arm64 (default: this machine's architecture)
+#   PYTHON                  CPython 3.11 built with --enable-shared (default: python3); for the
+#                           other architecture, the root file system's python3.11
 #   NODE_AGENT_BUILD_CACHE  where build venvs and finished artifacts are kept
 #                           (default: $NODE_AGENT_TEST_CACHE/artifact, else ~/.cache/node-agent-test/artifact)
 # A finished artifact is reused while its key is unchanged: the hash of the agent's sources, the
-# lock file, the packaging files, the unit file and the interpreter's version. The build venv is
-# reused while the lock and the interpreter are unchanged.
+# lock file, the packaging files, the unit file and the interpreter's version (for the other
+# architecture, under a cache directory of its own root file system). The build venv is reused
+# while the lock and the interpreter are unchanged.
 #
 # CI and the Containerfile both run this script; CI has no container engine, so building and
 # testing the artifact through this script in `make test` is what keeps the Containerfile honest.
@@ -35,7 +40,13 @@ die() {
     exit 1
 }
 
-[ "$(uname -m)" = x86_64 ] || die "only linux-amd64 is built (this machine is $(uname -m))"
+case $(uname -m) in
+    x86_64) native=amd64 ;;
+    aarch64) native=arm64 ;;
+    *) die "only linux-amd64 and linux-arm64 are built (this machine is $(uname -m))" ;;
+esac
+arch=${NODE_AGENT_ARCH:-$native}
+case $arch in amd64 | arm64) ;; *) die "bad NODE_AGENT_ARCH $arch (amd64 or arm64)" ;; esac
 version=$(sed -n 's/^__version__ = "\(.*\)"$/\1/p' "$src/node_agent/__init__.py")
 [ -n "$version" ] || die "no __version__ in node_agent/__init__.py"
 if [ -n "${NODE_AGENT_VERSION:-}" ] && [ "$NODE_AGENT_VERSION" != "$version" ]; then
@@ -50,12 +61,15 @@ if [ -n "${NODE_AGENT_VERSION:-}" ] && [ "$NODE_AGENT_VERSION" != "$version" ]; 
     NODE_AGENT_VERSION='' sh "$copy/packaging/build.sh" "$out"
     exit $?
 fi
-pyinfo=$("$python" -c 'import sys, sysconfig
-assert sys.version_info[:2] == (3, 11), "CPython 3.11 needed (the lock is for cp311)"
-assert sysconfig.get_config_var("Py_ENABLE_SHARED"), "CPython without a shared libpython"
-print(sys.version.split()[0], sys.implementation.cache_tag)') || die "unusable interpreter $python"
+if [ "$arch" = "$native" ]; then
+    pyinfo=$("$python" - < "$src/packaging/pyinfo.py") || die "unusable interpreter $python"
+else
+    rootfs=$(sh "$src/packaging/rootfs.sh" "$arch") || die "no $arch root file system"
+    pyinfo=$(cat "$rootfs/.node-agent-pyinfo")
+    cache=$cache/$arch-${rootfs##*-}
+fi
 
-name=node-agent-$version-linux-amd64
+name=node-agent-$version-linux-$arch
 lock_key=$(sha256sum < "$src/packaging/requirements.lock" | cut -c1-16)
 py_key=$(printf '%s' "$pyinfo" | sha256sum | cut -c1-8)
 src_key=$(
@@ -63,7 +77,7 @@ src_key=$(
     {
         find node_agent -name '*.py' -type f
         echo pyproject.toml packaging/build.sh packaging/entry.py packaging/node-agent.spec \
-            packaging/requirements.lock systemd/node-agent.service | tr ' ' '\n'
+            packaging/pyinfo.py packaging/requirements.lock systemd/node-agent.service | tr ' ' '\n'
     } | LC_ALL=C sort | while read -r f; do
         printf '%s %s\n' "$f" "$(sha256sum < "$f" | cut -d' ' -f1)"
     done | { cat; echo "$pyinfo"; } | sha256sum | cut -c1-16
@@ -72,6 +86,50 @@ done_dir=$cache/builds/$version-$src_key
 
 mkdir -p "$out" "$cache/builds"
 if [ -f "$done_dir/$name.tar.gz" ] && [ -f "$done_dir/$name.tar.gz.sha256" ]; then
+    cp "$done_dir/$name.tar.gz" "$done_dir/$name.tar.gz.sha256" "$out/"
+    echo "$out/$name.tar.gz"
+    exit 0
+fi
+
+if [ "$arch" != "$native" ]; then
+    # This script again, inside the root file system under emulation, on a copy of the sources:
+    # there it is the machine's own architecture. Its cache (and so the finished artifact under
+    # the key computed above) is this one, mounted at /build.
+    work=$(mktemp -d "$cache/work.XXXXXX")
+    trap 'rm -rf "$work"' EXIT INT TERM
+    mkdir "$work/src" "$work/out"
+    (cd "$src" && tar -cf - node_agent pyproject.toml packaging systemd) | tar -C "$work/src" -xf -
+    inner=/build/${work##*/}
+    pass=""
+    for var in PIP_CERT PIP_INDEX_URL PIP_EXTRA_INDEX_URL PIP_TRUSTED_HOST PIP_DEFAULT_TIMEOUT \
+        http_proxy https_proxy no_proxy HTTP_PROXY HTTPS_PROXY NO_PROXY; do
+        eval "value=\${$var:-}"
+        [ -z "$value" ] || pass="$pass $var=$value"
+    done
+    echo "packaging/build.sh: building $name under emulation in $rootfs" >&2
+    # A private mount namespace: the mounts go with it, whatever happens.
+    # shellcheck disable=SC2086,SC2016 # $pass: NAME=value words without spaces; the script is sh -c's
+    unshare --mount --propagation private sh -euc '
+        root=$1 cache=$2 inner=$3
+        shift 3
+        mount --rbind /dev "$root/dev"
+        mount -t proc proc "$root/proc"
+        mount -t tmpfs tmpfs "$root/tmp"
+        mount --bind "$cache" "$root/build"
+        # name resolution and the CAs that reach the package index, as on this machine
+        mkdir -p "$root/etc/ssl/certs"
+        mount --bind /etc/ssl/certs "$root/etc/ssl/certs"
+        touch "$root/etc/resolv.conf"
+        mount --bind /etc/resolv.conf "$root/etc/resolv.conf"
+        if [ -f /etc/pip.conf ]; then
+            touch "$root/etc/pip.conf"
+            mount --bind /etc/pip.conf "$root/etc/pip.conf"
+        fi
+        exec chroot "$root" /usr/bin/env -i PATH=/usr/bin:/bin HOME=/tmp LC_ALL=C.UTF-8 "$@" \
+            PYTHON=/usr/bin/python3.11 NODE_AGENT_BUILD_CACHE=/build \
+            sh "$inner/src/packaging/build.sh" "$inner/out"
+    ' sh "$rootfs" "$cache" "$inner" $pass >&2 || die "the $arch build under emulation failed"
+    [ -f "$done_dir/$name.tar.gz" ] || die "the $arch build did not arrive under its key $src_key"
     cp "$done_dir/$name.tar.gz" "$done_dir/$name.tar.gz.sha256" "$out/"
     echo "$out/$name.tar.gz"
     exit 0

@@ -19,7 +19,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.testbed.agent_image import agent_image_layout, image_tool
+from tests.testbed.agent_image import (
+    ARCHES,
+    ELF_MACHINES,
+    agent_image_layout,
+    elf_machine,
+    image_tool,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -328,22 +334,26 @@ def test_unsafe_unpack_directory_is_refused(
 
 
 def test_layout_is_reproducible(tmp_path: Path) -> None:
-    """Same single file, same layout bytes and manifest digest; the launcher compiles the same;
-    and ``make image``'s layout is exactly what its single file gives."""
+    """Same single files, same layout bytes and index digest; each platform's launcher compiles
+    the same; and ``make image``'s layout is exactly what its single files give."""
     tool = image_tool()
     built = agent_image_layout(tmp_path / "dist")
-    executable = built.executable.read_bytes()
-    layout, digest = tool.image_layout(executable, built.version)
+    executables = {arch: built.single_file(arch).read_bytes() for arch in ARCHES}
+    layout, digest = tool.image_layout(executables, built.version)
     assert built.layout.read_bytes() == layout  # another process, another time: same bytes
-    small = tool.image_layout(b"\x7fELF small", built.version)
-    assert tool.image_layout(b"\x7fELF small", built.version) == small
+    smalls = {"amd64": b"\x7fELF small", "arm64": b"\x7fELF small arm"}
+    small = tool.image_layout(smalls, built.version)
+    assert tool.image_layout(smalls, built.version) == small
     assert small[1] != digest
-    assert tool.image_layout(b"\x7fELF other", built.version)[1] != small[1]
+    assert tool.image_layout({**smalls, "arm64": b"\x7fELF other"}, built.version)[1] != small[1]
 
-    tool.compile_launcher(tmp_path / "a")
-    tool.compile_launcher(tmp_path / "b")
-    assert (tmp_path / "a").read_bytes() == (tmp_path / "b").read_bytes()
-    assert executable.startswith((tmp_path / "a").read_bytes())
+    for arch in ARCHES:
+        tool.compile_launcher(tmp_path / f"a-{arch}", arch)
+        tool.compile_launcher(tmp_path / f"b-{arch}", arch)
+        launcher = (tmp_path / f"a-{arch}").read_bytes()
+        assert launcher == (tmp_path / f"b-{arch}").read_bytes()
+        assert executables[arch].startswith(launcher), arch
+        assert elf_machine(launcher) == ELF_MACHINES[arch], arch
 
 
 def test_copy_of_another_boot_without_sync_is_unpacked_again(

@@ -111,13 +111,24 @@ def serve_gardener_images(
     registry: Registry, cn: ContainerdNode, agent: AgentImage, gardener_version: str
 ) -> None:
     """node-agent's image and stand-in hyperkube images under Gardener's names in the bed's
-    registry, and the node's ``certs.d`` sending Gardener's registry to it as a mirror."""
+    registry, and the node's ``certs.d`` sending Gardener's registry to it as a mirror. Both
+    are image indexes of linux/amd64 and linux/arm64, as Gardener's images are: the node's
+    ``ctr`` takes its own platform's."""
     registry.push(AGENT_REPOSITORY, gardener_version, read_layout(agent.layout))
     for version in VERSIONS:
-        image = oci.build_image(standin.kubelet_image_files(f"v{version}"))
-        registry.push(HYPERKUBE_REPOSITORY, f"v{version}", image)
+        registry.push(HYPERKUBE_REPOSITORY, f"v{version}", hyperkube_index(version))
     cn.write_hosts_toml(
         UPSTREAM_REGISTRY, f"https://{UPSTREAM_REGISTRY}", (f"https://{registry.host}",)
+    )
+
+
+def hyperkube_index(version: str) -> oci.Index:
+    """The stand-in hyperkube image of ``version`` for linux/amd64 and linux/arm64."""
+    return oci.build_index(
+        [
+            oci.build_image(standin.kubelet_image_files(f"v{version}", arch), architecture=arch)
+            for arch in ("amd64", "arm64")
+        ]
     )
 
 

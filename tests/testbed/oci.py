@@ -3,7 +3,9 @@
 No container daemon and no image tool: a layer is a gzipped tar written with ``tarfile``, the
 config and manifest are JSON, and the push is the distribution API's monolithic blob upload.
 Everything is deterministic (fixed mtimes, uid/gid 0, sorted entries, canonical JSON), so the
-same files always give the same manifest digest.
+same files always give the same manifest digest. A multi-platform image is an image index of
+such images (``build_index``), pushed as the registry stores it: each manifest by its digest,
+then the index under the tag.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from pathlib import PurePosixPath
 
 from tests.testbed.systemd_ns import HarnessError
 
+INDEX_TYPE = "application/vnd.oci.image.index.v1+json"
 MANIFEST_TYPE = "application/vnd.oci.image.manifest.v1+json"
 CONFIG_TYPE = "application/vnd.oci.image.config.v1+json"
 LAYER_TYPE = "application/vnd.oci.image.layer.v1.tar+gzip"
@@ -66,6 +69,49 @@ class Image:
     def digest(self) -> str:
         """The manifest digest: what ``image@sha256:…`` and containerd name the image by."""
         return self.manifest.digest
+
+
+@dataclass(frozen=True)
+class Index:
+    """A multi-platform image: an image index of one image per platform."""
+
+    images: tuple[Image, ...]
+    index: Blob
+
+    @property
+    def digest(self) -> str:
+        """The index digest: what the registry and containerd name the image by."""
+        return self.index.digest
+
+    def platforms(self) -> list[tuple[str, str]]:
+        """``(os, architecture)`` of each image, in the index's order."""
+        manifests = json.loads(self.index.data)["manifests"]
+        return [(m["platform"]["os"], m["platform"]["architecture"]) for m in manifests]
+
+    def image(self, architecture: str, os: str = "linux") -> Image:
+        """The image of one platform."""
+        for platform, image in zip(self.platforms(), self.images, strict=True):
+            if platform == (os, architecture):
+                return image
+        raise KeyError(f"no {os}/{architecture} image in the index {self.digest}")
+
+
+def image_platform(image: Image) -> tuple[str, str]:
+    """``(os, architecture)`` as the image's config says."""
+    config = json.loads(image.config.data)
+    return str(config["os"]), str(config["architecture"])
+
+
+def build_index(images: Sequence[Image]) -> Index:
+    """An image index of ``images`` (one per platform, each platform as its config says)."""
+    entries = []
+    for image in images:
+        os, architecture = image_platform(image)
+        entries.append(
+            {**image.manifest.descriptor(), "platform": {"architecture": architecture, "os": os}}
+        )
+    data = _canonical_json({"schemaVersion": 2, "mediaType": INDEX_TYPE, "manifests": entries})
+    return Index(tuple(images), Blob(INDEX_TYPE, data))
 
 
 def _tar_info(name: str, *, mode: int, size: int = 0, directory: bool = False) -> tarfile.TarInfo:
@@ -185,25 +231,43 @@ def _push_blob(base: str, repository: str, blob: Blob, context: ssl.SSLContext) 
         raise HarnessError(f"upload of {blob.digest} to {repository} failed: {status} {body!r}")
 
 
-def push(
-    registry_url: str, repository: str, tag: str, image: Image, context: ssl.SSLContext
-) -> str:
-    """Push ``image`` as ``repository:tag``; return the manifest digest the registry reports."""
-    base = registry_url.rstrip("/")
-    for blob in (*image.layers, image.config):
-        _push_blob(base, repository, blob, context)
+def _put_manifest(
+    base: str, repository: str, reference: str, manifest: Blob, context: ssl.SSLContext
+) -> None:
     status, headers, body = _request(
         "PUT",
-        f"{base}/v2/{repository}/manifests/{tag}",
+        f"{base}/v2/{repository}/manifests/{reference}",
         context,
-        data=image.manifest.data,
-        content_type=MANIFEST_TYPE,
+        data=manifest.data,
+        content_type=manifest.media_type,
     )
     if status != 201:
-        raise HarnessError(f"manifest {repository}:{tag} refused: {status} {body!r}")
+        raise HarnessError(f"manifest {repository}:{reference} refused: {status} {body!r}")
     digest = headers.get("Docker-Content-Digest", "")
-    if digest != image.digest:
+    if digest != manifest.digest:
         raise HarnessError(
-            f"registry named {repository}:{tag} {digest!r}, expected {image.digest!r}"
+            f"registry named {repository}:{reference} {digest!r}, expected {manifest.digest!r}"
         )
-    return digest
+
+
+def push(
+    registry_url: str,
+    repository: str,
+    tag: str,
+    image: Image | Index,
+    context: ssl.SSLContext,
+) -> str:
+    """Push ``image`` as ``repository:tag``; return the digest the registry reports (the
+    manifest's, or for an index the index's, its images' manifests pushed by digest first)."""
+    base = registry_url.rstrip("/")
+    images = image.images if isinstance(image, Index) else (image,)
+    for each in images:
+        for blob in (*each.layers, each.config):
+            _push_blob(base, repository, blob, context)
+    if isinstance(image, Index):
+        for each in images:
+            _put_manifest(base, repository, each.digest, each.manifest, context)
+        _put_manifest(base, repository, tag, image.index, context)
+    else:
+        _put_manifest(base, repository, tag, image.manifest, context)
+    return image.digest

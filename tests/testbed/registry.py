@@ -164,8 +164,9 @@ class Registry:
         """The image reference ``<host:port>/<repository>:<tag>`` on this registry."""
         return f"{self.host}/{repository}:{tag}"
 
-    def push(self, repository: str, tag: str, image: oci.Image) -> str:
-        """Push a test image (``oci.build_image``); return its manifest digest."""
+    def push(self, repository: str, tag: str, image: oci.Image | oci.Index) -> str:
+        """Push a test image (``oci.build_image``) or a multi-platform one (``oci.build_index``);
+        return its manifest (or index) digest."""
         if self.upstream is not None:
             raise HarnessError(f"{self.name} is a pull-through cache; push to its upstream")
         return oci.push(self.url, repository, tag, image, self.ssl_context())

@@ -1,0 +1,153 @@
+"""An arm64 machine comes up from Gardener's own user data, under qemu-user emulation.
+
+The node is an arm64 machine to everything that asks (tests/testbed/arm64_node.py): its
+containerd and ``ctr`` are Debian's arm64 builds, run by the kernel through qemu-aarch64. Gardener's
+generated ``init.sh``, unchanged, pulls the agent's image index by Gardener's name and ``ctr``
+takes the linux/arm64 manifest; the arm64 agent bootstraps, gets its certificate, applies the
+reconcile OSC (files, units, its own restart into the OSC's unit) whose kubelet comes from the
+arm64 manifest of the stand-in hyperkube index, reports on the Node, applies a Kubernetes patch
+update, and ``node-agent status`` answers (tests/testbed/gardener_provision.py runs the flow, as
+for test_gardener_provision.py's x86-64 machine).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from kubernetes_asyncio.client import ApiClient
+
+from tests.testbed import gardener_provision as gp
+from tests.testbed.agent_image import (
+    ELF_MACHINES,
+    AgentImage,
+    agent_image_layout,
+    elf_machine,
+    read_layout,
+)
+from tests.testbed.arm64_node import arm64_containerd_node
+from tests.testbed.containerd import ContainerdNode
+from tests.testbed.controlplane import ControlPlane
+from tests.testbed.csr_approver import CSRApprover
+from tests.testbed.gardener_osc import KUBELET_BINARY
+from tests.testbed.pki import CertificateAuthority
+from tests.testbed.registry import Registry
+from tests.testbed.userdata import show
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(1500)]
+
+AARCH64 = ELF_MACHINES["arm64"]
+
+
+@pytest.fixture(scope="module")
+def agent_image(workdir: Path) -> AgentImage:
+    return agent_image_layout(workdir / "image-dist")
+
+
+@pytest.fixture
+def arm64_node(workdir: Path, registry_ca: CertificateAuthority) -> Iterator[ContainerdNode]:
+    with arm64_containerd_node(workdir / "arm64-nodes", registry_ca.cert_path) as instance:
+        yield instance
+
+
+@pytest.fixture
+def journal(arm64_node: ContainerdNode) -> Iterator[None]:
+    """The init unit's and the agent's journal in the report of a failing test."""
+    yield
+    out = arm64_node.node.run(
+        ["journalctl", "--no-pager", "-o", "cat", "-u", gp.INIT_UNIT, "-u", gp.AGENT_UNIT],
+        check=False,
+    ).stdout
+    print("--- journal of the init unit and the agent ---\n" + out[-8000:])
+
+
+def manifests_fetched(registry: Registry, repository: str) -> set[str]:
+    """The manifest digests (not tags) of ``repository`` that containerd fetched."""
+    prefix = f"/v2/{repository}/manifests/"
+    return {
+        entry.path.removeprefix(prefix)
+        for entry in registry.served(repository, user_agent="containerd/")
+        if entry.path.startswith(prefix + "sha256:")
+    }
+
+
+def test_the_node_is_arm64_to_ctr(arm64_node: ContainerdNode) -> None:
+    """What makes the node arm64: its ctr and containerd are arm64 programs, and ctr's default
+    platform (what init.sh's pull and mount use) is linux/arm64."""
+    node = arm64_node.node
+    for program in ("/usr/bin/ctr", "/usr/bin/containerd"):
+        assert elf_machine(node.path(program).read_bytes()) == AARCH64, program
+    help_text = arm64_node.ctr("images", "mount", "--help").stdout
+    assert '(default: "linux/arm64")' in help_text, help_text
+
+
+async def test_an_arm64_machine_comes_up_from_gardeners_user_data_and_updates(
+    agent_image: AgentImage,
+    admin_api: ApiClient,
+    gardener_controlplane: ControlPlane,
+    csr_approver: CSRApprover,
+    arm64_node: ContainerdNode,
+    registry: Registry,
+    journal: None,
+) -> None:
+    run = await gp.provision_from_user_data(
+        admin_api, gardener_controlplane, csr_approver, arm64_node, registry, agent_image
+    )
+    node = arm64_node.node
+    print("timings (emulated arm64):", {k: round(v, 1) for k, v in run.timings.items()})
+
+    # init.sh pulled the index by Gardener's name and took the arm64 manifest, not the amd64 one
+    index = read_layout(agent_image.layout)
+    image = f"{gp.UPSTREAM_REGISTRY}/{gp.AGENT_REPOSITORY}:{run.first.gardener_version}"
+    assert image in run.first.init_script
+    assert "--platform" not in run.first.init_script
+    assert arm64_node.images()[image] == index.digest
+    fetched = manifests_fetched(registry, gp.AGENT_REPOSITORY)
+    assert index.image("arm64").digest in fetched
+    assert index.image("amd64").digest not in fetched
+    # and the agent the OSC keeps at /opt/bin is the arm64 single file
+    binary = node.path(gp.AGENT_BINARY).read_bytes()
+    assert elf_machine(binary) == AARCH64
+    assert binary == agent_image.single_file("arm64").read_bytes()
+
+    # the running agent is that arm64 program, run by the kernel through qemu-aarch64
+    pid = int(show(node, gp.AGENT_UNIT)["MainPID"])
+    exe = node.run(["readlink", f"/proc/{pid}/exe"]).stdout.strip()
+    assert exe.endswith("qemu-aarch64-static"), exe
+    argv = node.path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    assert argv[1].startswith(b"/var/cache/node-agent/"), argv  # the unpacked bootloader
+    assert elf_machine(node.path(argv[1].decode()).read_bytes()) == AARCH64
+
+    # the certificate, requested with the bootstrap token, for the machine's full name
+    assert run.requester == run.bootstrap_username
+    assert run.common_name == f"gardener.cloud:node-agent:machine:{run.machine}"
+    # the reconcile OSC replaced the bootstrap's agent by the OSC's own unit; it restarted
+    assert run.agent_unit_after == run.agent_unit_in_osc
+    assert run.agent_pids[1] not in (0, run.agent_pids[0])
+    assert not node.path(gp.BOOTSTRAP_TOKEN).exists()
+    # the kubelet the OSC names by imageRef came from the hyperkube index's arm64 manifest
+    kubelet = node.path(KUBELET_BINARY).read_bytes()
+    assert elf_machine(kubelet) == AARCH64
+    hyperkube = manifests_fetched(registry, gp.HYPERKUBE_REPOSITORY)
+    for version in gp.VERSIONS:
+        assert gp.hyperkube_index(version).image("arm64").digest in hyperkube
+        assert gp.hyperkube_index(version).image("amd64").digest not in hyperkube
+    assert show(node, gp.KUBELET)["ActiveState"] == "active"
+    # the patch update: the new kubelet, restarted with the agent, nothing else; the Node's
+    # version label follows (the agent's report)
+    assert run.update_restarted == {gp.KUBELET, gp.AGENT_UNIT}
+    assert run.labels[gp.VERSION_LABEL] == "1.33.1"
+    assert csr_approver.errors == []
+
+    # on the node: `node-agent status` answers from the running arm64 agent
+    out = node.run([gp.AGENT_BINARY, "status", "--json"], check=False, timeout=120)
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["agent"]["running"] is True
+    assert doc["agent"]["version"] == agent_image.version
+    assert doc["agent"]["node_name"] == run.machine
+    assert doc["osc"]["applied_checksum"] == run.checksums[1]
+    assert doc["osc"]["up_to_date"] is True
+    assert doc["last_apply"]["result"] == "succeeded"
