@@ -10,6 +10,7 @@ Gardener's config names.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +22,7 @@ from cryptography import x509
 from cryptography.x509.oid import NameOID
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client import ApiClient
+from kubernetes_asyncio.client.exceptions import ApiException
 
 from node_agent.base.layout import BASE_DIR, KUBECONFIG_FILE
 from node_agent.config import AgentSettings, load_config
@@ -73,6 +75,10 @@ async def provision(
         bootstrap_token=token.token,
     )
     await grant_node_agent_identity(admin, machine, secret_names=[gen.secret_name])
+    # The Secret's name follows the pool's shape, and the control plane is the session's: an
+    # earlier test's OSC under the same name would be applied first. Start without one.
+    with contextlib.suppress(ApiException):
+        await client.CoreV1Api(admin).delete_namespaced_secret(gen.secret_name, "kube-system")
     for file in gen.provision_files:
         if not file.path.startswith(f"{BASE_DIR}/") or file.path.endswith("/init.sh"):
             continue
