@@ -27,7 +27,7 @@ from tests.testbed.agent_image import (
     elf_machine,
     read_layout,
 )
-from tests.testbed.arm64_node import arm64_containerd_node
+from tests.testbed.arm64_node import GO_UNDER_QEMU, arm64_containerd_node
 from tests.testbed.containerd import ContainerdNode
 from tests.testbed.controlplane import ControlPlane
 from tests.testbed.csr_approver import CSRApprover
@@ -81,6 +81,10 @@ def test_the_node_is_arm64_to_ctr(arm64_node: ContainerdNode) -> None:
         assert elf_machine(node.path(program).read_bytes()) == AARCH64, program
     help_text = arm64_node.ctr("images", "mount", "--help").stdout
     assert '(default: "linux/arm64")' in help_text, help_text
+    # Go under qemu-user runs without async preemption (it hangs now and then otherwise)
+    pid = int(show(node, "containerd.service")["MainPID"])
+    environ = node.path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    assert GO_UNDER_QEMU.encode() in environ, environ
 
 
 async def test_an_arm64_machine_comes_up_from_gardeners_user_data_and_updates(

@@ -10,6 +10,11 @@ find their loader and glibc, libsystemd and the rest of the base system's shared
 where Debian's multiarch layout has them (``/usr/lib/aarch64-linux-gnu``), copied from the same
 root. The rest of the node (systemd, the shell, coreutils) stays x86-64, as an arm64 node's
 userland does not matter to the agent beyond the programs it runs by name.
+
+Go programs under qemu-user now and then hang for good (Go's signal-based asynchronous
+preemption; golang/go#36981, #70329): the node's service manager hands every unit, and so
+containerd and each ``ctr`` the init script and the agent start, ``GODEBUG=asyncpreemptoff=1``.
+A real arm64 machine runs them natively and needs nothing of the kind.
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ TRIPLET = "aarch64-linux-gnu"
 LOADER = "ld-linux-aarch64.so.1"
 #: the arm64 programs the node gets, in place of its x86-64 ones
 PROGRAMS = ("/usr/bin/containerd", "/usr/bin/ctr")
+#: what the service manager hands every unit: Go under qemu-user without async preemption
+GO_UNDER_QEMU = "GODEBUG=asyncpreemptoff=1"
 #: what every systemd host has: the agent's host libraries besides glibc
 HOST_LIBRARIES = ("libsystemd.so.0",)
 _NEEDED = re.compile(r"\(NEEDED\)\s+Shared library: \[([^]]+)\]")
@@ -122,6 +129,7 @@ def arm64_containerd_node(workdir: Path, ca_cert: Path | None = None) -> Iterato
     node.start()
     try:
         make_arm64(node, root)
+        node.run(["systemctl", "set-environment", GO_UNDER_QEMU])
         instance = ContainerdNode(node, ca_cert)
         instance.prepare()
         instance.start(timeout=120)
