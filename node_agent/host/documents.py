@@ -92,6 +92,12 @@ class Inventory(_Doc):
     #: the id of the last journal whose claims were folded in: a progress file of that id left
     #: behind by a crash is not folded in again (its claims may have been superseded since)
     folded: str | None = None
+    #: the paths journal ``intended_by`` is about to create, with the bytes it will write there
+    #: (written before that journal): each was absent when the journal began, so a file found
+    #: there later with exactly those bytes is the agent's even when the journal and its
+    #: progress file are both lost (``StateStore.adopt_intended``)
+    intended: dict[str, OwnedEntry] = Field(default_factory=dict)
+    intended_by: str | None = None
 
     def owns(self, path: str) -> bool:
         entry = self.entries.get(path)
@@ -112,7 +118,25 @@ class Inventory(_Doc):
         merged = {**self.entries, **updates}
         if not updates.keys() <= self.entries.keys():
             merged = dict(sorted(merged.items()))
-        return Inventory.model_construct(entries=merged, folded=self.folded)
+        return self.with_entries(merged)
+
+    def with_entries(
+        self, entries: dict[str, OwnedEntry], *, folded: str | Literal[False] | None = False
+    ) -> Inventory:
+        """This inventory with ``entries`` (valid, in order) and, when given, ``folded``; what
+        is intended stays."""
+        return Inventory.model_construct(
+            entries=entries,
+            folded=self.folded if folded is False else folded,
+            intended=self.intended,
+            intended_by=self.intended_by,
+        )
+
+    def with_intended(self, intended: dict[str, OwnedEntry], by: str | None) -> Inventory:
+        """This inventory with ``intended`` (by journal ``by``) in place of what it had."""
+        return Inventory.model_construct(
+            entries=self.entries, folded=self.folded, intended=intended, intended_by=by
+        )
 
 
 class ItemFailure(BaseModel):

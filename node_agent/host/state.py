@@ -23,7 +23,11 @@ atomically through HostFS, each a versioned pydantic model:
   not rewrite every entry before its restart; ``Inventory.folded`` names the last journal
   folded in, so a progress file a crash left behind is not folded in twice. ``begin`` notes in
   the journal which paths existed before; a crash between a write and its claim is settled
-  from the journal and the disk before the next apply. ``owns()`` is true only for created paths: a
+  from the journal and the disk before the next apply. What a journal will create (paths absent
+  when it begins) is written into the inventory's ``intended`` first, with the bytes it will
+  write: should the journal and its progress file both be lost, a file found there with exactly
+  those bytes is still taken as the agent's (one write more, only for change sets that create
+  paths). ``owns()`` is true only for created paths: a
   distro unit that merely gets drop-ins, or a pre-existing file the OSC overwrote, is never
   deleted. Claims read back from a progress file are taken only as far as the agent can show
   they are its own writes (``vet_claims``, the rule the offline status counts them by too), and
@@ -490,13 +494,23 @@ class StateStore:
         executing it. Replaces any pending journal: settle that one first. Inventory claims are
         made as writes succeed (``record_written``), so they describe what exists."""
         inventory = self._fold_claims()  # the replaced journal's, before its progress goes
-        preexisting = tuple(
-            sorted(
-                c.path
-                for c in claims_for(change_set)
-                if c.path not in inventory.entries and self.fs.exists(c.path)
-            )
-        )
+        inventory = self._adopt_intended(inventory, live=None)  # and what it meant to create
+        journal_id = uuid.uuid4().hex
+        claims = [c for c in claims_for(change_set) if c.path not in inventory.entries]
+        found = {c.path for c in claims if self.fs.exists(c.path)}
+        preexisting = tuple(sorted(found))
+        # What this journal will create, in the inventory before the journal: should the
+        # journal and its progress file both be lost, a file there with exactly these bytes
+        # is still known to be the agent's (imageRef files, bytes unknown up front, are not).
+        intended = {
+            c.path: OwnedEntry(kind=c.kind, created=True, sha256=c.sha256, mode=c.mode, by=c.by)
+            for c in claims
+            if c.path not in found and c.sha256 is not None
+        }
+        if intended or inventory.intended or not self.has_inventory():
+            inventory = inventory.with_intended(intended, journal_id if intended else None)
+            self._save(INVENTORY, inventory, SECRET_MODE)
+            self._inventory = inventory
         self._remove(CHANGES_DONE)
         self._no_journal = self._journal_unreadable = False
         # The base is usually the last applied OSC's record, the very object: the journal
@@ -509,7 +523,7 @@ class StateStore:
             else None
         )
         doc = JournalDoc(
-            id=uuid.uuid4().hex,
+            id=journal_id,
             osc_checksum=osc_checksum,
             started_at=_now(),
             change_set=change_set,
@@ -520,8 +534,6 @@ class StateStore:
             preexisting=preexisting,
         )
         self._save(CHANGES, doc, SECRET_MODE)
-        if not self.has_inventory():  # an apply marks the node as managed
-            self._save(INVENTORY, inventory, SECRET_MODE)
         self._pending = Pending(
             id=doc.id,
             change_set=change_set,
@@ -682,7 +694,7 @@ class StateStore:
         is dropped or replaced); the inventory."""
         inv = self.inventory()
         if self._claims:
-            inv = Inventory.model_construct(entries=inv.entries, folded=self._claims_of)
+            inv = inv.with_entries(inv.entries, folded=self._claims_of)
             self._save(INVENTORY, inv, SECRET_MODE)
             self._inventory = inv
             self._claims = {}
@@ -690,7 +702,14 @@ class StateStore:
 
     def finish(self) -> None:
         """Drop the journal once the apply is complete (after ``save_last_applied``)."""
-        self._fold_claims()
+        inv = self.inventory()
+        if inv.intended:  # its writes are claimed now, each as it succeeded: one write for both
+            folded = self._claims_of if self._claims else inv.folded
+            inv = inv.with_entries(inv.entries, folded=folded).with_intended({}, None)
+            self._save(INVENTORY, inv, SECRET_MODE)
+            self._inventory, self._claims = inv, {}
+        else:
+            self._fold_claims()
         self._remove(CHANGES)  # first: a lone progress file never matches a new id
         self._remove(CHANGES_DONE)
         self._pending = None
@@ -716,6 +735,9 @@ class StateStore:
         they were folded in already (``Inventory.folded``), as far as the agent can show they
         are its own (``_vetted``)."""
         inv = self._load(INVENTORY, Inventory) or Inventory()
+        if inv.intended:
+            pending = self.pending()
+            inv = self._adopt_intended(inv, live=pending.id if pending is not None else None)
         progress = self._load(CHANGES_DONE, JournalProgress)
         claims = inv.unfolded(progress)
         if progress is None or not claims:
@@ -724,12 +746,40 @@ class StateStore:
         if self._journal_unreadable and claims:
             # Their journal was set aside: fold them in now, so that they do not hang on a
             # journal that is no longer there (a lone progress file is not trusted).
-            inv = Inventory.model_construct(entries=inv.updated(claims).entries, folded=progress.id)
+            inv = inv.with_entries(inv.updated(claims).entries, folded=progress.id)
             self._save(INVENTORY, inv, SECRET_MODE)
             return inv
         if claims:
             self._claims, self._claims_of = dict(claims), progress.id
         return inv.updated(claims)
+
+    def _adopt_intended(self, inv: Inventory, *, live: str | None) -> Inventory:
+        """``inv`` with what a journal other than ``live`` (the one still there, if any) meant
+        to create taken as created where the file holds exactly the intended bytes, and the
+        rest forgotten; saved if that changed anything. A journal still there settles its own
+        writes (its progress file, and the journal and the disk before the next apply)."""
+        if not inv.intended or inv.intended_by == live:
+            return inv
+        adopted = {
+            path: entry
+            for path, entry in inv.intended.items()
+            if path not in inv.entries
+            and entry.sha256 is not None
+            and self.fs.stat_matches(path, sha256=entry.sha256)
+        }
+        if adopted:
+            _log.info(
+                "files of an unfinished change set claimed",
+                journal=inv.intended_by,
+                count=len(adopted),
+                paths=sorted(adopted)[:_SHOWN],
+                reason="absent when it began, and holding the bytes it wrote",
+            )
+        inv = inv.with_entries(dict(sorted({**inv.entries, **adopted}.items())))
+        inv = inv.with_intended({}, None)
+        self._save(INVENTORY, inv, SECRET_MODE)
+        self._inventory = inv
+        return inv
 
     def _vetted(self, claims: Mapping[str, OwnedEntry], inv: Inventory) -> Mapping[str, OwnedEntry]:
         """The claims of a progress file, as far as the agent can show they are its own writes.
@@ -819,7 +869,7 @@ class StateStore:
     def keep_only(self, entries: Mapping[str, OwnedEntry]) -> Inventory:
         """Make ``entries`` the whole inventory, with no journal's claims pending (``reset``:
         what it could not remove, for the next reset to try again)."""
-        new = Inventory(entries=dict(sorted(entries.items())))
+        new = self.inventory().with_entries(dict(sorted(entries.items())), folded=None)
         self._save(INVENTORY, new, SECRET_MODE)
         self._inventory, self._claims, self._claims_of = new, {}, None
         return new
@@ -846,7 +896,7 @@ class StateStore:
         folded = inv.folded
         if self._claims and self.pending() is None:
             folded, self._claims = self._claims_of, {}
-        new = Inventory(entries=dict(sorted(entries.items())), folded=folded)
+        new = inv.with_entries(dict(sorted(entries.items())), folded=folded)
         self._save(INVENTORY, new, SECRET_MODE)
         self._inventory = new
         return new

@@ -525,6 +525,87 @@ def test_a_new_journal_takes_the_replaced_ones_claims_into_the_inventory(
     assert StateStore(HostFS(root)).owns("/etc/a.conf")
 
 
+def write_host(root: Path, path: str, data: bytes) -> None:
+    host = root / path.lstrip("/")
+    host.parent.mkdir(parents=True, exist_ok=True)
+    host.write_bytes(data)
+
+
+@pytest.mark.parametrize("unreadable", ["journal", "removed"])
+def test_what_a_lost_journal_created_stays_the_agents(
+    store: StateStore, root: Path, unreadable: str
+) -> None:
+    """A journal writes a new file (its claim in the progress file) and the agent dies; the
+    journal and its progress file are then both lost. What the journal meant to create was in
+    the inventory before it began: the file with exactly those bytes is still the agent's (a
+    later OSC without it removes it), one with other bytes, or where something already was,
+    is not."""
+    write_host(root, "/etc/there.conf", b"someone else's")
+    cs = ChangeSet(
+        files_to_write=(
+            fw("/etc/new.conf", b"n"),
+            fw("/etc/other.conf", b"o"),
+            fw("/etc/there.conf", b"t"),
+            fw("/etc/never.conf", b"x"),
+        ),
+    )
+    store.begin(cs, "s1")
+    write_host(root, "/etc/new.conf", b"n")
+    write_host(root, "/etc/other.conf", b"replaced by someone")
+    write_host(root, "/etc/there.conf", b"t")
+    store.record_written(claims_for(cs)[:3])
+    state_file(root, CHANGES_DONE).unlink()
+    if unreadable == "journal":
+        state_file(root, CHANGES).write_bytes(b"{not json")
+    else:
+        state_file(root, CHANGES).unlink()
+    after = StateStore(HostFS(root))
+    assert after.owns("/etc/new.conf")
+    assert not after.owns("/etc/other.conf")
+    assert not after.owns("/etc/there.conf")
+    assert not after.owns("/etc/never.conf")
+    saved = json.loads(state_file(root, INVENTORY).read_bytes())
+    assert set(saved["entries"]) == {"/etc/new.conf"}
+    assert saved["intended"] == {}  # settled once, and in the file
+    assert StateStore(HostFS(root)).owns("/etc/new.conf")
+
+
+def test_a_journal_still_there_settles_its_own_writes(store: StateStore, root: Path) -> None:
+    """With the journal readable, what it meant to create is not taken by the bytes alone: its
+    own record decides (it resumes); a finished journal leaves nothing intended behind."""
+    cs = ChangeSet(files_to_write=(fw("/etc/new.conf", b"n"),))
+    store.begin(cs, "s1")
+    write_host(root, "/etc/new.conf", b"n")
+    after = StateStore(HostFS(root))  # a crash between the write and its claim
+    assert after.pending() is not None
+    assert not after.owns("/etc/new.conf")
+    assert set(json.loads(state_file(root, INVENTORY).read_bytes())["intended"]) == {
+        "/etc/new.conf"
+    }
+    after.record_written(claims_for(cs))
+    after.mark_done(*step_ids(cs))
+    after.finish()
+    saved = json.loads(state_file(root, INVENTORY).read_bytes())
+    assert saved["intended"] == {}
+    assert saved["intended_by"] is None
+    assert set(saved["entries"]) == {"/etc/new.conf"}
+
+
+def test_an_update_of_known_paths_does_not_rewrite_the_inventory(
+    store: StateStore, root: Path
+) -> None:
+    """Recording intent costs a write only when a change set creates paths: an update of
+    paths the agent already holds leaves ``inventory.json`` as it was until the journal ends."""
+    first = ChangeSet(files_to_write=(fw("/etc/a.conf", b"a"),))
+    store.begin(first, "s1")
+    write_host(root, "/etc/a.conf", b"a")
+    store.record_written(claims_for(first))
+    store.finish()
+    before = state_file(root, INVENTORY).stat().st_ino
+    store.begin(ChangeSet(files_to_write=(fw("/etc/a.conf", b"a2"),)), "s2")
+    assert state_file(root, INVENTORY).stat().st_ino == before
+
+
 # --- status ----------------------------------------------------------------------------------
 
 
