@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from node_agent import __version__
+from node_agent.base.text import escape_controls
 
 if TYPE_CHECKING:
     from node_agent.apply.applier import Applier
@@ -175,8 +176,16 @@ def _build_parser() -> argparse.ArgumentParser:
 
 
 def _fail(message: str) -> int:
-    print(f"{_prog()}: {message}", file=sys.stderr)
+    """Say ``message`` on stderr (its control characters escaped: it may carry the API
+    server's or a unit's words); the exit code of a failure."""
+    print(escape_controls(f"{_prog()}: {message}"), file=sys.stderr)
     return EXIT_ERROR
+
+
+def _say(text: str) -> None:
+    """Print ``text`` for people, control characters escaped (paths and names come from the
+    OSC)."""
+    print("\n".join(escape_controls(line) for line in text.split("\n")))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -225,7 +234,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     exec_start=_gardener_exec_start(args),
                 )
             )
-            print(report.summary())
+            _say(report.summary())
             for error in report.errors:  # the other steps were done; say what was not
                 _fail(f"{type(error).__name__}: {error}")
             return 1 if report.errors else 0
@@ -416,9 +425,9 @@ async def _plan(args: argparse.Namespace) -> int:
         doc["in_place"] = in_place.model_dump(mode="json") if in_place is not None else None
         print(json.dumps(doc, indent=2))
     else:
-        print(change_set.summary())
+        _say(change_set.summary())
         for line in inplace.describe(in_place) if in_place is not None else ():
-            print(line)
+            _say(line)
     return 0
 
 
@@ -449,16 +458,16 @@ async def _apply(args: argparse.Namespace) -> int:
     finally:
         if applier.systemd is not None:
             await applier.systemd.close()
-    print(outcome.change_set.summary())
+    _say(outcome.change_set.summary())
     rep = outcome.report
-    print(
+    _say(
         f"applied in {rep.duration:.3f}s: {len(rep.files_written)} files, "
         f"{len(rep.units_written)} units written, restarted: {', '.join(rep.restarted) or 'none'}"
     )
     for pull in rep.pulls:
-        print(f"pulled: {pull.target} from {pull.image} ({pull.digest}, {pull.size} bytes)")
+        _say(f"pulled: {pull.target} from {pull.image} ({pull.digest}, {pull.size} bytes)")
     for note in rep.skipped:
-        print(f"skipped: {note}")
+        _say(f"skipped: {note}")
     return 0
 
 

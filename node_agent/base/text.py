@@ -1,10 +1,14 @@
-"""Text that goes somewhere with a size limit (a Node annotation, an Event's message).
+"""Text that goes somewhere with a size limit (a Node annotation, an Event's message), or to a
+terminal.
 
 Cut in the middle, not at the end: the head names what failed and the tail carries a command's
-last words, and both matter more than what lies between them.
+last words, and both matter more than what lies between them. What goes to a terminal has its
+control characters escaped: it comes from units' output, the OSC and the API server.
 """
 
 from __future__ import annotations
+
+import unicodedata
 
 
 def head_and_tail(text: str, limit: int) -> str:
@@ -19,3 +23,14 @@ def head_and_tail(text: str, limit: int) -> str:
     head = raw[:head_size].decode(errors="ignore")
     tail = raw[-tail_size:].decode(errors="ignore")
     return f"{head} [... {cut} bytes cut ...] {tail}"
+
+
+def escape_controls(line: str) -> str:
+    """``line`` with control and format characters (ESC, CR, BEL, NUL, C1 controls, bidi
+    overrides) written as ``\\xNN``/``\\uNNNN``: stored errors and unit names come from units'
+    output and the OSC, and must not drive the terminal that shows them."""
+    if all(unicodedata.category(ch) not in ("Cc", "Cf") for ch in line):
+        return line
+    return "".join(
+        ch if unicodedata.category(ch) not in ("Cc", "Cf") else ascii(ch)[1:-1] for ch in line
+    )

@@ -24,11 +24,12 @@ import os
 import re
 import socket
 import time
-import unicodedata
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+from node_agent.base.text import escape_controls
 
 #: Same as ``AgentSettings.status_socket`` (a unit test keeps them equal; importing config here
 #: would load pydantic and cost the CLI ~100 ms).
@@ -365,17 +366,6 @@ def human_duration(seconds: float) -> str:
 
 def _short(checksum: str | None) -> str:
     return checksum[:12] if checksum else "none"
-
-
-def escape_controls(line: str) -> str:
-    """``line`` with control and format characters (ESC, CR, BEL, NUL, C1 controls, bidi
-    overrides) written as ``\\xNN``/``\\uNNNN``: stored errors and unit names come from units'
-    output and the OSC, and must not drive the terminal that shows them."""
-    if all(unicodedata.category(ch) not in ("Cc", "Cf") for ch in line):
-        return line
-    return "".join(
-        ch if unicodedata.category(ch) not in ("Cc", "Cf") else ascii(ch)[1:-1] for ch in line
-    )
 
 
 class _Lines:

@@ -371,7 +371,7 @@ async def test_what_agents_wrote_is_shown_escaped_and_the_policy_as_the_agents_f
 ) -> None:
     """Strings through the real API server, as any node's agent can write them, reach the
     terminal escaped and JSON exactly; the rollout is shown as the agents cap it."""
-    from node_agent.commands.status import escape_controls
+    from node_agent.base.text import escape_controls
 
     suffix = uuid.uuid4().hex[:6]
     pool = f"hostile-{suffix}"

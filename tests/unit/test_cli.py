@@ -159,3 +159,15 @@ def test_run_logs_its_first_line_before_the_costly_imports(tmp_path: Path) -> No
     assert line["version"] == __version__
     assert line["config"] == str(config)
     assert imported == "IMPORTED:"  # none of pydantic, aiohttp, yaml yet
+
+
+def test_an_error_never_drives_the_terminal(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """What a command says on failure may carry words from the API server, a unit or the OSC:
+    their control characters are shown escaped, not sent to the terminal."""
+    hostile = tmp_path / "config\x1b]0;owned\x07\r\x1b[2J"
+    assert main(["fleet", "--kubeconfig", str(hostile)]) != 0
+    err = capsys.readouterr().err
+    assert "\x1b" not in err and "\x07" not in err and "\r" not in err
+    assert "config\\x1b]0;owned\\x07\\r\\x1b[2J not found" in err

@@ -612,7 +612,7 @@ def raw_controls(text: str) -> list[str]:
 def test_the_text_view_shows_every_string_of_the_cluster_escaped() -> None:
     """Nodes, Leases and Events are written by every node's agent: no control character of
     theirs reaches the terminal; each field is shown, escaped as ``status`` escapes."""
-    from node_agent.commands.status import escape_controls
+    from node_agent.base.text import escape_controls
 
     nodes, secrets, leases, events, fields = hostile_pool()
     text = fleet.render(summarize(nodes, secrets, leases, events, NOW))
