@@ -169,5 +169,6 @@ def test_an_error_never_drives_the_terminal(
     hostile = tmp_path / "config\x1b]0;owned\x07\r\x1b[2J"
     assert main(["fleet", "--kubeconfig", str(hostile)]) != 0
     err = capsys.readouterr().err
-    assert "\x1b" not in err and "\x07" not in err and "\r" not in err
+    for control in ("\x1b", "\x07", "\r"):
+        assert control not in err
     assert "config\\x1b]0;owned\\x07\\r\\x1b[2J not found" in err
