@@ -450,7 +450,7 @@ def _in_place_inputs(applier: Applier) -> tuple[OperatingSystemConfig | None, st
 
 
 async def _apply(args: argparse.Namespace) -> int:
-    from node_agent.osc.decode import sha256_hex
+    from node_agent.base.digest import sha256_hex
 
     applier, osc, raw, resolved = await _prepare(args, offline=args.offline)
     try:

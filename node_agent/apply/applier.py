@@ -22,6 +22,7 @@ from typing import NoReturn
 
 from node_agent.apply.executor import ApplyReport, Executor
 from node_agent.apply.restart_guard import RestartGuard
+from node_agent.base.digest import sha256_hex
 from node_agent.base.errors import ApplyError, HostError, NodeAgentError, SystemdCallError
 from node_agent.base.layout import drop_in_path, unit_path
 from node_agent.base.log import get_logger
@@ -39,7 +40,7 @@ from node_agent.host.state import (
 )
 from node_agent.osc import steps
 from node_agent.osc.applied import Applied, AppliedUnit, Owed, adopt
-from node_agent.osc.decode import parse_osc, sha256_hex
+from node_agent.osc.decode import parse_osc
 from node_agent.osc.memo import Last
 from node_agent.osc.merge import osc_units
 from node_agent.osc.models import OperatingSystemConfig

@@ -33,13 +33,14 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from node_agent.apply.restart_guard import HeldUnit, RestartGuard
+from node_agent.base.digest import sha256_hex
 from node_agent.base.errors import HostError, ImageError, SystemdCallError
 from node_agent.base.layout import CONTAINERD_CERTS_DIR, drop_in_path, unit_path
 from node_agent.base.log import get_logger
 from node_agent.containerd.images import ImagePull, ImageStore
 from node_agent.host.documents import Claim, ItemFailure, Pending
 from node_agent.host.fs import HostFS
-from node_agent.host.state import UNIT_FILE_MODE, StateStore, remove_created, sha256_hex
+from node_agent.host.state import UNIT_FILE_MODE, StateStore, remove_created
 from node_agent.osc import steps as S
 from node_agent.osc.models import ImageRefContent
 from node_agent.osc.plan import ChangeSet, DropInWrite, FileWrite, UnitCommand, UnitWrite

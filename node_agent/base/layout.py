@@ -34,6 +34,21 @@ CONTAINERD_CONFIG_FILE = f"{CONTAINERD_BASE_DIR}/config.toml"
 CONTAINERD_CONF_DIR = f"{CONTAINERD_BASE_DIR}/conf.d"
 CONTAINERD_CERTS_DIR = f"{CONTAINERD_BASE_DIR}/certs.d"
 
+#: The unit types systemd knows, as the suffix of a unit's name (``kubelet.service``).
+UNIT_TYPES = (
+    "service",
+    "socket",
+    "timer",
+    "mount",
+    "automount",
+    "path",
+    "target",
+    "slice",
+    "scope",
+    "swap",
+    "device",
+)
+
 # Directory of the unit files and ``<unit>.d`` drop-in directories the agent writes.
 UNIT_DIR = "/etc/systemd/system"
 

@@ -17,19 +17,13 @@ from typing import Any, TextIO
 
 import structlog
 
-REDACTED = "[redacted]"
+from node_agent.base.text import REDACTED, scrub
+
 # Keys whose values are never logged, whatever their type.
 _SECRET_KEYS = re.compile(
     r"(^|_)(token|password|secret_data|data|content|authorization|bearer|key_data|"
     r"client_key|private_key|osc_bytes|raw)$",
     re.IGNORECASE,
-)
-# Values that look like credentials even under an innocent key.
-_SECRET_VALUES = re.compile(
-    r"eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]*"  # JWT (service-account tokens)
-    r"|[a-z0-9]{6}\.[a-z0-9]{16}"  # bootstrap token id.secret
-    r"|Bearer\s+\S+"
-    r"|-----BEGIN [A-Z ]*PRIVATE KEY-----"
 )
 _PRIORITY = {"debug": 7, "info": 6, "warning": 4, "error": 3, "critical": 2, "exception": 3}
 _LEVELS = {
@@ -42,7 +36,7 @@ _LEVELS = {
 
 def _scrub(value: Any) -> Any:
     if isinstance(value, str):
-        return _SECRET_VALUES.sub(REDACTED, value)
+        return scrub(value)
     if isinstance(value, bytes):
         return f"<{len(value)} bytes>"
     if isinstance(value, Mapping):
@@ -59,7 +53,7 @@ def redact(
     for key in list(event):
         if key in ("event", "level", "timestamp", "logger"):
             if isinstance(event[key], str):
-                event[key] = _SECRET_VALUES.sub(REDACTED, event[key])
+                event[key] = scrub(event[key])
             continue
         event[key] = REDACTED if _SECRET_KEYS.search(key) else _scrub(event[key])
     return event

@@ -8,7 +8,23 @@ control characters escaped: it comes from units' output, the OSC and the API ser
 
 from __future__ import annotations
 
+import re
 import unicodedata
+
+REDACTED = "[redacted]"
+#: What looks like a credential wherever it stands (a log value, a stored error): a service
+#: account token (JWT), a bootstrap token ``id.secret``, a bearer header, a private key.
+SECRET_VALUES = re.compile(
+    r"eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]*"
+    r"|[a-z0-9]{6}\.[a-z0-9]{16}"
+    r"|Bearer\s+\S+"
+    r"|-----BEGIN [A-Z ]*PRIVATE KEY-----"
+)
+
+
+def scrub(text: str) -> str:
+    """``text`` with whatever looks like a credential replaced by ``[redacted]``."""
+    return SECRET_VALUES.sub(REDACTED, text)
 
 
 def head_and_tail(text: str, limit: int) -> str:

@@ -41,6 +41,7 @@ import yaml
 
 import node_agent
 from node_agent.base.configfile import MAX_CONFIG_BYTES, read_config_file
+from node_agent.base.digest import sha256_hex
 from node_agent.base.errors import ConfigError, HostError, NodeAgentError, UnsafePathError
 from node_agent.base.layout import KUBELET_BOOTSTRAP_KUBECONFIG
 from node_agent.base.log import get_logger
@@ -61,7 +62,6 @@ from node_agent.config import (
 from node_agent.host.documents import Claim
 from node_agent.host.fs import HostFS, WriteResult
 from node_agent.host.state import UNIT_DIR, StateStore
-from node_agent.osc.decode import sha256_hex
 from node_agent.systemd import JobAction, SystemdSeam
 
 log = get_logger("node-agent.bootstrap")

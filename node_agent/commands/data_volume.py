@@ -26,13 +26,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
+from node_agent.base.digest import sha256_hex
 from node_agent.base.errors import NodeAgentError
 from node_agent.base.layout import BASE_DIR, UNIT_DIR
 from node_agent.base.log import get_logger
 from node_agent.host.documents import Claim
 from node_agent.host.fs import HostFS
 from node_agent.host.state import StateStore
-from node_agent.osc.decode import sha256_hex
 from node_agent.systemd import SystemdSeam
 
 log = get_logger("node-agent.bootstrap")

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Protocol
 
 from node_agent.base import layout
+from node_agent.base.digest import sha256_hex
 from node_agent.base.errors import (
     HostError,
     ResetBusyError,
@@ -50,7 +51,7 @@ from node_agent.base.layout import AGENT_UNIT
 from node_agent.base.log import get_logger
 from node_agent.host.documents import OwnedEntry
 from node_agent.host.fs import HostFS
-from node_agent.host.state import StateStore, not_written, remove_created, sha256_hex
+from node_agent.host.state import StateStore, not_written, remove_created
 from node_agent.systemd.types import JobResult, UnitFileChange, UnitState
 
 KUBELET_UNIT = "kubelet.service"

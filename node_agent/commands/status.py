@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import socket
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -29,7 +28,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from node_agent.base.text import escape_controls
+from node_agent.base.text import escape_controls, scrub
 
 #: Same as ``AgentSettings.status_socket`` (a unit test keeps them equal; importing config here
 #: would load pydantic and cost the CLI ~100 ms).
@@ -45,18 +44,6 @@ REMAINING_SHOWN = 10
 #: Failed items of the last apply shown by the text output (``--json`` has them all).
 FAILURES_SHOWN = 10
 _UNIX_PATH_MAX = 107
-
-# Anything that looks like a credential in an error message (same idea as the log redaction).
-_SECRET_VALUES = re.compile(
-    r"eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]*"
-    r"|[a-z0-9]{6}\.[a-z0-9]{16}"
-    r"|Bearer\s+\S+"
-    r"|-----BEGIN [A-Z ]*PRIVATE KEY-----"
-)
-
-
-def scrub(text: str) -> str:
-    return _SECRET_VALUES.sub("[redacted]", text)
 
 
 def socket_path(root: Path, configured: str = DEFAULT_SOCKET) -> Path:
@@ -236,6 +223,7 @@ def offline_document(root: Path, config_file: Path | None, reason: str) -> dict[
     """The status from files under ``root`` only: no API server, no systemd, no writes."""
     from pydantic import ValidationError
 
+    from node_agent.base.digest import sha256_hex
     from node_agent.base.errors import ConfigError, HostError
     from node_agent.host.documents import (
         ApplyRecord,
@@ -255,7 +243,6 @@ def offline_document(root: Path, config_file: Path | None, reason: str) -> dict[
         last_applied_of,
         named_paths,
         read_state_file,
-        sha256_hex,
         vet_claims,
     )
     from node_agent.osc.steps import step_ids

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from node_agent.base import layout
 from node_agent.base.configfile import MAX_CONFIG_BYTES
 from node_agent.base.errors import ConfigError, HostError, KubeNotFound, NodeAgentError
 from node_agent.base.log import get_logger
@@ -46,19 +47,7 @@ from node_agent.kube.watch import list_watch
 log = get_logger("node-agent.node")
 
 JSON = dict[str, Any]
-UNIT_SUFFIXES = (
-    ".service",
-    ".socket",
-    ".target",
-    ".timer",
-    ".mount",
-    ".automount",
-    ".path",
-    ".slice",
-    ".scope",
-    ".device",
-    ".swap",
-)
+UNIT_SUFFIXES = tuple(f".{kind}" for kind in layout.UNIT_TYPES)
 REASON_RESTART = report.REASON_UNIT_COMMAND["restart"]
 CONFIG_FILE_MODE = 0o600
 

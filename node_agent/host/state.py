@@ -66,7 +66,6 @@ import asyncio
 import contextvars
 import errno
 import functools
-import hashlib
 import stat
 import uuid
 from collections.abc import Callable, Collection, Iterable, Mapping
@@ -83,6 +82,7 @@ from pydantic import (
 )
 
 from node_agent.base import layout
+from node_agent.base.digest import sha256_hex
 from node_agent.base.errors import HostError, HostIOError, UnsafePathError
 from node_agent.base.layout import drop_in_path, unit_path
 from node_agent.host.documents import (
@@ -126,10 +126,6 @@ PUBLIC_MODE = 0o644
 UNIT_FILE_MODE = 0o600  # as upstream: a unit's Environment= often holds credentials
 
 _log = structlog.get_logger(__name__)
-
-
-def sha256_hex(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 def _now() -> datetime:

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from node_agent.base.errors import NodeAgentError, UnsafePathError
 from node_agent.base.log import get_logger
+from node_agent.base.text import scrub
 from node_agent.commands.status import (
     CLIENT_TIMEOUT,
     REQUEST,
@@ -32,7 +33,6 @@ from node_agent.commands.status import (
     inventory_counts,
     iso,
     pending_entry,
-    scrub,
     skeleton,
     socket_path,
 )

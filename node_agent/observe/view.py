@@ -27,7 +27,6 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
-import hashlib
 import os
 import platform
 import time
@@ -37,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from node_agent import __version__
+from node_agent.base.digest import sha256_hex
 
 if TYPE_CHECKING:
     from node_agent.apply.restart_guard import HeldUnit
@@ -419,7 +419,7 @@ def applied_and_desired(ctx: AgentContext, sources: Sources) -> tuple[str, str |
         data = (secret.get("data") or {}).get("osc.yaml")
         if isinstance(data, str):
             with contextlib.suppress(binascii.Error, ValueError):
-                desired = hashlib.sha256(base64.b64decode(data, validate=True)).hexdigest()
+                desired = sha256_hex(base64.b64decode(data, validate=True))
     if desired is None:
         desired = osc.desired_checksum
     return applied, desired

@@ -12,13 +12,13 @@ base after a partial apply, from its journal.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from node_agent.base.digest import sha256_hex
 from node_agent.base.errors import SecretRefError
 from node_agent.osc.decode import decode_inline
 from node_agent.osc.memo import ITEM_MEMO_BYTES, Memo, item_weight
@@ -215,10 +215,6 @@ class _ItemsOf:
 _LAST_OF_OSC: list[_ItemsOf | None] = [None]
 
 
-def sha256_of(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
 def file_state(file: File, resolved: Mapping[str, bytes], *, required: bool) -> AppliedFile:
     """What ``file`` puts on the host; an inline file's is kept for the next OSC (``_INLINE``):
     base64-decoding and hashing every file of the OSC again on each update would cost in
@@ -234,7 +230,7 @@ def file_state(file: File, resolved: Mapping[str, bytes], *, required: bool) -> 
             raise SecretRefError(
                 ref.name, ref.data_key, path=file.path, reason="content was not resolved"
             )
-        digest = sha256_of(raw) if raw is not None else None
+        digest = sha256_hex(raw) if raw is not None else None
         return AppliedFile(mode=mode, sha256=digest, source=("secretRef", ref.name, ref.data_key))
     if content.image_ref is not None:
         img = content.image_ref
@@ -248,7 +244,7 @@ def _inline_state(file: File) -> AppliedFile:
     assert file.content.inline is not None
     data = decode_inline(file.content.inline, path=file.path)
     mode = DEFAULT_FILE_MODE if file.permissions is None else file.permissions
-    return AppliedFile(mode=mode, sha256=sha256_of(data), source=("inline",))
+    return AppliedFile(mode=mode, sha256=sha256_hex(data), source=("inline",))
 
 
 #: the state of inline files and the definition of units, by the (frozen, hashable) OSC item

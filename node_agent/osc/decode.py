@@ -34,7 +34,6 @@ import base64
 import binascii
 import bisect
 import functools
-import hashlib
 import hmac
 import posixpath
 import re
@@ -59,6 +58,7 @@ from yaml.nodes import MappingNode, Node, ScalarNode
 
 from node_agent.base import layout
 from node_agent.base.by_change import common_prefix, common_suffix
+from node_agent.base.digest import sha256_hex
 from node_agent.base.errors import OSCChecksumError, OSCDecodeError, OSCValidationError
 from node_agent.base.goyaml import resolve_plain
 from node_agent.base.log import get_logger
@@ -81,19 +81,7 @@ MAX_NODES = MAX_OSC_BYTES
 MAX_NAME_BYTES = 255  # NAME_MAX
 MAX_PATH_BYTES = 4095  # PATH_MAX less the terminating NUL
 MAX_PATH_COMPONENTS = 64
-UNIT_SUFFIXES = (
-    "service",
-    "socket",
-    "timer",
-    "mount",
-    "automount",
-    "path",
-    "target",
-    "slice",
-    "scope",
-    "swap",
-    "device",
-)
+UNIT_SUFFIXES = layout.UNIT_TYPES  # what a unit name may end in
 # systemd accepts letters, digits and ":-_.\" in a unit name, plus one "@" for templates.
 _UNIT_CHARS = r"[A-Za-z0-9:_.\\-]"
 _UNIT_NAME = re.compile(rf"{_UNIT_CHARS}+(@{_UNIT_CHARS}*)?\.({'|'.join(UNIT_SUFFIXES)})")
@@ -403,10 +391,6 @@ def _expand_alias(
     if open_anchors and depth + height > open_anchors[-1][3]:
         open_anchors[-1][3] = depth + height
     return size
-
-
-def sha256_hex(raw: bytes) -> str:
-    return hashlib.sha256(raw).hexdigest()
 
 
 def verify_checksum(raw: bytes, expected: str | None, digest: str | None = None) -> None:

@@ -31,13 +31,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from node_agent.base import layout
+from node_agent.base.digest import sha256_hex
 from node_agent.commands import show_history, status
 from node_agent.commands.reset import reset_node
 from node_agent.controllers.osc.health_gate import GateRecord
 from node_agent.controllers.osc.inplace import InPlaceRecord
 from node_agent.host import selfupdate
 from node_agent.host.fs import HostFS
-from node_agent.host.state import StateStore, sha256_hex
+from node_agent.host.state import StateStore
 from tests.fuzz import harness
 from tests.fuzz.harness import bounded, budget, expect, only
 from tests.fuzz.strategies import state_bytes, state_documents

@@ -48,6 +48,7 @@ from hypothesis.stateful import (
 
 from node_agent.apply import executor
 from node_agent.apply.applier import Applier
+from node_agent.base.digest import sha256_hex
 from node_agent.base.errors import ApplyError, HostIOError, SystemdCallError
 from node_agent.base.layout import drop_in_path, unit_path
 from node_agent.host.fs import TEMP_PREFIX, HostFS, HostPath, Removed, WriteResult
@@ -60,7 +61,7 @@ from node_agent.host.state import (
     UNIT_DIR,
     StateStore,
 )
-from node_agent.osc.decode import decode_osc, sha256_hex
+from node_agent.osc.decode import decode_osc
 from node_agent.osc.merge import osc_files, osc_units
 from node_agent.osc.models import OperatingSystemConfig, Unit
 from node_agent.osc.plan import is_template

@@ -10,9 +10,10 @@ from typing import Any
 import yaml
 
 from node_agent.apply.applier import Applier
+from node_agent.base.digest import sha256_hex
 from node_agent.base.layout import BASE_DIR, unit_path
 from node_agent.host.fs import HostFS
-from node_agent.host.state import StateStore, sha256_hex
+from node_agent.host.state import StateStore
 from node_agent.osc.decode import parse_osc
 from tests.unit.fakes import FakeSystemd
 

@@ -15,6 +15,7 @@ import yaml
 
 from node_agent.apply.applier import Applier
 from node_agent.apply.executor import ApplyReport
+from node_agent.base.digest import sha256_hex
 from node_agent.base.errors import ApplyError, ImageError
 from node_agent.containerd.images import (
     CtrImages,
@@ -24,7 +25,7 @@ from node_agent.containerd.images import (
     resolve_in_image,
 )
 from node_agent.host.fs import HostFS
-from node_agent.host.state import StateStore, sha256_hex
+from node_agent.host.state import StateStore
 from node_agent.osc import plan
 from node_agent.osc.decode import parse_osc
 from tests.unit.fakes import FakeSystemd

@@ -8,6 +8,7 @@ import json
 import pytest
 
 from node_agent.base import log
+from node_agent.base.text import REDACTED
 
 
 def _emit(monkeypatch: pytest.MonkeyPatch, journal: bool, **fields: object) -> str:
@@ -49,8 +50,8 @@ def test_secrets_are_redacted(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "abcdef.0123456789abcdef" not in out
     assert "secret\\u0000" not in out
     event = json.loads(out)
-    assert event["token"] == log.REDACTED
-    assert event["secret"] == {"data": log.REDACTED, "name": "kube-system/x"}
+    assert event["token"] == REDACTED
+    assert event["secret"] == {"data": REDACTED, "name": "kube-system/x"}
     assert event["raw_bytes"] == "<7 bytes>"
 
 

@@ -13,12 +13,13 @@ import structlog
 from structlog.testing import capture_logs
 
 from node_agent.base import layout
+from node_agent.base.digest import sha256_hex
 from node_agent.base.errors import NodeAgentError, ResetIncompleteError
 from node_agent.cli import main
 from node_agent.commands.reset import NOTHING_TO_DO, reset_node
 from node_agent.host.documents import Claim, EntryKind
 from node_agent.host.fs import HostFS
-from node_agent.host.state import StateStore, claims_for, sha256_hex
+from node_agent.host.state import StateStore, claims_for
 from node_agent.osc.plan import ChangeSet, FileWrite
 from node_agent.systemd import client as systemd_client
 from tests.unit.fakes import ACTIVE, FakeSystemd

@@ -27,6 +27,7 @@ from node_agent.apply.applier import Applier, Outcome, Planned
 from node_agent.apply.executor import ApplyReport
 from node_agent.base import retry
 from node_agent.base.by_change import Base64ByChange
+from node_agent.base.digest import sha256_hex
 from node_agent.base.durations import parse_duration
 from node_agent.base.errors import (
     ApplyError,
@@ -54,7 +55,7 @@ from node_agent.host.history import HistoryEntry, HistoryRollback, Result, Trigg
 from node_agent.kube import report
 from node_agent.kube.report import NAMESPACE
 from node_agent.kube.watch import list_watch
-from node_agent.osc.decode import decode_osc, parse_osc, sha256_hex
+from node_agent.osc.decode import decode_osc, parse_osc
 from node_agent.osc.merge import osc_files, secret_refs
 from node_agent.osc.models import OperatingSystemConfig
 from node_agent.osc.plan import ChangeSet
