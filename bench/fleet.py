@@ -707,8 +707,8 @@ async def fleet_views(fleet: Fleet, checksum: str, label: str) -> None:
     """``node-agent fleet`` (its collect and text, in this process, as admin) at three moments
     of a paced rollout: just after the Secret changed, half the pool converged, all of it. Each
     view's time and API requests are rows of the table; the screens are printed."""
+    from node_agent.commands import fleet as view
     from node_agent.kube.client import KubeClient
-    from node_agent.observe import fleet as view
 
     assert fleet.watcher is not None
     total = len(fleet.names)

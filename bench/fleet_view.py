@@ -40,9 +40,9 @@ from typing import Any
 # loader leaves an already imported package alone.
 import kubernetes_asyncio.client  # noqa: F401
 
+from node_agent.commands import fleet
 from node_agent.controllers.osc import pacing
 from node_agent.kube.client import KubeClient
-from node_agent.observe import fleet
 from tests.conftest import cache_dir
 from tests.testbed.controlplane import ControlPlane
 

@@ -337,7 +337,7 @@ def _fleet(args: argparse.Namespace) -> int:
     from node_agent.kube.lean import load_aiohttp
 
     load_aiohttp()  # before any module imports it
-    from node_agent.observe.fleet import kubeconfig_path, run_fleet
+    from node_agent.commands.fleet import kubeconfig_path, run_fleet
 
     if args.interval <= 0:
         return _fail("--interval must be positive")

@@ -149,3 +149,18 @@ def parse_go_duration_ns(text: str) -> int:
     if not negative and total > _INT64_LIMIT - 1:
         raise bad
     return -total if negative else total
+
+
+def human_duration(seconds: float) -> str:
+    """``45s``, ``3m05s``, ``2h03m``, ``4d02h``: short, for people."""
+    seconds = max(0.0, seconds)
+    if seconds < 60:
+        return f"{seconds:.0f}s" if seconds >= 10 else f"{seconds:.1f}s"
+    minutes, secs = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes}m{secs:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 24:
+        return f"{hours}h{minutes:02d}m"
+    days, hours = divmod(hours, 24)
+    return f"{days}d{hours:02d}h"

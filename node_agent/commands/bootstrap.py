@@ -45,19 +45,19 @@ from node_agent.base.digest import sha256_hex
 from node_agent.base.errors import ConfigError, HostError, NodeAgentError, UnsafePathError
 from node_agent.base.layout import KUBELET_BOOTSTRAP_KUBECONFIG
 from node_agent.base.log import get_logger
-from node_agent.commands.data_volume import (
-    QUOTA_ENV,
-    Commands,
-    DataVolumeError,
-    HostCommands,
-    ensure_kubelet_data_volume,
-)
 from node_agent.config import (
     BASE_DIR,
     BOOTSTRAP_TOKEN_FILE,
     AgentSettings,
     NodeAgentConfiguration,
     parse_config,
+)
+from node_agent.host.data_volume import (
+    QUOTA_ENV,
+    Commands,
+    DataVolumeError,
+    HostCommands,
+    ensure_kubelet_data_volume,
 )
 from node_agent.host.documents import Claim
 from node_agent.host.fs import HostFS, WriteResult

@@ -18,9 +18,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from node_agent.base.durations import human_duration
 from node_agent.base.errors import HostIOError, UnsafePathError
 from node_agent.base.text import escape_controls
-from node_agent.commands.status import human_duration
 from node_agent.host.history import HISTORY, HISTORY_LIMIT, HistoryEntry, HistoryLog
 from node_agent.host.state import STATE_DIR, read_state_file
 

@@ -10,7 +10,8 @@ The document's field names are stable (``schema_version``; see docs/operations.m
 file contents, Secret data or tokens: only names, checksums, counts, times, unit states and error
 messages (scrubbed of anything that looks like a credential).
 
-This module is the client half (and the document's shape and its rendering): the CLI imports it on
+This module is the client half (and the rendering; the document's shape is
+:mod:`node_agent.observe.status_document`): the CLI imports it on
 every ``node-agent status``, so it stays free of pydantic, aiohttp, the kube client and systemd, and
 the command starts in tens of milliseconds. The server half is
 :mod:`node_agent.observe.unix_socket`.
@@ -20,145 +21,33 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import socket
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from datetime import UTC, datetime
+from collections.abc import Callable, Mapping
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from node_agent.base.text import escape_controls, scrub
+from node_agent.base.durations import human_duration
+from node_agent.base.text import escape_controls
+from node_agent.observe.status_document import (
+    CLIENT_TIMEOUT,
+    REQUEST,
+    addressable,
+    apply_entry,
+    inventory_counts,
+    pending_entry,
+    skeleton,
+    socket_path,
+)
 
-#: Same as ``AgentSettings.status_socket`` (a unit test keeps them equal; importing config here
-#: would load pydantic and cost the CLI ~100 ms).
-DEFAULT_SOCKET = "/run/gardener-node-agent/status.sock"
 DEFAULT_CONFIG = "/var/lib/gardener-node-agent/config.yaml"  # = config.CONFIG_FILE
-SCHEMA_VERSION = 1
-REQUEST = b"status\n"
-CLIENT_TIMEOUT = 2.0
 MAX_ANSWER = 8 * 1024 * 1024
 #: Exit code of ``node-agent status`` when the agent is not running (LSB: program not running).
 EXIT_NOT_RUNNING = 3
 REMAINING_SHOWN = 10
 #: Failed items of the last apply shown by the text output (``--json`` has them all).
 FAILURES_SHOWN = 10
-_UNIX_PATH_MAX = 107
-
-
-def socket_path(root: Path, configured: str = DEFAULT_SOCKET) -> Path:
-    return root / configured.lstrip("/")
-
-
-@contextlib.contextmanager
-def _addressable(path: Path) -> Iterator[str]:
-    """A path for bind/connect: unix socket paths are limited to 107 bytes, a deep ``--root``
-    is not; then go through ``/proc/self/fd/<dir>``."""
-    if len(os.fsencode(str(path))) <= _UNIX_PATH_MAX:
-        yield str(path)
-        return
-    fd = os.open(path.parent, os.O_PATH | os.O_DIRECTORY)
-    try:
-        yield f"/proc/self/fd/{fd}/{path.name}"
-    finally:
-        os.close(fd)
-
-
-def iso(moment: float | datetime | None) -> str | None:
-    if moment is None:
-        return None
-    if isinstance(moment, datetime):
-        return moment.astimezone(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
-    return iso(datetime.fromtimestamp(moment, UTC))
-
-
-def apply_entry(record: Mapping[str, Any]) -> dict[str, Any]:
-    error = record.get("error")
-    return {
-        "osc_checksum": record.get("osc_checksum"),
-        "started_at": record.get("started_at"),
-        "finished_at": record.get("finished_at"),
-        "duration_seconds": record.get("duration_seconds"),
-        "result": record.get("result"),
-        "restarted_units": list(record.get("restarted_units") or ()),
-        "stopped_units": list(record.get("stopped_units") or ()),
-        "error": scrub(str(error)) if error else None,
-        "failures": [
-            {
-                "kind": f.get("kind"),
-                "item": f.get("item"),
-                "error": scrub(str(f.get("error", ""))),
-            }
-            for f in record.get("failures") or ()
-            if isinstance(f, Mapping)
-        ],
-    }
-
-
-def pending_entry(
-    checksum: str, started: datetime | str, steps: tuple[str, ...], remaining: tuple[str, ...]
-) -> dict[str, Any]:
-    return {
-        "osc_checksum": checksum,
-        "started_at": iso(started) if isinstance(started, datetime) else started,
-        "steps_total": len(steps),
-        "steps_done": len(steps) - len(remaining),
-        "remaining": list(remaining),
-    }
-
-
-def inventory_counts(entries: Iterable[tuple[str, bool]]) -> dict[str, int]:
-    """Counts of (kind, created) pairs of the inventory."""
-    pairs = list(entries)
-    kinds = [kind for kind, _ in pairs]
-    return {
-        "paths": len(pairs),
-        "files": kinds.count("file"),
-        "units": kinds.count("unit"),
-        "dropins": kinds.count("dropin"),
-        "created": sum(1 for _, created in pairs if created),
-    }
-
-
-def skeleton() -> dict[str, Any]:
-    """Every field, in order; ``null`` where nothing is known."""
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "agent": {
-            "running": False,
-            "not_running_reason": None,
-            "version": None,
-            "pid": None,
-            "started_at": None,
-            "uptime_seconds": None,
-            "host_name": None,
-            "node_name": None,
-            "self_update_fallback": None,
-        },
-        "api_server": None,
-        "lease": None,
-        "certificate": None,
-        "osc": {
-            "secret_name": None,
-            "applied_checksum": None,
-            "desired_checksum": None,
-            "up_to_date": None,
-            "applies": None,
-            "failures": None,
-        },
-        "last_apply": None,
-        "change_in_progress": None,
-        "units": None,
-        "errors": [],
-        "inventory": None,
-        "health": None,
-        "endpoints": None,
-        "units_check": None,
-        "health_checks": None,
-        "health_gate": None,
-        "rollout": None,
-        "in_place_update": None,
-    }
 
 
 # --- client ------------------------------------------------------------------------------------
@@ -176,7 +65,7 @@ def query(path: Path, timeout: float = CLIENT_TIMEOUT) -> dict[str, Any]:
     try:
         sock.settimeout(timeout)
         try:
-            with _addressable(path) as address:
+            with addressable(path) as address:
                 sock.connect(address)
         except FileNotFoundError as exc:
             raise NotRunning(f"no socket at {path}") from exc
@@ -334,21 +223,6 @@ def _ago(iso: str | None, now: float) -> str:
     except ValueError:
         return iso
     return f"{iso} ({human_duration(now - moment)} ago)"
-
-
-def human_duration(seconds: float) -> str:
-    """``45s``, ``3m05s``, ``2h03m``, ``4d02h``: short, for people."""
-    seconds = max(0.0, seconds)
-    if seconds < 60:
-        return f"{seconds:.0f}s" if seconds >= 10 else f"{seconds:.1f}s"
-    minutes, secs = divmod(int(seconds), 60)
-    if minutes < 60:
-        return f"{minutes}m{secs:02d}s"
-    hours, minutes = divmod(minutes, 60)
-    if hours < 24:
-        return f"{hours}h{minutes:02d}m"
-    days, hours = divmod(hours, 24)
-    return f"{days}d{hours:02d}h"
 
 
 def _short(checksum: str | None) -> str:

@@ -35,9 +35,9 @@ from node_agent.base.errors import ConfigError, HostError, KubeNotFound, NodeAge
 from node_agent.base.log import get_logger
 from node_agent.base.loop import DONE, RETRY, SKIPPED, Next, Wake, run_loop
 from node_agent.base.retry import API, Backoff
-from node_agent.commands.data_volume import Commands, HostCommands, check_kubelet_data_volume
 from node_agent.config import parse_config
 from node_agent.context import AgentContext
+from node_agent.host.data_volume import Commands, HostCommands, check_kubelet_data_volume
 from node_agent.host.documents import ItemFailure
 from node_agent.host.fs import HostFS
 from node_agent.host.history import history_entry

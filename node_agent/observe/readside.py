@@ -9,8 +9,8 @@ aiohttp's ``web``, is imported only when they start, off the way to the first ap
 What is where: :mod:`node_agent.observe.view` (the typed, read-only view and what it is read from),
 :mod:`node_agent.observe.probes` (liveness and readiness), :mod:`node_agent.observe.observations`
 (apply durations, observed as they are persisted), :mod:`node_agent.observe.metrics` (the metrics,
-pulled from the view at scrape time), :mod:`node_agent.commands.status` (the status document, its
-client and text).
+pulled from the view at scrape time), :mod:`node_agent.observe.status_document` (the status
+document's shape; its client and text are :mod:`node_agent.commands.status`).
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 The document is the read side's :class:`~node_agent.observe.view.AgentView` as JSON (one builder per
 section in :data:`SECTIONS`), plus what only the disk and systemd know (the last apply record, a
 change set in progress, the inventory, the units' states), read per request without blocking the
-loop. Field names and order are ``status.skeleton()``'s; see :mod:`node_agent.commands.status` for
-the protocol and the client.
+loop. Field names and order are ``status_document.skeleton()``'s; see
+:mod:`node_agent.commands.status` for the protocol and the client.
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ from typing import TYPE_CHECKING, Any
 from node_agent.base.errors import NodeAgentError, UnsafePathError
 from node_agent.base.log import get_logger
 from node_agent.base.text import scrub
-from node_agent.commands.status import (
+from node_agent.host import selfupdate
+from node_agent.observe.status_document import (
     CLIENT_TIMEOUT,
     REQUEST,
     apply_entry,
@@ -36,7 +37,6 @@ from node_agent.commands.status import (
     skeleton,
     socket_path,
 )
-from node_agent.host import selfupdate
 from node_agent.observe.view import AgentView, ErrorView
 
 if TYPE_CHECKING:
@@ -298,7 +298,7 @@ class StatusServer:
             writer.close()
 
     async def document(self) -> dict[str, Any]:
-        """The live status document (see :mod:`node_agent.commands.status` for the rules)."""
+        """The live status document (the rules: :mod:`node_agent.observe.status_document`)."""
         state = self.ctx.state
         await state.applied_checksum_async()  # known in memory after this: no re-read
         view = self.read()

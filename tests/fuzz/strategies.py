@@ -21,9 +21,9 @@ import yaml
 from hypothesis import strategies as st
 
 from node_agent.base import layout
+from node_agent.commands import fleet
 from node_agent.controllers.osc import pacing
 from node_agent.kube import report
-from node_agent.observe import fleet
 from node_agent.osc import inplace as ip
 from tests.testbed.config_cases import GARDENER_RENDERED, SYNC_A
 from tests.unit.test_containerd_config import _bases, _plugin

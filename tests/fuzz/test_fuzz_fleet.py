@@ -22,8 +22,8 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
+from node_agent.commands import fleet
 from node_agent.controllers.osc import pacing
-from node_agent.observe import fleet
 from tests.fuzz import harness
 from tests.fuzz.harness import bounded, budget, expect, only
 from tests.fuzz.strategies import events, leases, nodes, policy_annotations, secrets

@@ -29,6 +29,7 @@ from node_agent.base.layout import BASE_DIR, BOOTSTRAP_TOKEN_FILE, KUBECONFIG_FI
 from node_agent.commands import status
 from node_agent.config import AgentSettings, parse_config
 from node_agent.kube import certificates
+from node_agent.observe import status_document
 from tests.conftest import SigningDurationSetter
 from tests.testbed.agent_harness import (
     AgentSetup,
@@ -109,7 +110,7 @@ async def test_bootstrap_token_becomes_a_certificate_and_goes_away_after_the_fir
     root = node.root
     setup = await gardener_layout(root, gardener_controlplane, admin_api, machine, f"osc-{machine}")
     await csr_approver.set_mode("hold")
-    sock = status.socket_path(root, setup.settings.status_socket)
+    sock = status_document.socket_path(root, setup.settings.status_socket)
 
     async with running_agent(setup, host_name=machine, systemd=node):
         held = await csr_approver.wait_for_decision(outcome="held", timeout=30)
@@ -304,7 +305,7 @@ async def test_a_wrong_certificate_from_the_csr_is_never_written_and_a_new_csr_f
     machine = unique("machine")
     root = node.root
     setup = await gardener_layout(root, kcm_stopped, admin_api, machine, f"osc-{machine}")
-    sock = status.socket_path(root, setup.settings.status_socket)
+    sock = status_document.socket_path(root, setup.settings.status_socket)
     kubeconfig = host(root, KUBECONFIG_FILE)
     script: list[Kind] = ["other-machine", "other-key", "expired"]
     errors: list[str] = []

@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 
+from node_agent.commands import fleet
 from node_agent.controllers.osc import pacing
 from node_agent.kube.client import KubeClient
-from node_agent.observe import fleet
 from tests.testbed.agent_harness import NS, REPO
 from tests.testbed.controlplane import ControlPlane
 

@@ -18,7 +18,7 @@ import pytest
 import yaml
 from kubernetes_asyncio.client import ApiClient
 
-from node_agent.commands import status
+from node_agent.observe import status_document
 from node_agent.observe.http_ports import HEAD_TIMEOUT, MAX_CONNECTIONS
 from tests.conftest import PreparedAgentFactory
 from tests.testbed.agent_harness import (
@@ -80,7 +80,7 @@ async def test_idle_connection_flood_neither_pins_descriptors_nor_starves_probes
     doc = yaml.safe_load(prepared.setup.config_file.read_text())
     doc["server"] = loopback_servers()
     setup = prepared.setup.with_config(doc)
-    sock = status.socket_path(setup.root)
+    sock = status_document.socket_path(setup.root)
 
     async with running_agent(setup, host_name=prepared.name, systemd=systemd):
         endpoints = await wait_ready_endpoints(sock, "the agent ready, its endpoints known")

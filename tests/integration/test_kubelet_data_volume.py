@@ -22,7 +22,7 @@ import pytest_asyncio
 import yaml
 from kubernetes_asyncio.client import ApiClient
 
-from node_agent.commands.data_volume import (
+from node_agent.host.data_volume import (
     LABEL,
     MOUNT_OPTIONS_NO_QUOTA,
     MOUNT_UNIT,

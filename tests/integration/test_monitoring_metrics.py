@@ -21,6 +21,7 @@ from kubernetes_asyncio.client import ApiClient
 
 from node_agent.base.layout import KUBECONFIG_FILE
 from node_agent.commands import status
+from node_agent.observe import status_document
 from tests.conftest import PreparedAgentFactory
 from tests.testbed.agent_harness import (
     host,
@@ -96,7 +97,7 @@ async def test_every_metric_of_the_rules_and_the_dashboard_is_exported(
     setup = prepared.setup.with_config(config)
     osc = osc_document([], [service("kubelet.service", command="start", enable=True)])
     checksum = await publish_osc(admin_api, prepared.osc_secret, osc)
-    sock = status.socket_path(setup.root)
+    sock = status_document.socket_path(setup.root)
 
     try:
         async with running_agent(setup, host_name=prepared.name, systemd=node):

@@ -21,6 +21,7 @@ from structlog.testing import capture_logs
 from node_agent.commands import status
 from node_agent.config import parse_config
 from node_agent.kube.report import ANNOTATION_APPLIED_CHECKSUM
+from node_agent.observe import status_document
 from tests.conftest import PreparedAgentFactory
 from tests.testbed.agent_harness import (
     create_node,
@@ -141,7 +142,7 @@ async def test_deleted_node_fails_readiness_and_shows_until_recreated(
     doc = yaml.safe_load(prepared.setup.config_file.read_text())
     doc["server"] = loopback_servers()
     setup = prepared.setup.with_config(doc)
-    sock = status.socket_path(setup.root)
+    sock = status_document.socket_path(setup.root)
     core = client.CoreV1Api(admin_api)
     checksum = await publish_osc(admin_api, prepared.osc_secret, osc_document([], []))
 

@@ -12,7 +12,8 @@ import pytest
 
 from node_agent.apply.applier import Applier
 from node_agent.base.layout import AGENT_UNIT
-from node_agent.commands.data_volume import (
+from node_agent.commands.reset import reset_node
+from node_agent.host.data_volume import (
     COPY_MOUNT,
     LABEL,
     MOUNT_OPTIONS,
@@ -28,7 +29,6 @@ from node_agent.commands.data_volume import (
     mounted_from,
     parse_lsblk,
 )
-from node_agent.commands.reset import reset_node
 from node_agent.host.fs import HostFS
 from node_agent.host.state import StateStore
 from node_agent.osc.applied import Applied

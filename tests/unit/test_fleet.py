@@ -15,10 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from node_agent.cli import _plugin_argv
-from node_agent.controllers.osc import pacing
-from node_agent.kube import report
-from node_agent.observe import fleet
-from node_agent.observe.fleet import (
+from node_agent.commands import fleet
+from node_agent.commands.fleet import (
     ConditionFact,
     EventFact,
     LedgerFacts,
@@ -29,6 +27,8 @@ from node_agent.observe.fleet import (
     read_policy,
     summarize,
 )
+from node_agent.controllers.osc import pacing
+from node_agent.kube import report
 
 NOW = 1_800_000_000.0
 NEW = "a" * 64
@@ -467,7 +467,7 @@ def test_the_fleet_command_imports_no_daemon_part() -> None:
     """``node-agent fleet`` loads the lean kube client and the fleet module, nothing the
     daemon needs (pydantic config, structlog, systemd, controllers, the agent)."""
     probe = (
-        "import sys, node_agent.cli, node_agent.observe.fleet, node_agent.kube.client\n"
+        "import sys, node_agent.cli, node_agent.commands.fleet, node_agent.kube.client\n"
         "print(' '.join(sorted(m for m in sys.modules)))"
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
@@ -482,7 +482,7 @@ def test_the_fleet_command_imports_no_daemon_part() -> None:
         "node_agent.controllers.osc",
         "node_agent.controllers.osc.pacing",
         "node_agent.observe",
-        "node_agent.observe.fleet",
+        "node_agent.commands.fleet",
     }
     assert not {
         m

@@ -25,11 +25,12 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "seams",
         ("node_agent.host", "node_agent.systemd", "node_agent.kube", "node_agent.containerd"),
     ),
-    ("apply and commands", ("node_agent.apply", "node_agent.commands")),
+    ("apply", ("node_agent.apply",)),
     ("context", ("node_agent.context",)),
     ("controllers", ("node_agent.controllers",)),
     ("read side", ("node_agent.observe",)),
-    ("wiring", ("node_agent.agent", "node_agent.cli", "node_agent.__main__")),
+    ("wiring", ("node_agent.agent",)),
+    ("commands", ("node_agent.commands", "node_agent.cli", "node_agent.__main__")),
 )
 
 

@@ -15,7 +15,7 @@ from node_agent.controllers.osc.health_gate import GateView, HealthGate, Rollbac
 from node_agent.controllers.osc.rollout import RolloutView
 from node_agent.controllers.unitcheck import UnitCheckView
 from node_agent.kube import report
-from node_agent.observe import unix_socket
+from node_agent.observe import status_document, unix_socket
 from node_agent.observe.metrics import AgentMetrics
 from tests.unit.fakes import FakeSystemd
 from tests.unit.test_metrics import _samples
@@ -83,7 +83,7 @@ def test_health_sections_in_the_document_the_text_and_the_metrics(tmp_path: Path
     assert gate["held_units"][0]["unit"] == "x.service"
     assert gate["held_units"][0]["describe"].startswith("x.service: failed after 1 restarts")
 
-    full = status.skeleton() | doc
+    full = status_document.skeleton() | doc
     text = status.render(full, now=NOW.timestamp() + 60)
     assert (
         "SystemdUnitsReady     False (UnhealthyUnits)" in text or "False (UnhealthyUnits)" in text
@@ -111,7 +111,7 @@ def test_health_sections_are_null_before_the_parts_exist(tmp_path: Path) -> None
     view = read(ctx)()
     assert unix_socket.units_check_section(view) is None
     assert unix_socket.health_gate_section(view) is None
-    text = status.render(status.skeleton())
+    text = status.render(status_document.skeleton())
     assert "Health gate" not in text
     samples = _samples(AgentMetrics(read(ctx)).render())
     assert samples["node_agent_units_restarts_suspended"] == 0
@@ -120,7 +120,7 @@ def test_health_sections_are_null_before_the_parts_exist(tmp_path: Path) -> None
 
 def test_gate_view_while_watching(tmp_path: Path) -> None:
     view = GateView(True, 30.0, "c" * 64, ("web.service",), None, None, 0)
-    doc = status.skeleton()
+    doc = status_document.skeleton()
     doc["health_gate"] = {**unix_socket._jsonable(view), "held_units": []}
     text = status.render(doc, now=(NOW + timedelta(seconds=5)).timestamp())
     assert "watching web.service after cccccccccccc" in text
@@ -143,7 +143,7 @@ def test_rollout_section_in_the_document_the_text_and_the_metrics(tmp_path: Path
         )
     )
     view = read(ctx)()
-    doc = status.skeleton() | {k: s(view) for k, s in unix_socket.SECTIONS.items()}
+    doc = status_document.skeleton() | {k: s(view) for k, s in unix_socket.SECTIONS.items()}
     assert doc["rollout"]["since"] == "2026-11-22T12:00:00Z"
     assert doc["rollout"]["holders"] == ["node-b"]
     text = status.render(doc, now=NOW.timestamp() + 30)

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
+from node_agent.base.durations import human_duration
 from node_agent.base.errors import UnsafePathError
 from node_agent.commands import status
 from node_agent.config import CONFIG_FILE, AgentSettings
@@ -32,7 +33,7 @@ from node_agent.host.documents import ApplyRecord, Claim, ItemFailure
 from node_agent.host.fs import HostFS
 from node_agent.host.state import CHANGES, CHANGES_DONE, STATE_DIR, StateStore, claims_for
 from node_agent.kube.client import ClientStats
-from node_agent.observe import unix_socket
+from node_agent.observe import status_document, unix_socket
 from node_agent.observe.observations import ApplyObservations
 from node_agent.observe.probes import Probes
 from node_agent.observe.view import AgentView, EndpointView, Sources, reader
@@ -137,7 +138,7 @@ async def _server(ctx: ReadCtx) -> unix_socket.StatusServer:
 
 
 def test_defaults_match_the_settings() -> None:
-    assert AgentSettings().status_socket == status.DEFAULT_SOCKET
+    assert AgentSettings().status_socket == status_document.DEFAULT_SOCKET
     assert status.DEFAULT_CONFIG == CONFIG_FILE
 
 
@@ -151,7 +152,7 @@ async def test_the_running_agent_answers_over_a_0600_socket(tmp_path: Path) -> N
     ctx.health.error("lease", "renew lease: connection refused")
     server = await _server(ctx)
     try:
-        path = status.socket_path(tmp_path)
+        path = status_document.socket_path(tmp_path)
         assert stat.S_IMODE(path.stat().st_mode) == 0o600
         assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
         doc = await asyncio.to_thread(status.query, path)
@@ -183,7 +184,7 @@ async def test_the_running_agent_answers_over_a_0600_socket(tmp_path: Path) -> N
     assert doc["lease"]["name"] == "kube-system/gardener-node-agent-node-a"
     assert doc["endpoints"]["health"] == "127.0.0.1:1"
     assert doc["endpoints"]["metrics"] is None
-    assert list(doc) == list(status.skeleton())  # every documented field, in order
+    assert list(doc) == list(status_document.skeleton())  # every documented field, in order
 
 
 def _b64(raw: bytes) -> str:
@@ -198,11 +199,11 @@ async def test_a_hanging_systemd_does_not_stall_the_answer(tmp_path: Path) -> No
     server = await _server(ctx)
     try:
         started = time.monotonic()
-        doc = await asyncio.to_thread(status.query, status.socket_path(tmp_path))
+        doc = await asyncio.to_thread(status.query, status_document.socket_path(tmp_path))
         took = time.monotonic() - started
     finally:
         await server.close()
-    assert took < status.CLIENT_TIMEOUT
+    assert took < status_document.CLIENT_TIMEOUT
     assert doc["units"][0]["name"] == "a.service"
     assert doc["units"][0]["active_state"] is None
     assert doc["units"][0]["error"]
@@ -215,7 +216,7 @@ async def test_errors_are_scrubbed_and_contents_never_shown(tmp_path: Path) -> N
     ctx.health.error("token", f"bad token {jwt}")
     server = await _server(ctx)
     try:
-        doc = await asyncio.to_thread(status.query, status.socket_path(tmp_path))
+        doc = await asyncio.to_thread(status.query, status_document.socket_path(tmp_path))
     finally:
         await server.close()
     text = json.dumps(doc) + status.render(doc)
@@ -227,14 +228,14 @@ async def test_errors_are_scrubbed_and_contents_never_shown(tmp_path: Path) -> N
 
 def test_not_running_no_socket(tmp_path: Path) -> None:
     with pytest.raises(status.NotRunning, match="no socket"):
-        status.query(status.socket_path(tmp_path))
+        status.query(status_document.socket_path(tmp_path))
 
 
 def test_not_running_stale_socket(tmp_path: Path) -> None:
-    path = status.socket_path(tmp_path)
+    path = status_document.socket_path(tmp_path)
     path.parent.mkdir(parents=True)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    with status._addressable(path) as address:
+    with status_document.addressable(path) as address:
         sock.bind(address)  # bound, never listening: what a killed agent leaves behind
     sock.close()
     with pytest.raises(status.NotRunning, match="stale socket"):
@@ -242,10 +243,10 @@ def test_not_running_stale_socket(tmp_path: Path) -> None:
 
 
 def test_not_running_when_nobody_answers_in_time(tmp_path: Path) -> None:
-    path = status.socket_path(tmp_path)
+    path = status_document.socket_path(tmp_path)
     path.parent.mkdir(parents=True)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    with status._addressable(path) as address:
+    with status_document.addressable(path) as address:
         sock.bind(address)
     sock.listen(1)  # accepts into the backlog, never answers: a hung agent
     try:
@@ -273,7 +274,10 @@ def test_offline_document_reads_only_the_persisted_state(tmp_path: Path) -> None
     before = sorted(p.name for p in ctx.state.fs.root.rglob("*"))
     doc = status.offline_document(tmp_path, config, "no socket at /x")
     assert sorted(p.name for p in ctx.state.fs.root.rglob("*")) == before  # wrote nothing
-    assert doc["agent"] == {**status.skeleton()["agent"], "not_running_reason": "no socket at /x"}
+    assert doc["agent"] == {
+        **status_document.skeleton()["agent"],
+        "not_running_reason": "no socket at /x",
+    }
     assert doc["osc"]["secret_name"] == SECRET
     assert doc["osc"]["applied_checksum"] == checksum
     assert doc["osc"]["desired_checksum"] is None
@@ -300,14 +304,14 @@ def test_offline_document_of_an_untouched_node(tmp_path: Path) -> None:
 
 def test_render_running_with_a_failed_unit_and_a_change_in_progress() -> None:
     now = time.time()
-    doc = status.skeleton()
+    doc = status_document.skeleton()
     doc["agent"].update(running=True, version="0.1.0", pid=42, started_at="2026-01-01T00:00:00Z",
                         uptime_seconds=7300, host_name="node-a", node_name="node-a")  # fmt: skip
     doc["api_server"] = {"server": "https://api:6443", "last_success_at": None, "last_error": None}
     doc["lease"] = {"name": "kube-system/l", "last_renew_time": None, "renewals": 0, "failures": 2}
     doc["osc"].update(secret_name=SECRET, applied_checksum="a" * 64, desired_checksum="b" * 64,
                       up_to_date=False, applies=1, failures=3)  # fmt: skip
-    doc["change_in_progress"] = status.pending_entry(
+    doc["change_in_progress"] = status_document.pending_entry(
         "b" * 64,
         "2026-01-01T00:00:00Z",
         tuple(f"s{i}" for i in range(14)),
@@ -336,7 +340,7 @@ def test_render_running_with_a_failed_unit_and_a_change_in_progress() -> None:
     [(0.25, "0.2s"), (42, "42s"), (185, "3m05s"), (7380, "2h03m"), (93600, "1d02h"), (-5, "0.0s")],
 )
 def test_human_duration(seconds: float, text: str) -> None:
-    assert status.human_duration(seconds) == text
+    assert human_duration(seconds) == text
 
 
 def test_cli_status_without_an_agent_exits_3(
@@ -371,7 +375,7 @@ async def test_failed_items_in_text_json_and_offline_status(tmp_path: Path) -> N
     ctx.state.save_status(_failed_record(checksum, 13))
     server = await _server(ctx)
     try:
-        live = await asyncio.to_thread(status.query, status.socket_path(tmp_path))
+        live = await asyncio.to_thread(status.query, status_document.socket_path(tmp_path))
     finally:
         await server.close()
     offline = status.offline_document(tmp_path, None, "no socket")
@@ -420,7 +424,7 @@ async def test_a_deleted_node_is_shown(tmp_path: Path) -> None:
     ctx.health.error("node", why)
     server = await _server(ctx)
     try:
-        doc = await asyncio.to_thread(status.query, status.socket_path(tmp_path))
+        doc = await asyncio.to_thread(status.query, status_document.socket_path(tmp_path))
     finally:
         await server.close()
     assert doc["health"]["ready"] is False
@@ -431,7 +435,7 @@ async def test_a_deleted_node_is_shown(tmp_path: Path) -> None:
 
 
 def _socket_dir(root: Path) -> Path:
-    return status.socket_path(root).parent
+    return status_document.socket_path(root).parent
 
 
 async def test_a_symlinked_socket_directory_is_refused(tmp_path: Path) -> None:
@@ -468,10 +472,10 @@ async def test_an_existing_socket_directory_is_made_0700(tmp_path: Path) -> None
     server = await _server(ctx)
     try:
         assert stat.S_IMODE(path.stat().st_mode) == 0o700
-        assert stat.S_ISSOCK(status.socket_path(tmp_path).lstat().st_mode)
+        assert stat.S_ISSOCK(status_document.socket_path(tmp_path).lstat().st_mode)
     finally:
         await server.close()
-    assert not status.socket_path(tmp_path).exists()
+    assert not status_document.socket_path(tmp_path).exists()
 
 
 async def test_a_socket_directory_of_another_owner_is_refused(
@@ -544,9 +548,9 @@ async def test_the_view_before_the_controllers_exist(tmp_path: Path) -> None:
     assert doc["endpoints"] == {
         "health": None,
         "metrics": None,
-        "status_socket": str(status.socket_path(tmp_path)),
+        "status_socket": str(status_document.socket_path(tmp_path)),
     }
-    assert list(doc) == list(status.skeleton())
+    assert list(doc) == list(status_document.skeleton())
     assert "Lease:        not yet: renewed never; 0 renewals, 0 failures" in status.render(doc)
     text = AgentMetrics(read(ctx)).render()
     assert "node_agent_lease_renewals_total 0.0" in text
@@ -612,4 +616,4 @@ def test_offline_counts_only_the_claims_the_agent_takes(
     copy = tmp_path / "copy"  # the agent's own reading, which may set files aside: on a copy
     shutil.copytree(root, copy, symlinks=True)
     entries = StateStore(HostFS(copy)).inventory().entries.values()
-    assert counts == status.inventory_counts((e.kind, e.created) for e in entries)
+    assert counts == status_document.inventory_counts((e.kind, e.created) for e in entries)

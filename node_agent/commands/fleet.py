@@ -30,8 +30,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
+from node_agent.base.durations import human_duration
 from node_agent.base.text import escape_controls
-from node_agent.commands.status import human_duration
 from node_agent.controllers.osc import pacing
 from node_agent.kube import report
 
