@@ -20,10 +20,10 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from node_agent import __version__
 from node_agent.apply.applier import Applier
@@ -63,13 +63,114 @@ CERTIFICATE_WAIT_EXTENSION_US = 60_000_000
 #: At most this long (seconds) the parts that can wait give the OSC controller's first reconcile.
 FIRST_RECONCILE_HEAD_START = 2.0
 
-# Extra controllers register here (name, factory); each factory returns the coroutine to run.
-ControllerFactory = Callable[[AgentContext], Coroutine[Any, Any, None]]
-EXTRA_CONTROLLERS: list[tuple[str, ControllerFactory]] = []
+_C = TypeVar("_C")
 
 
 class _Shutdown(Exception):
     """Raised by the signal task to cancel every controller in the TaskGroup."""
+
+
+@dataclass(frozen=True)
+class Running:
+    """A controller as the agent runs it: its task's name, its loop, and whether the loop waits
+    for the OSC controller's first reconcile (:func:`after_first_reconcile`)."""
+
+    name: str
+    run: Callable[[], Coroutine[Any, Any, None]]
+    waits: bool = False
+
+
+@dataclass
+class Parts:
+    """What controllers are built from, and the controllers built so far (by type): an entry of
+    ``CONTROLLERS`` takes what it needs with ``need`` and registers what it offers the read
+    side on ``sources``."""
+
+    ctx: AgentContext
+    applier: Applier
+    guard: RestartGuard  # the restart-storm guard, shared by the applier and the checks
+    sources: Sources
+    #: the client certificate's controller (the daemon builds it before the others: it gets the
+    #: agent its credentials); None where nobody renews one (tests)
+    certificate: CertificateController | None = None
+    built: dict[type, object] = field(default_factory=dict)
+
+    def need(self, kind: type[_C]) -> _C:
+        """The controller of type ``kind``, built by an entry before the one asking."""
+        found = self.built.get(kind)
+        if not isinstance(found, kind):
+            raise LookupError(f"no {kind.__name__} built before the controller that needs it")
+        return found
+
+
+#: One controller: build it from ``Parts`` (or None where it does not run) and say how it runs.
+AddController = Callable[[Parts], "tuple[object, Running] | None"]
+
+
+def add_osc(p: Parts) -> tuple[object, Running]:
+    osc = OSCController(p.ctx, p.applier)
+    p.sources.osc, p.sources.gate, p.sources.guard = osc, osc.gate, p.guard
+    p.sources.rollout, p.sources.in_place = osc.rollout, osc.inplace
+    return osc, Running("osc", osc.run)
+
+
+def add_lease(p: Parts) -> tuple[object, Running]:
+    lease = LeaseController(p.ctx)  # its own client and connection pool (see the module)
+    p.sources.lease = lease
+    return lease, Running("lease", lease.run, waits=True)
+
+
+def add_node(p: Parts) -> tuple[object, Running]:
+    osc = p.need(OSCController)
+    node = NodeController(p.ctx, on_recreated=osc.node_recreated)
+    node.observers.append(osc.inplace.node_seen)  # the drain gate of an in-place update
+    node.observers.append(osc.node_seen)  # its reconciliation delay, without a GET per update
+    p.sources.node = node
+    return node, Running("node", node.run)
+
+
+def add_token(p: Parts) -> tuple[object, Running]:
+    token = TokenController(p.ctx)
+    p.need(OSCController).inplace.resync_tokens.extend(sync.sync for sync in token.syncs)
+    return token, Running("token", token.run)
+
+
+def add_health(p: Parts) -> tuple[object, Running]:
+    osc = p.need(OSCController)
+    health = HealthCheckController(p.ctx, p.applier, applying=lambda: osc.applying, guard=p.guard)
+    p.need(NodeController).observers.append(health.node_seen)  # the Node's Ready condition
+    osc.inplace.kubelet_health = health.kubelet_health  # the same probe as the checks
+    p.sources.healthcheck = health
+    return health, Running("health-check", health.run, waits=True)
+
+
+def add_unitcheck(p: Parts) -> tuple[object, Running]:
+    osc = p.need(OSCController)
+    unitcheck = UnitCheckController(p.ctx, p.applier, guard=p.guard, on_release=osc.retry_now)
+    osc.on_applied.append(unitcheck.poke)  # units a new OSC (re)started are judged at once
+    p.sources.unitcheck = unitcheck
+    return unitcheck, Running("unitcheck", unitcheck.run, waits=True)
+
+
+def add_certificate(p: Parts) -> tuple[object, Running] | None:
+    certs, ctx = p.certificate, p.ctx
+    if certs is None:
+        return None
+    p.need(OSCController).inplace.renew_certificate = lambda: certs.renew(ctx.kube)  # CA rotation
+    return certs, Running("certificate", lambda: certs.run(ctx.kube), waits=True)
+
+
+#: Every controller of the agent, in the order they are built (one may ``need`` those before
+#: it), as Gardener's ``controller/add.go`` adds them: adding a controller is one entry here.
+CONTROLLERS: tuple[AddController, ...] = (
+    add_osc,
+    add_lease,
+    add_node,
+    add_token,
+    add_health,
+    add_unitcheck,
+    add_certificate,
+)
 
 
 @dataclass(frozen=True)
@@ -78,13 +179,19 @@ class Agent:
 
     ctx: AgentContext
     applier: Applier
-    osc: OSCController
-    lease: LeaseController
-    node: NodeController
-    token: TokenController
-    health: HealthCheckController  # kubelet's and containerd's health checks
-    unitcheck: UnitCheckController  # the SystemdUnitsReady condition
-    sources: Sources  # what status, health and metrics read of them
+    parts: Parts
+    running: tuple[Running, ...]  # in ``CONTROLLERS``' order
+
+    @property
+    def sources(self) -> Sources:  # what status, health and metrics read of the controllers
+        return self.parts.sources
+
+    def need(self, kind: type[_C]) -> _C:
+        return self.parts.need(kind)
+
+    @property
+    def osc(self) -> OSCController:
+        return self.need(OSCController)
 
 
 def build_agent(
@@ -93,11 +200,14 @@ def build_agent(
     images: ImageStore | None,
     expander: Callable[[HostFS], ContainerdExpander] | None = ContainerdExpander,
     sources: Sources | None = None,
+    certificate: CertificateController | None = None,
+    controllers: Sequence[AddController] = CONTROLLERS,
 ) -> Agent:
     """The applier and the controllers on ``ctx``'s seams. ``images``: where imageRef files come
     from (the daemon: the node's containerd through ``ctr``); ``expander``: what the agent
     derives from an OSC (containerd's config from ``criConfig``), None for the OSC as it is;
-    ``sources``: the read side's registry, filled in with the controllers (a new one if None)."""
+    ``sources``: the read side's registry, filled in with the controllers (a new one if None);
+    ``certificate``: the client certificate's controller, when the agent renews one."""
     limits = ctx.config.node_agent.restart_guard
     guard = RestartGuard(max_restarts=limits.max_restarts, window=limits.window.total_seconds())
     applier = build_applier(
@@ -110,25 +220,17 @@ def build_agent(
         expander=expander,
         guard=guard,
     )
-    osc = OSCController(ctx, applier)
-    lease = LeaseController(ctx)  # its own client and connection pool (see the module)
-    node = NodeController(ctx, on_recreated=osc.node_recreated)
-    token = TokenController(ctx)
-    health = HealthCheckController(ctx, applier, applying=lambda: osc.applying, guard=guard)
-    node.observers.append(health.node_seen)  # the Node's Ready condition, from its watch
-    node.observers.append(osc.inplace.node_seen)  # the drain gate of an in-place update
-    osc.inplace.resync_tokens.extend(sync.sync for sync in token.syncs)
-    osc.inplace.kubelet_health = health.kubelet_health  # the same probe as the checks
-    node.observers.append(osc.node_seen)  # its reconciliation delay, without a GET per update
     if sources is None:
         sources = Sources(watches=ctx.watches)
-    sources.osc, sources.lease, sources.node = osc, lease, node
-    unitcheck = UnitCheckController(ctx, applier, guard=guard, on_release=osc.retry_now)
-    osc.on_applied.append(unitcheck.poke)  # units a new OSC (re)started are judged at once
-    sources.unitcheck, sources.healthcheck = unitcheck, health
-    sources.gate, sources.guard, sources.rollout = osc.gate, guard, osc.rollout
-    sources.in_place = osc.inplace
-    return Agent(ctx, applier, osc, lease, node, token, health, unitcheck, sources)
+    parts = Parts(ctx, applier, guard, sources, certificate=certificate)
+    running: list[Running] = []
+    for add in controllers:
+        added = add(parts)
+        if added is not None:
+            controller, how = added
+            parts.built[type(controller)] = controller
+            running.append(how)
+    return Agent(ctx, applier, parts, tuple(running))
 
 
 def build_applier(
@@ -206,6 +308,57 @@ async def after_first_reconcile(
     await start()
 
 
+async def _open(
+    settings: AgentSettings,
+    config: NodeAgentConfiguration,
+    systemd: SystemdSeam,
+    host_name: str | None,
+) -> tuple[AgentContext, CertificateController, bool, ApplyObservations]:
+    """The host's seams and the API client the agent starts with: its kubeconfig, or without
+    one (then ``True``: bootstrapping) its bootstrap token until it has a certificate
+    (``CertificateController``)."""
+    from node_agent.kube.client import KubeClient
+
+    fs = HostFS(settings.root, follow_system_symlinks=True)
+    observations = ApplyObservations()
+    state: StateStore = ObservedStateStore(fs, observations.observe)  # apply durations
+    observations.last = await state.load_status_async()
+    removed = await asyncio.to_thread(state.cleanup_temp_files)
+    if removed:
+        log.info("removed temp files of an interrupted write", paths=removed)
+    kubeconfig = host_path(settings.root, config.client_connection.kubeconfig)
+    certs = CertificateController(settings, config, fs)
+    bootstrapping = certs.needs_bootstrap()
+    kube = certs.token_client() if bootstrapping else KubeClient.from_kubeconfig(kubeconfig)
+    ctx = AgentContext(
+        settings=settings,
+        config=config,
+        fs=fs,
+        state=state,
+        systemd=systemd,
+        kube=kube,
+        host_name=host_name or socket.gethostname(),
+    )
+    return ctx, certs, bootstrapping, observations
+
+
+def _report_certificate_waits(
+    ctx: AgentContext, certs: CertificateController, notifier: Notifier
+) -> None:
+    """While the first certificate is awaited the agent is not READY but alive: each sign of
+    progress extends systemd's start timeout and pings its watchdog; a refusal is an Event
+    once the Node is known (while bootstrapping there is none yet)."""
+
+    def waiting(line: str) -> None:
+        notifier.notify(f"STATUS={line}", f"EXTEND_TIMEOUT_USEC={CERTIFICATE_WAIT_EXTENSION_US}")
+        notifier.watchdog()
+
+    async def refused(message: str) -> None:
+        await ctx.event(report.REASON_CERTIFICATE_REFUSED, message, warning=True)
+
+    certs.on_wait, certs.on_refused = waiting, refused
+
+
 async def run_agent(
     settings: AgentSettings,
     config: NodeAgentConfiguration,
@@ -225,33 +378,15 @@ async def run_agent(
         early = await start_early(systemd_address, settings.systemd_job_timeout + 10)
     systemd, connecting = early
     try:
-        fs = HostFS(settings.root, follow_system_symlinks=True)
-        observations = ApplyObservations()
-        state: StateStore = ObservedStateStore(fs, observations.observe)  # apply durations
-        observations.last = await state.load_status_async()
-        removed = await asyncio.to_thread(state.cleanup_temp_files)
-        if removed:
-            log.info("removed temp files of an interrupted write", paths=removed)
-        kubeconfig = host_path(settings.root, config.client_connection.kubeconfig)
-        certs = CertificateController(settings, config, fs)
-        # Without a kubeconfig, the agent runs on its bootstrap token until it has a certificate.
-        bootstrapping = certs.needs_bootstrap()
-        kube = certs.token_client() if bootstrapping else KubeClient.from_kubeconfig(kubeconfig)
+        ctx, certs, bootstrapping, observations = await _open(settings, config, systemd, host_name)
     except BaseException:
         connecting.cancel()
         with contextlib.suppress(BaseException):
             await connecting
         await systemd.close()
         raise
-    ctx = AgentContext(
-        settings=settings,
-        config=config,
-        fs=fs,
-        state=state,
-        systemd=systemd,
-        kube=kube,
-        host_name=host_name or socket.gethostname(),
-    )
+    kubeconfig = host_path(settings.root, config.client_connection.kubeconfig)
+    _report_certificate_waits(ctx, certs, notifier)
     # What the read side reads: the certificate controller now, the others once built.
     sources = Sources(watches=ctx.watches, certificate=certs)
 
@@ -268,19 +403,6 @@ async def run_agent(
         guards.append(_hard_stop_guard(SHUTDOWN_TIMEOUT))
         raise _Shutdown
 
-    def waiting_for_certificate(line: str) -> None:
-        # Not READY yet, but alive: keep systemd's start timeout and watchdog from firing.
-        notifier.notify(f"STATUS={line}", f"EXTEND_TIMEOUT_USEC={CERTIFICATE_WAIT_EXTENSION_US}")
-        notifier.watchdog()
-
-    certs.on_wait = waiting_for_certificate
-
-    async def certificate_refused(message: str) -> None:
-        # an Event once the Node is known (while bootstrapping there is none yet)
-        await ctx.event(report.REASON_CERTIFICATE_REFUSED, message, warning=True)
-
-    certs.on_refused = certificate_refused
-
     async def controllers() -> None:
         await connecting
         if bootstrapping:
@@ -291,25 +413,15 @@ async def run_agent(
             certs.settle()
         pull_timeout = config.node_agent.images.pull_timeout.total_seconds()
         images = CtrImages(root=settings.root, pull_timeout=pull_timeout)
-        agent = build_agent(ctx, images=images, sources=sources)
-        osc, lease, node, token = agent.osc, agent.lease, agent.node, agent.token
-        osc.inplace.renew_certificate = lambda: certs.renew(ctx.kube)  # a CA rotation
-
-        def then(start: Callable[[], Awaitable[None]]) -> Coroutine[Any, Any, None]:
-            return after_first_reconcile(ctx, start)  # after the OSC controller's first go
+        agent = build_agent(ctx, images=images, sources=sources, certificate=certs)
 
         async with asyncio.TaskGroup() as tasks:
-            tasks.create_task(find_node_then(osc.node_recreated), name="find-node")
-            tasks.create_task(osc.run(), name="osc")
+            tasks.create_task(find_node_then(agent.osc.node_recreated), name="find-node")
             tasks.create_task(watchdog(), name="watchdog")
-            tasks.create_task(then(lease.run), name="lease")
-            tasks.create_task(node.run(), name="node")
-            tasks.create_task(token.run(), name="token")
-            tasks.create_task(then(agent.health.run), name="health-check")
-            tasks.create_task(then(agent.unitcheck.run), name="unitcheck")
-            tasks.create_task(then(lambda: certs.run(ctx.kube)), name="certificate")
-            for name, factory in EXTRA_CONTROLLERS:
-                tasks.create_task(factory(ctx), name=name)
+            for controller in agent.running:  # the waiting ones after the OSC's first go
+                run = controller.run
+                body = after_first_reconcile(ctx, run) if controller.waits else run()
+                tasks.create_task(body, name=controller.name)
             notifier.ready(f"watching secret {ctx.secret_name}")
             log.info("node-agent ready", seconds=round(time.monotonic() - started, 3))
             tasks.create_task(self_update_guard(ctx), name="self-update-guard")

@@ -19,7 +19,8 @@ cheap (the CLI's ``status`` client may read its types): no pydantic, no kube cli
 
 Adding a section: a record type and a field of :class:`AgentView` (filled in
 :func:`read_view` from a source on :class:`Sources`), an entry in the status document
-(``status_server.SECTIONS``) and its text in ``status.render``, a method of the metrics collector.
+(``unix_socket.SECTIONS`` and ``status_document.skeleton()``) and its text in
+``status.RENDERERS``, a method of the metrics collector.
 """
 
 from __future__ import annotations

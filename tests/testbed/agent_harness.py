@@ -54,7 +54,7 @@ from node_agent.config import (
 from node_agent.containerd.expand import ContainerdExpander
 from node_agent.containerd.images import ImageStore
 from node_agent.context import AgentContext
-from node_agent.controllers.healthcheck import KubeletProbe
+from node_agent.controllers.healthcheck import HealthCheckController, KubeletProbe
 from node_agent.controllers.osc.controller import OSCController
 from node_agent.host.fs import HostFS
 from node_agent.host.state import StateStore
@@ -540,7 +540,9 @@ class OSCAgent:
         self.ctx.node_uid = node["metadata"]["uid"]
         agent = build_agent(self.ctx, images=self.images, expander=self.expander)
         self.controller = agent.osc
-        self._kubelet_probe = agent.health.kubelet_probe  # an in-place update may ask it
+        self._kubelet_probe = agent.need(
+            HealthCheckController
+        ).kubelet_probe  # an in-place update may ask it
         self._task = asyncio.create_task(self.controller.run())
 
     async def stop(self) -> None:
