@@ -540,8 +540,9 @@ def osc_document(text: str, units: list[JSON]) -> JSON:
     }  # fmt: skip
 
 
-async def until(done: Callable[[], object], timeout: float = 5.0) -> None:
-    """Poll ``done`` until it is true (the loop keeps turning meanwhile)."""
+async def until(done: Callable[[], object], timeout: float = 10.0) -> None:
+    """Poll ``done`` until it is true (the loop keeps turning meanwhile); the one poller of the
+    unit tests (a timeout only ends a test that fails)."""
     async with asyncio.timeout(timeout):
         while True:
             if done():

@@ -10,7 +10,6 @@ import asyncio
 import base64
 import datetime as dt
 import random
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +25,7 @@ from node_agent.config import AgentSettings, NodeAgentConfiguration
 from node_agent.controllers.certificate import CertificateController
 from node_agent.host.fs import HostFS
 from node_agent.kube import certificates
-from tests.unit.fakes import FakeKube, issue_certificates
+from tests.unit.fakes import FakeKube, issue_certificates, until
 
 CA_KEY = ec.generate_private_key(ec.SECP256R1())
 CA_NAME = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "ca")])
@@ -96,12 +95,6 @@ def current_serial(root: Path) -> int:
     pem = certificates.kubeconfig_certificate((root / KUBECONFIG_FILE.lstrip("/")).read_bytes())
     assert pem is not None
     return x509.load_pem_x509_certificate(pem).serial_number
-
-
-async def until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not condition():  # noqa: ASYNC110 - a test polling a plain attribute
-            await asyncio.sleep(0.01)
 
 
 def test_nothing_to_authenticate_with_is_a_clear_error(tmp_path: Path) -> None:

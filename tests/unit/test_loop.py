@@ -12,6 +12,7 @@ import pytest
 
 from node_agent.base.loop import DONE, RETRY, SKIPPED, Next, Step, Wake, cancel_and_wait, run_loop
 from node_agent.base.retry import Backoff
+from tests.unit.fakes import until
 
 
 class Recorded(Backoff):
@@ -52,14 +53,6 @@ async def running(coro: Coroutine[Any, Any, Any]) -> AsyncIterator[None]:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
-
-
-async def until(done: Callable[[], object], timeout: float = 5.0) -> None:
-    async with asyncio.timeout(timeout):
-        while True:
-            if done():
-                return
-            await asyncio.sleep(0.005)
 
 
 async def test_wake_ups_before_the_loop_looks_are_one_step() -> None:
