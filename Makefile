@@ -19,7 +19,7 @@ export NODE_AGENT_TEST_CACHE ?= $(HOME)/.cache/node-agent-test
 export TMPDIR := $(NODE_AGENT_TEST_CACHE)/tmp
 $(shell mkdir -p $(TMPDIR))
 
-.PHONY: help deps venv controlplane gardener promtool monitoring artifact image lint typecheck unit test fuzz demo clean
+.PHONY: help prepare deps venv controlplane gardener promtool monitoring artifact image lint typecheck unit test fuzz demo clean
 
 help:
 	@echo "make test   - set up and run ruff, mypy (strict) and the whole pytest suite"
@@ -41,27 +41,26 @@ deps:
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
 	fi
 
-$(BIN)/python:
+$(BIN)/python: | deps
 	$(PYTHON) -m venv $(VENV)
 
-$(VENV)/.installed: pyproject.toml | $(BIN)/python
-	$(MAKE) --no-print-directory deps
+$(VENV)/.installed: pyproject.toml | $(BIN)/python deps
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	touch $@
 
 venv: $(VENV)/.installed
 
-controlplane:
+controlplane: deps
 	@sh tests/testbed/build-controlplane.sh > /dev/null
 
 # Gardener's own generator and upstream gardener-node-agent, built from the pinned Gardener
 # release (tests/testbed/gardener/go.mod; cached like the control plane).
-gardener:
+gardener: deps
 	@sh tests/testbed/build-gardener.sh > /dev/null
 
 # promtool, built from Prometheus' Go module like the control plane (cached by version).
-promtool:
+promtool: deps
 	@sh tests/testbed/build-promtool.sh > /dev/null
 
 # The monitoring mixin: the rules are valid, every alert and recording rule passes its tests.
@@ -95,7 +94,7 @@ fuzz: venv
 # architecture than this machine's is built in an emulated Debian root, packaging/rootfs.sh; each
 # reused from the cache while its sources are unchanged). The integration tests install them on
 # throwaway nodes.
-artifact: venv
+artifact: deps venv
 	NODE_AGENT_ARCH=amd64 PYTHON=$(BIN)/python sh packaging/build.sh
 	NODE_AGENT_ARCH=arm64 PYTHON=$(BIN)/python sh packaging/build.sh
 
@@ -105,7 +104,14 @@ artifact: venv
 image: artifact
 	$(BIN)/python packaging/image.py
 
-test: deps venv controlplane gardener artifact image lint typecheck monitoring
+# What the suite needs, built side by side (make -j): the Go builds of the bed, the emulated
+# arm64 artifact and the checks fill the cores between them; each is cached on its own.
+PREPARE := deps venv controlplane gardener artifact image lint typecheck monitoring
+PREPARE_JOBS ?= 3
+prepare:
+	@$(MAKE) --no-print-directory -j$(PREPARE_JOBS) $(PREPARE)
+
+test: prepare
 	rm -rf "$(TMPDIR)"/pytest-of-*
 	$(BIN)/pytest $(PYTEST_ARGS)
 
