@@ -56,7 +56,7 @@ TRIPLETS = {"amd64": "x86_64-linux-gnu", "arm64": "aarch64-linux-gnu"}
 
 MAGIC = b"NAGENTX1"
 FORMAT = 1
-STORED, ZSTD = 0, 1  # the trailer's compression field
+ZSTD = 1  # the trailer's compression field: one zstd frame (the only kind the launcher takes)
 #: zstd's level for the payload: the strongest, as it is paid once per build (cached) and
 #: decompression speed hardly depends on it
 ZSTD_LEVEL = 19
@@ -165,25 +165,25 @@ def payload_from_artifact(artifact: Path) -> bytes:
     return payload_from_entries([found[path] for path in sorted(found)])
 
 
-def zstd_compress(data: bytes) -> bytes:
+def zstd_compress(data: bytes, level: int = ZSTD_LEVEL) -> bytes:
     """One zstd frame that records the decompressed size (the launcher sizes its buffer by
     it) and zstd's checksum of the content. The same bytes for the same input whatever the
     number of threads (zstd's multi-threaded mode is deterministic)."""
     return subprocess.run(
-        ["zstd", f"-{ZSTD_LEVEL}", "-T0", "-q", "-c", "--check", f"--stream-size={len(data)}"],
+        ["zstd", f"-{level}", "-T0", "-q", "-c", "--check", f"--stream-size={len(data)}"],
         input=data,
         stdout=subprocess.PIPE,
         check=True,
     ).stdout
 
 
-def single_file(launcher: bytes, payload: bytes, *, compress: bool = True) -> bytes:
-    """Launcher, payload (zstd-compressed unless ``compress`` is False), trailer: the whole
-    executable. The trailer's sha256 is of the payload as stored, and names the unpacked copy."""
-    stored = zstd_compress(payload) if compress else payload
+def single_file(launcher: bytes, payload: bytes, *, level: int = ZSTD_LEVEL) -> bytes:
+    """Launcher, payload (one zstd frame, at ``level``), trailer: the whole executable. The
+    trailer's sha256 is of the payload as stored, and names the unpacked copy (the launcher
+    checks the payload by zstd's own checksum while it decompresses it)."""
+    stored = zstd_compress(payload, level)
     digest = hashlib.sha256(stored).digest()
-    kind = ZSTD if compress else STORED
-    return launcher + stored + TRAILER.pack(MAGIC, FORMAT, kind, len(launcher), len(stored), digest)
+    return launcher + stored + TRAILER.pack(MAGIC, FORMAT, ZSTD, len(launcher), len(stored), digest)
 
 
 # -- the OCI image layout ---------------------------------------------------------------------

@@ -7,8 +7,8 @@
  *   magic "NAGENTX1" | u32 format (1) | u32 compression | u64 payload offset |
  *   u64 payload length | sha256 of the payload as stored (32 bytes)      (little-endian)
  *
- * Compression 0: the payload is stored as it is; 1: it is one zstd frame that records its
- * decompressed size and carries zstd's checksum of the content. Decompressed, the
+ * Compression 1 (the only one): the payload is one zstd frame that records its decompressed
+ * size and carries zstd's checksum of the content. Decompressed, the
  * payload is: entries of a 16-byte header (u8 type 'd'/'f'/'l', u8 0, u16 mode, u16 path
  * length, u16 0, u64 size), the relative path, then `size` bytes (file content or link target);
  * a header of type 0 ends it. Directories come before what they contain.
@@ -18,8 +18,9 @@
  *   - warm: the copy is usable -> take a shared flock on <sha256>/.lock (the fd stays open
  *     through exec, so the running agent keeps holding it) and exec the bundle's bootloader with
  *     the same argv (argv[0] unchanged). No hashing, no writes.
- *   - cold: under an exclusive flock on <root>/.lock, check the payload (stored: its sha256;
- *     compressed: zstd's checksum of the content, while decompressing) and unpack it into <root>/.tmp-*, write .boot (this boot's id), rename to <root>/<sha256>
+ *   - cold: under an exclusive flock on <root>/.lock, check the payload (zstd's checksum of the
+ *     content, while decompressing) and unpack it into <root>/.tmp-*, write .boot (this boot's
+ *     id), rename to <root>/<sha256>
  *     (complete or absent), then collect garbage: stale .tmp-* (only the lock holder unpacks, so
  *     any is left over from a killed start) and old copies, keeping the current one and one
  *     other. A copy whose .lock cannot be locked exclusively is in use and is never removed.
@@ -58,7 +59,6 @@
 
 #define MAGIC "NAGENTX1"
 #define FORMAT 1
-#define STORED 0
 #define ZSTD 1
 #define MAX_PAYLOAD (4ULL << 30) /* decompressed; far above any real bundle */
 #define BOOT_ID "/proc/sys/kernel/random/boot_id"
@@ -79,62 +79,6 @@ static void die(const char *fmt, ...) {
     fputc('\n', stderr);
     va_end(ap);
     exit(EXIT_LAUNCH);
-}
-
-/* ---- SHA-256 (FIPS 180-4), only for checking the payload before it is unpacked ---------- */
-
-static const uint32_t K[64] = {
-    0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
-    0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174,
-    0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da,
-    0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967,
-    0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85,
-    0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070,
-    0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
-    0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2,
-};
-
-#define ROR(x, n) (((x) >> (n)) | ((x) << (32 - (n))))
-
-static void sha256_block(uint32_t h[8], const uint8_t *p) {
-    uint32_t w[64], a, b, c, d, e, f, g, k, t1, t2;
-    for (int i = 0; i < 16; i++)
-        w[i] = (uint32_t)p[4 * i] << 24 | (uint32_t)p[4 * i + 1] << 16 | (uint32_t)p[4 * i + 2] << 8 |
-               p[4 * i + 3];
-    for (int i = 16; i < 64; i++) {
-        uint32_t s0 = ROR(w[i - 15], 7) ^ ROR(w[i - 15], 18) ^ (w[i - 15] >> 3);
-        uint32_t s1 = ROR(w[i - 2], 17) ^ ROR(w[i - 2], 19) ^ (w[i - 2] >> 10);
-        w[i] = w[i - 16] + s0 + w[i - 7] + s1;
-    }
-    a = h[0], b = h[1], c = h[2], d = h[3], e = h[4], f = h[5], g = h[6], k = h[7];
-    for (int i = 0; i < 64; i++) {
-        t1 = k + (ROR(e, 6) ^ ROR(e, 11) ^ ROR(e, 25)) + ((e & f) ^ (~e & g)) + K[i] + w[i];
-        t2 = (ROR(a, 2) ^ ROR(a, 13) ^ ROR(a, 22)) + ((a & b) ^ (a & c) ^ (b & c));
-        k = g, g = f, f = e, e = d + t1, d = c, c = b, b = a, a = t1 + t2;
-    }
-    h[0] += a, h[1] += b, h[2] += c, h[3] += d, h[4] += e, h[5] += f, h[6] += g, h[7] += k;
-}
-
-static void sha256(const uint8_t *data, uint64_t len, uint8_t out[32]) {
-    uint32_t h[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
-                     0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
-    uint64_t i = 0;
-    for (; i + 64 <= len; i += 64)
-        sha256_block(h, data + i);
-    uint8_t tail[128] = {0};
-    uint64_t rest = len - i;
-    memcpy(tail, data + i, rest);
-    tail[rest] = 0x80;
-    uint64_t n = rest + 9 <= 64 ? 64 : 128;
-    uint64_t bits = len * 8;
-    for (int j = 0; j < 8; j++)
-        tail[n - 1 - j] = (uint8_t)(bits >> (8 * j));
-    sha256_block(h, tail);
-    if (n == 128)
-        sha256_block(h, tail + 64);
-    for (int j = 0; j < 8; j++)
-        out[4 * j] = h[j] >> 24, out[4 * j + 1] = h[j] >> 16, out[4 * j + 2] = h[j] >> 8,
-                out[4 * j + 3] = h[j];
 }
 
 /* ---- helpers ------------------------------------------------------------------------------ */
@@ -360,24 +304,11 @@ static void write_all(int fd, const uint8_t *p, uint64_t n, const char *what) {
     }
 }
 
-/* The payload's entries, checked: in memory of their own (an anonymous mapping) when it is
- * compressed, else the stored bytes. A stored payload is checked against the key (its sha256);
- * a compressed one by zstd's checksum of the content, which the frame must carry: that finds
- * the same damage without hashing the file a second time on the path of a first start. */
-static const uint8_t *open_payload(const char *key, uint32_t compression, const uint8_t *stored,
-                                   uint64_t stored_len, uint64_t *len, const char *exe) {
-    if (compression == STORED) {
-        uint8_t digest[32];
-        char hex[65];
-        sha256(stored, stored_len, digest);
-        for (int i = 0; i < 32; i++)
-            snprintf(hex + 2 * i, 3, "%02x", digest[i]);
-        if (strcmp(hex, key) != 0)
-            die("%s is corrupted: its payload does not match its checksum (sha256 %s, "
-                "expected %s)", exe, hex, key);
-        *len = stored_len;
-        return stored;
-    }
+/* The payload's entries, checked, in memory of their own (an anonymous mapping): zstd's
+ * checksum of the content, which the frame must carry, finds damage while it decompresses,
+ * without hashing the file a second time on the path of a first start. */
+static const uint8_t *open_payload(const uint8_t *stored, uint64_t stored_len, uint64_t *len,
+                                   const char *exe) {
     /* Frame: magic 28 b5 2f fd, then the descriptor byte; bit 2 is Content_Checksum_flag. */
     static const uint8_t zstd_magic[4] = {0x28, 0xb5, 0x2f, 0xfd};
     unsigned long long size = ZSTD_getFrameContentSize(stored, stored_len);
@@ -583,7 +514,7 @@ int main(int argc, char **argv) {
     uint32_t compression = le32(t + 12);
     if (le32(t + 8) != FORMAT)
         die("%s: unknown payload format %u", exe, le32(t + 8));
-    if (compression != STORED && compression != ZSTD)
+    if (compression != ZSTD)
         die("%s: unknown payload compression %u", exe, compression);
     if (off == 0 || off > (uint64_t)st.st_size || len != (uint64_t)st.st_size - TRAILER_SIZE - off)
         die("%s is truncated or corrupted: the payload does not fit the file", exe);
@@ -605,10 +536,9 @@ int main(int argc, char **argv) {
                 die("cannot map %s: %s", exe, strerror(errno));
             uint64_t size;
             const uint8_t *stored = (const uint8_t *)map + off;
-            const uint8_t *payload = open_payload(key, compression, stored, len, &size, exe);
+            const uint8_t *payload = open_payload(stored, len, &size, exe);
             unpack(rootfd, key, payload, size, exe);
-            if (payload != stored)
-                munmap((void *)payload, (size_t)size);
+            munmap((void *)payload, (size_t)size);
             munmap(map, (size_t)st.st_size);
             lockfd = use_copy(rootfd, key, &synced);
             if (lockfd < 0)
