@@ -19,11 +19,13 @@ export NODE_AGENT_TEST_CACHE ?= $(HOME)/.cache/node-agent-test
 export TMPDIR := $(NODE_AGENT_TEST_CACHE)/tmp
 $(shell mkdir -p $(TMPDIR))
 
-.PHONY: help prepare deps venv controlplane gardener promtool monitoring artifact image lint typecheck unit test fuzz demo clean
+.PHONY: help prepare deps venv controlplane gardener gardener-all compat promtool monitoring artifact image lint typecheck unit test fuzz demo clean
 
 help:
 	@echo "make test   - set up and run ruff, mypy (strict) and the whole pytest suite"
 	@echo "make demo   - run the agent's real job end to end on a throwaway node"
+	@echo "make compat - every Gardener release of tests/testbed/gardener/releases: config oracle,"
+	@echo "              provision from Gardener's user data, differential twin"
 	@echo "make artifact - build dist/node-agent-<version>-linux-{amd64,arm64}.tar.gz (+ .sha256; cached)"
 	@echo "make image  - build dist/node-agent-<version>-image.oci.tar (amd64+arm64 index; cached)"
 	@echo "make monitoring - promtool check + unit tests of the alert and recording rules"
@@ -54,10 +56,16 @@ venv: $(VENV)/.installed
 controlplane: deps
 	@sh tests/testbed/build-controlplane.sh > /dev/null
 
-# Gardener's own generator and upstream gardener-node-agent, built from the pinned Gardener
-# release (tests/testbed/gardener/go.mod; cached like the control plane).
+# Gardener's own generator and upstream gardener-node-agent, built per Gardener release
+# (tests/testbed/gardener/releases; cached like the control plane): `make test` needs the oldest
+# and the newest, `make compat` every release.
+GARDENER_BUILD := sh tests/testbed/build-gardener.sh
 gardener: deps
-	@sh tests/testbed/build-gardener.sh > /dev/null
+	@$(GARDENER_BUILD) "$$($(GARDENER_BUILD) --list | head -n 1)" > /dev/null
+	@$(GARDENER_BUILD) > /dev/null
+
+gardener-all: deps
+	@for release in $$($(GARDENER_BUILD) --list); do $(GARDENER_BUILD) "$$release" > /dev/null; done
 
 # promtool, built from Prometheus' Go module like the control plane (cached by version).
 promtool: deps
@@ -72,7 +80,8 @@ monitoring: promtool
 lint: venv
 	$(BIN)/ruff check node_agent tests bench packaging
 	$(BIN)/ruff format --check node_agent tests bench packaging
-	shellcheck init/node-agent-init.sh packaging/build.sh packaging/rootfs.sh tests/testbed/build-promtool.sh
+	shellcheck init/node-agent-init.sh packaging/build.sh packaging/rootfs.sh tests/testbed/build-promtool.sh \
+	  tests/testbed/build-gardener.sh
 
 typecheck: venv
 	$(BIN)/mypy node_agent tests bench
@@ -114,6 +123,15 @@ prepare:
 test: prepare
 	rm -rf "$(TMPDIR)"/pytest-of-*
 	$(BIN)/pytest $(PYTEST_ARGS)
+
+# Every Gardener release the bed serves (tests/testbed/gardener/releases), end to end: the
+# config oracle, the provision from Gardener's user data and the differential twin, each once
+# per release (`make test` runs the oldest and the newest, the twin on the newest only).
+COMPAT_TESTS := tests/integration/test_config_oracle.py tests/integration/test_gardener_provision.py \
+  tests/integration/test_twin.py
+compat: deps venv controlplane gardener-all artifact image
+	rm -rf "$(TMPDIR)"/pytest-of-*
+	NODE_AGENT_GARDENER_RELEASES=all $(BIN)/pytest $(COMPAT_TESTS) $(PYTEST_ARGS)
 
 demo: deps venv controlplane
 	$(BIN)/python -m tests.demo

@@ -74,7 +74,7 @@ from tests.testbed.bootstrap import allow_bootstrappers, node_agent_user
 from tests.testbed.containerd import ContainerdNode, containerd_node
 from tests.testbed.controlplane import ControlPlane
 from tests.testbed.csr_approver import CSRApprover
-from tests.testbed.gardener_gen import gardener_node_agent
+from tests.testbed.gardener_gen import NEWEST, gardener_node_agent
 from tests.testbed.systemd_ns import HarnessError, IsolatedSystemd
 
 CACHE = Path(os.environ.get("NODE_AGENT_TEST_CACHE") or Path.home() / ".cache/node-agent-test")
@@ -556,7 +556,7 @@ async def run(opts: argparse.Namespace) -> None:
                     ("ours", "node-agent", our_node),
                     ("upstream", "upstream", up_node),
                 ):
-                    twin = await provision_twin(label, cn, cp, admin)
+                    twin = await provision_twin(label, cn, cp, admin, NEWEST)
                     agents.append(Agent(name, twin, admin))
                 try:
                     await measure(agents, binaries, work, audit_log, opts)

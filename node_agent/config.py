@@ -1,16 +1,24 @@
 """Settings: Gardener's ``NodeAgentConfiguration`` as shipped in user-data, plus our own knobs.
 
-The component config is read unchanged from what Gardener writes (camelCase, Go durations,
-unknown fields ignored so a newer Gardener does not break an older agent). Defaults follow
-upstream's defaulting. Settings that Gardener has no field for (paths, the agent's own unit
-name, timeouts) live in ``AgentSettings``, each with its default documented next to it.
+The component config is read unchanged from what Gardener writes (camelCase, Go durations), as
+the Gardener release that wrote it reads it (``config-<release>.yaml``: up to v1.146 the cluster
+CA is ``apiServer.caBundle``, from v1.147 on the file ``apiServer.caFile``; see
+:data:`RELEASE_RULES`). An unknown field is ignored, as upstream's lenient decoder ignores it,
+and logged as a warning naming it. Defaults follow upstream's defaulting. Settings that Gardener
+has no field for (paths, the agent's own unit name, timeouts) live in ``AgentSettings``, each
+with its default documented next to it.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import math
 import os
+import types
+import typing
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any
@@ -21,15 +29,16 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    PrivateAttr,
     ValidationError,
     model_validator,
 )
 from pydantic_core import PydanticUseDefault
 
 from node_agent.base import versions
+from node_agent.base.configfile import config_release, read_config_file
 from node_agent.base.configfile import config_version_key as config_version_key
 from node_agent.base.configfile import find_config as find_config
-from node_agent.base.configfile import read_config_file
 from node_agent.base.durations import format_duration, parse_duration, parse_go_duration_ns
 from node_agent.base.errors import ConfigError
 from node_agent.base.goyaml import describe_yaml_error, load_go_yaml
@@ -40,6 +49,9 @@ from node_agent.base.layout import CONFIG_FILE as CONFIG_FILE
 from node_agent.base.layout import CREDENTIALS_DIR as CREDENTIALS_DIR
 from node_agent.base.layout import KUBECONFIG_FILE as KUBECONFIG_FILE
 from node_agent.base.layout import TOKEN_FILE as TOKEN_FILE
+from node_agent.base.log import get_logger
+
+log = get_logger("node-agent.config")
 
 API_VERSION = "nodeagent.config.gardener.cloud/v1alpha1"
 KIND = "NodeAgentConfiguration"
@@ -131,7 +143,25 @@ def _go_duration(value: object) -> object:
     return timedelta(microseconds=parse_go_duration_ns(value) // 1000)
 
 
+def _go_bytes(value: object) -> object:
+    """A Go ``[]byte`` as encoding/json reads it: a base64 string (standard alphabet, padded;
+    line breaks skipped), or a list of numbers 0-255."""
+    if isinstance(value, bytes):
+        return value  # set in code, not read from a file
+    if isinstance(value, list):
+        if all(isinstance(b, int) and not isinstance(b, bool) and 0 <= b <= 255 for b in value):
+            return bytes(value)
+        raise ValueError("expected a list of bytes (0-255)")
+    if not isinstance(value, str):
+        raise ValueError(f"expected a base64 string, got {type(value).__name__}")
+    try:
+        return base64.b64decode(value.replace("\r", "").replace("\n", ""), validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise ValueError(f"illegal base64 data ({exc})") from exc
+
+
 GoString = BeforeValidator(_go_string)
+GoBytes = BeforeValidator(_go_bytes)
 GoBool = BeforeValidator(_go_bool)
 GoInt32 = _go_int(32)
 GoInt64 = _go_int(64)
@@ -200,9 +230,13 @@ class ServerConfiguration(_Config):
 
 class APIServer(_Config):
     server: Annotated[str, GoString] = ""
-    #: upstream leaves an empty caFile empty; Gardener always writes the cluster CA's path, which
-    #: is also what we take for "" (an empty host path would stop the agent)
+    #: releases from v1.147 on: upstream leaves an empty caFile empty; Gardener always writes the
+    #: cluster CA's path, which is also what we take for "" (an empty host path would stop the
+    #: agent)
     ca_file: Annotated[str, ZeroIsUnset, GoString] = Field(default=CLUSTER_CA_FILE, alias="caFile")
+    #: releases up to v1.146: the cluster CA bundle itself (b"" when the file has none: upstream
+    #: then trusts the system's roots); None for a release that names a file instead
+    ca_bundle: Annotated[bytes, GoBytes] | None = Field(default=None, alias="caBundle")
 
 
 class BootstrapConfiguration(_Config):
@@ -339,8 +373,51 @@ def _go_durations(value: Any) -> Any:
     return value
 
 
+@dataclass(frozen=True)
+class ReleaseRules:
+    """What a NodeAgentConfiguration of one Gardener release holds and upstream accepts."""
+
+    #: the first release these rules hold for (until the next entry's)
+    since: str
+    #: how the cluster CA reaches the agent: the bundle inline or a file's path
+    ca_field: typing.Literal["caBundle", "caFile"]
+    #: the Kubernetes minors the release supports (any patch of them is accepted)
+    kubernetes_minors: tuple[tuple[int, int], ...]
+
+
+_MINORS_1_31 = ((1, 31), (1, 32), (1, 33), (1, 34), (1, 35))
+_MINORS_1_32 = ((1, 32), (1, 33), (1, 34), (1, 35), (1, 36))
+
+#: Gardener's releases as their agents read the config, oldest first (checked against upstream
+#: binaries of v1.141.0 and v1.145.0 to v1.150.0). A release between two entries follows the
+#: older one; one older than the first follows the first; a config whose file name carries no
+#: release (``config.yaml``) follows the newest.
+RELEASE_RULES: tuple[ReleaseRules, ...] = (
+    ReleaseRules("v1.141.0", "caBundle", _MINORS_1_31),
+    ReleaseRules("v1.145.0", "caBundle", _MINORS_1_32),
+    ReleaseRules("v1.147.0", "caFile", _MINORS_1_32),
+)
+#: the field each rule set has no use for (the other release's CA field), by its path
+_CA_FIELDS = {"caBundle": "apiServer.caBundle", "caFile": "apiServer.caFile"}
+
+
+def release_rules(release: str | None) -> ReleaseRules:
+    """The rules of the Gardener release ``release`` (``v1.145.0``); None: the newest."""
+    if release is None:
+        return RELEASE_RULES[-1]
+    wanted = versions.precedence(versions.semver(release))
+    chosen = RELEASE_RULES[0]
+    for rules in RELEASE_RULES:
+        if versions.precedence(versions.semver(rules.since)) <= wanted:
+            chosen = rules
+    return chosen
+
+
 class NodeAgentConfiguration(_Config):
     """Gardener's component config, ``nodeagent.config.gardener.cloud/v1alpha1``."""
+
+    #: the Gardener release whose agent reads this config (from ``config-<release>.yaml``)
+    _release: str | None = PrivateAttr(default=None)
 
     api_version: Annotated[str, ZeroIsUnset, GoString] = Field(
         default=API_VERSION, alias="apiVersion"
@@ -374,6 +451,12 @@ class NodeAgentConfiguration(_Config):
             "syncPeriod": format_duration(check.sync_period),
             "stuckThreshold": format_duration(check.stuck_threshold),
         }
+        api_server = data["apiServer"]
+        if self.api_server.ca_bundle is None:
+            api_server.pop("caBundle", None)
+        else:  # a release up to v1.146: the bundle, as Go encodes a []byte, and no file
+            api_server.pop("caFile", None)
+            api_server["caBundle"] = base64.b64encode(self.api_server.ca_bundle).decode()
         if self.node_agent == NodeAgentExtensions():
             data.pop("nodeAgent", None)  # as Gardener writes it: without our section
         else:
@@ -383,8 +466,17 @@ class NodeAgentConfiguration(_Config):
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.dump(), sort_keys=False)
 
+    @property
+    def release(self) -> str | None:
+        """The Gardener release that wrote this config; None when its file name says none."""
+        return self._release
 
-# --- upstream's validation (ValidateNodeAgentConfiguration of Gardener v1.150.0) ---------------
+    @property
+    def rules(self) -> ReleaseRules:
+        return release_rules(self._release)
+
+
+# --- upstream's validation (ValidateNodeAgentConfiguration, the same v1.141.0 to v1.150.0) -----
 
 MIN_SYNC_PERIOD = timedelta(seconds=15)
 MIN_STUCK_THRESHOLD = timedelta(seconds=30)
@@ -392,15 +484,15 @@ LOG_LEVELS = ("debug", "info", "error")
 LOG_FORMATS = ("json", "text")
 #: the only feature gates upstream's agent knows: component-base's own (it registers none)
 FEATURE_GATES = ("AllAlpha", "AllBeta")
-#: the Kubernetes minor versions Gardener v1.150.0 supports; any patch of them is accepted
-SUPPORTED_KUBERNETES_MINORS = ((1, 32), (1, 33), (1, 34), (1, 35), (1, 36))
+#: the Kubernetes minor versions the newest release supports (each release's: RELEASE_RULES)
+SUPPORTED_KUBERNETES_MINORS = RELEASE_RULES[-1].kubernetes_minors
 #: upstream's escape hatch: "true" accepts any kubernetesVersion (at the operator's own risk)
 DISABLE_VERSION_CHECK_ENV = "EXPERIMENTAL_DISABLE_KUBERNETES_VERSION_CHECK"
 
 
-def _supported_kubernetes_version(version: str) -> bool:
+def _supported_kubernetes_version(version: str, minors: tuple[tuple[int, int], ...]) -> bool:
     read = versions.semver(version)
-    return (read.major, read.minor) in SUPPORTED_KUBERNETES_MINORS
+    return (read.major, read.minor) in minors
 
 
 def validate_config(
@@ -445,10 +537,10 @@ def validate_config(
     if osc.kubernetes_version is None:
         problems.append(f"{version_path}: required (the worker pool's Kubernetes version)")
     elif (
-        not _supported_kubernetes_version(osc.kubernetes_version)
+        not _supported_kubernetes_version(osc.kubernetes_version, config.rules.kubernetes_minors)
         and env.get(DISABLE_VERSION_CHECK_ENV) != "true"
     ):
-        supported = ", ".join(f"{a}.{b}" for a, b in SUPPORTED_KUBERNETES_MINORS)
+        supported = ", ".join(f"{a}.{b}" for a, b in config.rules.kubernetes_minors)
         problems.append(
             f"{version_path}: {osc.kubernetes_version} is not a supported Kubernetes version "
             f"({supported}; {DISABLE_VERSION_CHECK_ENV}=true accepts it anyway)"
@@ -496,12 +588,62 @@ def _field_path(loc: tuple[int | str, ...]) -> str:
     return out
 
 
-def decode_config(raw: bytes | str, *, source: str = "config") -> NodeAgentConfiguration:
+def _model_of(annotation: Any) -> tuple[type[BaseModel] | None, bool]:
+    """The config section a field holds, and whether it holds a list of them."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation, False
+    origin = typing.get_origin(annotation)
+    if origin is Annotated:
+        return _model_of(typing.get_args(annotation)[0])
+    if origin in (typing.Union, types.UnionType):
+        for arg in typing.get_args(annotation):
+            model, many = _model_of(arg)
+            if model is not None:
+                return model, many
+    if origin is tuple:
+        model, _ = _model_of(typing.get_args(annotation)[0])
+        return model, model is not None
+    return None, False
+
+
+def _unknown_fields(data: Mapping[Any, Any], model: type[BaseModel], prefix: str) -> list[str]:
+    """Every key of ``data`` that ``model`` has no field for, by its path in the file."""
+    fields = {(f.alias or name): f for name, f in model.model_fields.items()}
+    unknown: list[str] = []
+    for key, value in data.items():
+        path = f"{prefix}.{key}" if prefix else str(key)
+        field = fields.get(str(key))
+        if field is None:
+            unknown.append(path)
+            continue
+        section, many = _model_of(field.annotation)
+        if section is None:
+            continue
+        if many and isinstance(value, list):
+            for index, item in enumerate(value):
+                if isinstance(item, dict):
+                    unknown += _unknown_fields(item, section, f"{path}[{index}]")
+        elif not many and isinstance(value, dict):
+            unknown += _unknown_fields(value, section, path)
+    return unknown
+
+
+def decode_config(
+    raw: bytes | str, *, source: str = "config", release: str | None = None
+) -> NodeAgentConfiguration:
     """The config as upstream's decoder and defaulting read it, not yet validated.
+
+    ``release`` is the Gardener release whose agent reads the file (by default the one its
+    name ``source`` carries, ``config-<release>.yaml``; none: the newest); its rules
+    (:data:`RELEASE_RULES`) decide which CA field is read. Upstream's decoder is lenient: a
+    field it does not know is ignored; here each such field is also a warning naming it.
 
     Whatever the bytes, the answer is the config or a ``ConfigError`` naming ``source``, in one
     line: the YAML reader keeps upstream's depth and alias limits and uses no Python stack per
     level, and no message shows more than a short piece of a value."""
+    if release is None:
+        release = config_release(os.path.basename(source))
+    rules = release_rules(release)
     try:
         data = load_go_yaml(raw)
     except yaml.YAMLError as exc:
@@ -512,15 +654,36 @@ def decode_config(raw: bytes | str, *, source: str = "config") -> NodeAgentConfi
         got = "an empty file" if data is None else type(data).__name__
         raise ConfigError(f"{source}: expected a mapping, got {got}")
     _type_meta(data, source)
+    # the other releases' CA field is unknown to this release's agent
+    unused = "caFile" if rules.ca_field == "caBundle" else "caBundle"
+    api_server = data.get("apiServer")
+    if isinstance(api_server, dict) and unused in api_server:
+        data = {**data, "apiServer": {k: v for k, v in api_server.items() if k != unused}}
+    unknown = _unknown_fields(data, NodeAgentConfiguration, "")
+    if isinstance(api_server, dict) and unused in api_server:
+        unknown.append(_CA_FIELDS[unused])
+    for field in unknown:
+        log.warning(
+            "unknown config field ignored",
+            field=field,
+            config=source,
+            release=release or "newest",
+        )
     try:
         # only Gardener's spelling: upstream ignores a key such as secret_name
-        return NodeAgentConfiguration.model_validate(data, by_alias=True, by_name=False)
+        config = NodeAgentConfiguration.model_validate(data, by_alias=True, by_name=False)
     except ValidationError as exc:
         problems = [
             f"{_field_path(e['loc'])}: {e['msg'].removeprefix('Value error, ')}"
             for e in exc.errors()
         ]
         raise ConfigError(f"{source}: {'; '.join(problems)}") from exc
+    if rules.ca_field == "caBundle" and config.api_server.ca_bundle is None:
+        # no bundle: upstream's agent has no CA data and trusts the system's roots
+        api = config.api_server.model_copy(update={"ca_bundle": b""})
+        config = config.model_copy(update={"api_server": api})
+    config._release = release
+    return config
 
 
 def parse_config(raw: bytes | str, *, source: str = "config") -> NodeAgentConfiguration:

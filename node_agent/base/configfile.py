@@ -43,6 +43,17 @@ def config_version_key(name: str) -> tuple[Any, ...] | None:
         return None
 
 
+def config_release(name: str) -> str | None:
+    """The Gardener release in a config file's name (``config-v1.145.0.yaml``: ``v1.145.0``);
+    None for any other name (``config.yaml``), or one whose version is no semantic version."""
+    if config_version_key(name) is None:
+        return None
+    match = _VERSIONED_CONFIG.fullmatch(name)
+    assert match is not None
+    version = match.group(1)
+    return version if version.startswith("v") else f"v{version}"
+
+
 def find_config(config_dir: Path) -> Path:
     """The agent's config in ``config_dir`` (upstream's ``--config-dir``).
 

@@ -133,17 +133,20 @@ def unit_template(exec_start: str | None = None) -> bytes:
     raise BootstrapError(f"the agent's unit file {UNIT_FILE_NAME} is missing from this build")
 
 
-def kubelet_bootstrap_kubeconfig(server: str, ca_file: str, token: str) -> bytes:
-    """The kubeconfig the kubelet uses to request its client certificate (upstream's shape)."""
+def kubelet_bootstrap_kubeconfig(
+    server: str, ca_file: str, token: str, *, ca_data: bytes | None = None
+) -> bytes:
+    """The kubeconfig the kubelet uses to request its client certificate (upstream's shape;
+    the CA inline for a release that gives the bundle itself, see ``cluster_ca``)."""
+    from node_agent.kube.certificates import cluster_ca
+
     if not server.startswith("https://"):
         server = "https://" + server
     name = "kubelet-bootstrap"
     doc = {
         "apiVersion": "v1",
         "kind": "Config",
-        "clusters": [
-            {"name": name, "cluster": {"server": server, "certificate-authority": ca_file}}
-        ],
+        "clusters": [{"name": name, "cluster": {"server": server, **cluster_ca(ca_file, ca_data)}}],
         "contexts": [{"name": name, "context": {"cluster": name, "user": name}}],
         "current-context": name,
         "preferences": {},
@@ -196,7 +199,10 @@ def write_kubelet_bootstrap_kubeconfig(fs: HostFS, config: NodeAgentConfiguratio
     if not config.api_server.server:
         raise ConfigError("apiServer.server is empty; the kubelet bootstrap kubeconfig needs it")
     data = kubelet_bootstrap_kubeconfig(
-        config.api_server.server, config.api_server.ca_file, token.decode(errors="replace")
+        config.api_server.server,
+        config.api_server.ca_file,
+        token.decode(errors="replace"),
+        ca_data=config.api_server.ca_bundle,
     )
     result = fs.write_atomic(KUBELET_BOOTSTRAP_KUBECONFIG, data, 0o600, dir_mode=0o755)
     return "written" if result else "unchanged"

@@ -187,7 +187,9 @@ class CertificateController:
             return self._client_for_token(server, ca, token)
         from node_agent.kube.client import KubeClient
 
-        return KubeClient.from_token_file(server, ca, token)
+        return KubeClient.from_token_file(
+            server, ca, token, ca_data=self.config.api_server.ca_bundle
+        )
 
     async def _obtain(self, kube: KubeSeam, how: str) -> None:
         """Ask with ``kube`` until a certificate is issued and written (retrying with backoff)."""
@@ -249,6 +251,7 @@ class CertificateController:
             cert_pem,
             key_pem,
             info,
+            ca_data=self.config.api_server.ca_bundle,
         )
         await self.fs.write_atomic_async(self.kubeconfig, data, 0o600, dir_mode=0o700)
 

@@ -243,19 +243,35 @@ def verify_issued(
 INFO_EXTENSION = "node-agent.gardener.cloud/certificate"
 
 
+def cluster_ca(ca_file: str, ca_data: bytes | None) -> dict[str, str]:
+    """A kubeconfig cluster's CA as the config's release gives it: ``ca_data`` is the bundle of
+    a release up to v1.146 (``apiServer.caBundle``), written inline (b"": none, the system's
+    roots are trusted); None: a later release's ``ca_file``, by path."""
+    if ca_data is None:
+        return {"certificate-authority": ca_file}
+    return {"certificate-authority-data": base64.b64encode(ca_data).decode()} if ca_data else {}
+
+
 def kubeconfig(
-    server: str, ca_file: str, cert_pem: bytes, key_pem: bytes, info: CertificateInfo
+    server: str,
+    ca_file: str,
+    cert_pem: bytes,
+    key_pem: bytes,
+    info: CertificateInfo,
+    *,
+    ca_data: bytes | None = None,
 ) -> bytes:
     """The agent's kubeconfig: the cluster CA by path (so a CA rotation through the OSC is
-    followed), the client certificate and key inline (one file, swapped atomically), and
-    ``info`` about the certificate as an extension, tied to it by its sha256."""
+    followed) or, for a release that gives the bundle itself, inline (:func:`cluster_ca`), the
+    client certificate and key inline (one file, swapped atomically), and ``info`` about the
+    certificate as an extension, tied to it by its sha256."""
     doc = {
         "apiVersion": "v1",
         "kind": "Config",
         "clusters": [
             {
                 "name": KUBECONFIG_NAME,
-                "cluster": {"server": server, "certificate-authority": ca_file},
+                "cluster": {"server": server, **cluster_ca(ca_file, ca_data)},
             }
         ],
         "users": [

@@ -326,10 +326,16 @@ class KubeClient:
         ca_file: Path | str,
         token_file: Path | str,
         *,
+        ca_data: bytes | None = None,
         timeouts: Timeouts = Timeouts(),
     ) -> KubeClient:
+        """A client with a bearer token from ``token_file``; the cluster CA is ``ca_data`` when
+        given (b"": the system's roots), else the file ``ca_file``."""
         settings = ConnectionSettings(
-            server=server.rstrip("/"), ca_file=Path(ca_file), token_file=Path(token_file)
+            server=server.rstrip("/"),
+            ca_file=Path(ca_file) if ca_data is None else None,
+            ca_data=ca_data or None,
+            token_file=Path(token_file),
         )
         return cls(lambda: settings, timeouts=timeouts)
 

@@ -1,4 +1,5 @@
-"""End to end from Gardener's own user data: the generated ``init.sh`` pulls the agent's image
+"""End to end from Gardener's own user data, for each tested Gardener release (the oldest and the
+newest; ``make compat``: every one): the generated ``init.sh`` pulls the agent's image
 under its upstream name through a mirror, the agent gets a certificate for an MCM-length machine
 name, applies the generated reconcile OSC (and with it becomes the OSC's own unit and binary),
 then applies a Kubernetes patch update (tests/testbed/gardener_provision.py; the timings of the
@@ -7,10 +8,12 @@ same run are printed by bench/provision.py).
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 from kubernetes_asyncio.client import ApiClient
 
 from tests.testbed import gardener_provision as gp
@@ -18,6 +21,7 @@ from tests.testbed.agent_image import AgentImage, agent_image_layout
 from tests.testbed.containerd import ContainerdNode
 from tests.testbed.controlplane import ControlPlane
 from tests.testbed.csr_approver import CSRApprover
+from tests.testbed.gardener_gen import TESTED_RELEASES
 from tests.testbed.registry import Registry
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
@@ -39,7 +43,9 @@ def journal(containerd_node: ContainerdNode) -> Iterator[None]:
     print("--- journal of the init unit and the agent ---\n" + out[-8000:])
 
 
+@pytest.mark.parametrize("release", TESTED_RELEASES)
 async def test_a_machine_comes_up_from_gardeners_generated_user_data_and_updates(
+    release: str,
     agent_image: AgentImage,
     admin_api: ApiClient,
     gardener_controlplane: ControlPlane,
@@ -49,9 +55,16 @@ async def test_a_machine_comes_up_from_gardeners_generated_user_data_and_updates
     journal: None,
 ) -> None:
     run = await gp.provision_from_user_data(
-        admin_api, gardener_controlplane, csr_approver, containerd_node, registry, agent_image
+        admin_api,
+        gardener_controlplane,
+        csr_approver,
+        containerd_node,
+        registry,
+        agent_image,
+        release=release,
     )
     node = containerd_node.node
+    assert run.first.gardener_version == release
     print("timings:", {k: round(v, 1) for k, v in run.timings.items()})
     assert len(run.machine) >= 40
     # the init script pulled the image by Gardener's name, through the mirror
@@ -68,6 +81,16 @@ async def test_a_machine_comes_up_from_gardeners_generated_user_data_and_updates
     assert run.agent_pids[1] not in (0, run.agent_pids[0])
     assert node.path(gp.AGENT_BINARY).read_bytes() == agent_image.executable.read_bytes()
     assert not node.path(gp.BOOTSTRAP_TOKEN).exists()
+    # the cluster CA as the release gives it: the file kubeconfigs name (from v1.147 on) or the
+    # bundle itself, inline (up to v1.146: no cluster-ca.crt)
+    kubeconfig = yaml.safe_load(node.path(gp.KUBECONFIG).read_text())
+    cluster = kubeconfig["clusters"][0]["cluster"]
+    ca = gardener_controlplane.ca_file.read_bytes()
+    if "caBundle" in run.first.config:
+        assert not node.path(gp.CLUSTER_CA).exists()
+        assert base64.b64decode(cluster["certificate-authority-data"]) == ca
+    else:
+        assert node.path(cluster["certificate-authority"]).read_bytes() == ca
     # the patch update: the new kubelet, restarted with the agent (its config changed), nothing
     # else; the Node's version label follows
     assert run.update_restarted == {gp.KUBELET, gp.AGENT_UNIT}

@@ -1,5 +1,7 @@
-"""The differential twin: upstream gardener-node-agent v1.150.0 and node-agent on twin nodes,
-fed the same sequence of Gardener-generated OSCs, compared after every step.
+"""The differential twin: upstream gardener-node-agent and node-agent on twin nodes, fed the same
+sequence of Gardener-generated OSCs, compared after every step; for each Gardener release of
+``TWIN_RELEASES`` (the newest; ``make compat``: every one), upstream's binary of that release on
+that release's provision files and OSCs.
 
 Both nodes have the same shape (the bed's containerd node, Gardener's provision files, a
 bootstrap token, an MCM machine name). Each agent reads its own Secret; both Secrets carry the
@@ -50,7 +52,7 @@ from tests.testbed.containerd import ContainerdNode
 from tests.testbed.containerd import containerd_node as start_containerd_node
 from tests.testbed.controlplane import ControlPlane, free_port
 from tests.testbed.csr_approver import CSRApprover
-from tests.testbed.gardener_gen import Generated, gardener_node_agent, generate
+from tests.testbed.gardener_gen import TWIN_RELEASES, Generated, gardener_node_agent, generate
 from tests.testbed.pki import CertificateAuthority
 from tests.testbed.registry import Registry
 
@@ -146,6 +148,7 @@ async def provision_twin(
     cn: ContainerdNode,
     cp: ControlPlane,
     admin: ApiClient,
+    release: str,
 ) -> Twin:
     """Gardener's provision files on the node, its own Secret name, probe ports off the shared
     host network's defaults."""
@@ -158,6 +161,7 @@ async def provision_twin(
         api_server=cp.server,
         ca_file=cp.ca_file,
         bootstrap_token=token.token,
+        release=release,
     )
     secret = f"{gen.secret_name}-{label}"
     root = cn.node.root
@@ -225,10 +229,10 @@ def journal(twin: Twin) -> str:
 # --- the OSC of each step ---------------------------------------------------------------------
 
 
-def base_osc(shape: str, pool: g.GardenerPool) -> dict[str, Any]:
-    """Gardener's OSC of ``shape`` without the agent's own items, its hyperkube image in the
-    bed's registry."""
-    text = generate(shape).osc_yaml
+def base_osc(shape: str, pool: g.GardenerPool, release: str) -> dict[str, Any]:
+    """Gardener ``release``'s OSC of ``shape`` without the agent's own items, its hyperkube
+    image in the bed's registry."""
+    text = generate(shape, release=release).osc_yaml
     for version in VERSIONS:
         text = text.replace(f"{HYPERKUBE}{version}", pool.hyperkube_ref(version))
     return t.strip_agent(yaml.safe_load(text))
@@ -248,7 +252,8 @@ FAILING = "twin-failing.service"
 @dataclass(frozen=True)
 class Step:
     name: str
-    osc: Callable[[g.GardenerPool], dict[str, Any]]
+    #: the OSC of the step for the pool and the Gardener release
+    osc: Callable[[g.GardenerPool, str], dict[str, Any]]
     #: the agents must report the checksum (False: both must settle without it)
     applies: bool = True
     #: the Node annotation set before the OSC (the restart annotation)
@@ -260,19 +265,19 @@ class Step:
 
 
 STEPS = (
-    Step("create", lambda p: base_osc("k8s-1.33", p)),
-    Step("patch update", lambda p: base_osc("k8s-1.33-patch", p)),
+    Step("create", lambda p, r: base_osc("k8s-1.33", p, r)),
+    Step("patch update", lambda p, r: base_osc("k8s-1.33-patch", p, r)),
     Step(
         "unit added",
-        lambda p: with_units(
-            base_osc("k8s-1.33-patch", p), service(EXTRA, command="start", enable=True)
+        lambda p, r: with_units(
+            base_osc("k8s-1.33-patch", p, r), service(EXTRA, command="start", enable=True)
         ),
     ),
-    Step("unit removed", lambda p: base_osc("k8s-1.33-patch", p)),
+    Step("unit removed", lambda p, r: base_osc("k8s-1.33-patch", p, r)),
     Step(
         "template unit",
-        lambda p: with_units(
-            base_osc("k8s-1.33-patch", p),
+        lambda p, r: with_units(
+            base_osc("k8s-1.33-patch", p, r),
             {"name": TEMPLATE, "content": "[Service]\nExecStart=/bin/sleep infinity\n"},
         ),
         upstream_applies=False,
@@ -282,8 +287,8 @@ STEPS = (
     # it after that, so both agents report the OSC and the unit check calls the unit failed
     Step(
         "failing unit",
-        lambda p: with_units(
-            base_osc("k8s-1.33-patch", p),
+        lambda p, r: with_units(
+            base_osc("k8s-1.33-patch", p, r),
             service(
                 FAILING,
                 "/opt/bin/twin-missing",
@@ -293,10 +298,12 @@ STEPS = (
             ),
         ),
     ),
-    Step("restart annotation", lambda p: base_osc("k8s-1.33-patch", p), restart="twin-restart"),
-    Step("registry added", lambda p: base_osc("mirrors", p)),
-    Step("registry removed", lambda p: base_osc("k8s-1.33", p)),
-    Step("minor update", lambda p: base_osc("k8s-1.34", p)),
+    Step(
+        "restart annotation", lambda p, r: base_osc("k8s-1.33-patch", p, r), restart="twin-restart"
+    ),
+    Step("registry added", lambda p, r: base_osc("mirrors", p, r)),
+    Step("registry removed", lambda p, r: base_osc("k8s-1.33", p, r)),
+    Step("minor update", lambda p, r: base_osc("k8s-1.34", p, r)),
 )
 
 
@@ -315,7 +322,9 @@ async def wait_both(admin: ApiClient, twins: tuple[Twin, ...], checksum: str, st
     await asyncio.sleep(SETTLE if len(expected) == len(twins) else 20)
 
 
+@pytest.mark.parametrize("release", TWIN_RELEASES)
 async def test_upstream_and_node_agent_do_the_same_on_twin_nodes(
+    release: str,
     gardener_controlplane: ControlPlane,
     admin_api: ApiClient,
     csr_approver: CSRApprover,
@@ -333,10 +342,10 @@ async def test_upstream_and_node_agent_do_the_same_on_twin_nodes(
             cn.trust(registry.host)
             install_logrotate(cn)
             g.unmask(cn.node, g.SYSCTL)
-            twins.append(await provision_twin(label, cn, gardener_controlplane, admin_api))
+            twins.append(await provision_twin(label, cn, gardener_controlplane, admin_api, release))
         upstream, ours = twins
         await allow_upstream_caches(admin_api, upstream.machine)
-        install_agent(upstream, gardener_node_agent().read_bytes())
+        install_agent(upstream, gardener_node_agent(release).read_bytes())
         install_agent(ours, agent_image_layout(workdir / "image-dist").executable.read_bytes())
         for twin in twins:
             await wait_for(
@@ -354,7 +363,7 @@ async def test_upstream_and_node_agent_do_the_same_on_twin_nodes(
         views = {tw.label: t.NodeView() for tw in twins}
         try:
             for step in STEPS:
-                osc = step.osc(pool)
+                osc = step.osc(pool, release)
                 raw = t.osc_bytes(osc)
                 paths, units = t.osc_paths(osc), [*t.osc_units(osc), g.CONTAINERD]
                 if step.restart:

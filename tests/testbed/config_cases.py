@@ -1,19 +1,25 @@
-"""NodeAgentConfiguration files that upstream gardener-node-agent v1.150.0 accepts or refuses.
+"""NodeAgentConfiguration files that upstream gardener-node-agent accepts or refuses, per release.
 
 One table for two tests: tests/unit/test_config_upstream.py checks that node-agent gives each
 file the verdict listed here (and that a refusal names the field), and
 tests/integration/test_config_oracle.py starts upstream's own binary on each file and checks that
 the listed verdict is upstream's. Every case is Gardener's own rendering of the file (as its
-generator writes it for a worker pool) with one change.
+generator writes it for a worker pool) with one change. A release up to v1.146 renders the
+cluster CA inline (``caBundle``) instead of the file's path: :func:`for_release` gives each case
+as that release's Gardener would render it, and :meth:`ConfigCase.accepted_in` the release's
+verdict where it differs from the newest's.
 """
 
 from __future__ import annotations
 
+import base64
 import copy
 from dataclasses import dataclass
 from typing import Any
 
 import yaml
+
+from node_agent.base import versions
 
 #: the file exactly as Gardener v1.150.0 renders it for a pool (gardener-gen, shape k8s-1.33)
 GARDENER_RENDERED = """\
@@ -44,14 +50,47 @@ server: {}
 _DELETE = object()
 
 
+#: gardener-gen's stand-in cluster CA, as releases up to v1.146 render it (``caBundle``)
+TEST_CA_BUNDLE = base64.b64encode(
+    b"-----BEGIN CERTIFICATE-----\nTUlJQnRlc3RidW5kbGU=\n-----END CERTIFICATE-----\n"
+).decode()
+_CA_FILE_LINE = "  caFile: /var/lib/gardener-node-agent/cluster-ca.crt\n"
+
+
+def _before(release: str, other: str) -> bool:
+    return versions.precedence(versions.semver(release)) < versions.precedence(
+        versions.semver(other)
+    )
+
+
+def for_release(text: str, release: str) -> str:
+    """``text`` as Gardener ``release`` renders it: up to v1.146 the CA bundle inline instead of
+    the file's path (a case that sets ``caBundle`` itself keeps both)."""
+    if not _before(release, "v1.147.0") or "caBundle" in text:
+        return text
+    return text.replace(_CA_FILE_LINE, f"  caBundle: {TEST_CA_BUNDLE}\n")
+
+
 @dataclass(frozen=True)
 class ConfigCase:
     """One file and upstream's verdict; ``field``: what a refusal must name."""
 
     name: str
     text: str
+    #: the verdict of the newest release
     accepted: bool
     field: str = ""
+    #: the verdict of the releases up to v1.146 (``caBundle``) where it differs
+    accepted_with_ca_bundle: bool | None = None
+    #: the verdict of v1.141 (Kubernetes 1.31 to 1.35) where it differs
+    accepted_by_v1_141: bool | None = None
+
+    def accepted_in(self, release: str) -> bool:
+        if _before(release, "v1.145.0") and self.accepted_by_v1_141 is not None:
+            return self.accepted_by_v1_141
+        if _before(release, "v1.147.0") and self.accepted_with_ca_bundle is not None:
+            return self.accepted_with_ca_bundle
+        return self.accepted
 
 
 def _with(changes: dict[str, Any]) -> str:
@@ -175,7 +214,7 @@ CASES: tuple[ConfigCase, ...] = (
     ok("sync-config-nul", {f"{TOKEN}.syncConfigs": [{**SYNC_B, "path": "/var/lib/to\0ken"}]}),
     ok("sync-config-agents-kubeconfig", {f"{TOKEN}.syncConfigs": [{**SYNC_B, "path": KUBECONFIG}]}),
     ok("version-oldest", {VERSION: "1.32.0"}),
-    ok("version-newest", {VERSION: "1.36.99"}),
+    ConfigCase("version-newest", _with({VERSION: "1.36.99"}), True, VERSION, None, False),
     ok("version-v-prefix", {VERSION: "v1.34.2"}),
     ok("version-minor-only", {VERSION: "1.35"}),
     ok("version-prerelease", {VERSION: "1.33.0-rc.1"}),
@@ -247,7 +286,8 @@ CASES: tuple[ConfigCase, ...] = (
     ),
     refused("no-version", VERSION, {VERSION: _DELETE}),
     refused("null-version", VERSION, {VERSION: None}),
-    refused("version-too-old", VERSION, {VERSION: "1.31.9"}),
+    ConfigCase("version-too-old", _with({VERSION: "1.31.9"}), False, VERSION, None, True),
+    refused("version-older", VERSION, {VERSION: "1.30.9"}),
     refused("version-too-new", VERSION, {VERSION: "1.37.0"}),
     refused("version-major-2", VERSION, {VERSION: "2.33.0"}),
     refused("version-not-semver", VERSION, {VERSION: "latest"}),
@@ -317,4 +357,35 @@ CASES: tuple[ConfigCase, ...] = (
     refused("not-a-mapping", "mapping", text="- 1\n"),
     refused("empty-file", "empty", text="\n"),
     refused("controllers-list", "controllers", {"controllers": [1]}),
+    # --- the cluster CA: caBundle (up to v1.146, a Go []byte) or caFile (from v1.147 on) ------
+    # each release ignores the other's field, as any field it does not know
+    ok("ca-bundle-and-file", {"apiServer.caBundle": TEST_CA_BUNDLE}),
+    ok("ca-bundle-empty", {"apiServer.caBundle": ""}),
+    ok("ca-bundle-line-breaks", {"apiServer.caBundle": "LS0t\nLS0t\r\n"}),
+    ok("ca-bundle-byte-list", {"apiServer.caBundle": [104, 105]}),
+    ConfigCase(
+        "ca-bundle-not-base64",
+        _with({"apiServer.caBundle": "not base64!"}),
+        True,
+        "apiServer.caBundle",
+        False,
+    ),
+    ConfigCase(
+        "ca-bundle-unpadded",
+        _with({"apiServer.caBundle": "TUlJQ"}),
+        True,
+        "apiServer.caBundle",
+        False,
+    ),
+    ConfigCase(
+        "ca-bundle-number", _with({"apiServer.caBundle": 42}), True, "apiServer.caBundle", False
+    ),
+    ConfigCase(
+        "ca-bundle-byte-overflow",
+        _with({"apiServer.caBundle": [256]}),
+        True,
+        "apiServer.caBundle",
+        False,
+    ),
+    ConfigCase("ca-file-number", _with({"apiServer.caFile": 5}), False, "apiServer.caFile", True),
 )

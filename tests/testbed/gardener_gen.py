@@ -1,7 +1,8 @@
 """What Gardener's own code sends to a worker node, for the tests to feed to the agent.
 
 ``gardener-gen`` (``gardener/main.go``, built by ``build-gardener.sh`` together with upstream
-gardener-node-agent) runs Gardener's OperatingSystemConfig component and its gardener-node-agent
+gardener-node-agent, for each release of ``gardener/releases``) runs Gardener's
+OperatingSystemConfig component and its gardener-node-agent
 Secret for one named pool shape. Hand-written fixtures only look like Gardener's output; this is
 it, down to the Go zero values and the machine-controller-manager machine name.
 """
@@ -22,6 +23,40 @@ import yaml
 from tests.testbed.systemd_ns import HarnessError
 
 BUILD_SCRIPT = Path(__file__).with_name("build-gardener.sh")
+RELEASES_FILE = Path(__file__).parent / "gardener" / "releases"
+
+
+def _releases() -> tuple[str, ...]:
+    lines = (line.strip() for line in RELEASES_FILE.read_text().splitlines())
+    return tuple(line for line in lines if line and not line.startswith("#"))
+
+
+#: the Gardener releases the bed serves, oldest first (``gardener/releases``, one a line)
+RELEASES = _releases()
+OLDEST, NEWEST = RELEASES[0], RELEASES[-1]
+#: what NODE_AGENT_GARDENER_RELEASES selects: ``all`` (``make compat``), a comma-separated list,
+#: or, unset, the oldest and the newest (``make test``)
+RELEASES_ENV = "NODE_AGENT_GARDENER_RELEASES"
+
+
+def _tested_releases() -> tuple[str, ...]:
+    chosen = os.environ.get(RELEASES_ENV, "").strip()
+    if chosen == "all":
+        return RELEASES
+    if not chosen:
+        return tuple(dict.fromkeys((OLDEST, NEWEST)))
+    picked = tuple(r.strip() for r in chosen.split(",") if r.strip())
+    unknown = [r for r in picked if r not in RELEASES]
+    if unknown:
+        raise ValueError(f"{RELEASES_ENV}: {', '.join(unknown)} not in {RELEASES_FILE.name}")
+    return picked
+
+
+#: the releases the per-release integration tests run
+TESTED_RELEASES = _tested_releases()
+#: the releases the differential twin runs (about 6 minutes each): the newest unless
+#: NODE_AGENT_GARDENER_RELEASES chooses
+TWIN_RELEASES = TESTED_RELEASES if os.environ.get(RELEASES_ENV, "").strip() else (NEWEST,)
 
 #: the pool shapes gardener-gen knows, in the order of a rollout where it matters:
 #: a Kubernetes patch update keeps the Secret's name, a minor update changes it
@@ -77,19 +112,28 @@ class Generated:
 
 
 @functools.cache
-def binaries_dir() -> Path:
-    """Build (or reuse from the cache) gardener-gen and gardener-node-agent; their directory."""
+def binaries_dir(release: str = NEWEST) -> Path:
+    """Build (or reuse from the cache) gardener-gen and gardener-node-agent of ``release``;
+    their directory."""
+    if release not in RELEASES:
+        raise ValueError(f"unknown Gardener release {release!r}; served: {', '.join(RELEASES)}")
     result = subprocess.run(
-        ["sh", str(BUILD_SCRIPT)], capture_output=True, text=True, timeout=3600, check=False
+        ["sh", str(BUILD_SCRIPT), release],
+        capture_output=True,
+        text=True,
+        timeout=3600,
+        check=False,
     )
     if result.returncode != 0:
-        raise HarnessError(f"building Gardener's test binaries failed:\n{result.stderr[-4000:]}")
+        raise HarnessError(
+            f"building Gardener {release}'s test binaries failed:\n{result.stderr[-4000:]}"
+        )
     return Path(result.stdout.strip().splitlines()[-1])
 
 
-def gardener_node_agent() -> Path:
-    """Upstream gardener-node-agent of the pinned Gardener release."""
-    return binaries_dir() / "gardener-node-agent"
+def gardener_node_agent(release: str = NEWEST) -> Path:
+    """Upstream gardener-node-agent of ``release`` (default: the newest the bed serves)."""
+    return binaries_dir(release) / "gardener-node-agent"
 
 
 def generate(
@@ -99,8 +143,10 @@ def generate(
     api_server: str = "",
     ca_file: Path | None = None,
     bootstrap_token: str = "",
+    release: str = NEWEST,
 ) -> Generated:
-    """Gardener's output for ``shape``; empty arguments take gardener-gen's test values.
+    """Gardener ``release``'s output for ``shape``; empty arguments take gardener-gen's test
+    values.
 
     With the test values (no arguments), the result is kept next to the binaries (the
     generator is deterministic), so a session runs it once per shape; a run with a test's own
@@ -117,11 +163,12 @@ def generate(
         args.append(f"--ca-file={ca_file}")
     if bootstrap_token:
         args.append(f"--bootstrap-token={bootstrap_token}")
-    cached = binaries_dir() / "generated" / f"{shape}.json" if len(args) == 1 else None
+    binaries = binaries_dir(release)
+    cached = binaries / "generated" / f"{shape}.json" if len(args) == 1 else None
     if cached is not None and cached.exists():
         return _parse(json.loads(cached.read_text()))
     result = subprocess.run(
-        [str(binaries_dir() / "gardener-gen"), *args],
+        [str(binaries / "gardener-gen"), *args],
         capture_output=True,
         text=True,
         timeout=120,

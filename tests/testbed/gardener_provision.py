@@ -45,7 +45,7 @@ from tests.testbed.bootstrap import create_bootstrap_token, grant_node_agent_ide
 from tests.testbed.containerd import ContainerdNode
 from tests.testbed.controlplane import ControlPlane, free_port
 from tests.testbed.csr_approver import CSRApprover
-from tests.testbed.gardener_gen import Generated, generate
+from tests.testbed.gardener_gen import NEWEST, Generated, generate
 from tests.testbed.registry import Registry
 from tests.testbed.systemd_ns import IsolatedSystemd
 from tests.testbed.userdata import hide_python, show
@@ -57,6 +57,7 @@ HYPERKUBE_REPOSITORY = "gardener-project/releases/hyperkube"
 BASE = "/var/lib/gardener-node-agent"
 KUBECONFIG = f"{BASE}/credentials/kubeconfig"
 BOOTSTRAP_TOKEN = f"{BASE}/credentials/bootstrap-token"
+CLUSTER_CA = f"{BASE}/cluster-ca.crt"
 AGENT_UNIT = "gardener-node-agent.service"
 INIT_UNIT = "gardener-node-init.service"
 AGENT_BINARY = "/opt/bin/gardener-node-agent"
@@ -213,9 +214,11 @@ async def provision_from_user_data(
     registry: Registry,
     agent: AgentImage,
     *,
+    release: str = NEWEST,
     tick: Callable[[str], None] = lambda _: None,
 ) -> ProvisionRun:
-    """Provision, first OSC, Kubernetes patch update; ``tick(step)`` after each milestone."""
+    """Provision from Gardener ``release``'s user data, first OSC, Kubernetes patch update;
+    ``tick(step)`` after each milestone."""
     node = cn.node
     machine = mcm_machine_name()
     token = await create_bootstrap_token(admin)
@@ -224,6 +227,7 @@ async def provision_from_user_data(
         "api_server": control_plane.server,
         "ca_file": control_plane.ca_file,
         "bootstrap_token": token.token,
+        "release": release,
     }
     first, update = generate(FIRST, **args), generate(UPDATE, **args)
     assert first.secret_name == update.secret_name  # a patch update keeps the Secret

@@ -1,4 +1,5 @@
-"""NodeAgentConfiguration is accepted and refused as upstream gardener-node-agent v1.150.0 does.
+"""NodeAgentConfiguration is accepted and refused as upstream gardener-node-agent of each release
+does.
 
 The table (tests/testbed/config_cases.py) is checked against upstream's own binary by
 tests/integration/test_config_oracle.py; here node-agent must give every file the same verdict,
@@ -24,18 +25,31 @@ from node_agent.config import (
     parse_config,
     validate_config,
 )
-from tests.testbed.config_cases import CASES, GARDENER_RENDERED, VERSION, ConfigCase, _with
+from tests.testbed.config_cases import (
+    CASES,
+    GARDENER_RENDERED,
+    VERSION,
+    ConfigCase,
+    _with,
+    for_release,
+)
+
+#: one release per rule set of node-agent (caBundle with Kubernetes 1.31-1.35, caBundle, caFile)
+RULE_RELEASES = ("v1.141.0", "v1.146.0", "v1.150.0")
 
 
+@pytest.mark.parametrize("release", RULE_RELEASES)
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
-def test_verdict_is_upstreams(case: ConfigCase) -> None:
-    if case.accepted:
-        parse_config(case.text, source="/var/lib/gardener-node-agent/config-v1.150.0.yaml")
+def test_verdict_is_upstreams(case: ConfigCase, release: str) -> None:
+    source = f"/var/lib/gardener-node-agent/config-{release}.yaml"
+    text = for_release(case.text, release)
+    if case.accepted_in(release):
+        parse_config(text, source=source)
         return
     with pytest.raises(ConfigError) as refused:
-        parse_config(case.text, source="/var/lib/gardener-node-agent/config-v1.150.0.yaml")
+        parse_config(text, source=source)
     message = str(refused.value)
-    assert message.startswith("/var/lib/gardener-node-agent/config-v1.150.0.yaml: "), message
+    assert message.startswith(f"{source}: "), message
     assert case.field in message, message
 
 

@@ -565,7 +565,9 @@ class InPlaceUpdater:
             await asyncio.to_thread(
                 fs.write_atomic,
                 ip.KUBELET_BOOTSTRAP_KUBECONFIG,
-                _kubelet_bootstrap_kubeconfig(server, ca_file, cert),
+                _kubelet_bootstrap_kubeconfig(
+                    server, ca_file, cert, self.ctx.config.api_server.ca_bundle
+                ),
                 0o600,
             )
         if await fs.read_async(ip.KUBELET_BOOTSTRAP_KUBECONFIG) is None:
@@ -664,10 +666,14 @@ def _parts(record: InPlaceRecord) -> str:
     return "(" + ", ".join(record.detected.names()) + ")"
 
 
-def _kubelet_bootstrap_kubeconfig(server: str, ca_file: str, cert: bytes) -> bytes:
+def _kubelet_bootstrap_kubeconfig(
+    server: str, ca_file: str, cert: bytes, ca_data: bytes | None = None
+) -> bytes:
     import base64
 
     import yaml
+
+    from node_agent.kube.certificates import cluster_ca
 
     data = base64.b64encode(cert).decode()
     doc = {
@@ -676,7 +682,7 @@ def _kubelet_bootstrap_kubeconfig(server: str, ca_file: str, cert: bytes) -> byt
         "clusters": [
             {
                 "name": "default-cluster",
-                "cluster": {"server": server, "certificate-authority": ca_file},
+                "cluster": {"server": server, **cluster_ca(ca_file, ca_data)},
             }
         ],
         "users": [

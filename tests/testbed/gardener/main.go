@@ -5,7 +5,8 @@
 // by hand, as an extension would. The result is one JSON document on stdout.
 //
 // It must be built with -X k8s.io/component-base/version.gitVersion=<gardener version>, as
-// gardenlet is: the agent's config file name and image tag come from it.
+// gardenlet is: the agent's config file name and image tag come from it. build-gardener.sh
+// builds it against each release of ./releases (one source for all of them).
 package main
 
 import (
@@ -153,6 +154,8 @@ func worker(s shape) gardencorev1beta1.Worker {
 		Machine: gardencorev1beta1.Machine{
 			Type:  "m5.large",
 			Image: &gardencorev1beta1.ShootMachineImage{Name: "gardenlinux", Version: new("1877.5.0")},
+			// As the Shoot's defaulting sets it: releases before v1.149 read it without a default.
+			Architecture: new(v1beta1constants.ArchitectureAMD64),
 		},
 		CRI:    &gardencorev1beta1.CRI{Name: gardencorev1beta1.CRINameContainerD},
 		Volume: &gardencorev1beta1.Volume{VolumeSize: "50Gi", Type: new("gp3")},
