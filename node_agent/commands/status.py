@@ -579,6 +579,8 @@ def _render_units_check(out: _Lines, doc: Mapping[str, Any], now: float) -> None
     )
     for message in (check.get("unhealthy") or []) + (check.get("progressing") or []):
         out.add(f"  {message}")
+    for message in check.get("looping") or []:
+        out.add(f"  {message} (node-agent's diagnosis; not in the condition)")
 
 
 def _render_health_checks(out: _Lines, doc: Mapping[str, Any], now: float) -> None:
