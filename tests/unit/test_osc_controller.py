@@ -567,3 +567,44 @@ async def test_a_rollback_without_its_kept_osc_says_so_and_leaves_the_update(
     assert checksum_of(one)[:12] in message
     assert await ctl.gate.record() is None
     assert (tmp_path / "etc/test/a.conf").read_text() == "one\n"  # nothing applied
+
+
+async def _reported_while_watching(tmp_path: Path, *, strict: bool) -> tuple[bool, str | None]:
+    """Publish an update that restarts a running unit under a 1 s settle window: whether the
+    Node carried its checksum while the gate still watched, and the checksum at the end."""
+    ctl, _ctx, kube, _ = controller(tmp_path, gate={"enabled": True, "settleWindow": "1s"})
+    if strict:
+        path = tmp_path / "var/lib/gardener-node-agent/node-agent-strict.yaml"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(
+            "apiVersion: node-agent.gardener.cloud/v1alpha1\nkind: Strictness\n"
+            "reportAfterSettle: true\n"
+        )
+    await ctl.reconcile(secret(osc_bytes("one\n")))
+    two = osc_bytes("two\n")
+    task = asyncio.create_task(ctl.reconcile(secret(two)))
+    seen_while_watching = False
+    while not task.done():
+        if ctl.gate.view().watching is not None:
+            seen_while_watching |= await applied_annotation(kube) == checksum_of(two)
+        await asyncio.sleep(0.01)
+    assert await task is not None
+    return seen_while_watching, await applied_annotation(kube)
+
+
+async def test_an_update_is_reported_before_its_settle_window_as_upstream_does(
+    tmp_path: Path,
+) -> None:
+    """Upstream's contract: Gardener sees the checksum when the apply is done; the health
+    gate watches after that (and would put the old checksum back with a rollback)."""
+    seen, end = await _reported_while_watching(tmp_path, strict=False)
+    assert seen
+    assert end == checksum_of(osc_bytes("two\n"))
+
+
+async def test_with_report_after_settle_the_checksum_waits_for_the_window(
+    tmp_path: Path,
+) -> None:
+    seen, end = await _reported_while_watching(tmp_path, strict=True)
+    assert not seen
+    assert end == checksum_of(osc_bytes("two\n"))

@@ -586,10 +586,25 @@ class OSCController:
                 update.raw, update.osc, update.checksum, update.resolved, update.plan.planned
             )
         except ApplyError as exc:
-            # A partly failed update may have broken a running unit too (its restart failed).
             partial = exc.report if isinstance(exc.report, ApplyReport) else None
-            if await self._settle(update, gate, permit, started, partial, None, str(exc)):
-                return None
+            if self._report_after_settle():
+                # A partly failed update may have broken a running unit too (its restart
+                # failed): with the operator's strictness the gate decides at once.
+                if await self._settle(update, gate, permit, started, partial, None, str(exc)):
+                    return None
+            else:
+                # Upstream's contract: a failed restart is retried (with backoff) until it
+                # works, and only then is the OSC reported. The gate's record stays, so the
+                # retry that completes the update is watched under it.
+                await self._history(
+                    update.trigger,
+                    update.applied,
+                    update.checksum,
+                    started,
+                    partial,
+                    None,
+                    str(exc),
+                )
             await self.rollout.failed(permit, str(exc))
             raise
         return Attempt(outcome=outcome, gate=gate, started=started, in_place=in_place)
@@ -606,14 +621,54 @@ class OSCController:
         for _unit, result in sorted(outcome.report.results.items()):
             reason = report.REASON_UNIT_COMMAND.get(result.action, "SystemDUnitRestart")
             await self.ctx.event(reason, result.describe(), warning=not result.ok)
+        gate = attempt.gate
+        if gate is not None and not self._report_after_settle():
+            return await self._report_then_watch(update, attempt, permit, gate)
         rolled_back = await self._settle(
-            update, attempt.gate, permit, attempt.started, outcome.report, outcome.change_set
+            update, gate, permit, attempt.started, outcome.report, outcome.change_set
         )
         if rolled_back:
             return None
         if await self.inplace.finish(update.osc, attempt.in_place) == "rebooting":
             return None  # completed when the agent is back on the new OS version
         await self._succeeded(update, outcome, permit)
+        return outcome
+
+    def _report_after_settle(self) -> bool:
+        """The operator's ``reportAfterSettle`` strictness: the checksum of a gated update
+        only after its settle window, and a failed restart rolled back at once."""
+        return self.ctx.strictness().strict_report_after_settle
+
+    async def _report_then_watch(
+        self, update: Update, attempt: Attempt, permit: Permit | None, gate: GateRecord
+    ) -> Outcome | None:
+        """Upstream's contract for a gated update: the checksum on the Node as soon as the
+        apply is done (Gardener reads it as "updated"), then the settle window. A unit the
+        update broke in it still rolls the node back to the last-known-good OSC, and the
+        checksum on the Node goes back with it (the annotation names what is applied, the
+        Warning ``OSCRolledBack`` says why). The pool's rollout (node-agent's own Lease, not
+        read by Gardener) hears the verdict after the window. An update that restarts the
+        agent's own unit restarts it right after the report; the restarted agent watches what
+        is left of the window (the gate's record is persisted)."""
+        outcome = attempt.outcome
+        if outcome.restarts_agent:
+            await self._history(
+                update.trigger,
+                update.applied,
+                update.checksum,
+                attempt.started,
+                outcome.report,
+                outcome.change_set,
+            )
+            await self._succeeded(update, outcome, permit)
+            return outcome
+        await self._succeeded(update, outcome, permit, tell_rollout=False)
+        rolled_back = await self._settle(
+            update, gate, permit, attempt.started, outcome.report, outcome.change_set
+        )
+        if rolled_back:
+            return None
+        await self.rollout.succeeded(permit)
         return outcome
 
     async def _settle(
@@ -646,14 +701,18 @@ class OSCController:
         await self._roll_back_update(gate, broke, permit)
         return True
 
-    async def _succeeded(self, update: Update, outcome: Outcome, permit: Permit | None) -> None:
-        """The update is applied and held: the checksum goes on the Node (only now), the
-        listeners and the pool's rollout are told, the Events and the log say what changed,
-        and the agent's own unit, if the update restarts it, restarts last of all."""
+    async def _succeeded(
+        self, update: Update, outcome: Outcome, permit: Permit | None, *, tell_rollout: bool = True
+    ) -> None:
+        """The update is applied: the checksum goes on the Node, the listeners and (unless
+        ``tell_rollout`` is False: the settle window's verdict is still to come) the pool's
+        rollout are told, the Events and the log say what changed, and the agent's own unit,
+        if the update restarts it, restarts last of all."""
         await self._report_applied(update.osc, update.checksum)
         for hook in self.on_applied:
             hook()
-        await self.rollout.succeeded(permit)
+        if tell_rollout:
+            await self.rollout.succeeded(permit)
         if outcome.report.skipped:
             await self.ctx.event(
                 report.REASON_OSC_SKIPPED, "; ".join(outcome.report.skipped), warning=True
@@ -830,8 +889,11 @@ class OSCController:
             restarted=outcome.report.restarted,
         )
         self.ctx.health.error("osc", message)
-        await self.ctx.event(report.REASON_OSC_ROLLED_BACK, message, warning=True)
+        # The checksum on the Node back to the OSC that is applied (upstream's vocabulary has
+        # no other word for "rolled back"; the update's may have been reported before the
+        # settle window), then the Warning that says why.
         await self._report_applied(osc, record.previous_checksum, only_if_missing=True)
+        await self.ctx.event(report.REASON_OSC_ROLLED_BACK, message, warning=True)
         if outcome.restarts_agent:
             await self._restart_self()
 
