@@ -366,7 +366,9 @@ class UnitCheckController:
             states = await self._checked_states(expected)
             await self._release_held(states)
             guard = self.guard
-            held = {h.unit: h.reason() for h in guard.view()} if guard is not None else {}
+            # only a unit held for good (the operator's holdFailingUnits) says so in the
+            # condition: a spaced one is retried, and its message stays upstream's
+            held = {h.unit: h.reason() for h in guard.view() if not h.spaced} if guard else {}
             verdict = check_units(
                 expected,
                 states,

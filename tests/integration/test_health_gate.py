@@ -251,3 +251,52 @@ async def test_with_the_operators_strictness_a_bad_checksum_never_reaches_the_no
     await agent.wait_applied(fixed, timeout=WINDOW + 60)
     took = time.monotonic() - published
     assert took >= WINDOW - 1, took
+
+
+FLAKY_CONF = "/etc/flaky/flaky.conf"
+#: the flaky unit's restart job fails this many times in a row before one works
+FLAKY_FAILURES = 4
+
+
+def flaky() -> dict[str, Any]:
+    """Starts while its config says ``good``; with ``flaky`` its start job fails (its
+    ExecStartPre exits 1) ``FLAKY_FAILURES`` times, then works: a restart that fails most of
+    the time. No ``Restart=``: only the agent's retries bring it back."""
+    pre = (
+        f"/bin/sh -c 'head -n1 {FLAKY_CONF} | grep -q ^good && exit 0; "
+        "n=$(cat /var/lib/flaky/n 2>/dev/null || echo 0); n=$((n+1)); "
+        f"mkdir -p /var/lib/flaky; echo $n > /var/lib/flaky/n; [ $n -gt {FLAKY_FAILURES} ]'"
+    )
+    return counted_service(
+        "flaky.service", "flaky", extra=f"ExecStartPre={pre}\n", filePaths=[FLAKY_CONF]
+    )
+
+
+async def test_a_flaky_restart_gets_the_osc_reported_once_a_retry_works(agent: OSCAgent) -> None:
+    """Upstream retries a failing restart with backoff until one works, then reports the OSC.
+    node-agent's restart guard spaces the retries out after 3 failures but never stops them,
+    and the health gate does not roll back an update it never reported: the OSC is reported
+    once the fifth restart job works."""
+    node = agent.node
+    good = await agent.publish(osc_document([inline_file(FLAKY_CONF, "good\n")], [flaky()]))
+    await agent.wait_applied(good)
+    assert active(node, "flaky.service") == "active"
+
+    published = time.monotonic()
+    update = await agent.publish(osc_document([inline_file(FLAKY_CONF, "flaky\n")], [flaky()]))
+    await agent.wait_applied(update, timeout=180)
+    took = time.monotonic() - published
+    jobs = int(node.path("/var/lib/flaky/n").read_text())
+    print(f"flaky update reported after {took:.1f} s, on restart job {jobs}")
+    assert jobs == FLAKY_FAILURES + 1
+    assert active(node, "flaky.service") == "active"
+    reasons = [e.reason for e in await agent.events()]
+    assert "OSCRolledBack" not in reasons
+    assert "UnitRestartsSuspended" in reasons  # the guard spaced the retries out, and said so
+    assert agent.controller is not None
+    await wait_for(
+        lambda: agent.controller is not None and agent.controller.gate.view().watching is None,
+        WINDOW + 30,
+        "the settle window over",
+    )
+    assert (await agent.node_annotations()).get(ANNOTATION) == update

@@ -41,7 +41,7 @@ def _gate(tmp_path: Path) -> HealthGate:
 
 def test_health_sections_in_the_document_the_text_and_the_metrics(tmp_path: Path) -> None:
     ctx = make_ctx(tmp_path)
-    guard = RestartGuard(max_restarts=1, window=600.0)
+    guard = RestartGuard(max_restarts=1, window=600.0, hold=lambda: True)
     guard.record("x.service", ok=False, error="restart x.service: failed")
     sources = ctx.sources
     sources.unitcheck = Fixed(  # type: ignore[assignment]
