@@ -72,5 +72,7 @@ async def test_a_machine_comes_up_from_gardeners_generated_user_data_and_updates
     # else; the Node's version label follows
     assert run.update_restarted == {gp.KUBELET, gp.AGENT_UNIT}
     assert run.labels[gp.VERSION_LABEL] == "1.33.1"
+    # in the same Node object as the update's checksum, as upstream writes both in one patch
+    assert run.label_with_update == "1.33.1"
     assert f"/v2/{gp.HYPERKUBE_REPOSITORY}/manifests/v1.33.1" in run.image_pulls
     assert csr_approver.errors == []

@@ -30,7 +30,11 @@ from node_agent.controllers.osc.controller import OSCController
 from node_agent.host.fs import Removed
 from node_agent.host.history import HistoryEntry
 from node_agent.kube import report
-from node_agent.kube.report import ANNOTATION_APPLIED_CHECKSUM, ANNOTATION_SECRET_CHECKSUM
+from node_agent.kube.report import (
+    ANNOTATION_APPLIED_CHECKSUM,
+    ANNOTATION_SECRET_CHECKSUM,
+    LABEL_KUBERNETES_VERSION,
+)
 from node_agent.osc.decode import decode_osc
 from node_agent.osc.models import OperatingSystemConfig
 from node_agent.systemd import UnitFileChange, UnitState
@@ -584,12 +588,28 @@ async def _reported_while_watching(tmp_path: Path, *, strict: bool) -> tuple[boo
     two = osc_bytes("two\n")
     task = asyncio.create_task(ctl.reconcile(secret(two)))
     seen_while_watching = False
-    while not task.done():
+    while not task.done() or ctl.applying:
         if ctl.gate.view().watching is not None:
             seen_while_watching |= await applied_annotation(kube) == checksum_of(two)
         await asyncio.sleep(0.01)
     assert await task is not None
+    await ctl.settled()
     return seen_while_watching, await applied_annotation(kube)
+
+
+async def test_a_newer_update_is_not_held_up_by_the_settle_window(tmp_path: Path) -> None:
+    """Upstream applies the next update at once: the settle window of a reported update is
+    watched beside the reconcile loop, and a newer Secret ends it early."""
+    ctl, _ctx, kube, _ = controller(tmp_path, gate={"enabled": True, "settleWindow": "30s"})
+    await ctl.reconcile(secret(osc_bytes("one\n")))
+    await ctl.reconcile(secret(osc_bytes("two\n")))
+    assert ctl.gate.view().watching == checksum_of(osc_bytes("two\n"))
+    three = osc_bytes("three\n")
+    async with asyncio.timeout(5):
+        await ctl.reconcile(secret(three))
+    assert await applied_annotation(kube) == checksum_of(three)
+    assert ctl.gate.view().watching == checksum_of(three)
+    await ctl._stop_settling()
 
 
 async def test_an_update_is_reported_before_its_settle_window_as_upstream_does(
@@ -608,3 +628,47 @@ async def test_with_report_after_settle_the_checksum_waits_for_the_window(
     seen, end = await _reported_while_watching(tmp_path, strict=True)
     assert not seen
     assert end == checksum_of(osc_bytes("two\n"))
+
+
+def kubernetes_update(version: str) -> bytes:
+    """An OSC that writes the agent's config (with ``version``) and restarts the agent's
+    unit on it, as a Kubernetes update of Gardener's does."""
+    config = (
+        "apiVersion: nodeagent.config.gardener.cloud/v1alpha1\nkind: NodeAgentConfiguration\n"
+        f"controllers:\n  operatingSystemConfig:\n    secretName: {SECRET}\n"
+        f"    kubernetesVersion: {version}\n"
+    )
+    doc = yaml.safe_load(osc_bytes("one\n"))
+    doc["spec"]["files"].append(
+        {"path": "/var/lib/gardener-node-agent/config.yaml", "permissions": 0o600,
+         "content": {"inline": {"data": config}}}
+    )  # fmt: skip
+    doc["spec"]["units"].append(
+        {"name": "gardener-node-agent.service", "enable": True,
+         "content": "[Service]\nExecStart=/opt/bin/gardener-node-agent\n",
+         "filePaths": ["/var/lib/gardener-node-agent/config.yaml"]}
+    )  # fmt: skip
+    return yaml.safe_dump(doc).encode()
+
+
+async def test_the_checksum_comes_with_the_version_of_the_config_the_update_wrote(
+    tmp_path: Path,
+) -> None:
+    """Upstream restarts on the new config before it reports a Kubernetes update, so the
+    Node never carries the new checksum with the old version label: ours reports before its
+    own restart, in one patch with the version of the config it just wrote."""
+    calls: list[Call] = []
+    ctl, _, kube, _ = controller(tmp_path, calls)
+    await ctl.reconcile(secret(kubernetes_update("1.33.4")))
+    update = kubernetes_update("1.34.1")
+    await ctl.reconcile(secret(update))
+    patches = [p for _, name, p in kube.writes("patch_node") if name == "n1"]
+    with_checksum = [
+        p for p in patches
+        if (p["metadata"].get("annotations") or {}).get(ANNOTATION_APPLIED_CHECKSUM)
+        == checksum_of(update)
+    ]  # fmt: skip
+    assert len(with_checksum) == 1
+    assert with_checksum[0]["metadata"]["labels"][LABEL_KUBERNETES_VERSION] == "1.34.1"
+    restart = ("restart", "gardener-node-agent.service")
+    assert restart in calls

@@ -23,13 +23,17 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+import yaml
+
 from node_agent.apply.applier import Applier, Outcome, Planned
 from node_agent.apply.executor import ApplyReport
 from node_agent.base import retry
 from node_agent.base.by_change import Base64ByChange
+from node_agent.base.configfile import config_version_key, find_config, read_config_file
 from node_agent.base.durations import parse_duration
 from node_agent.base.errors import (
     ApplyError,
+    ConfigError,
     InPlaceUpdateError,
     KubeError,
     KubeInvalid,
@@ -219,6 +223,9 @@ class OSCController:
             agent_unit=ctx.settings.agent_unit,
         )
         self._quarantine_logged: str | None = None
+        #: the settle window of a reported update, watched beside the reconcile loop
+        self._settling: asyncio.Task[None] | None = None
+        self._settling_for: str | None = None
         #: serial mode and the paced rollout of the pool (the Lease <secretName>)
         self.rollout = Rollout(ctx, self._wake.set)
         #: the in-place parts of an update (OS, kubelet, credentials) and the drain gate
@@ -235,7 +242,8 @@ class OSCController:
     def applying(self) -> bool:
         """Whether the controller is changing the host now (an apply, a rollback, a drift
         repair, or the settle window after an update): the health checks hold their restarts."""
-        return self._applying > 0
+        settling = self._settling is not None and not self._settling.done()
+        return self._applying > 0 or settling
 
     @property
     def latest_secret(self) -> JSON | None:
@@ -243,9 +251,36 @@ class OSCController:
         return self._latest
 
     async def run(self) -> None:
-        async with asyncio.TaskGroup() as tasks:
-            tasks.create_task(self._watch(), name="osc-watch")
-            tasks.create_task(self._reconcile_loop(), name="osc-reconcile")
+        try:
+            async with asyncio.TaskGroup() as tasks:
+                tasks.create_task(self._watch(), name="osc-watch")
+                tasks.create_task(self._reconcile_loop(), name="osc-reconcile")
+        finally:
+            await self._stop_settling()
+
+    async def settled(self) -> None:
+        """Until the settle window of the last reported update is over (and its rollback,
+        if it broke a unit, done)."""
+        task = self._settling
+        if task is not None:
+            await asyncio.gather(task, return_exceptions=True)
+
+    async def _stop_settling(self, checksum: str | None = None) -> bool:
+        """The settle window watched after a report, for another OSC than ``checksum``:
+        stopped (a newer update goes on at once, as upstream's would; it is gated on its own).
+        True when a window for ``checksum`` itself is still running."""
+        task = self._settling
+        if task is None or task.done():
+            self._settling = None
+            return False
+        if checksum is not None and self._settling_for == checksum:
+            return True
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        self._settling = None
+        if checksum is not None:
+            log.info("settle window ended early: a newer OSC", checksum=self._settling_for)
+        return False
 
     async def _watch(self) -> None:
         name = self.ctx.secret_name
@@ -442,6 +477,8 @@ class OSCController:
         desired = self._read(secret)
         if desired is None:
             return None  # already reported; wait for the Secret to change
+        if await self._stop_settling(desired.checksum):
+            return None  # reported; its settle window is still being watched
         if await self._gate_decides(desired.checksum):
             return None  # quarantined, or rolled back just now
         applied = await self.ctx.state.applied_checksum_async()
@@ -663,13 +700,29 @@ class OSCController:
             await self._succeeded(update, outcome, permit)
             return outcome
         await self._succeeded(update, outcome, permit, tell_rollout=False)
-        rolled_back = await self._settle(
-            update, gate, permit, attempt.started, outcome.report, outcome.change_set
+        self._settling_for = update.checksum
+        self._settling = asyncio.create_task(
+            self._settle_reported(update, attempt, permit, gate), name="osc-settle"
         )
-        if rolled_back:
-            return None
-        await self.rollout.succeeded(permit)
         return outcome
+
+    async def _settle_reported(
+        self, update: Update, attempt: Attempt, permit: Permit | None, gate: GateRecord
+    ) -> None:
+        """The settle window of a reported update, beside the reconcile loop (a newer Secret
+        is not held up by it). A rollback it begins runs as an apply; if that fails, the loop
+        carries it on from the gate's record, with backoff."""
+        outcome = attempt.outcome
+        try:
+            rolled_back = await self._settle(
+                update, gate, permit, attempt.started, outcome.report, outcome.change_set
+            )
+        except NodeAgentError as exc:
+            log.error("rollback not finished; the reconcile loop carries it on", error=str(exc))
+            self._wake.set()
+            return
+        if not rolled_back:
+            await self.rollout.succeeded(permit)
 
     async def _settle(
         self,
@@ -708,7 +761,7 @@ class OSCController:
         ``tell_rollout`` is False: the settle window's verdict is still to come) the pool's
         rollout are told, the Events and the log say what changed, and the agent's own unit,
         if the update restarts it, restarts last of all."""
-        await self._report_applied(update.osc, update.checksum)
+        await self._report_applied(update.osc, update.checksum, next_config=outcome.restarts_agent)
         for hook in self.on_applied:
             hook()
         if tell_rollout:
@@ -990,15 +1043,42 @@ class OSCController:
             log.info("waiting before applying the updated OSC", seconds=delay)
             await asyncio.sleep(delay)
 
+    def _next_kubernetes_version(self) -> str | None:
+        """The ``kubernetesVersion`` of the config the agent's next start reads: the update
+        just applied wrote it (a Kubernetes update changes the agent's config file and restarts
+        the agent). Upstream's agent restarts before it reports such an update, and its new
+        process writes the checksum and the new version in one patch; ours reports before its
+        restart, so the label comes from that file, never the old one with the new checksum.
+        The running config's version when the file cannot be read."""
+        running = self.ctx.config.controllers.operating_system_config.kubernetes_version
+        settings = self.ctx.settings
+        path = settings.root / settings.config_file.lstrip("/")
+        try:
+            if config_version_key(path.name) is not None:
+                path = find_config(path.parent)  # a newer config-<version>.yaml wins
+            doc = yaml.safe_load(read_config_file(path))
+            version = doc["controllers"]["operatingSystemConfig"]["kubernetesVersion"]
+        except (ConfigError, yaml.YAMLError, KeyError, TypeError):
+            return running
+        return version if isinstance(version, str) and version else running
+
     async def _report_applied(
-        self, osc: OperatingSystemConfig, checksum: str, *, only_if_missing: bool = False
+        self,
+        osc: OperatingSystemConfig,
+        checksum: str,
+        *,
+        only_if_missing: bool = False,
+        next_config: bool = False,
     ) -> None:
         """The applied checksum (and version, role, zone labels) on the Node: one merge patch
         after an apply, no read. ``only_if_missing`` (a start or a resume finding the OSC
-        applied) reads the Node first and writes only what it lacks."""
+        applied) reads the Node first and writes only what it lacks. ``next_config``: the
+        apply restarts the agent on a config it wrote; the version label is that config's."""
         if self.ctx.node_name is None:
             return
         version = self.ctx.config.controllers.operating_system_config.kubernetes_version
+        if next_config:
+            version = await asyncio.to_thread(self._next_kubernetes_version)
         if only_if_missing:
             node_meta = (await self.ctx.kube.get_node(self.ctx.node_name)).get("metadata") or {}
             annotations = node_meta.get("annotations") or {}
