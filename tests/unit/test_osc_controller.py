@@ -21,7 +21,12 @@ import yaml
 from node_agent.agent import after_first_reconcile, build_applier
 from node_agent.apply.applier import Applier, Planned
 from node_agent.base.errors import ApplyError, HostIOError, SystemdCallError
-from node_agent.base.layout import HEALTH_GATE_PREVIOUS, unit_path
+from node_agent.base.layout import (
+    BOOTSTRAP_TOKEN_FILE,
+    HEALTH_GATE_PREVIOUS,
+    KUBELET_BOOTSTRAP_KUBECONFIG,
+    unit_path,
+)
 from node_agent.base.loop import DONE, RETRY, SKIPPED
 from node_agent.context import AgentContext
 from node_agent.controllers.osc import controller as controller_module
@@ -672,3 +677,31 @@ async def test_the_checksum_comes_with_the_version_of_the_config_the_update_wrot
     assert with_checksum[0]["metadata"]["labels"][LABEL_KUBERNETES_VERSION] == "1.34.1"
     restart = ("restart", "gardener-node-agent.service")
     assert restart in calls
+
+
+async def test_the_kubelets_bootstrap_kubeconfig_goes_once_the_node_exists(
+    tmp_path: Path,
+) -> None:
+    """Upstream's rule: the first apply reported on an existing Node deletes the bootstrap
+    token and the kubelet's bootstrap kubeconfig, whether or not the kubelet wrote its own
+    kubeconfig yet (a registered Node means it used the bootstrap one)."""
+    ctl, ctx, _, _ = controller(tmp_path)
+    fs = ctx.fs
+    fs.write_atomic(ctx.config.client_connection.kubeconfig, b"kind: Config\n", 0o600)
+    fs.write_atomic(BOOTSTRAP_TOKEN_FILE, b"abcdef.0123456789abcdef\n", 0o600)
+    fs.write_atomic(KUBELET_BOOTSTRAP_KUBECONFIG, b"kind: Config\n", 0o600)
+    await ctl.reconcile(secret(osc_bytes("one\n")))
+    assert fs.lstat(BOOTSTRAP_TOKEN_FILE) is None
+    assert fs.lstat(KUBELET_BOOTSTRAP_KUBECONFIG) is None
+
+
+async def test_a_bootstrap_kubeconfig_for_a_ca_rotation_waits_for_the_kubelet(
+    tmp_path: Path,
+) -> None:
+    ctl, ctx, _, _ = controller(tmp_path)
+    fs = ctx.fs
+    fs.write_atomic(ctx.config.client_connection.kubeconfig, b"kind: Config\n", 0o600)
+    fs.write_atomic(KUBELET_BOOTSTRAP_KUBECONFIG, b"kind: Config\n", 0o600)
+    ctl.inplace.kubelet_rebootstrapping = True  # written for a re-bootstrap, not yet used
+    await ctl.reconcile(secret(osc_bytes("one\n")))
+    assert fs.lstat(KUBELET_BOOTSTRAP_KUBECONFIG) is not None

@@ -1111,17 +1111,23 @@ class OSCController:
 
     async def _drop_bootstrap_credentials(self) -> None:
         """An OSC is applied and the Node registered: the bootstrap token (the agent's and the
-        kubelet's copy of it) is not needed any more, and a leaked token must not outlive its
-        use. Only once the agent has a kubeconfig of its own (upstream's rule, plus that guard).
+        kubelet's copy of it, the kubelet's bootstrap kubeconfig) is not needed any more, and a
+        leaked token must not outlive its use. Upstream's rule: both go once an apply is done
+        and the Node exists (a registered Node means the kubelet used its bootstrap kubeconfig);
+        plus the guard that the agent has a kubeconfig of its own.
         """
         fs = self.ctx.fs
         if await fs.read_async(self.ctx.config.client_connection.kubeconfig) is None:
             return
         paths = [BOOTSTRAP_TOKEN_FILE]
-        # The kubelet's copy is kept until the kubelet used it (after a CA rotation's
-        # re-bootstrap it may read it well after the update is reported); a later reconcile
-        # drops it, as upstream's does.
-        if await asyncio.to_thread(kubelet_bootstrapped, fs):
+        # The one exception: a bootstrap kubeconfig written for the kubelet's re-bootstrap
+        # under a rotated CA (upstream restarts before it reports such an update, so its next
+        # reconcile deletes it) is kept until the kubelet has used it.
+        inplace = self.inplace
+        if not inplace.kubelet_rebootstrapping or await asyncio.to_thread(
+            kubelet_bootstrapped, fs
+        ):
+            inplace.kubelet_rebootstrapping = False
             paths.insert(0, KUBELET_BOOTSTRAP_KUBECONFIG)
         for path in paths:
             if await fs.remove_async(path):
