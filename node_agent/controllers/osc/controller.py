@@ -1124,9 +1124,7 @@ class OSCController:
         # under a rotated CA (upstream restarts before it reports such an update, so its next
         # reconcile deletes it) is kept until the kubelet has used it.
         inplace = self.inplace
-        if not inplace.kubelet_rebootstrapping or await asyncio.to_thread(
-            kubelet_bootstrapped, fs
-        ):
+        if not inplace.kubelet_rebootstrapping or await asyncio.to_thread(kubelet_bootstrapped, fs):
             inplace.kubelet_rebootstrapping = False
             paths.insert(0, KUBELET_BOOTSTRAP_KUBECONFIG)
         for path in paths:
