@@ -225,21 +225,26 @@ async def test_agent_killed_during_the_settle_window_still_rolls_back(agent: OSC
 async def test_with_the_operators_strictness_a_bad_checksum_never_reaches_the_node(
     agent: OSCAgent,
 ) -> None:
-    """``reportAfterSettle``: the checksum of an update that restarted running units comes
-    only after its settle window, so a rolled-back update is never seen on the Node."""
-    node = agent.node
-    strict = node.path("/var/lib/gardener-node-agent/node-agent-strict.yaml")
-    strict.parent.mkdir(parents=True, exist_ok=True)
-    strict.write_text(
+    """``reportAfterSettle``, in the file an OSC-mutating extension adds to the pool's OSC:
+    the checksum of an update that restarted running units comes only after its settle window,
+    so a rolled-back update is never seen on the Node."""
+    strict = inline_file(
+        "/var/lib/gardener-node-agent/node-agent-strict.yaml",
         "apiVersion: node-agent.gardener.cloud/v1alpha1\nkind: Strictness\n"
-        "reportAfterSettle: true\n"
+        "reportAfterSettle: true\n",
     )
-    good = await agent.publish(osc("good 1\n", "1\n"))
+
+    def strict_osc(conf: str, extra: str) -> dict[str, Any]:
+        doc = osc(conf, extra)
+        doc["spec"]["files"].append(strict)
+        return doc
+
+    good = await agent.publish(strict_osc("good 1\n", "1\n"))
     await agent.wait_applied(good)
     seen: set[str] = set()
     stop = asyncio.Event()
     watcher = asyncio.create_task(annotations_seen(agent, seen, stop))
-    bad = await agent.publish(osc("bad\n", "2\n"))
+    bad = await agent.publish(strict_osc("bad\n", "2\n"))
     await agent.wait_event("OSCRolledBack", "web.service", timeout=WINDOW + 60)
     stop.set()
     await watcher
@@ -247,7 +252,7 @@ async def test_with_the_operators_strictness_a_bad_checksum_never_reaches_the_no
     assert (await agent.node_annotations()).get(ANNOTATION) == good
 
     published = time.monotonic()
-    fixed = await agent.publish(osc("good 3\n", "3\n"))
+    fixed = await agent.publish(strict_osc("good 3\n", "3\n"))
     await agent.wait_applied(fixed, timeout=WINDOW + 60)
     took = time.monotonic() - published
     assert took >= WINDOW - 1, took
