@@ -44,6 +44,11 @@ class Health:
         self.errors.append({"at": report.rfc3339(report.now()), "source": source, "error": message})
 
 
+def _set(event: asyncio.Event) -> asyncio.Event:
+    event.set()
+    return event
+
+
 class StrictnessFile:
     """The operator's ``node-agent-strict.yaml`` beside the agent's config file, read when asked
     (one small read; an OSC may add, change or remove it at any time). Missing: upstream's
@@ -114,6 +119,9 @@ class AgentContext:
     #: drops out); the controllers hand it to ``list_watch(registry=...)``.
     watches: MutableSet[Any] = field(default_factory=weakref.WeakSet, repr=False)
     _strictness: StrictnessFile | None = field(default=None, repr=False)
+    #: Set once the token controller's first round of syncs is done (set from the start when
+    #: there is none): the OSC controller applies after it, bounded (``TOKENS_WAIT``).
+    tokens_synced: asyncio.Event = field(default_factory=lambda: _set(asyncio.Event()))
 
     def strictness(self) -> Strictness:
         """Which stricter verdicts the operator asked for (``node-agent-strict.yaml`` beside the

@@ -705,3 +705,26 @@ async def test_a_bootstrap_kubeconfig_for_a_ca_rotation_waits_for_the_kubelet(
     ctl.inplace.kubelet_rebootstrapping = True  # written for a re-bootstrap, not yet used
     await ctl.reconcile(secret(osc_bytes("one\n")))
     assert fs.lstat(KUBELET_BOOTSTRAP_KUBECONFIG) is not None
+
+
+async def test_the_apply_waits_for_the_token_files_bounded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A first boot: the token controller's first round comes before the OSC's units start
+    (they may read the tokens), as upstream's order has it; a Secret that never comes holds
+    the apply only ``TOKENS_WAIT`` seconds."""
+    from node_agent.controllers.osc import controller as osc_controller
+
+    ctl, ctx, _kube, _ = controller(tmp_path)
+    ctx.tokens_synced.clear()
+    task = asyncio.create_task(ctl.reconcile(secret(osc_bytes("one\n"))))
+    await asyncio.sleep(0.3)
+    assert not task.done()
+    assert not (tmp_path / "etc/test/a.conf").exists()
+    ctx.tokens_synced.set()
+    async with asyncio.timeout(5):
+        assert await task is not None
+    monkeypatch.setattr(osc_controller, "TOKENS_WAIT", 0.2)
+    ctx.tokens_synced.clear()
+    async with asyncio.timeout(5):
+        assert await ctl.reconcile(secret(osc_bytes("two\n"))) is not None

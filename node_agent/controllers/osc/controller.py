@@ -67,6 +67,8 @@ if TYPE_CHECKING:
     from node_agent.kube.seam import KubeSeam
 
 DATA_KEY = "osc.yaml"
+#: at most this long (seconds) an apply waits for the token controller's first round
+TOKENS_WAIT = 10.0
 log = get_logger("node-agent.osc")
 
 JSON = dict[str, Any]
@@ -616,6 +618,7 @@ class OSCController:
         # The Node may have been registered since the last lookup (every 10 s): look once
         # more, so that this apply's Events are recorded on it.
         await self.ctx.look_up_node()
+        await self._tokens_synced()
         log.info("applying OSC", checksum=update.checksum, first=update.first_apply)
         started = report.now()
         try:
@@ -670,6 +673,19 @@ class OSCController:
             return None  # completed when the agent is back on the new OS version
         await self._succeeded(update, outcome, permit)
         return outcome
+
+    async def _tokens_synced(self) -> None:
+        """The OSC's units may read the synced token files (a collector's access token): at a
+        first boot the apply waits for the token controller's first round, at most
+        ``TOKENS_WAIT`` seconds (a Secret that does not exist yet must not hold the node)."""
+        synced = self.ctx.tokens_synced
+        if synced.is_set():
+            return
+        try:
+            async with asyncio.timeout(TOKENS_WAIT):
+                await synced.wait()
+        except TimeoutError:
+            log.warning("applying before the token files were synced", seconds=TOKENS_WAIT)
 
     def _report_after_settle(self) -> bool:
         """The operator's ``reportAfterSettle`` strictness: the checksum of a gated update
