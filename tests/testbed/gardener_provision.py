@@ -285,12 +285,17 @@ async def provision_from_user_data(
     run.label_with_update = await _applied_label(admin, machine, checksum2, 180)
     run.timings["update published -> applied"] = time.monotonic() - clock
     tick("update applied")
-    # The agent restarts last, on its new config; that process labels the Node's new version.
+    # The version label comes with the checksum (the version of the config the update wrote).
     await wait_for(
         lambda: _label(admin, machine, VERSIONS[1]), 60, "the version label of the update"
     )
     run.timings["update published -> version label"] = time.monotonic() - clock
-    await wait_for(lambda: _main_pid(node) > 0, 60, "the agent running after the update")
+    # The agent restarts last, on its new config (upstream's before it reports, ours after).
+    before_update = run.agent_pids[1]
+    await wait_for(
+        lambda: _main_pid(node) not in (0, before_update), 60, "the agent restarted on the update"
+    )
+    run.timings["update published -> agent restarted"] = time.monotonic() - clock
     run.update_restarted = g.started_again(before, g.unit_marks(node, units))
     run.labels = await node_labels(admin, machine)
     run.checksums = (checksum, checksum2)
