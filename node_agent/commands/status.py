@@ -630,6 +630,11 @@ def _render_health_gate(out: _Lines, doc: Mapping[str, Any], now: float) -> None
         )
     for held in gate.get("held_units") or []:
         out.row("Held unit", str(held.get("describe")))
+    strict = gate.get("strict") or []
+    out.row(
+        "Strictness",
+        f"{', '.join(strict)} (node-agent-strict.yaml)" if strict else "upstream's contract",
+    )
 
 
 def _render_rollout(out: _Lines, doc: Mapping[str, Any], now: float) -> None:

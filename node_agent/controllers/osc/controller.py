@@ -223,6 +223,7 @@ class OSCController:
             ctx.state,
             ctx.config.node_agent.health_gate,
             agent_unit=ctx.settings.agent_unit,
+            strict=lambda: ctx.strictness().names(),
         )
         self._quarantine_logged: str | None = None
         #: the settle window of a reported update, watched beside the reconcile loop

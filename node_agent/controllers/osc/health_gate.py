@@ -107,6 +107,9 @@ class GateView:
     quarantined: str | None
     last_rollback: Rollback | None
     rollbacks: int
+    #: the stricter behaviours the operator's ``node-agent-strict.yaml`` turns on (none:
+    #: upstream's contract in what Gardener reads)
+    strict: tuple[str, ...] = ()
 
 
 class HealthGate:
@@ -120,8 +123,10 @@ class HealthGate:
         poll: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        strict: Callable[[], tuple[str, ...]] = tuple,
     ) -> None:
         self.systemd = systemd
+        self.strict = strict
         self.state = state
         self.config = config
         self.agent_unit = agent_unit
@@ -279,6 +284,7 @@ class HealthGate:
             ),
             last_rollback=self.last_rollback,
             rollbacks=self.rollbacks,
+            strict=self.strict(),
         )
 
 
