@@ -79,6 +79,9 @@ async def test_a_machine_comes_up_from_gardeners_generated_user_data_and_updates
     assert run.agent_pids[1] not in (0, run.agent_pids[0])
     assert node.path(gp.AGENT_BINARY).read_bytes() == agent_image.executable.read_bytes()
     assert not node.path(gp.BOOTSTRAP_TOKEN).exists()
+    # and the kubelet's bootstrap kubeconfig with it, once the Node exists (upstream's rule; the
+    # bed's stand-in kubelet never writes a kubeconfig of its own)
+    assert not node.path("/var/lib/kubelet/kubeconfig-bootstrap").exists()
     # the patch update: the new kubelet, restarted with the agent (its config changed), nothing
     # else; the Node's version label follows
     assert run.update_restarted == {gp.KUBELET, gp.AGENT_UNIT}
