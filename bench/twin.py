@@ -84,6 +84,8 @@ MIB = 1 << 20
 GARDENER_ARGS = "--config-dir=/var/lib/gardener-node-agent"
 #: the targets: node-agent / upstream at most
 GOAL_HOT, GOAL_START, GOAL_IDLE = 0.5, 0.7, 0.35
+#: update published -> Node annotated, health gate on: upstream's contract (within 1.2x)
+GOAL_REPORTED = 1.2
 #: the OSC's unit that a hot-path round restarts, and the file (in its filePaths) that changes
 HOT_UNIT = "twinbench-hot.service"
 HOT_FILE = "/etc/twinbench/hot.conf"
@@ -341,7 +343,8 @@ def install_kubelet(agent: Agent) -> None:
 # -- the cases ----------------------------------------------------------------------------------
 async def hot_round(agent: Agent, series: str, i: int) -> None:
     """One inline file of the hot unit changes: Secret update → the unit active again, and
-    → the Node annotated (node-agent's gate reports after its settle window)."""
+    → the Node annotated (node-agent reports when the apply is done, as upstream; its health
+    gate's settle window runs after the report)."""
     before = agent.unit(HOT_UNIT, "InvocationID")["InvocationID"]
     agent.hot = f"{series}-{i}"
     checksum, answered = await agent.publish_small()
@@ -633,8 +636,10 @@ async def measure(
             "hot path: Node annotated p50, gate on",
             "hot gate on reported",
             0.5,
-            note=f"node-agent reports after the health gate's settle window ({settle})",
+            GOAL_REPORTED,
+            f"node-agent reports as upstream does, its settle window ({settle}) after it",
         ),
+        row("hot path: Node annotated p90, gate on", "hot gate on reported", 0.9, GOAL_REPORTED),
     ]
     if opts.gate_off:
         rows += [

@@ -209,7 +209,11 @@ def build_agent(
     ``sources``: the read side's registry, filled in with the controllers (a new one if None);
     ``certificate``: the client certificate's controller, when the agent renews one."""
     limits = ctx.config.node_agent.restart_guard
-    guard = RestartGuard(max_restarts=limits.max_restarts, window=limits.window.total_seconds())
+    guard = RestartGuard(
+        max_restarts=limits.max_restarts,
+        window=limits.window.total_seconds(),
+        hold=lambda: ctx.strictness().strict_hold_failing_units,
+    )
     applier = build_applier(
         ctx.fs,
         ctx.state,

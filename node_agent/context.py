@@ -14,8 +14,9 @@ from collections.abc import MutableSet
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from node_agent.base.errors import KubeError, KubeNotFound
+from node_agent.base.errors import ConfigError, KubeError, KubeNotFound, NodeAgentError
 from node_agent.base.log import get_logger
+from node_agent.base.strictness import STRICTNESS_FILE_NAME, UPSTREAM, Strictness, parse_strictness
 from node_agent.config import AgentSettings, NodeAgentConfiguration
 from node_agent.host.fs import HostFS
 from node_agent.host.state import StateStore
@@ -43,6 +44,61 @@ class Health:
         self.errors.append({"at": report.rfc3339(report.now()), "source": source, "error": message})
 
 
+def _set(event: asyncio.Event) -> asyncio.Event:
+    event.set()
+    return event
+
+
+class StrictnessFile:
+    """The operator's ``node-agent-strict.yaml`` beside the agent's config file, read when asked
+    (one small read; an OSC may add, change or remove it at any time). Missing: upstream's
+    contract. Unusable: upstream's contract too, with one error line naming the file and the
+    field (again only when the error changes), so a bad value never stops the agent."""
+
+    def __init__(self, fs: HostFS, path: str) -> None:
+        self.fs = fs
+        self.path = path
+        self._raw: bytes | None = None
+        self._value: Strictness = UPSTREAM
+        self._error: str | None = None
+
+    @classmethod
+    def beside(cls, fs: HostFS, config_file: str) -> StrictnessFile:
+        directory = config_file.rsplit("/", 1)[0] or "/"
+        return cls(fs, f"{directory.rstrip('/')}/{STRICTNESS_FILE_NAME}")
+
+    @property
+    def error(self) -> str | None:
+        return self._error
+
+    def current(self) -> Strictness:
+        try:
+            raw = self.fs.read(self.path, limit=64 * 1024)
+        except (NodeAgentError, OSError) as exc:
+            self._failed(f"{self.path}: {exc}")
+            return UPSTREAM
+        if raw is None:
+            self._raw, self._value, self._error = None, UPSTREAM, None
+            return UPSTREAM
+        if raw == self._raw:
+            return self._value
+        self._raw = raw
+        try:
+            self._value = parse_strictness(raw, source=self.path)
+        except ConfigError as exc:
+            self._value = UPSTREAM
+            self._failed(str(exc))
+            return UPSTREAM
+        self._error = None
+        log.info("strictness read", path=self.path, strict=list(self._value.names()))
+        return self._value
+
+    def _failed(self, error: str) -> None:
+        if error != self._error:
+            self._error = error
+            log.error("strictness file not usable; upstream's contract applies", error=error)
+
+
 @dataclass
 class AgentContext:
     settings: AgentSettings
@@ -62,6 +118,17 @@ class AgentContext:
     #: The agent's live list+watches, for the read side to count (weak: a watch that is gone
     #: drops out); the controllers hand it to ``list_watch(registry=...)``.
     watches: MutableSet[Any] = field(default_factory=weakref.WeakSet, repr=False)
+    _strictness: StrictnessFile | None = field(default=None, repr=False)
+    #: Set once the token controller's first round of syncs is done (set from the start when
+    #: there is none): the OSC controller applies after it, bounded (``TOKENS_WAIT``).
+    tokens_synced: asyncio.Event = field(default_factory=lambda: _set(asyncio.Event()))
+
+    def strictness(self) -> Strictness:
+        """Which stricter verdicts the operator asked for (``node-agent-strict.yaml`` beside the
+        config file); none by default: upstream's contract."""
+        if self._strictness is None:
+            self._strictness = StrictnessFile.beside(self.fs, self.settings.config_file)
+        return self._strictness.current()
 
     @property
     def secret_name(self) -> str:

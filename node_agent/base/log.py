@@ -108,6 +108,9 @@ def configure(level: str = "info", fmt: str = "json", stream: TextIO | None = No
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(_LEVELS.get(level.lower(), logging.INFO))
+    # Python's warnings (a library's UserWarning) would go to stderr as plain text, into a
+    # journal that is otherwise JSON: through the same handler instead (logger "py.warnings").
+    logging.captureWarnings(True)
     # Library loggers may log request bodies at DEBUG: never below WARNING.
     for noisy in ("kubernetes_asyncio", "aiohttp", "urllib3", "asyncio"):
         logging.getLogger(noisy).setLevel(logging.WARNING)

@@ -430,6 +430,8 @@ def _render_units_check(out: _Lines, doc: Mapping[str, Any], now: float) -> None
     )
     for message in (check.get("unhealthy") or []) + (check.get("progressing") or []):
         out.add(f"  {message}")
+    for message in check.get("looping") or []:
+        out.add(f"  {message} (node-agent's diagnosis; not in the condition)")
 
 
 def _render_health_checks(out: _Lines, doc: Mapping[str, Any], now: float) -> None:
@@ -479,6 +481,11 @@ def _render_health_gate(out: _Lines, doc: Mapping[str, Any], now: float) -> None
         )
     for held in gate.get("held_units") or []:
         out.row("Held unit", str(held.get("describe")))
+    strict = gate.get("strict") or []
+    out.row(
+        "Strictness",
+        f"{', '.join(strict)} (node-agent-strict.yaml)" if strict else "upstream's contract",
+    )
 
 
 def _render_rollout(out: _Lines, doc: Mapping[str, Any], now: float) -> None:

@@ -374,6 +374,8 @@ class HealthCheckController:
         #: the restart-storm guard shared with the applier: a restart that did not heal the
         #: component counts as failed, and a held unit is not restarted
         self.guard = guard
+        #: units whose last due restart the guard refused (so no restart of ours failed since)
+        self._refused: set[str] = set()
         self._clock, self._wall = clock, wall
         self._managed: frozenset[str] = frozenset()
         #: kubelet's /healthz: configured, or derived from the applied OSC (None: switched off)
@@ -529,7 +531,8 @@ class HealthCheckController:
         tracker = self.trackers[component.name]
         if self.guard is not None:
             since, last = tracker.failing_since, tracker.last_restart
-            if since is not None and last is not None and last >= since:
+            refused_before = component.unit in self._refused
+            if since is not None and last is not None and last >= since and not refused_before:
                 # still failing since the last restart: that restart did not heal it
                 held = self.guard.record(component.unit, ok=False, error=error)
                 if held is not None:
@@ -537,7 +540,9 @@ class HealthCheckController:
             if not self.guard.allows(component.unit):
                 log.warning("restart suspended by the restart-storm guard", unit=component.unit)
                 tracker.restarted(self._clock())  # ask again only after restart_after
+                self._refused.add(component.unit)  # no restart ran: none failed to heal it
                 return None
+            self._refused.discard(component.unit)
         after = _duration(tracker.restart_after)
         log.warning("restarting an unhealthy unit", unit=component.unit, error=error)
         await self.ctx.event(

@@ -318,6 +318,8 @@ class TokenController:
                 self.refused.append(
                     (f"controllers.token.syncConfigs[{index}]", entry, sync.refused)
                 )
+        if self.syncs:
+            ctx.tokens_synced.clear()  # until the first round (``run``)
 
     async def run(self) -> None:
         for where, entry, why in self.refused:
@@ -333,8 +335,15 @@ class TokenController:
                 f"{where} (Secret {entry.secret_name}, path {entry.path!r}) {why}: not synced",
             )
         if not self.syncs:
+            self.ctx.tokens_synced.set()
             return
         try:
+            # One round first, all at once (a GET and a write each), so that the OSC's first
+            # apply, which waits for it, starts units whose tokens are on disk; upstream's token
+            # reconciles finish long before its first apply reaches the unit commands.
+            await asyncio.gather(*(sync.sync() for sync in self.syncs), return_exceptions=True)
+            self.ctx.tokens_synced.set()
+            log.info("tokens synced", count=len(self.syncs))
             async with asyncio.TaskGroup() as tasks:
                 for sync in self.syncs:
                     tasks.create_task(sync.run(), name=f"token-{sync.secret_name}")

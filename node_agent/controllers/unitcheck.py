@@ -28,9 +28,12 @@ verdicts were wrong in these cases; ``docs/design.md`` has the table):
   check fails on one);
 - ``lastHeartbeatTime`` moves only when the condition is written (upstream writes every period);
 - a service waiting in ``auto-restart`` after failed runs that systemd already restarted is a
-  crash loop (``"<unit>: failed (exit-code), restarting"``; upstream calls every auto-restart
-  normal operation, so a ``Restart=always`` service whose binary is missing looked healthy
-  forever); a unit that turns unhealthy also gets one Warning Event (upstream: none).
+  crash loop (``"<unit>: failed (exit-code), restarting"``). Upstream calls every auto-restart
+  normal operation, and Gardener's shoot care turns a False ``SystemdUnitsReady`` into a red
+  ``EveryNodeReady``, so by default the condition stays upstream's (healthy) and the crash loop
+  is node-agent's own diagnosis: a Warning Event, ``status`` and the metrics. The operator's
+  ``restartLoops`` strictness (``node_agent.base.strictness``) puts it in the condition;
+- a unit that turns unhealthy (or into a crash loop) gets one Warning Event (upstream: none).
 
 The check also lets the restart-storm guard go of a held unit that came up by itself (running
 for ``RELEASE_AFTER`` since after it was held, e.g. through systemd's ``Restart=``).
@@ -145,6 +148,8 @@ class UnitCheck:
 
     unhealthy: tuple[str, ...] = ()
     progressing: tuple[str, ...] = ()
+    #: crash loops the condition leaves out (upstream's verdict): node-agent's own diagnosis
+    looping: tuple[str, ...] = ()
 
     @property
     def condition(self) -> report.Condition:
@@ -160,11 +165,16 @@ def check_units(
     now: datetime,
     stuck_threshold: timedelta,
     held: Mapping[str, str] | None = None,
+    *,
+    restart_loops: bool = False,
 ) -> UnitCheck:
     """Judge each expected unit by its state (a unit without a state is skipped). ``held``:
-    units the restart-storm guard stopped restarting, with why; their message says so."""
+    units the restart-storm guard stopped restarting, with why; their message says so.
+    ``restart_loops``: a crash loop makes the condition False (the operator's strictness);
+    else it is only in ``looping``, as upstream counts it healthy."""
     unhealthy: list[str] = []
     progressing: list[str] = []
+    looping: list[str] = []
     for unit in expected:
         state = states.get(unit.name)
         if state is None:
@@ -179,7 +189,8 @@ def check_units(
             # between runs: normal operation, unless the runs keep failing.
             if sub == "auto-restart":
                 if unit.want == "running" and crash_looping(state):
-                    unhealthy.append(f"{name}: failed ({state.result}), restarting")
+                    message = f"{name}: failed ({state.result}), restarting"
+                    (unhealthy if restart_loops else looping).append(message)
                 continue
             since = state.state_change
             took = now - since if since is not None else timedelta(0)
@@ -200,7 +211,7 @@ def check_units(
             unhealthy.append(f"{name}: inactive but should be enabled")
     if held:
         unhealthy = [_degraded(message, held) for message in unhealthy]
-    return UnitCheck(tuple(unhealthy), tuple(progressing))
+    return UnitCheck(tuple(unhealthy), tuple(progressing), tuple(looping))
 
 
 def crash_looping(state: UnitState) -> bool:
@@ -234,6 +245,8 @@ class UnitCheckView:
     checked_at: datetime | None = None
     unhealthy: tuple[str, ...] = ()
     progressing: tuple[str, ...] = ()
+    #: crash loops the condition leaves out (upstream's verdict; see ``check_units``)
+    looping: tuple[str, ...] = ()
     units: int = 0
     #: the Node carries ``condition`` (False while a write is still to be retried)
     reported: bool = False
@@ -353,15 +366,25 @@ class UnitCheckController:
             states = await self._checked_states(expected)
             await self._release_held(states)
             guard = self.guard
-            held = {h.unit: h.reason() for h in guard.view()} if guard is not None else {}
-            verdict = check_units(expected, states, self.clock(), self.stuck_threshold, held)
-            await self._warn_newly_unhealthy(verdict.unhealthy)
+            # only a unit held for good (the operator's holdFailingUnits) says so in the
+            # condition: a spaced one is retried, and its message stays upstream's
+            held = {h.unit: h.reason() for h in guard.view() if not h.spaced} if guard else {}
+            verdict = check_units(
+                expected,
+                states,
+                self.clock(),
+                self.stuck_threshold,
+                held,
+                restart_loops=self.ctx.strictness().strict_restart_loops,
+            )
+            await self._warn_newly_unhealthy((*verdict.unhealthy, *verdict.looping))
             condition = verdict.condition
             self._update(
                 condition=condition,
                 checked_at=self.clock(),
                 unhealthy=verdict.unhealthy,
                 progressing=verdict.progressing,
+                looping=verdict.looping,
                 units=len(expected),
                 checks=self._view.checks + 1,
             )

@@ -197,20 +197,24 @@ def verify_issued(
     )
     if request.public_key_der and public != request.public_key_der:
         raise CertificateError(f"{where} returned a certificate for another public key")
-    cns = [str(a.value) for a in cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)]
+    with _long_names_allowed():  # every attribute of the subject is read (and checked) here
+        cns = [str(a.value) for a in cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)]
+        orgs = [
+            str(a.value) for a in cert.subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME)
+        ]
+        subject = cert.subject.rfc4514_string()
     if cns != [request.common_name]:
         raise CertificateError(
             f"{where} returned a certificate for common name {', '.join(cns) or '(none)'}, "
             f"not {request.common_name}"
         )
-    orgs = [str(a.value) for a in cert.subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME)]
     if orgs != [GROUP]:
         raise CertificateError(
             f"{where} returned a certificate for organization {orgs}, not [{GROUP!r}]"
         )
     now = now or datetime.now(UTC)
     info = CertificateInfo(
-        subject=cert.subject.rfc4514_string(),
+        subject=subject,
         not_before=cert.not_valid_before_utc,
         not_after=cert.not_valid_after_utc,
     )

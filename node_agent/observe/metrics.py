@@ -225,6 +225,12 @@ class AgentCollector(Collector):
             "Units of the applied OSC the last check found unhealthy.",
             len(check.unhealthy),
         )
+        yield _gauge(
+            "node_agent_systemd_units_restart_looping",
+            "Units of the applied OSC in a Restart= crash loop (upstream's condition counts "
+            "them healthy; in it only with the operator's restartLoops strictness).",
+            len(check.looping),
+        )
 
     def health_checks(self, view: AgentView) -> Metrics:
         checks = view.health_checks

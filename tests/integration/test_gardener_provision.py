@@ -9,6 +9,7 @@ same run are printed by bench/provision.py).
 from __future__ import annotations
 
 import base64
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from tests.testbed.controlplane import ControlPlane
 from tests.testbed.csr_approver import CSRApprover
 from tests.testbed.gardener_gen import TESTED_RELEASES
 from tests.testbed.registry import Registry
+from tests.testbed.systemd_ns import IsolatedSystemd
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -30,6 +32,15 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 @pytest.fixture(scope="session")
 def agent_image(workdir: Path) -> AgentImage:
     return agent_image_layout(workdir / "image-dist")
+
+
+def agent_journal(node: IsolatedSystemd) -> list[str]:
+    """What the agent's processes wrote (stdout and stderr), one entry a line: journald's
+    ``_SYSTEMD_UNIT`` field, so systemd's own lines about the unit are not counted."""
+    out = node.run(
+        ["journalctl", "--no-pager", "-o", "cat", f"_SYSTEMD_UNIT={gp.AGENT_UNIT}"], check=False
+    ).stdout
+    return [line for line in out.splitlines() if line.strip()]
 
 
 @pytest.fixture
@@ -91,9 +102,29 @@ async def test_a_machine_comes_up_from_gardeners_generated_user_data_and_updates
         assert base64.b64decode(cluster["certificate-authority-data"]) == ca
     else:
         assert node.path(cluster["certificate-authority"]).read_bytes() == ca
+    # and the kubelet's bootstrap kubeconfig with it, once the Node exists (upstream's rule; the
+    # bed's stand-in kubelet never writes a kubeconfig of its own)
+    assert not node.path("/var/lib/kubelet/kubeconfig-bootstrap").exists()
     # the patch update: the new kubelet, restarted with the agent (its config changed), nothing
     # else; the Node's version label follows
     assert run.update_restarted == {gp.KUBELET, gp.AGENT_UNIT}
     assert run.labels[gp.VERSION_LABEL] == "1.33.1"
+    # in the same Node object as the update's checksum, as upstream writes both in one patch
+    assert run.label_with_update == "1.33.1"
     assert f"/v2/{gp.HYPERKUBE_REPOSITORY}/manifests/v1.33.1" in run.image_pulls
     assert csr_approver.errors == []
+    # The agent's journal, from the bootstrap to the update, is JSON and has no error: a first
+    # boot that logs "OSC partly applied" or a plain-text warning is not upstream's first boot.
+    lines = agent_journal(node)
+    assert lines
+    not_json, errors = [], []
+    for line in lines:
+        try:
+            event = json.loads(line)
+        except ValueError:
+            not_json.append(line)
+            continue
+        if event.get("level") in ("error", "critical"):
+            errors.append(line)
+    assert not_json == [], not_json
+    assert errors == [], errors

@@ -132,10 +132,11 @@ async def test_bad_update_is_rolled_back_quarantined_and_a_good_one_applies(
     assert state.active_state == "active", state
     assert state.n_restarts == restarts_then, state
 
-    # The Node never carried the bad checksum.
+    # Upstream's contract: the Node carried the bad checksum as soon as it was applied (as
+    # upstream reports it), and carries the good one again since the rollback.
     stop.set()
     await watcher
-    assert bad not in seen, seen
+    assert bad in seen, seen
     assert (await agent.node_annotations()).get(ANNOTATION) == good
 
     # The bad checksum is not retried: not on a full resync, not after an agent restart.
@@ -161,14 +162,19 @@ async def test_bad_update_is_rolled_back_quarantined_and_a_good_one_applies(
     assert update["result"] == "rolled-back", update
     assert "web.service" in update["restarted_units"], update
 
-    # A following good update is applied: web.service is restarted on it, stays healthy through
-    # the settle window, and only then does the Node say applied.
+    # A following good update is applied: web.service is restarted on it and the Node says
+    # applied at once, as upstream's would; the settle window runs after the report.
     published = time.monotonic()
     fixed = await agent.publish(osc("good 3\n", "3\n"))
     await agent.wait_applied(fixed, timeout=WINDOW + 60)
     took = time.monotonic() - published
     print(f"good update applied and reported after {took:.1f} s (settle window {WINDOW} s)")
-    assert took >= WINDOW - 1
+    assert took < WINDOW - 1
+    await wait_for(
+        lambda: agent.controller is not None and agent.controller.gate.view().watching is None,
+        WINDOW + 30,
+        "the settle window over",
+    )
     assert node.path(CONF).read_text() == "good 3\n"
     assert active(node, "web.service") == "active"
     assert [e.reason for e in await agent.events()].count("OSCRolledBack") == 1
@@ -214,3 +220,88 @@ async def test_agent_killed_during_the_settle_window_still_rolls_back(agent: OSC
     await wait_for(lambda: active(node, "web.service") == "active", 10, "web.service active")
     assert (await agent.node_annotations()).get(ANNOTATION) == good
     assert json.loads(gate_file.read_text())["phase"] == "quarantined"
+
+
+async def test_with_the_operators_strictness_a_bad_checksum_never_reaches_the_node(
+    agent: OSCAgent,
+) -> None:
+    """``reportAfterSettle``, in the file an OSC-mutating extension adds to the pool's OSC:
+    the checksum of an update that restarted running units comes only after its settle window,
+    so a rolled-back update is never seen on the Node."""
+    strict = inline_file(
+        "/var/lib/gardener-node-agent/node-agent-strict.yaml",
+        "apiVersion: node-agent.gardener.cloud/v1alpha1\nkind: Strictness\n"
+        "reportAfterSettle: true\n",
+    )
+
+    def strict_osc(conf: str, extra: str) -> dict[str, Any]:
+        doc = osc(conf, extra)
+        doc["spec"]["files"].append(strict)
+        return doc
+
+    good = await agent.publish(strict_osc("good 1\n", "1\n"))
+    await agent.wait_applied(good)
+    seen: set[str] = set()
+    stop = asyncio.Event()
+    watcher = asyncio.create_task(annotations_seen(agent, seen, stop))
+    bad = await agent.publish(strict_osc("bad\n", "2\n"))
+    await agent.wait_event("OSCRolledBack", "web.service", timeout=WINDOW + 60)
+    stop.set()
+    await watcher
+    assert bad not in seen, seen
+    assert (await agent.node_annotations()).get(ANNOTATION) == good
+
+    published = time.monotonic()
+    fixed = await agent.publish(strict_osc("good 3\n", "3\n"))
+    await agent.wait_applied(fixed, timeout=WINDOW + 60)
+    took = time.monotonic() - published
+    assert took >= WINDOW - 1, took
+
+
+FLAKY_CONF = "/etc/flaky/flaky.conf"
+#: the flaky unit's restart job fails this many times in a row before one works
+FLAKY_FAILURES = 4
+
+
+def flaky() -> dict[str, Any]:
+    """Starts while its config says ``good``; with ``flaky`` its start job fails (its
+    ExecStartPre exits 1) ``FLAKY_FAILURES`` times, then works: a restart that fails most of
+    the time. No ``Restart=``: only the agent's retries bring it back."""
+    pre = (
+        f"/bin/sh -c 'head -n1 {FLAKY_CONF} | grep -q ^good && exit 0; "
+        "n=$(cat /var/lib/flaky/n 2>/dev/null || echo 0); n=$((n+1)); "
+        f"mkdir -p /var/lib/flaky; echo $n > /var/lib/flaky/n; [ $n -gt {FLAKY_FAILURES} ]'"
+    )
+    return counted_service(
+        "flaky.service", "flaky", extra=f"ExecStartPre={pre}\n", filePaths=[FLAKY_CONF]
+    )
+
+
+async def test_a_flaky_restart_gets_the_osc_reported_once_a_retry_works(agent: OSCAgent) -> None:
+    """Upstream retries a failing restart with backoff until one works, then reports the OSC.
+    node-agent's restart guard spaces the retries out after 3 failures but never stops them,
+    and the health gate does not roll back an update it never reported: the OSC is reported
+    once the fifth restart job works."""
+    node = agent.node
+    good = await agent.publish(osc_document([inline_file(FLAKY_CONF, "good\n")], [flaky()]))
+    await agent.wait_applied(good)
+    assert active(node, "flaky.service") == "active"
+
+    published = time.monotonic()
+    update = await agent.publish(osc_document([inline_file(FLAKY_CONF, "flaky\n")], [flaky()]))
+    await agent.wait_applied(update, timeout=180)
+    took = time.monotonic() - published
+    jobs = int(node.path("/var/lib/flaky/n").read_text())
+    print(f"flaky update reported after {took:.1f} s, on restart job {jobs}")
+    assert jobs == FLAKY_FAILURES + 1
+    assert active(node, "flaky.service") == "active"
+    reasons = [e.reason for e in await agent.events()]
+    assert "OSCRolledBack" not in reasons
+    assert "UnitRestartsSuspended" in reasons  # the guard spaced the retries out, and said so
+    assert agent.controller is not None
+    await wait_for(
+        lambda: agent.controller is not None and agent.controller.gate.view().watching is None,
+        WINDOW + 30,
+        "the settle window over",
+    )
+    assert (await agent.node_annotations()).get(ANNOTATION) == update

@@ -7,9 +7,10 @@ its job is the ``SystemdUnitsReady`` condition's business. A ``Type=simple`` ser
 is missing is such a unit: systemd reports its restart job ``done`` at the fork, then the exec
 fails (203/EXEC) and ``Restart=always`` brings it back again and again.
 
-The restart-storm guard holds a unit whose start *jobs* keep failing (here a ``Type=exec``
-service, whose job fails when the exec does); it lets go once systemd's own ``Restart=`` brought
-the unit up, and the apply is then finished at once.
+The restart-storm guard spaces out the restarts of a unit whose start *jobs* keep failing (here a
+``Type=exec`` service, whose job fails when the exec does), or holds it with the operator's
+``holdFailingUnits``; it lets go once systemd's own ``Restart=`` brought the unit up, and the
+apply is then finished at once.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ ANNOTATION = "checksum/cloud-config-data"
 BINARY = "/opt/uf/bin/daemon"
 HEALTHY = "All systemd units from the operating system config are running as expected."
 DAEMON = "#!/bin/sh\nexec sleep infinity\n"
+STRICT_HEAD = "apiVersion: node-agent.gardener.cloud/v1alpha1\nkind: Strictness\n"
 
 
 def broken(name: str, kind: str) -> dict[str, Any]:
@@ -94,7 +96,27 @@ async def test_unit_failing_after_its_job_is_reported_by_the_condition_not_the_a
         doc = await status_json(node.root)
         assert doc["last_apply"]["result"] == "succeeded", doc["last_apply"]
 
-        # What the unit does after its job: the condition, a Warning Event, the status.
+        # What the unit does after its job, a Restart= crash loop: upstream's condition counts
+        # it healthy (and Gardener reads the condition), node-agent says it in a Warning Event
+        # and the status.
+        await wait_for(
+            lambda: warning_messages(admin_api, name, "bad.service"),
+            20,
+            "a Warning Event naming bad.service",
+        )
+        condition = await wait_condition(
+            admin_api, name, lambda c: c["status"] == "True", "SystemdUnitsReady as upstream's"
+        )
+        assert condition["reason"] == "AllUnitsHealthy", condition
+        doc = await status_json(node.root)
+        looping = doc["units_check"]["looping"]
+        assert any("bad.service: failed" in u for u in looping), doc["units_check"]
+        assert doc["units_check"]["unhealthy"] == [], doc["units_check"]
+        assert doc["health_gate"]["held_units"] == [], doc["health_gate"]
+
+        # The operator's restartLoops strictness puts the crash loop in the condition.
+        strict = host(node.root, "/var/lib/gardener-node-agent/node-agent-strict.yaml")
+        strict.write_text(STRICT_HEAD + "restartLoops: true\n")
         condition = await wait_condition(
             admin_api,
             name,
@@ -103,15 +125,6 @@ async def test_unit_failing_after_its_job_is_reported_by_the_condition_not_the_a
         )
         assert condition["reason"] == "UnhealthyUnits", condition
         assert "good.service" not in condition["message"], condition
-        await wait_for(
-            lambda: warning_messages(admin_api, name, "bad.service"),
-            20,
-            "a Warning Event naming bad.service",
-        )
-        doc = await status_json(node.root)
-        unhealthy = doc["units_check"]["unhealthy"]
-        assert any("bad.service" in u for u in unhealthy), doc["units_check"]
-        assert doc["health_gate"]["held_units"] == [], doc["health_gate"]
 
         # The cause is fixed on the host: systemd's Restart= brings the unit up by itself.
         install_binary(node)
@@ -134,23 +147,34 @@ async def test_unit_failing_after_its_job_is_reported_by_the_condition_not_the_a
         assert unit_props(node, "bad.service")["SubState"] == "running"
 
 
+@pytest.mark.parametrize("hold", [False, True], ids=["spaced", "held"])
 async def test_held_unit_is_released_when_it_comes_up_by_itself(
-    admin_api: ApiClient, make_prepared_agent: PreparedAgentFactory, node: IsolatedSystemd
+    admin_api: ApiClient,
+    make_prepared_agent: PreparedAgentFactory,
+    node: IsolatedSystemd,
+    hold: bool,
 ) -> None:
+    """By default the guard spaces the retries out (upstream retries for ever); with the
+    operator's holdFailingUnits it holds the unit until it comes up by itself."""
     prepared = await make_prepared_agent(node.root)
     name = prepared.name
     setup = prepared.setup.with_config(config_doc(prepared.setup.config_file))
+    if hold:
+        strict = host(node.root, "/var/lib/gardener-node-agent/node-agent-strict.yaml")
+        strict.write_text(STRICT_HEAD + "holdFailingUnits: true\n")
+    said = "not restarted again" if hold else "restarted again in 5s at the earliest"
 
     async with running_agent(setup, host_name=name, systemd=node):
         good = counted_service("good.service", "g-1")
         checksum = await publish_osc(
             admin_api, prepared.osc_secret, osc_document([], [good, broken("exec.service", "exec")])
         )
-        # Its start job fails (Type=exec): a failed item, retried until the guard holds it.
+        # Its start job fails (Type=exec): a failed item, retried until the guard spaces the
+        # retries out (or holds it).
         await wait_for(
-            lambda: warning_messages(admin_api, name, "exec.service", "not restarted again"),
+            lambda: warning_messages(admin_api, name, "exec.service", said),
             60,
-            "the restart-storm guard holding exec.service",
+            "the restart-storm guard on exec.service",
         )
         assert (await node_annotations(admin_api, name)).get(ANNOTATION) != checksum
         assert unit_props(node, "good.service")["ActiveState"] == "active"

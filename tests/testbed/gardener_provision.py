@@ -21,6 +21,7 @@ test_gardener_provision.py`` asserts the behaviour.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import time
 from collections.abc import Callable
@@ -28,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
+from kubernetes_asyncio import client
 from kubernetes_asyncio.client import ApiClient
 
 from tests.testbed import gardener_osc as g
@@ -70,6 +72,7 @@ VERSIONS = ("1.33.0", "1.33.1")
 #: starts are that loop's, not the agent's
 LOOPING = ("sshd-ensurer.service",)
 VERSION_LABEL = "worker.gardener.cloud/kubernetes-version"
+CHECKSUM = "checksum/cloud-config-data"
 
 
 def mcm_machine_name() -> str:
@@ -191,10 +194,28 @@ class ProvisionRun:
     agent_pids: tuple[int, int] = (0, 0)
     labels: dict[str, str] = field(default_factory=dict)
     image_pulls: list[str] = field(default_factory=list)
+    #: the version label of the first Node version seen with the update's checksum (upstream
+    #: writes both in one patch: never the new checksum with the old version)
+    label_with_update: str | None = None
 
 
 def _main_pid(node: IsolatedSystemd) -> int:
     return int(show(node, AGENT_UNIT).get("MainPID") or 0)
+
+
+async def _applied_label(
+    admin: ApiClient, machine: str, checksum: str, timeout: float
+) -> str | None:
+    """Until the Node carries ``checksum``; the version label of that same Node object (read
+    every 50 ms, so a label written a few hundred ms after the checksum is caught)."""
+    core = client.CoreV1Api(admin)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        node = await core.read_node(machine)
+        if (node.metadata.annotations or {}).get(CHECKSUM) == checksum:
+            return (node.metadata.labels or {}).get(VERSION_LABEL)
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"node annotation checksum {checksum[:12]} not seen in {timeout:.0f} s")
 
 
 async def _label(admin: ApiClient, machine: str, version: str) -> bool:
@@ -265,15 +286,20 @@ async def provision_from_user_data(
     before = g.unit_marks(node, units)
     clock = time.monotonic()
     checksum2 = await publish_osc(admin, update.secret_name, ports.osc_yaml(update))
-    await wait_applied(admin, machine, checksum2, timeout=180)
+    run.label_with_update = await _applied_label(admin, machine, checksum2, 180)
     run.timings["update published -> applied"] = time.monotonic() - clock
     tick("update applied")
-    # The agent restarts last, on its new config; that process labels the Node's new version.
+    # The version label comes with the checksum (the version of the config the update wrote).
     await wait_for(
         lambda: _label(admin, machine, VERSIONS[1]), 60, "the version label of the update"
     )
     run.timings["update published -> version label"] = time.monotonic() - clock
-    await wait_for(lambda: _main_pid(node) > 0, 60, "the agent running after the update")
+    # The agent restarts last, on its new config (upstream's before it reports, ours after).
+    before_update = run.agent_pids[1]
+    await wait_for(
+        lambda: _main_pid(node) not in (0, before_update), 60, "the agent restarted on the update"
+    )
+    run.timings["update published -> agent restarted"] = time.monotonic() - clock
     run.update_restarted = g.started_again(before, g.unit_marks(node, units))
     run.labels = await node_labels(admin, machine)
     run.checksums = (checksum, checksum2)

@@ -7,6 +7,7 @@ import hashlib
 import re
 import subprocess
 import sys
+import warnings
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -263,3 +264,17 @@ def test_a_certificate_not_as_asked_is_refused_naming_the_request(case: str, exp
     with pytest.raises(CertificateError, match=re.escape(expected)) as raised:
         certificates.verify_issued(req, pem)
     assert f"CertificateSigningRequest {req.name}" in str(raised.value)
+
+
+@pytest.mark.filterwarnings("error")
+def test_a_machine_controller_manager_length_certificate_is_checked_without_a_warning() -> None:
+    """Python's warnings go to stderr as plain text, into a journal that is otherwise JSON:
+    reading a CN over 64 characters (every MCM machine) must not warn, from the request to
+    the checks of the certificate it comes back with."""
+    req = certificates.make_request("shoot--testproj--testshoot-worker-z1-7d9f8b6c5-q4x2z")
+    with warnings.catch_warnings():  # the signer's side (the test's) may warn
+        warnings.simplefilter("ignore")
+        pem = _issue_with(req, usages=[ExtendedKeyUsageOID.CLIENT_AUTH])
+    info = certificates.verify_issued(req, pem)
+    assert info.subject.startswith(f"CN={req.common_name},")
+    assert certificates.certificate_info(pem).subject == info.subject

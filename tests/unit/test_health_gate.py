@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from node_agent.apply.executor import ApplyReport
-from node_agent.apply.restart_guard import RestartGuard
+from node_agent.apply.restart_guard import SPACING_BASE, SPACING_CAP, RestartGuard
 from node_agent.base.layout import HEALTH_GATE, HEALTH_GATE_PREVIOUS
 from node_agent.config import HealthGateConfig
 from node_agent.controllers.osc.breakage import (
@@ -218,9 +218,41 @@ async def test_record_survives_a_restart_and_the_quarantine_drops_the_secrets(
 # -- the restart-storm guard ---------------------------------------------------------------------
 
 
-def test_guard_holds_after_max_failed_restarts_within_the_window() -> None:
+def test_guard_spaces_retries_out_and_never_stops_them_by_default() -> None:
+    """Upstream retries a failing restart for ever with backoff, and Gardener reads the
+    checksum once a retry worked: the guard only spaces the retries, doubling the pause."""
     now = [0.0]
-    guard = RestartGuard(max_restarts=3, window=60.0, clock=lambda: now[0])
+    guard = RestartGuard(max_restarts=3, window=600.0, clock=lambda: now[0])
+    guard.osc("c1")
+    for _ in range(2):
+        assert guard.record("x.service", ok=False) is None
+        assert guard.allows("x.service")
+    spaced = guard.record("x.service", ok=False, error="restart x.service: failed")
+    assert spaced is not None
+    assert spaced.spaced
+    assert spaced.cooldown == SPACING_BASE
+    assert "restarted again in 5s at the earliest" in spaced.describe()
+    assert not guard.allows("x.service")
+    assert guard.wait("x.service") == SPACING_BASE
+    now[0] = SPACING_BASE
+    assert guard.allows("x.service")  # the cooldown is over: tried again
+    assert guard.record("x.service", ok=False) is None  # still spaced, twice as long
+    assert guard.wait("x.service") == 2 * SPACING_BASE
+    now[0] += 2 * SPACING_BASE
+    assert guard.allows("x.service")
+    for _ in range(20):
+        now[0] += guard.wait("x.service")
+        guard.record("x.service", ok=False)
+    assert guard.wait("x.service") == SPACING_CAP  # never longer, never for good
+    now[0] += SPACING_CAP
+    assert guard.allows("x.service")
+    assert guard.record("x.service", ok=True) is None  # a restart that works ends it
+    assert guard.view() == ()
+
+
+def test_guard_holds_after_max_failed_restarts_within_the_window_when_strict() -> None:
+    now = [0.0]
+    guard = RestartGuard(max_restarts=3, window=60.0, clock=lambda: now[0], hold=lambda: True)
     guard.osc("c1")
     assert guard.record("x.service", ok=False) is None
     now[0] = 30.0
@@ -242,7 +274,7 @@ def test_guard_holds_after_max_failed_restarts_within_the_window() -> None:
 
 
 def test_a_unit_that_came_up_by_itself_is_released() -> None:
-    guard = RestartGuard(max_restarts=2, window=600.0, clock=lambda: 1.0)
+    guard = RestartGuard(max_restarts=2, window=600.0, clock=lambda: 1.0, hold=lambda: True)
     guard.osc("c1")
     guard.record("x.service", ok=False)
     assert guard.record("x.service", ok=False) is not None
@@ -290,7 +322,7 @@ def test_guard_never_holds_a_unit_before_max_failures_in_the_window(
 
 def test_a_held_unit_is_reported_degraded_in_the_condition_message() -> None:
     now = [0.0]
-    guard = RestartGuard(max_restarts=2, window=600.0, clock=lambda: now[0])
+    guard = RestartGuard(max_restarts=2, window=600.0, clock=lambda: now[0], hold=lambda: True)
     guard.record("x.service", ok=False)
     guard.record("x.service", ok=False)
     held = {h.unit: h.reason() for h in guard.view()}

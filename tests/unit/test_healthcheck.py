@@ -115,6 +115,7 @@ class Bed:
         health: dict[str, Any] | None = None,
         failing: Sequence[str] = (),
         guard_limit: int | None = None,
+        guard_hold: bool = False,
     ) -> None:
         self.kube = FakeKube()
         self.systemd = InvocationSystemd(
@@ -136,7 +137,12 @@ class Bed:
         self.source = Source(*units)
         self.applying = False
         self.guard = (
-            RestartGuard(max_restarts=guard_limit, window=600.0, clock=self.clock)
+            RestartGuard(
+                max_restarts=guard_limit,
+                window=600.0,
+                clock=self.clock,
+                hold=lambda: guard_hold,
+            )
             if guard_limit is not None
             else None
         )
@@ -272,10 +278,27 @@ async def test_a_unit_that_stays_unhealthy_is_restarted_every_period_not_every_c
     assert view.failing_since.timestamp() == 1_800_000_000.0 + 1000.0
 
 
-async def test_restarts_that_do_not_heal_are_limited_by_the_restart_storm_guard(
+async def test_restarts_that_do_not_heal_are_spaced_out_not_stopped_by_default(
     tmp_path: Path,
 ) -> None:
     bed = Bed(tmp_path, kubelet_unit(), containerd_unit(), guard_limit=2)
+    bed.containerd.error = "no answer"
+    for second in range(0, 620, 20):
+        await bed.at(second)
+    suspended = [m for _, reason, m in bed.events() if reason == "UnitRestartsSuspended"]
+    assert len(suspended) == 1, bed.events()
+    assert "restarted again in 5s at the earliest" in suspended[0]
+    assert len(bed.restarts()) > 2  # still restarted, with growing pauses
+    bed.containerd.error = None
+    await bed.at(700)
+    await bed.at(720)
+    assert bed.guard is not None
+
+
+async def test_restarts_that_do_not_heal_are_held_with_the_operators_strictness(
+    tmp_path: Path,
+) -> None:
+    bed = Bed(tmp_path, kubelet_unit(), containerd_unit(), guard_limit=2, guard_hold=True)
     bed.containerd.error = "no answer"
     for second in range(0, 320, 20):
         await bed.at(second)

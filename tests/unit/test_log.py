@@ -80,3 +80,27 @@ def test_standard_library_loggers_are_json_and_redacted(monkeypatch: pytest.Monk
     assert event["level"] == "warning"
     assert event["logger"] == "node_agent.kube.watch"
     assert "eyJ" not in event["event"]
+
+
+def test_python_warnings_are_json_lines_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A library's UserWarning would be plain text on stderr, in a journal that is otherwise
+    JSON: it goes through the same handler."""
+    import logging
+    import warnings
+
+    stream = io.StringIO()
+    monkeypatch.delenv("JOURNAL_STREAM", raising=False)
+    logging.captureWarnings(False)  # an earlier configure() in this process took it over
+    with warnings.catch_warnings():
+        try:
+            log.configure("info", "json", stream=stream)
+            warnings.simplefilter("always")
+            warnings.warn("Attribute's length must be >= 1 and <= 64", UserWarning, stacklevel=1)
+        finally:
+            logging.captureWarnings(False)
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == 1
+    event = json.loads(lines[0])
+    assert event["level"] == "warning"
+    assert event["logger"] == "py.warnings"
+    assert "Attribute's length" in event["event"]

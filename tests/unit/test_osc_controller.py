@@ -21,7 +21,12 @@ import yaml
 from node_agent.agent import after_first_reconcile, build_applier
 from node_agent.apply.applier import Applier, Planned
 from node_agent.base.errors import ApplyError, HostIOError, SystemdCallError
-from node_agent.base.layout import HEALTH_GATE_PREVIOUS, unit_path
+from node_agent.base.layout import (
+    BOOTSTRAP_TOKEN_FILE,
+    HEALTH_GATE_PREVIOUS,
+    KUBELET_BOOTSTRAP_KUBECONFIG,
+    unit_path,
+)
 from node_agent.base.loop import DONE, RETRY, SKIPPED
 from node_agent.context import AgentContext
 from node_agent.controllers.osc import controller as controller_module
@@ -30,7 +35,11 @@ from node_agent.controllers.osc.controller import OSCController
 from node_agent.host.fs import Removed
 from node_agent.host.history import HistoryEntry
 from node_agent.kube import report
-from node_agent.kube.report import ANNOTATION_APPLIED_CHECKSUM, ANNOTATION_SECRET_CHECKSUM
+from node_agent.kube.report import (
+    ANNOTATION_APPLIED_CHECKSUM,
+    ANNOTATION_SECRET_CHECKSUM,
+    LABEL_KUBERNETES_VERSION,
+)
 from node_agent.osc.decode import decode_osc
 from node_agent.osc.models import OperatingSystemConfig
 from node_agent.systemd import UnitFileChange, UnitState
@@ -567,3 +576,155 @@ async def test_a_rollback_without_its_kept_osc_says_so_and_leaves_the_update(
     assert checksum_of(one)[:12] in message
     assert await ctl.gate.record() is None
     assert (tmp_path / "etc/test/a.conf").read_text() == "one\n"  # nothing applied
+
+
+async def _reported_while_watching(tmp_path: Path, *, strict: bool) -> tuple[bool, str | None]:
+    """Publish an update that restarts a running unit under a 1 s settle window: whether the
+    Node carried its checksum while the gate still watched, and the checksum at the end."""
+    ctl, _ctx, kube, _ = controller(tmp_path, gate={"enabled": True, "settleWindow": "1s"})
+    if strict:
+        path = tmp_path / "var/lib/gardener-node-agent/node-agent-strict.yaml"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(
+            "apiVersion: node-agent.gardener.cloud/v1alpha1\nkind: Strictness\n"
+            "reportAfterSettle: true\n"
+        )
+    await ctl.reconcile(secret(osc_bytes("one\n")))
+    two = osc_bytes("two\n")
+    task = asyncio.create_task(ctl.reconcile(secret(two)))
+    seen_while_watching = False
+    while not task.done() or ctl.applying:
+        if ctl.gate.view().watching is not None:
+            seen_while_watching |= await applied_annotation(kube) == checksum_of(two)
+        await asyncio.sleep(0.01)
+    assert await task is not None
+    await ctl.settled()
+    return seen_while_watching, await applied_annotation(kube)
+
+
+async def test_a_newer_update_is_not_held_up_by_the_settle_window(tmp_path: Path) -> None:
+    """Upstream applies the next update at once: the settle window of a reported update is
+    watched beside the reconcile loop, and a newer Secret ends it early."""
+    ctl, _ctx, kube, _ = controller(tmp_path, gate={"enabled": True, "settleWindow": "30s"})
+    await ctl.reconcile(secret(osc_bytes("one\n")))
+    await ctl.reconcile(secret(osc_bytes("two\n")))
+    assert ctl.gate.view().watching == checksum_of(osc_bytes("two\n"))
+    three = osc_bytes("three\n")
+    async with asyncio.timeout(5):
+        await ctl.reconcile(secret(three))
+    assert await applied_annotation(kube) == checksum_of(three)
+    assert ctl.gate.view().watching == checksum_of(three)
+    await ctl._stop_settling()
+
+
+async def test_an_update_is_reported_before_its_settle_window_as_upstream_does(
+    tmp_path: Path,
+) -> None:
+    """Upstream's contract: Gardener sees the checksum when the apply is done; the health
+    gate watches after that (and would put the old checksum back with a rollback)."""
+    seen, end = await _reported_while_watching(tmp_path, strict=False)
+    assert seen
+    assert end == checksum_of(osc_bytes("two\n"))
+
+
+async def test_with_report_after_settle_the_checksum_waits_for_the_window(
+    tmp_path: Path,
+) -> None:
+    seen, end = await _reported_while_watching(tmp_path, strict=True)
+    assert not seen
+    assert end == checksum_of(osc_bytes("two\n"))
+
+
+def kubernetes_update(version: str) -> bytes:
+    """An OSC that writes the agent's config (with ``version``) and restarts the agent's
+    unit on it, as a Kubernetes update of Gardener's does."""
+    config = (
+        "apiVersion: nodeagent.config.gardener.cloud/v1alpha1\nkind: NodeAgentConfiguration\n"
+        f"controllers:\n  operatingSystemConfig:\n    secretName: {SECRET}\n"
+        f"    kubernetesVersion: {version}\n"
+    )
+    doc = yaml.safe_load(osc_bytes("one\n"))
+    doc["spec"]["files"].append(
+        {"path": "/var/lib/gardener-node-agent/config.yaml", "permissions": 0o600,
+         "content": {"inline": {"data": config}}}
+    )  # fmt: skip
+    doc["spec"]["units"].append(
+        {"name": "gardener-node-agent.service", "enable": True,
+         "content": "[Service]\nExecStart=/opt/bin/gardener-node-agent\n",
+         "filePaths": ["/var/lib/gardener-node-agent/config.yaml"]}
+    )  # fmt: skip
+    return yaml.safe_dump(doc).encode()
+
+
+async def test_the_checksum_comes_with_the_version_of_the_config_the_update_wrote(
+    tmp_path: Path,
+) -> None:
+    """Upstream restarts on the new config before it reports a Kubernetes update, so the
+    Node never carries the new checksum with the old version label: ours reports before its
+    own restart, in one patch with the version of the config it just wrote."""
+    calls: list[Call] = []
+    ctl, _, kube, _ = controller(tmp_path, calls)
+    await ctl.reconcile(secret(kubernetes_update("1.33.4")))
+    update = kubernetes_update("1.34.1")
+    await ctl.reconcile(secret(update))
+    patches = [p for _, name, p in kube.writes("patch_node") if name == "n1"]
+    with_checksum = [
+        p for p in patches
+        if (p["metadata"].get("annotations") or {}).get(ANNOTATION_APPLIED_CHECKSUM)
+        == checksum_of(update)
+    ]  # fmt: skip
+    assert len(with_checksum) == 1
+    assert with_checksum[0]["metadata"]["labels"][LABEL_KUBERNETES_VERSION] == "1.34.1"
+    restart = ("restart", "gardener-node-agent.service")
+    assert restart in calls
+
+
+async def test_the_kubelets_bootstrap_kubeconfig_goes_once_the_node_exists(
+    tmp_path: Path,
+) -> None:
+    """Upstream's rule: the first apply reported on an existing Node deletes the bootstrap
+    token and the kubelet's bootstrap kubeconfig, whether or not the kubelet wrote its own
+    kubeconfig yet (a registered Node means it used the bootstrap one)."""
+    ctl, ctx, _, _ = controller(tmp_path)
+    fs = ctx.fs
+    fs.write_atomic(ctx.config.client_connection.kubeconfig, b"kind: Config\n", 0o600)
+    fs.write_atomic(BOOTSTRAP_TOKEN_FILE, b"abcdef.0123456789abcdef\n", 0o600)
+    fs.write_atomic(KUBELET_BOOTSTRAP_KUBECONFIG, b"kind: Config\n", 0o600)
+    await ctl.reconcile(secret(osc_bytes("one\n")))
+    assert fs.lstat(BOOTSTRAP_TOKEN_FILE) is None
+    assert fs.lstat(KUBELET_BOOTSTRAP_KUBECONFIG) is None
+
+
+async def test_a_bootstrap_kubeconfig_for_a_ca_rotation_waits_for_the_kubelet(
+    tmp_path: Path,
+) -> None:
+    ctl, ctx, _, _ = controller(tmp_path)
+    fs = ctx.fs
+    fs.write_atomic(ctx.config.client_connection.kubeconfig, b"kind: Config\n", 0o600)
+    fs.write_atomic(KUBELET_BOOTSTRAP_KUBECONFIG, b"kind: Config\n", 0o600)
+    ctl.inplace.kubelet_rebootstrapping = True  # written for a re-bootstrap, not yet used
+    await ctl.reconcile(secret(osc_bytes("one\n")))
+    assert fs.lstat(KUBELET_BOOTSTRAP_KUBECONFIG) is not None
+
+
+async def test_the_apply_waits_for_the_token_files_bounded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A first boot: the token controller's first round comes before the OSC's units start
+    (they may read the tokens), as upstream's order has it; a Secret that never comes holds
+    the apply only ``TOKENS_WAIT`` seconds."""
+    from node_agent.controllers.osc import controller as osc_controller
+
+    ctl, ctx, _kube, _ = controller(tmp_path)
+    ctx.tokens_synced.clear()
+    task = asyncio.create_task(ctl.reconcile(secret(osc_bytes("one\n"))))
+    await asyncio.sleep(0.3)
+    assert not task.done()
+    assert not (tmp_path / "etc/test/a.conf").exists()
+    ctx.tokens_synced.set()
+    async with asyncio.timeout(5):
+        assert await task is not None
+    monkeypatch.setattr(osc_controller, "TOKENS_WAIT", 0.2)
+    ctx.tokens_synced.clear()
+    async with asyncio.timeout(5):
+        assert await ctl.reconcile(secret(osc_bytes("two\n"))) is not None

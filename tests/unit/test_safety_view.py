@@ -33,7 +33,13 @@ class Fixed:
 
 
 def _gate(tmp_path: Path) -> HealthGate:
-    gate = HealthGate(FakeSystemd(), make_ctx(tmp_path).state, HealthGateConfig(), agent_unit="a")
+    gate = HealthGate(
+        FakeSystemd(),
+        make_ctx(tmp_path).state,
+        HealthGateConfig(),
+        agent_unit="a",
+        strict=lambda: ("holdFailingUnits",),
+    )
     gate.rollbacks = 1
     gate.last_rollback = Rollback("b" * 64, "a" * 64, "web.service", "failed after the apply", NOW)
     return gate
@@ -41,7 +47,7 @@ def _gate(tmp_path: Path) -> HealthGate:
 
 def test_health_sections_in_the_document_the_text_and_the_metrics(tmp_path: Path) -> None:
     ctx = make_ctx(tmp_path)
-    guard = RestartGuard(max_restarts=1, window=600.0)
+    guard = RestartGuard(max_restarts=1, window=600.0, hold=lambda: True)
     guard.record("x.service", ok=False, error="restart x.service: failed")
     sources = ctx.sources
     sources.unitcheck = Fixed(  # type: ignore[assignment]
@@ -94,6 +100,8 @@ def test_health_sections_in_the_document_the_text_and_the_metrics(tmp_path: Path
     assert "Health gate" in text
     assert "web.service: failed after the apply" in text
     assert "Held unit:    x.service" in text
+    assert "holdFailingUnits (node-agent-strict.yaml)" in text  # the operator's strictness
+    assert gate["strict"] == ["holdFailingUnits"]
 
     samples = _samples(AgentMetrics(read(ctx)).render())
     assert samples["node_agent_systemd_units_ready"] == 0

@@ -242,3 +242,34 @@ async def test_without_inotify_the_file_is_polled(
         await _until(lambda: sync.stats.rewrites_after_delete == 1, "rewrite by the poll")
     finally:
         task.cancel()
+
+
+async def test_the_first_round_is_done_before_the_osc_may_apply(tmp_path: Path) -> None:
+    """The OSC's units read the token files (a collector's access token): the controller
+    syncs every entry once, then says so (``tokens_synced``), before it watches."""
+    from node_agent.controllers.token import TokenController
+
+    kube = FakeKube()
+    _secrets(kube).put(_secret(b"tok-1"))
+    ctx: AgentContext = make_ctx(
+        tmp_path,
+        config={
+            "controllers": {
+                "operatingSystemConfig": {"secretName": "osc"},
+                "token": {"syncConfigs": [{"secretName": "tok", "path": "/var/lib/x/token"}]},
+            }
+        },
+        kube=kube,
+        node_name=None,
+        node_uid=None,
+    )
+    controller = TokenController(ctx)
+    assert not ctx.tokens_synced.is_set()
+    task = asyncio.create_task(controller.run())
+    try:
+        async with asyncio.timeout(5):
+            await ctx.tokens_synced.wait()
+        assert (tmp_path / "var/lib/x/token").read_bytes() == b"tok-1"
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)

@@ -69,9 +69,11 @@ def state(
     )
 
 
-def run(u: ExpectedUnit | str, s: UnitState) -> tuple[tuple[str, ...], tuple[str, ...]]:
+def run(
+    u: ExpectedUnit | str, s: UnitState, *, restart_loops: bool = False
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
     unit = ExpectedUnit(u, "running") if isinstance(u, str) else u
-    verdict = check_units([unit], {unit.name: s}, NOW, STUCK)
+    verdict = check_units([unit], {unit.name: s}, NOW, STUCK, restart_loops=restart_loops)
     return verdict.unhealthy, verdict.progressing
 
 
@@ -111,22 +113,39 @@ def test_auto_restart_is_normal_operation() -> None:
     assert run("a.service", s) == ((), ())
 
 
-def test_auto_restart_after_failed_runs_is_unhealthy() -> None:
-    """A start job that was done, then a run that failed, again and again (a Type=simple
-    service whose binary is missing): a crash loop, not normal operation."""
+def _loop(result: str, restarts: int) -> UnitState:
+    return state("a.service", "activating", "auto-restart", result=result, n_restarts=restarts)
 
-    def loop(result: str, restarts: int) -> UnitState:
-        return state("a.service", "activating", "auto-restart", result=result, n_restarts=restarts)
 
-    assert run("a.service", loop("exit-code", 3)) == (
+def test_auto_restart_after_failed_runs_is_healthy_by_default() -> None:
+    """Upstream's verdict, which Gardener's shoot care reads: a service in a Restart= loop is
+    healthy in the condition. The crash loop is node-agent's own diagnosis, beside it."""
+    verdict = check_units(
+        [ExpectedUnit("a.service", "running")], {"a.service": _loop("exit-code", 3)}, NOW, STUCK
+    )
+    assert verdict.unhealthy == ()
+    assert verdict.condition.status == "True"
+    assert verdict.condition.reason == report.REASON_UNITS_HEALTHY
+    assert verdict.looping == ("a.service: failed (exit-code), restarting",)
+
+
+def test_auto_restart_after_failed_runs_is_unhealthy_when_strict() -> None:
+    """With the operator's ``restartLoops``: a start job that was done, then a run that failed,
+    again and again (a Type=simple service whose binary is missing) is a crash loop."""
+
+    def strict(u: ExpectedUnit | str, s: UnitState) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        return run(u, s, restart_loops=True)
+
+    assert strict("a.service", _loop("exit-code", 3)) == (
         ("a.service: failed (exit-code), restarting",),
         (),
     )
-    assert run("a.service", loop("signal", 1))[0] == ("a.service: failed (signal), restarting",)
-    assert run("a.service", loop("exit-code", 0)) == ((), ())  # failed once: its first restart
-    assert run("a.service", loop("success", 7)) == ((), ())  # exits 0 and is restarted: normal
-    assert run(ExpectedUnit("a.service", "stopped", "stopped"), loop("exit-code", 3)) == ((), ())
-    assert run(ExpectedUnit("a.service", "observed"), loop("exit-code", 3)) == ((), ())
+    assert strict("a.service", _loop("signal", 1))[0] == ("a.service: failed (signal), restarting",)
+    assert strict("a.service", _loop("exit-code", 0)) == ((), ())  # failed once: first restart
+    assert strict("a.service", _loop("success", 7)) == ((), ())  # exits 0, restarted: normal
+    stopped = ExpectedUnit("a.service", "stopped", "stopped")
+    assert strict(stopped, _loop("exit-code", 3)) == ((), ())
+    assert strict(ExpectedUnit("a.service", "observed"), _loop("exit-code", 3)) == ((), ())
 
 
 def test_came_up_means_running_for_a_while_since_it_was_held() -> None:
@@ -683,3 +702,35 @@ async def test_only_units_not_running_as_expected_are_read_in_full(tmp_path: Pat
     assert _ours(kube)["message"] == (
         "off.service: active but should be disabled; u3.service: failed"
     )
+
+
+def _looping(c: UnitCheckController, systemd: FakeSystemd) -> None:
+    systemd.units["a.service"] = ("activating", "auto-restart")
+    systemd.props["a.service"] = {"result": "exit-code", "n_restarts": 4}
+
+
+async def test_restart_loop_keeps_upstreams_condition_but_warns(tmp_path: Path) -> None:
+    """By default the condition Gardener reads is upstream's (healthy); the crash loop is a
+    Warning Event and in the check's view."""
+    c, kube, systemd, *_ = _controller(tmp_path, {"a.service": ACTIVE}, APPLIED, _node())
+    _looping(c, systemd)
+    view = await c.check_once()
+    assert _ours(kube)["status"] == "True"
+    assert _ours(kube)["reason"] == report.REASON_UNITS_HEALTHY
+    assert view.looping == ("a.service: failed (exit-code), restarting",)
+    assert _warnings(kube) == ["a.service: failed (exit-code), restarting"]
+
+
+async def test_restart_loop_in_the_condition_with_the_operators_strictness(
+    tmp_path: Path,
+) -> None:
+    c, kube, systemd, *_ = _controller(tmp_path, {"a.service": ACTIVE}, APPLIED, _node())
+    strict = tmp_path / "var/lib/gardener-node-agent/node-agent-strict.yaml"
+    strict.parent.mkdir(parents=True, exist_ok=True)
+    strict.write_text(
+        "apiVersion: node-agent.gardener.cloud/v1alpha1\nkind: Strictness\nrestartLoops: true\n"
+    )
+    _looping(c, systemd)
+    await c.check_once()
+    assert _ours(kube)["status"] == "False"
+    assert _ours(kube)["message"] == "a.service: failed (exit-code), restarting"

@@ -23,14 +23,18 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+import yaml
+
 from node_agent.apply.applier import Applier, Outcome, Planned
 from node_agent.apply.executor import ApplyReport
 from node_agent.base import retry
 from node_agent.base.by_change import Base64ByChange
+from node_agent.base.configfile import config_version_key, find_config, read_config_file
 from node_agent.base.digest import sha256_hex
 from node_agent.base.durations import parse_duration
 from node_agent.base.errors import (
     ApplyError,
+    ConfigError,
     InPlaceUpdateError,
     KubeError,
     KubeInvalid,
@@ -64,6 +68,8 @@ if TYPE_CHECKING:
     from node_agent.kube.seam import KubeSeam
 
 DATA_KEY = "osc.yaml"
+#: at most this long (seconds) an apply waits for the token controller's first round
+TOKENS_WAIT = 10.0
 log = get_logger("node-agent.osc")
 
 JSON = dict[str, Any]
@@ -218,8 +224,12 @@ class OSCController:
             ctx.state,
             ctx.config.node_agent.health_gate,
             agent_unit=ctx.settings.agent_unit,
+            strict=lambda: ctx.strictness().names(),
         )
         self._quarantine_logged: str | None = None
+        #: the settle window of a reported update, watched beside the reconcile loop
+        self._settling: asyncio.Task[None] | None = None
+        self._settling_for: str | None = None
         #: serial mode and the paced rollout of the pool (the Lease <secretName>)
         self.rollout = Rollout(ctx, self._wake.set)
         #: the in-place parts of an update (OS, kubelet, credentials) and the drain gate
@@ -236,7 +246,8 @@ class OSCController:
     def applying(self) -> bool:
         """Whether the controller is changing the host now (an apply, a rollback, a drift
         repair, or the settle window after an update): the health checks hold their restarts."""
-        return self._applying > 0
+        settling = self._settling is not None and not self._settling.done()
+        return self._applying > 0 or settling
 
     @property
     def latest_secret(self) -> JSON | None:
@@ -244,9 +255,36 @@ class OSCController:
         return self._latest
 
     async def run(self) -> None:
-        async with asyncio.TaskGroup() as tasks:
-            tasks.create_task(self._watch(), name="osc-watch")
-            tasks.create_task(self._reconcile_loop(), name="osc-reconcile")
+        try:
+            async with asyncio.TaskGroup() as tasks:
+                tasks.create_task(self._watch(), name="osc-watch")
+                tasks.create_task(self._reconcile_loop(), name="osc-reconcile")
+        finally:
+            await self._stop_settling()
+
+    async def settled(self) -> None:
+        """Until the settle window of the last reported update is over (and its rollback,
+        if it broke a unit, done)."""
+        task = self._settling
+        if task is not None:
+            await asyncio.gather(task, return_exceptions=True)
+
+    async def _stop_settling(self, checksum: str | None = None) -> bool:
+        """The settle window watched after a report, for another OSC than ``checksum``:
+        stopped (a newer update goes on at once, as upstream's would; it is gated on its own).
+        True when a window for ``checksum`` itself is still running."""
+        task = self._settling
+        if task is None or task.done():
+            self._settling = None
+            return False
+        if checksum is not None and self._settling_for == checksum:
+            return True
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        self._settling = None
+        if checksum is not None:
+            log.info("settle window ended early: a newer OSC", checksum=self._settling_for)
+        return False
 
     async def _watch(self) -> None:
         name = self.ctx.secret_name
@@ -443,6 +481,8 @@ class OSCController:
         desired = self._read(secret)
         if desired is None:
             return None  # already reported; wait for the Secret to change
+        if await self._stop_settling(desired.checksum):
+            return None  # reported; its settle window is still being watched
         if await self._gate_decides(desired.checksum):
             return None  # quarantined, or rolled back just now
         applied = await self.ctx.state.applied_checksum_async()
@@ -580,6 +620,7 @@ class OSCController:
         # The Node may have been registered since the last lookup (every 10 s): look once
         # more, so that this apply's Events are recorded on it.
         await self.ctx.look_up_node()
+        await self._tokens_synced()
         log.info("applying OSC", checksum=update.checksum, first=update.first_apply)
         started = report.now()
         try:
@@ -587,10 +628,25 @@ class OSCController:
                 update.raw, update.osc, update.checksum, update.resolved, update.plan.planned
             )
         except ApplyError as exc:
-            # A partly failed update may have broken a running unit too (its restart failed).
             partial = exc.report if isinstance(exc.report, ApplyReport) else None
-            if await self._settle(update, gate, permit, started, partial, None, str(exc)):
-                return None
+            if self._report_after_settle():
+                # A partly failed update may have broken a running unit too (its restart
+                # failed): with the operator's strictness the gate decides at once.
+                if await self._settle(update, gate, permit, started, partial, None, str(exc)):
+                    return None
+            else:
+                # Upstream's contract: a failed restart is retried (with backoff) until it
+                # works, and only then is the OSC reported. The gate's record stays, so the
+                # retry that completes the update is watched under it.
+                await self._history(
+                    update.trigger,
+                    update.applied,
+                    update.checksum,
+                    started,
+                    partial,
+                    None,
+                    str(exc),
+                )
             await self.rollout.failed(permit, str(exc))
             raise
         return Attempt(outcome=outcome, gate=gate, started=started, in_place=in_place)
@@ -607,8 +663,11 @@ class OSCController:
         for _unit, result in sorted(outcome.report.results.items()):
             reason = report.REASON_UNIT_COMMAND.get(result.action, "SystemDUnitRestart")
             await self.ctx.event(reason, result.describe(), warning=not result.ok)
+        gate = attempt.gate
+        if gate is not None and not self._report_after_settle():
+            return await self._report_then_watch(update, attempt, permit, gate)
         rolled_back = await self._settle(
-            update, attempt.gate, permit, attempt.started, outcome.report, outcome.change_set
+            update, gate, permit, attempt.started, outcome.report, outcome.change_set
         )
         if rolled_back:
             return None
@@ -616,6 +675,72 @@ class OSCController:
             return None  # completed when the agent is back on the new OS version
         await self._succeeded(update, outcome, permit)
         return outcome
+
+    async def _tokens_synced(self) -> None:
+        """The OSC's units may read the synced token files (a collector's access token): at a
+        first boot the apply waits for the token controller's first round, at most
+        ``TOKENS_WAIT`` seconds (a Secret that does not exist yet must not hold the node)."""
+        synced = self.ctx.tokens_synced
+        if synced.is_set():
+            return
+        try:
+            async with asyncio.timeout(TOKENS_WAIT):
+                await synced.wait()
+        except TimeoutError:
+            log.warning("applying before the token files were synced", seconds=TOKENS_WAIT)
+
+    def _report_after_settle(self) -> bool:
+        """The operator's ``reportAfterSettle`` strictness: the checksum of a gated update
+        only after its settle window, and a failed restart rolled back at once."""
+        return self.ctx.strictness().strict_report_after_settle
+
+    async def _report_then_watch(
+        self, update: Update, attempt: Attempt, permit: Permit | None, gate: GateRecord
+    ) -> Outcome | None:
+        """Upstream's contract for a gated update: the checksum on the Node as soon as the
+        apply is done (Gardener reads it as "updated"), then the settle window. A unit the
+        update broke in it still rolls the node back to the last-known-good OSC, and the
+        checksum on the Node goes back with it (the annotation names what is applied, the
+        Warning ``OSCRolledBack`` says why). The pool's rollout (node-agent's own Lease, not
+        read by Gardener) hears the verdict after the window. An update that restarts the
+        agent's own unit restarts it right after the report; the restarted agent watches what
+        is left of the window (the gate's record is persisted)."""
+        outcome = attempt.outcome
+        if outcome.restarts_agent:
+            await self._history(
+                update.trigger,
+                update.applied,
+                update.checksum,
+                attempt.started,
+                outcome.report,
+                outcome.change_set,
+            )
+            await self._succeeded(update, outcome, permit)
+            return outcome
+        await self._succeeded(update, outcome, permit, tell_rollout=False)
+        self._settling_for = update.checksum
+        self._settling = asyncio.create_task(
+            self._settle_reported(update, attempt, permit, gate), name="osc-settle"
+        )
+        return outcome
+
+    async def _settle_reported(
+        self, update: Update, attempt: Attempt, permit: Permit | None, gate: GateRecord
+    ) -> None:
+        """The settle window of a reported update, beside the reconcile loop (a newer Secret
+        is not held up by it). A rollback it begins runs as an apply; if that fails, the loop
+        carries it on from the gate's record, with backoff."""
+        outcome = attempt.outcome
+        try:
+            rolled_back = await self._settle(
+                update, gate, permit, attempt.started, outcome.report, outcome.change_set
+            )
+        except NodeAgentError as exc:
+            log.error("rollback not finished; the reconcile loop carries it on", error=str(exc))
+            self._wake.set()
+            return
+        if not rolled_back:
+            await self.rollout.succeeded(permit)
 
     async def _settle(
         self,
@@ -647,14 +772,18 @@ class OSCController:
         await self._roll_back_update(gate, broke, permit)
         return True
 
-    async def _succeeded(self, update: Update, outcome: Outcome, permit: Permit | None) -> None:
-        """The update is applied and held: the checksum goes on the Node (only now), the
-        listeners and the pool's rollout are told, the Events and the log say what changed,
-        and the agent's own unit, if the update restarts it, restarts last of all."""
-        await self._report_applied(update.osc, update.checksum)
+    async def _succeeded(
+        self, update: Update, outcome: Outcome, permit: Permit | None, *, tell_rollout: bool = True
+    ) -> None:
+        """The update is applied: the checksum goes on the Node, the listeners and (unless
+        ``tell_rollout`` is False: the settle window's verdict is still to come) the pool's
+        rollout are told, the Events and the log say what changed, and the agent's own unit,
+        if the update restarts it, restarts last of all."""
+        await self._report_applied(update.osc, update.checksum, next_config=outcome.restarts_agent)
         for hook in self.on_applied:
             hook()
-        await self.rollout.succeeded(permit)
+        if tell_rollout:
+            await self.rollout.succeeded(permit)
         if outcome.report.skipped:
             await self.ctx.event(
                 report.REASON_OSC_SKIPPED, "; ".join(outcome.report.skipped), warning=True
@@ -831,8 +960,11 @@ class OSCController:
             restarted=outcome.report.restarted,
         )
         self.ctx.health.error("osc", message)
-        await self.ctx.event(report.REASON_OSC_ROLLED_BACK, message, warning=True)
+        # The checksum on the Node back to the OSC that is applied (upstream's vocabulary has
+        # no other word for "rolled back"; the update's may have been reported before the
+        # settle window), then the Warning that says why.
         await self._report_applied(osc, record.previous_checksum, only_if_missing=True)
+        await self.ctx.event(report.REASON_OSC_ROLLED_BACK, message, warning=True)
         if outcome.restarts_agent:
             await self._restart_self()
 
@@ -929,15 +1061,42 @@ class OSCController:
             log.info("waiting before applying the updated OSC", seconds=delay)
             await asyncio.sleep(delay)
 
+    def _next_kubernetes_version(self) -> str | None:
+        """The ``kubernetesVersion`` of the config the agent's next start reads: the update
+        just applied wrote it (a Kubernetes update changes the agent's config file and restarts
+        the agent). Upstream's agent restarts before it reports such an update, and its new
+        process writes the checksum and the new version in one patch; ours reports before its
+        restart, so the label comes from that file, never the old one with the new checksum.
+        The running config's version when the file cannot be read."""
+        running = self.ctx.config.controllers.operating_system_config.kubernetes_version
+        settings = self.ctx.settings
+        path = settings.root / settings.config_file.lstrip("/")
+        try:
+            if config_version_key(path.name) is not None:
+                path = find_config(path.parent)  # a newer config-<version>.yaml wins
+            doc = yaml.safe_load(read_config_file(path))
+            version = doc["controllers"]["operatingSystemConfig"]["kubernetesVersion"]
+        except (ConfigError, yaml.YAMLError, KeyError, TypeError):
+            return running
+        return version if isinstance(version, str) and version else running
+
     async def _report_applied(
-        self, osc: OperatingSystemConfig, checksum: str, *, only_if_missing: bool = False
+        self,
+        osc: OperatingSystemConfig,
+        checksum: str,
+        *,
+        only_if_missing: bool = False,
+        next_config: bool = False,
     ) -> None:
         """The applied checksum (and version, role, zone labels) on the Node: one merge patch
         after an apply, no read. ``only_if_missing`` (a start or a resume finding the OSC
-        applied) reads the Node first and writes only what it lacks."""
+        applied) reads the Node first and writes only what it lacks. ``next_config``: the
+        apply restarts the agent on a config it wrote; the version label is that config's."""
         if self.ctx.node_name is None:
             return
         version = self.ctx.config.controllers.operating_system_config.kubernetes_version
+        if next_config:
+            version = await asyncio.to_thread(self._next_kubernetes_version)
         if only_if_missing:
             node_meta = (await self.ctx.kube.get_node(self.ctx.node_name)).get("metadata") or {}
             annotations = node_meta.get("annotations") or {}
@@ -970,17 +1129,21 @@ class OSCController:
 
     async def _drop_bootstrap_credentials(self) -> None:
         """An OSC is applied and the Node registered: the bootstrap token (the agent's and the
-        kubelet's copy of it) is not needed any more, and a leaked token must not outlive its
-        use. Only once the agent has a kubeconfig of its own (upstream's rule, plus that guard).
+        kubelet's copy of it, the kubelet's bootstrap kubeconfig) is not needed any more, and a
+        leaked token must not outlive its use. Upstream's rule: both go once an apply is done
+        and the Node exists (a registered Node means the kubelet used its bootstrap kubeconfig);
+        plus the guard that the agent has a kubeconfig of its own.
         """
         fs = self.ctx.fs
         if await fs.read_async(self.ctx.config.client_connection.kubeconfig) is None:
             return
         paths = [BOOTSTRAP_TOKEN_FILE]
-        # The kubelet's copy is kept until the kubelet used it (after a CA rotation's
-        # re-bootstrap it may read it well after the update is reported); a later reconcile
-        # drops it, as upstream's does.
-        if await asyncio.to_thread(kubelet_bootstrapped, fs):
+        # The one exception: a bootstrap kubeconfig written for the kubelet's re-bootstrap
+        # under a rotated CA (upstream restarts before it reports such an update, so its next
+        # reconcile deletes it) is kept until the kubelet has used it.
+        inplace = self.inplace
+        if not inplace.kubelet_rebootstrapping or await asyncio.to_thread(kubelet_bootstrapped, fs):
+            inplace.kubelet_rebootstrapping = False
             paths.insert(0, KUBELET_BOOTSTRAP_KUBECONFIG)
         for path in paths:
             if await fs.remove_async(path):

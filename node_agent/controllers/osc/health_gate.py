@@ -5,8 +5,11 @@ node it reaches. Here, before an update (not the first apply) the gate notes whi
 OSC's units are running; after the apply it watches the ones the apply started or restarted for a
 settle window (``nodeAgent.healthGate.settleWindow``, 30 s). When one of them breaks (rules in
 ``node_agent.controllers.osc.breakage``), the OSC controller applies the last-known-good OSC again,
-which restores that unit's files, unit file and drop-ins and restarts it once, keeps the Node
-annotation at the old checksum and quarantines the new checksum until the Secret changes.
+which restores that unit's files, unit file and drop-ins and restarts it once, puts the Node
+annotation back to the old checksum and quarantines the new checksum until the Secret changes.
+By default the update's checksum was reported before the window, as upstream reports it (the
+window runs beside the reconcile loop); with the operator's ``reportAfterSettle`` strictness it is
+reported only after the window.
 
 The gate's record is persisted before the apply (``health-gate.json``, 0600: it holds the
 previous OSC and its resolved secretRef contents), so a kill -9 at any point resumes: during
@@ -107,6 +110,9 @@ class GateView:
     quarantined: str | None
     last_rollback: Rollback | None
     rollbacks: int
+    #: the stricter behaviours the operator's ``node-agent-strict.yaml`` turns on (none:
+    #: upstream's contract in what Gardener reads)
+    strict: tuple[str, ...] = ()
 
 
 class HealthGate:
@@ -120,8 +126,10 @@ class HealthGate:
         poll: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        strict: Callable[[], tuple[str, ...]] = tuple,
     ) -> None:
         self.systemd = systemd
+        self.strict = strict
         self.state = state
         self.config = config
         self.agent_unit = agent_unit
@@ -279,6 +287,7 @@ class HealthGate:
             ),
             last_rollback=self.last_rollback,
             rollbacks=self.rollbacks,
+            strict=self.strict(),
         )
 
 

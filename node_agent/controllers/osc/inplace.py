@@ -155,6 +155,10 @@ class InPlaceUpdater:
         #: the kubelet's /healthz (the health checks' own probe; None: healthy)
         self.kubelet_health: Callable[[], Awaitable[str | None]] | None = None
         self._was_ready: bool | None = None
+        #: the kubelet's bootstrap kubeconfig was written for a re-bootstrap under a rotated CA
+        #: (kept until the kubelet has used it; in memory: a restarted agent drops it at its
+        #: next report, as upstream's next reconcile after its own restart does)
+        self.kubelet_rebootstrapping = False
         self._waiting_said: str | None = None
         #: what ``status`` and the metrics show (``view``)
         self._view = InPlaceView()
@@ -570,6 +574,7 @@ class InPlaceUpdater:
                 ),
                 0o600,
             )
+            self.kubelet_rebootstrapping = True
         if await fs.read_async(ip.KUBELET_BOOTSTRAP_KUBECONFIG) is None:
             await self._failed(
                 f"kubeconfig file {ip.KUBELET_BOOTSTRAP_KUBECONFIG!r} does not exist, "
