@@ -203,6 +203,14 @@ def _main_pid(node: IsolatedSystemd) -> int:
     return int(show(node, AGENT_UNIT).get("MainPID") or 0)
 
 
+def _restarted(node: IsolatedSystemd, before: int) -> bool:
+    """The agent's unit runs a new process, and it is ready (Type=notify: READY=1 sent, its
+    status socket open); under emulation the new process takes seconds to get there."""
+    unit = show(node, AGENT_UNIT)
+    pid = int(unit.get("MainPID") or 0)
+    return pid not in (0, before) and unit.get("ActiveState") == "active"
+
+
 async def _applied_label(
     admin: ApiClient, machine: str, checksum: str, timeout: float
 ) -> str | None:
@@ -277,7 +285,7 @@ async def provision_from_user_data(
     await wait_applied(admin, machine, checksum, timeout=180)
     run.timings["user data -> reconcile OSC applied"] = time.monotonic() - started
     tick("reconcile OSC applied")
-    await wait_for(lambda: _main_pid(node) not in (0, run.agent_pids[0]), 60, "the agent restarted")
+    await wait_for(lambda: _restarted(node, run.agent_pids[0]), 60, "the agent restarted")
     await wait_for(lambda: not node.path(BOOTSTRAP_TOKEN).exists(), 60, "the token dropped")
     run.agent_pids = (run.agent_pids[0], _main_pid(node))
     run.agent_unit_after = node.path(f"/etc/systemd/system/{AGENT_UNIT}").read_text()
@@ -297,7 +305,7 @@ async def provision_from_user_data(
     # The agent restarts last, on its new config (upstream's before it reports, ours after).
     before_update = run.agent_pids[1]
     await wait_for(
-        lambda: _main_pid(node) not in (0, before_update), 60, "the agent restarted on the update"
+        lambda: _restarted(node, before_update), 120, "the agent restarted on the update"
     )
     run.timings["update published -> agent restarted"] = time.monotonic() - clock
     run.update_restarted = g.started_again(before, g.unit_marks(node, units))
