@@ -21,12 +21,21 @@ import asyncio
 import socket
 import time
 from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
+from node_agent.base.errors import SystemdWorkerDied
 from node_agent.base.log import get_logger
+
+if TYPE_CHECKING:
+    from node_agent.context import AgentContext
+    from node_agent.systemd.types import JobResult
 
 log = get_logger("node-agent.lifecycle")
 
 EXIT_HOSTNAME_CHANGED = 3
+#: How long the agent waits for its own SIGTERM once its unit's restart took its systemd worker
+#: down with it (the restart under way); past this the worker's death is an error after all.
+SELF_RESTART_GRACE = 30.0
 HOSTNAME_POLL = 30.0
 HOSTNAME_FILE = "/proc/sys/kernel/hostname"
 
@@ -124,3 +133,23 @@ async def watchdog_pings(
         elif not warned:
             log.error("withholding the systemd watchdog ping", reason=why)
             warned = True
+
+
+async def restart_own_unit(ctx: AgentContext, **job: Any) -> JobResult:
+    """Restart the agent's own unit through systemd.
+
+    systemd stops the unit's whole control group at once, the agent's systemd worker with it,
+    and the worker often dies before this process gets its own SIGTERM: that is the restart
+    under way, not a failure to report. It is said at info level and this waits for the
+    SIGTERM, which cancels the wait; a worker that died for another reason (no SIGTERM within
+    ``SELF_RESTART_GRACE``) is raised then."""
+    try:
+        return await ctx.systemd.restart_unit(ctx.settings.agent_unit, **job)
+    except SystemdWorkerDied as exc:
+        log.info(
+            "own restart under way: the systemd worker stopped with the unit",
+            unit=ctx.settings.agent_unit,
+            detail=str(exc),
+        )
+        await asyncio.sleep(SELF_RESTART_GRACE)
+        raise

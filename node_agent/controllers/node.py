@@ -37,6 +37,7 @@ from node_agent.base.loop import DONE, RETRY, SKIPPED, Next, Wake, run_loop
 from node_agent.base.retry import API, Backoff
 from node_agent.config import parse_config
 from node_agent.context import AgentContext
+from node_agent.controllers.lifecycle import restart_own_unit
 from node_agent.host.data_volume import Commands, HostCommands, check_kubelet_data_volume
 from node_agent.host.documents import ItemFailure
 from node_agent.host.fs import HostFS
@@ -297,9 +298,7 @@ class NodeController:
         self.stats.self_restarts += 1
         await self.ctx.event(REASON_RESTART, f"restart {own}: {why}")
         # Under systemd this stops this very process; the job completes after it exited.
-        result = await self.ctx.systemd.restart_unit(
-            own, job_timeout=self.ctx.settings.systemd_job_timeout
-        )
+        result = await restart_own_unit(self.ctx, job_timeout=self.ctx.settings.systemd_job_timeout)
         if not result.ok:
             log.warning("own unit restart failed", unit=own, detail=result.describe())
             await self.ctx.event(REASON_RESTART, result.describe(), warning=True)

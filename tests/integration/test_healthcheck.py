@@ -79,8 +79,11 @@ def kubelet_osc(port: int) -> dict[str, Any]:
 
 
 def with_health(setup: AgentSetup, **health: str) -> AgentSetup:
+    """``setup`` with these health check settings, its other ``nodeAgent`` settings kept (the
+    bed's health gate off: an update is not watched for a settle window, during which the
+    checks would defer their restarts)."""
     doc = yaml.safe_load(setup.config_file.read_text())
-    doc["nodeAgent"] = {"healthCheck": health}
+    doc.setdefault("nodeAgent", {})["healthCheck"] = health
     return setup.with_config(doc)
 
 

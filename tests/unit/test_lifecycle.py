@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
 
@@ -68,3 +69,37 @@ async def test_pings_stop_when_the_lease_loop_stops_ticking() -> None:
         assert len(pings) == count
     finally:
         task.cancel()
+
+
+async def test_a_worker_stopped_with_the_own_unit_is_the_restart_under_way(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """systemd stops the agent's whole unit, its systemd worker with it, often before the agent
+    gets its SIGTERM: the worker's death is the restart under way (info, then wait for the
+    SIGTERM), not an error line; past the grace, with no SIGTERM, it is raised after all."""
+    from structlog.testing import capture_logs
+
+    from node_agent.base.errors import SystemdWorkerDied
+    from node_agent.context import AgentContext
+    from node_agent.controllers import lifecycle
+    from tests.unit.fakes import FakeSystemd, make_ctx
+
+    systemd = FakeSystemd()
+
+    async def stopped_with_the_unit(unit: str, **_job: object) -> None:
+        raise SystemdWorkerDied(f"systemd jobs of {unit}: systemd worker 214 exited with -15")
+
+    monkeypatch.setattr(systemd, "restart_unit", stopped_with_the_unit)
+    ctx: AgentContext = make_ctx(tmp_path, systemd=systemd)
+    with capture_logs() as logs:
+        waiting = asyncio.create_task(lifecycle.restart_own_unit(ctx))
+        await asyncio.sleep(0.1)
+        assert not waiting.done()  # until the SIGTERM cancels it
+        waiting.cancel()
+        await asyncio.gather(waiting, return_exceptions=True)
+    assert [e["log_level"] for e in logs] == ["info"]
+    assert logs[0]["event"] == "own restart under way: the systemd worker stopped with the unit"
+
+    monkeypatch.setattr(lifecycle, "SELF_RESTART_GRACE", 0.05)
+    with pytest.raises(SystemdWorkerDied):
+        await lifecycle.restart_own_unit(ctx)

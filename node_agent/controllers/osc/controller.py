@@ -51,6 +51,7 @@ from node_agent.base.loop import DONE, RETRY, SKIPPED, Next, Wake, run_loop
 from node_agent.base.retry import Backoff
 from node_agent.config import ZONE_FILE
 from node_agent.context import AgentContext
+from node_agent.controllers.lifecycle import restart_own_unit
 from node_agent.controllers.osc.breakage import Evidence
 from node_agent.controllers.osc.health_gate import GateRecord, HealthGate
 from node_agent.controllers.osc.inplace import InPlaceRecord, InPlaceUpdater, kubelet_bootstrapped
@@ -434,7 +435,7 @@ class OSCController:
 
     async def _restart_self(self) -> None:
         log.info("restarting the agent's own unit last", unit=self.ctx.settings.agent_unit)
-        await self.ctx.systemd.restart_unit(self.ctx.settings.agent_unit)
+        await restart_own_unit(self.ctx)
 
     def retry_now(self) -> None:
         """What held a retry back is gone (a unit the restart-storm guard held came up by
