@@ -5,6 +5,7 @@ rollout annotations, messages), so they live in the base and depend on nothing."
 
 from __future__ import annotations
 
+import math
 import re
 from datetime import timedelta
 
@@ -153,6 +154,8 @@ def parse_go_duration_ns(text: str) -> int:
 
 def human_duration(seconds: float) -> str:
     """``45s``, ``3m05s``, ``2h03m``, ``4d02h``: short, for people."""
+    if not math.isfinite(seconds):  # read from a state file: not always a number of seconds
+        return "unknown"
     seconds = max(0.0, seconds)
     if seconds < 60:
         return f"{seconds:.0f}s" if seconds >= 10 else f"{seconds:.1f}s"

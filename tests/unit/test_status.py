@@ -337,7 +337,17 @@ def test_render_running_with_a_failed_unit_and_a_change_in_progress() -> None:
 
 @pytest.mark.parametrize(
     ("seconds", "text"),
-    [(0.25, "0.2s"), (42, "42s"), (185, "3m05s"), (7380, "2h03m"), (93600, "1d02h"), (-5, "0.0s")],
+    [
+        (0.25, "0.2s"),
+        (42, "42s"),
+        (185, "3m05s"),
+        (7380, "2h03m"),
+        (93600, "1d02h"),
+        (-5, "0.0s"),
+        # a state file's number need not be one (the fuzzing harness found inf)
+        (float("inf"), "unknown"),
+        (float("nan"), "unknown"),
+    ],
 )
 def test_human_duration(seconds: float, text: str) -> None:
     assert human_duration(seconds) == text
