@@ -44,6 +44,11 @@ LISTEN_BACKLOG = 1024
 #: turns of the event loop, when what it sent has been read (a probe, which sends its request at
 #: once, is then being served and is never closed to make room). Three turns of accepts.
 OVERFLOW = 3 * ACCEPT_BACKLOG
+#: A connection that has sent nothing yet is closed to make room only once it is this old, or when
+#: the endpoint holds ``OVERFLOW`` connections beyond its limit: a kubelet descheduled between its
+#: connect and its write on a busy host is a probe, not an idle client (a slow client shows itself
+#: with its first bytes and goes after two loop turns).
+SILENT_GRACE = 0.25
 #: Deadlines for a request head and for a whole exchange (head, answer, sending it).
 HEAD_TIMEOUT = 3.0
 EXCHANGE_TIMEOUT = 10.0
@@ -83,6 +88,7 @@ class EndpointStats:
 class _Connection:
     transport: asyncio.BaseTransport
     made_turn: int = 0  # the endpoint's loop turn when it was made
+    made_at: float = 0.0  # the loop's clock when it was made
     reading: bool = True  # no request head yet
     head_bytes: int = 0  # received while reading
     tail: bytes = b""  # the last bytes received while reading (the head's end may be split)
@@ -135,14 +141,16 @@ class HttpEndpoint:
     judged two turns of the event loop after it was made, when what it sent has been read: then
     the oldest connections still sending their request head are closed until the limit holds (an
     idle or slow client gives way to a probe, whose complete head was read meanwhile; one that
-    sent part of a head goes before one that sent nothing yet). Judging
+    sent part of a head goes before one that sent nothing yet, and one that sent nothing is
+    judged only after :data:`SILENT_GRACE`: a probe's writer may be descheduled for a moment after
+    its connect on a busy host). Judging
     on arrival instead closed a probe accepted in the same burst as a flood of newcomers before
     its request was ever read. With :data:`OVERFLOW` connections beyond the limit, a newcomer
     closes the oldest head-sending connection already judged, or is closed itself. A request head
     must arrive within ``head_timeout`` and be at most :data:`MAX_HEADER_BYTES`; the whole
     exchange ends within ``exchange_timeout``. So an idle or slow flood costs at most
-    ``max_connections`` descriptors (``OVERFLOW`` more for two loop turns) and never starves the
-    kubelet's probes.
+    ``max_connections`` descriptors (``OVERFLOW`` more while they settle) and never starves
+    the kubelet's probes.
     """
 
     def __init__(
@@ -169,6 +177,7 @@ class HttpEndpoint:
         self._refused_at_warning = 0
         self._turn = 0  # loop turns counted while connections beyond the limit settle
         self._ticking = False
+        self._grace_timer: asyncio.TimerHandle | None = None
 
     async def start(self, bind_address: str, port: int) -> None:
         server = _BoundedServer(
@@ -227,6 +236,8 @@ class HttpEndpoint:
         for connection in self._connections.values():
             connection.abort()
         self._connections.clear()
+        if self._grace_timer is not None:
+            self._grace_timer.cancel()
         try:
             async with asyncio.timeout(2.0):
                 await runner.cleanup()
@@ -238,11 +249,13 @@ class HttpEndpoint:
     def opened(self, handler: RequestHandler, transport: asyncio.Transport) -> None:
         self.stats.accepted += 1
         loop = asyncio.get_running_loop()
-        if len(self._connections) >= self.max_connections + OVERFLOW and not self._make_room():
+        if len(self._connections) >= self.max_connections + OVERFLOW and not self._make_room(
+            full=True
+        ):
             transport.abort()
             self._refused()
             return
-        connection = _Connection(transport, made_turn=self._turn)
+        connection = _Connection(transport, made_turn=self._turn, made_at=loop.time())
         connection.timers = [
             loop.call_later(self.head_timeout, self._expire, handler, True),
             loop.call_later(self.exchange_timeout, self._expire, handler, False),
@@ -261,12 +274,22 @@ class HttpEndpoint:
         most the limit are held; turn again while newer ones beyond it still settle."""
         self._ticking = False
         self._turn += 1
-        while len(self._connections) > self.max_connections and self._make_room():
+        while len(self._connections) > self.max_connections and self._make_room(full=False):
             pass
-        if len(self._connections) > self.max_connections and any(
-            c.reading and c.made_turn > self._turn - 2 for c in self._connections.values()
-        ):
+        if len(self._connections) <= self.max_connections:
+            return
+        reading = [c for c in self._connections.values() if c.reading]
+        if any(c.made_turn > self._turn - 2 for c in reading):
             self._tick_soon()
+        elif reading and self._grace_timer is None:
+            # only silent connections within their grace are left: judge them when it ends
+            loop = asyncio.get_running_loop()
+            wait = max(0.0, min(c.made_at for c in reading) + SILENT_GRACE - loop.time())
+            self._grace_timer = loop.call_later(wait, self._grace_ended)
+
+    def _grace_ended(self) -> None:
+        self._grace_timer = None
+        self._tick_soon()
 
     def received(self, handler: RequestHandler, data: bytes) -> bool:
         """Bytes arrived on a connection: False (and the connection answered 431 and closed) if
@@ -304,16 +327,20 @@ class HttpEndpoint:
         self.stats.timed_out += 1
         connection.abort()
 
-    def _make_room(self) -> bool:
+    def _make_room(self, *, full: bool) -> bool:
         """Close the oldest connection still reading its head that was made at least two loop
         turns ago (so what it sent has been read); False if there is none. One that sent part
         of a head goes before one that sent nothing yet: a probe sends its whole head in one
         piece, but on a busy host it may not have been read within two turns, while a slow
-        client has shown what it is."""
+        client has shown what it is. One that sent nothing is judged only after
+        :data:`SILENT_GRACE`, unless the endpoint is ``full`` (``OVERFLOW`` beyond its limit)."""
+        silent_before = asyncio.get_running_loop().time() - SILENT_GRACE
         judged = [
             handler
             for handler, connection in self._connections.items()
-            if connection.reading and connection.made_turn <= self._turn - 2
+            if connection.reading
+            and connection.made_turn <= self._turn - 2
+            and (full or connection.head_bytes or connection.made_at <= silent_before)
         ]
         if not judged:
             return False

@@ -8,7 +8,7 @@ from typing import cast
 
 from aiohttp.web_protocol import RequestHandler
 
-from node_agent.observe.http_ports import HttpEndpoint
+from node_agent.observe.http_ports import OVERFLOW, SILENT_GRACE, HttpEndpoint
 
 
 class FakeTransport:
@@ -46,11 +46,48 @@ async def test_a_partial_head_goes_before_a_newcomer_that_sent_nothing_yet() -> 
     await endpoint.close()
 
 
-async def test_with_no_partial_head_the_oldest_silent_one_goes() -> None:
+async def test_with_no_partial_head_the_oldest_silent_one_goes_after_its_grace() -> None:
+    """A connection that sent nothing is kept over the limit for SILENT_GRACE (a probe whose
+    writer was descheduled after its connect), then the oldest such goes."""
     endpoint = HttpEndpoint("health", {}, max_connections=2)
     conns = [connect(endpoint) for _ in range(3)]
     await settle()
+    assert [t.aborted for _, t in conns] == [False, False, False]
+    assert endpoint.open_connections == 3
+    await asyncio.sleep(SILENT_GRACE + 0.05)
+    await settle()
     assert [t.aborted for _, t in conns] == [True, False, False]
+    assert endpoint.stats.refused == 1
+    await endpoint.close()
+
+
+async def test_a_silent_connection_whose_head_arrives_in_its_grace_is_served() -> None:
+    endpoint = HttpEndpoint("health", {}, max_connections=1)
+    held, held_t = connect(endpoint)
+    assert endpoint.received(held, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    late, late_t = connect(endpoint)
+    await settle()
+    await asyncio.sleep(SILENT_GRACE / 2)
+    assert endpoint.received(late, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    await asyncio.sleep(SILENT_GRACE)
+    await settle()
+    assert not held_t.aborted
+    assert not late_t.aborted
+    assert endpoint.stats.refused == 0
+    await endpoint.close()
+
+
+async def test_with_the_overflow_full_a_silent_one_goes_without_grace() -> None:
+    """The descriptor bound holds: at OVERFLOW beyond the limit a newcomer closes the oldest
+    judged connection even if it sent nothing, rather than waiting out its grace."""
+    endpoint = HttpEndpoint("health", {}, max_connections=1)
+    conns = [connect(endpoint) for _ in range(1 + OVERFLOW)]
+    await settle()
+    assert endpoint.open_connections == 1 + OVERFLOW
+    newcomer = connect(endpoint)
+    assert conns[0][1].aborted
+    assert not newcomer[1].aborted
+    assert endpoint.open_connections == 1 + OVERFLOW
     await endpoint.close()
 
 
@@ -59,6 +96,8 @@ async def test_a_complete_head_is_never_closed_to_make_room() -> None:
     served, served_t = connect(endpoint)
     assert endpoint.received(served, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
     others = [connect(endpoint) for _ in range(2)]
+    await settle()
+    await asyncio.sleep(SILENT_GRACE + 0.05)
     await settle()
     assert not served_t.aborted
     assert all(t.aborted for _, t in others)
