@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
-from collections.abc import AsyncGenerator, Callable, Iterable, Mapping, Sequence
+import contextlib
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -538,6 +539,60 @@ def osc_document(text: str, units: list[JSON]) -> JSON:
             "units": units,
         },
     }  # fmt: skip
+
+
+class VirtualClock:
+    """The running loop's clock while :func:`virtual_time` holds it: seconds that pass only
+    when every task waits for a timer."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+        self.jumped = 0.0  # seconds skipped in all
+
+    def time(self) -> float:
+        return self.now
+
+
+@contextlib.asynccontextmanager
+async def virtual_time() -> AsyncIterator[VirtualClock]:
+    """Run the loop on a clock that jumps to its next timer whenever nothing is ready, so a test
+    of timing (backoffs, periods, "nothing happens for a while") takes no wall time. The clock
+    stands while the loop's worker threads work (the host seam's file calls): their work takes
+    real time, which a jump would skip. A child process's work is not seen: not for tests that
+    wait on one. The loop's ``time``, ``run_in_executor`` and its selector's ``select`` are
+    replaced, and restored on exit (the unit tests share one loop)."""
+    loop = asyncio.get_running_loop()
+    selector = loop._selector  # type: ignore[attr-defined]
+    real_select, real_run_in_executor = selector.select, loop.run_in_executor
+    clock = VirtualClock(loop.time())
+    in_threads: set[asyncio.Future[Any]] = set()
+
+    def run_in_executor(executor: Any, func: Callable[..., Any], *args: Any) -> Any:
+        future = real_run_in_executor(executor, func, *args)
+        in_threads.add(future)
+        future.add_done_callback(in_threads.discard)
+        return future
+
+    def select(timeout: float | None = None) -> Any:
+        if in_threads:  # a worker thread's work takes real time: the clock stands meanwhile
+            return real_select(timeout)
+        events = real_select(0)
+        if events or timeout == 0:
+            return events
+        if timeout is None:  # no timer at all: only an outside event can wake the loop
+            return real_select(None)
+        clock.now += timeout
+        clock.jumped += timeout
+        return events
+
+    loop.time = clock.time  # type: ignore[method-assign]
+    loop.run_in_executor = run_in_executor  # type: ignore[method-assign,assignment]
+    selector.select = select
+    try:
+        yield clock
+    finally:
+        selector.select = real_select
+        del loop.time, loop.run_in_executor
 
 
 async def until(done: Callable[[], object], timeout: float = 10.0) -> None:

@@ -12,7 +12,10 @@ import pytest
 
 from node_agent.base.loop import DONE, RETRY, SKIPPED, Next, Step, Wake, cancel_and_wait, run_loop
 from node_agent.base.retry import Backoff
-from tests.unit.fakes import until
+from tests.unit.fakes import VirtualClock, until
+
+#: the loop waits on timers only: every test runs on its virtual clock
+pytestmark = pytest.mark.usefixtures("virtual_clock")
 
 
 class Recorded(Backoff):
@@ -82,10 +85,11 @@ async def test_the_period_runs_a_step_without_a_wake_up() -> None:
     assert set(step.calls) == {False}
 
 
-async def test_no_period_sleeps_until_woken() -> None:
+async def test_no_period_sleeps_until_woken(virtual_clock: VirtualClock) -> None:
     wake, step = Wake(), Script()
     async with running(run_loop(step, wake, period=None)):
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(86400.0)  # a day on the loop's clock, none on the wall's
+        assert virtual_clock.jumped >= 86400.0
         assert step.calls == []
         wake.set()
         await until(lambda: step.calls)
@@ -97,7 +101,7 @@ async def test_a_step_chooses_its_next_wait_once() -> None:
     step = Script(Next.after(0.01))  # then DONE: the (long) period again
     async with running(run_loop(step, wake, period=3600.0, immediately=True)):
         await until(lambda: len(step.calls) == 2)
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(3000.0)  # most of the period: no third step
     assert step.calls == [False, False]
 
 

@@ -24,6 +24,8 @@ from node_agent.kube import report
 from node_agent.osc.plan import ChangeSet, UnitCommand
 from tests.unit.fakes import FakeKube, make_ctx, until
 
+pytestmark = pytest.mark.usefixtures("virtual_clock")
+
 SECRET = "gardener-node-agent-pool-a"
 NS = "kube-system"
 CS = "a" * 64
