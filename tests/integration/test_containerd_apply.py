@@ -26,7 +26,7 @@ from node_agent.osc.models import OperatingSystemConfig
 from tests.integration.conftest import ContainerdAgent
 from tests.testbed import oci
 from tests.testbed.agent_harness import OSCAgent, inline_file, osc_document, service, wait_for
-from tests.testbed.containerd import NODE_CA_PATH, ContainerdNode, default_config
+from tests.testbed.containerd import NODE_CA_PATH, ContainerdNode, config_v1, default_config
 from tests.testbed.controlplane import free_port
 from tests.testbed.registry import Registry
 
@@ -37,21 +37,7 @@ DROP_IN = "/etc/systemd/system/containerd.service.d/30-env_config.conf"
 CRI_V2 = "io.containerd.grpc.v1.cri"
 CONTAINERD = "containerd.service"
 OTHER = "other.service"
-# A version 1 config.toml (no ``version``; plugins by short ID), as containerd 1.x nodes carry.
-CONFIG_V1 = """\
-root = "/var/lib/containerd"
-state = "/run/containerd"
-
-[plugins]
-  [plugins.cri]
-    sandbox_image = "registry.k8s.io/pause:3.6"
-    [plugins.cri.containerd.runtimes.runc]
-      runtime_type = "io.containerd.runc.v2"
-      [plugins.cri.containerd.runtimes.runc.options]
-        SystemdCgroup = false
-    [plugins.cri.registry]
-      config_path = ""
-"""
+CONFIG_V1 = config_v1()
 
 
 class Bed:

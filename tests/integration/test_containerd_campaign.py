@@ -45,7 +45,7 @@ from tests.testbed.agent_harness import (
     osc_document,
     wait_for,
 )
-from tests.testbed.containerd import ContainerdNode
+from tests.testbed.containerd import ContainerdNode, config_v1
 from tests.testbed.controlplane import free_port
 from tests.testbed.pki import CertificateAuthority
 from tests.testbed.registry import Registry, StallingRegistry
@@ -70,21 +70,7 @@ FAULTS = (
     "config-version-1",
     "none",
 )
-#: a version 1 config.toml (no ``version``; plugins by short ID), as containerd 1.x nodes carry
-CONFIG_V1 = """\
-root = "/var/lib/containerd"
-state = "/run/containerd"
-
-[plugins]
-  [plugins.cri]
-    sandbox_image = "registry.k8s.io/pause:3.6"
-    [plugins.cri.containerd.runtimes.runc]
-      runtime_type = "io.containerd.runc.v2"
-      [plugins.cri.containerd.runtimes.runc.options]
-        SystemdCgroup = false
-    [plugins.cri.registry]
-      config_path = "/etc/containerd/certs.d"
-"""
+CONFIG_V1 = config_v1("/etc/containerd/certs.d")
 
 
 def scenario_count() -> int:

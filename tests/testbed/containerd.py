@@ -48,6 +48,25 @@ def default_config() -> str:
     return text.replace(_CONFIG_PATH_DEFAULT, _CONFIG_PATH_DEFAULT.replace('""', f'"{CERTS_D}"'), 1)
 
 
+def config_v1(registry_config_path: str = "") -> str:
+    """A version 1 ``config.toml`` (no ``version``; plugins by short ID), as containerd 1.x
+    nodes carry, with the CRI registry's ``config_path``."""
+    return (
+        'root = "/var/lib/containerd"\n'
+        'state = "/run/containerd"\n'
+        "\n"
+        "[plugins]\n"
+        "  [plugins.cri]\n"
+        '    sandbox_image = "registry.k8s.io/pause:3.6"\n'
+        "    [plugins.cri.containerd.runtimes.runc]\n"
+        '      runtime_type = "io.containerd.runc.v2"\n'
+        "      [plugins.cri.containerd.runtimes.runc.options]\n"
+        "        SystemdCgroup = false\n"
+        "    [plugins.cri.registry]\n"
+        f'      config_path = "{registry_config_path}"\n'
+    )
+
+
 def hosts_toml(server: str, hosts: Sequence[str], *, ca: str | None = NODE_CA_PATH) -> str:
     """A ``hosts.toml``: pulls of ``server`` go to ``hosts`` first (pull and resolve), each
     trusted with ``ca``; the server itself stays the fallback."""

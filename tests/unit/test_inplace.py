@@ -238,6 +238,13 @@ class Host:
             self.set_os(staged.read_text())
             staged.unlink()
 
+    async def ready(self) -> OSCController:
+        """A controller that applied the first OSC on a node Gardener marked ReadyForUpdate."""
+        ctl = self.controller()
+        await ctl.reconcile(secret(osc_doc()))
+        await self.set_condition("ReadyForUpdate")
+        return ctl
+
     def controller(self) -> OSCController:
         ctx: AgentContext = make_ctx(
             self.root,
@@ -340,9 +347,7 @@ async def test_an_os_that_comes_back_on_its_old_version_is_a_failed_update(
     tmp_path: Path,
 ) -> None:
     host = Host(tmp_path)
-    ctl = host.controller()
-    await ctl.reconcile(secret(osc_doc()))
-    await host.set_condition("ReadyForUpdate")
+    ctl = await host.ready()
     update = secret(osc_doc(os_version="1877.5"))
     await ctl.reconcile(update)
     (tmp_path / "next-os").unlink()  # the new OS did not boot
@@ -381,9 +386,7 @@ async def test_a_non_retriable_os_update_error_fails_once_and_keeps_the_rest(
 
 async def test_a_retriable_os_update_error_is_retried(tmp_path: Path) -> None:
     host = Host(tmp_path)
-    ctl = host.controller()
-    await ctl.reconcile(secret(osc_doc()))
-    await host.set_condition("ReadyForUpdate")
+    ctl = await host.ready()
     host.answers = [(1, "temporary network problems"), (1, "network problems again")]
     update = secret(osc_doc(os_version="1877.5"))
     assert await ctl.reconcile(update) is None
@@ -420,9 +423,7 @@ async def test_cpu_manager_policy_change_removes_the_state_and_awaits_the_kubele
 
 async def test_a_service_account_key_rotation_syncs_the_tokens_at_once(tmp_path: Path) -> None:
     host = Host(tmp_path)
-    ctl = host.controller()
-    await ctl.reconcile(secret(osc_doc()))
-    await host.set_condition("ReadyForUpdate")
+    ctl = await host.ready()
     synced: list[str] = []
 
     async def sync() -> bool:
@@ -440,9 +441,7 @@ async def test_after_the_reboot_pods_go_the_outcome_is_recorded_and_nothing_is_a
     tmp_path: Path,
 ) -> None:
     host = Host(tmp_path)
-    ctl = host.controller()
-    await ctl.reconcile(secret(osc_doc()))
-    await host.set_condition("ReadyForUpdate")
+    ctl = await host.ready()
     update = secret(osc_doc(os_version="1877.5", text="two"))
     await ctl.reconcile(update)
     assert ctl.inplace.view().phase == "rebooting"
@@ -489,9 +488,7 @@ async def test_a_terminal_failure_survives_a_restart_until_the_osc_changes(
     tmp_path: Path,
 ) -> None:
     host = Host(tmp_path)
-    ctl = host.controller()
-    await ctl.reconcile(secret(osc_doc()))
-    await host.set_condition("ReadyForUpdate")
+    ctl = await host.ready()
     host.answers = [(1, "error: invalid arguments")]
     update = secret(osc_doc(os_version="1877.5", text="two"))
     ctl._latest, ctl._seen = update, True
@@ -619,9 +616,7 @@ async def test_an_update_after_one_that_failed_on_an_unreadable_value_goes_throu
     tmp_path: Path,
 ) -> None:
     host = Host(tmp_path)
-    ctl = host.controller()
-    await ctl.reconcile(secret(osc_doc()))
-    await host.set_condition("ReadyForUpdate")
+    ctl = await host.ready()
     ctl._latest, ctl._seen = secret(osc_doc(kubelet="1.3²", text="two")), True
     assert await ctl._step(True) is SKIPPED
     assert (await host.labels())[ip.LABEL_UPDATE_RESULT] == "failed"
