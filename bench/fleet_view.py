@@ -42,6 +42,7 @@ import kubernetes_asyncio.client  # noqa: F401
 
 from node_agent.commands import fleet
 from node_agent.controllers.osc import pacing
+from node_agent.kube import report
 from node_agent.kube.client import KubeClient
 from tests.conftest import cache_dir
 from tests.testbed.controlplane import ControlPlane
@@ -88,7 +89,7 @@ async def populate(kube: KubeClient, args: argparse.Namespace) -> dict[str, Any]
     for pool in pools:
         secret = f"gardener-node-agent-{pool}-{uuid.uuid4().hex[:16]}"
         annotations = {
-            fleet.ANNOTATION_DESIRED: desired[pool],
+            report.ANNOTATION_SECRET_CHECKSUM: desired[pool],
             pacing.ANNOTATION_MAX_PARALLEL: "10",
             pacing.ANNOTATION_CANARIES: "2",
             pacing.ANNOTATION_MAX_FAILURES: "5",
@@ -151,9 +152,9 @@ async def node(
                 "labels": {
                     "kubernetes.io/hostname": name,
                     fleet.LABEL_POOL: pool,
-                    fleet.LABEL_KUBERNETES_VERSION: "1.33.1",
+                    report.LABEL_KUBERNETES_VERSION: "1.33.1",
                 },
-                "annotations": {fleet.ANNOTATION_APPLIED: applied},
+                "annotations": {report.ANNOTATION_APPLIED_CHECKSUM: applied},
             }
         }
     )

@@ -42,39 +42,16 @@ JSON = dict[str, Any]
 
 # -- what the agents publish (names as the agent writes them) -------------------------------------
 
-NAMESPACE = report.NAMESPACE
-EVENT_NAMESPACE = report.EVENT_NAMESPACE
-COMPONENT = report.COMPONENT
 LABEL_POOL = "worker.gardener.cloud/pool"
-LABEL_SECRET_NAME = report.LABEL_SECRET_NAME
-LABEL_KUBERNETES_VERSION = report.LABEL_KUBERNETES_VERSION
 LABEL_ROLE = "gardener.cloud/role"
 ROLE_OSC = "operating-system-config"
-ANNOTATION_APPLIED = report.ANNOTATION_APPLIED_CHECKSUM
-ANNOTATION_DESIRED = report.ANNOTATION_SECRET_CHECKSUM
-ANNOTATION_SERIAL = report.ANNOTATION_SERIAL
-CONDITION_ROLLOUT = report.CONDITION_ROLLOUT
-CONDITION_UNITS = report.CONDITION_UNITS_READY
 #: the agent's heartbeat Lease is ``gardener-node-agent-<node>``
 LEASE_PREFIX = "gardener-node-agent-"
 
-ANNOTATION_MAX_PARALLEL = pacing.ANNOTATION_MAX_PARALLEL
-ANNOTATION_CANARIES = pacing.ANNOTATION_CANARIES
-ANNOTATION_SOAK = pacing.ANNOTATION_SOAK
-ANNOTATION_MAX_FAILURES = pacing.ANNOTATION_MAX_FAILURES
-ANNOTATION_LEDGER = pacing.ANNOTATION_LEDGER
-DEFAULT_SLOT_TTL = pacing.DEFAULT_SLOT_TTL
-#: why a slot was counted as failed when it expired unreported
-LOST = pacing.LOST
 
-REASON_APPLYING = report.REASON_ROLLOUT_APPLYING
-REASON_FAILED = report.REASON_ROLLOUT_FAILED
 WAITING_REASONS = frozenset(
     {pacing.REASON_SERIAL, pacing.REASON_SLOT, pacing.REASON_CANARIES, pacing.REASON_BREAKER}
 )
-EVENT_APPLIED = report.REASON_OSC_APPLIED
-EVENT_ROLLED_BACK = report.REASON_OSC_ROLLED_BACK
-EVENT_HELD = report.REASON_RESTARTS_SUSPENDED
 #: Warning Events that say an apply did not succeed
 FAILURE_EVENTS = frozenset(
     {report.REASON_OSC_FAILED, report.REASON_OSC_INVALID, *report.REASON_UNIT_COMMAND.values()}
@@ -202,7 +179,7 @@ class LedgerFacts:
         return tuple(s.host for s in self.slots)
 
 
-def read_ledger(text: str | None, now: float, ttl: float = DEFAULT_SLOT_TTL) -> LedgerFacts:
+def read_ledger(text: str | None, now: float, ttl: float = pacing.DEFAULT_SLOT_TTL) -> LedgerFacts:
     """The ledger annotation as the agents read it now (pacing's own parser and ``current``,
     with the numbers bounded as a reader that first sees them now believes them, a slot's
     unreadable ttl the pool's ``ttl``); unreadable reads as empty."""
@@ -315,12 +292,14 @@ def classify(
         return Verdict("rolled-back" if recent else "quarantined", detail)
 
     cond = node.rollout
-    if cond is not None and cond.reason == REASON_FAILED and short in cond.message:
+    if cond is not None and cond.reason == report.REASON_ROLLOUT_FAILED and short in cond.message:
         if "rolled back" in cond.message:
             return rollback(cond.message, cond.since)
         return Verdict("failed", cond.message)
     rolled_back = [
-        e for e in node.events if e.reason == EVENT_ROLLED_BACK and f"OSC {short} " in e.message
+        e
+        for e in node.events
+        if e.reason == report.REASON_OSC_ROLLED_BACK and f"OSC {short} " in e.message
     ]
     if rolled_back:
         latest = max(rolled_back, key=lambda e: e.at)
@@ -333,19 +312,20 @@ def classify(
     outcomes = [
         e
         for e in node.events
-        if e.reason == EVENT_APPLIED or (e.reason in FAILURE_EVENTS and e.type == "Warning")
+        if e.reason == report.REASON_OSC_APPLIED
+        or (e.reason in FAILURE_EVENTS and e.type == "Warning")
     ]
     if outcomes:
         latest = max(outcomes, key=lambda e: e.at)
         current = secret_changed is None or latest.at >= secret_changed
-        if latest.reason != EVENT_APPLIED and current:
+        if latest.reason != report.REASON_OSC_APPLIED and current:
             return Verdict("failed", f"{latest.reason}: {latest.message}")
     if ledger is not None and node.name in ledger.holders():
         # the ledger is written the moment a node takes its slot; its condition follows
         return Verdict("applying", "holds a rollout slot")
     if cond is not None and cond.status == "False" and cond.reason in WAITING_REASONS:
         return Verdict("waiting", f"{cond.reason}: {cond.message}")
-    if cond is not None and cond.reason == REASON_APPLYING and cond.status == "True":
+    if cond is not None and cond.reason == report.REASON_ROLLOUT_APPLYING and cond.status == "True":
         return Verdict("applying", cond.message)
     return Verdict("applying", f"applied {_short(node.applied)}, desired {short}")
 
@@ -476,12 +456,12 @@ def node_facts(
     return NodeFacts(
         name=name,
         pool=str(labels.get(LABEL_POOL) or ""),
-        applied=_annotations(node).get(ANNOTATION_APPLIED) or None,
-        kubernetes_version=labels.get(LABEL_KUBERNETES_VERSION) or None,
+        applied=_annotations(node).get(report.ANNOTATION_APPLIED_CHECKSUM) or None,
+        kubernetes_version=labels.get(report.LABEL_KUBERNETES_VERSION) or None,
         kubelet_version=str(info.get("kubeletVersion") or "") or None,
-        secret_name=labels.get(LABEL_SECRET_NAME) or None,
-        rollout=_condition(node, CONDITION_ROLLOUT),
-        units=_condition(node, CONDITION_UNITS),
+        secret_name=labels.get(report.LABEL_SECRET_NAME) or None,
+        rollout=_condition(node, report.CONDITION_ROLLOUT),
+        units=_condition(node, report.CONDITION_UNITS_READY),
         lease_renewed=renewed,
         lease_duration=duration or 40.0,
         events=tuple(events.get(name, ())),
@@ -492,7 +472,7 @@ def _is_agent_node(node: Mapping[str, Any], leases: Mapping[str, Any]) -> bool:
     name = str(_meta(node).get("name") or "")
     return (
         LABEL_POOL in _labels(node)
-        or ANNOTATION_APPLIED in _annotations(node)
+        or report.ANNOTATION_APPLIED_CHECKSUM in _annotations(node)
         or (LEASE_PREFIX + name) in leases
     )
 
@@ -558,14 +538,14 @@ def _pool_report(
     now: float,
 ) -> PoolReport:
     newest = secrets[-1] if secrets else None
-    pool_desired = _annotations(newest).get(ANNOTATION_DESIRED) if newest else None
+    pool_desired = _annotations(newest).get(report.ANNOTATION_SECRET_CHECKSUM) if newest else None
     policy = read_policy(_annotations(newest)) if newest else pacing.Policy()
     pool_lease = leases.get(str(_meta(newest).get("name"))) if newest else None
     ledger = None
     serial_holder = None
     if pool_lease is not None:
-        ttl = policy.pacing.slot_ttl if policy.pacing is not None else DEFAULT_SLOT_TTL
-        ledger = read_ledger(_annotations(pool_lease).get(ANNOTATION_LEDGER), now, ttl)
+        ttl = policy.pacing.slot_ttl if policy.pacing is not None else pacing.DEFAULT_SLOT_TTL
+        ledger = read_ledger(_annotations(pool_lease).get(pacing.ANNOTATION_LEDGER), now, ttl)
         if policy.serial:
             serial_holder = serial_lease_holder(pool_lease.get("spec"), now)
     lines: list[NodeLine] = []
@@ -576,7 +556,7 @@ def _pool_report(
     for node in sorted(nodes, key=lambda n: n.name):
         secret = secret_by_name.get(node.secret_name or "") if node.secret_name else None
         chosen = secret if secret is not None else newest
-        desired = _annotations(chosen).get(ANNOTATION_DESIRED) if chosen else None
+        desired = _annotations(chosen).get(report.ANNOTATION_SECRET_CHECKSUM) if chosen else None
         changed = _changed_at(chosen) if chosen else None
         verdict = classify(node, desired, ledger, now, secret_changed=changed)
         lines.append(NodeLine(node.name, verdict.state, node.applied, verdict.detail))
@@ -595,7 +575,8 @@ def _pool_report(
     return PoolReport(
         name=pool,
         secrets=tuple(
-            (str(_meta(s).get("name")), _annotations(s).get(ANNOTATION_DESIRED)) for s in secrets
+            (str(_meta(s).get("name")), _annotations(s).get(report.ANNOTATION_SECRET_CHECKSUM))
+            for s in secrets
         ),
         desired=pool_desired,
         policy=policy,
@@ -614,15 +595,15 @@ def _pool_report(
 # -- rendering ------------------------------------------------------------------------------------
 
 
-def to_document(report: FleetReport) -> JSON:
+def to_document(pools_report: FleetReport) -> JSON:
     """The report as a JSON/YAML document (``-o json|yaml``)."""
     return {
-        "at": report.at,
-        "requests": report.requests,
-        "pages": dict(report.pages),
-        "listed": dict(report.listed),
-        "done": report.done,
-        "pools": [_pool_document(p) for p in report.pools],
+        "at": pools_report.at,
+        "requests": pools_report.requests,
+        "pages": dict(pools_report.pages),
+        "listed": dict(pools_report.listed),
+        "done": pools_report.done,
+        "pools": [_pool_document(p) for p in pools_report.pools],
     }
 
 
@@ -696,14 +677,14 @@ def _counts(counts: Mapping[str, int], *, label: Mapping[str, str] | None = None
     return ", ".join(f"{(label or {}).get(k, k or '-')} {v}" for k, v in counts.items()) or "-"
 
 
-def render(report: FleetReport, *, max_nodes: int = 20) -> str:
+def render(pools_report: FleetReport, *, max_nodes: int = 20) -> str:
     """The text screen: one block per pool. Every string in it came from the cluster, where
     any node's agent may write it (names, checksums, messages, the Lease's holder, the
     ledger's hosts): each line is shown with its control characters escaped, as ``status``
     shows them, so none of them drives the terminal. ``dump`` keeps them exact."""
-    if not report.pools:
+    if not pools_report.pools:
         return "no node-agent pools found (no Nodes with an agent, no OSC Secrets)\n"
-    return "\n".join(_render_pool(p, max_nodes) for p in report.pools)
+    return "\n".join(_render_pool(p, max_nodes) for p in pools_report.pools)
 
 
 def _render_pool(pool: PoolReport, max_nodes: int) -> str:
@@ -774,8 +755,8 @@ def _render_pool(pool: PoolReport, max_nodes: int) -> str:
     return "".join(escape_controls(line) + "\n" for line in out)
 
 
-def dump(report: FleetReport, output: str) -> str:
-    doc = to_document(report)
+def dump(pools_report: FleetReport, output: str) -> str:
+    doc = to_document(pools_report)
     if output == "yaml":
         import yaml
 
@@ -816,21 +797,21 @@ async def collect(
     nodes, secrets, leases, events = await asyncio.gather(
         list_all(kube.nodes(), page=page, pages=pages, label_selector=node_selector),
         list_all(
-            kube.secrets(NAMESPACE),
+            kube.secrets(report.NAMESPACE),
             page=page,
             pages=pages,
             label_selector=secret_selector,
             metadata_only=True,
         ),
-        list_all(kube.leases(NAMESPACE), page=page, pages=pages),
+        list_all(kube.leases(report.NAMESPACE), page=page, pages=pages),
         list_all(
-            kube.events(EVENT_NAMESPACE),
+            kube.events(report.EVENT_NAMESPACE),
             page=page,
             pages=pages,
-            field_selector=f"involvedObject.kind=Node,source={COMPONENT}",
+            field_selector=f"involvedObject.kind=Node,source={report.COMPONENT}",
         ),
     )
-    report = summarize(
+    pools_report = summarize(
         nodes,
         secrets,
         leases,
@@ -841,7 +822,7 @@ async def collect(
     )
     listed = {"nodes": len(nodes), "secrets": len(secrets), "leases": len(leases)}
     listed["events"] = len(events)
-    return replace(report, pages=pages, listed=listed)
+    return replace(pools_report, pages=pages, listed=listed)
 
 
 def kubeconfig_path(flag: str | None) -> Path:
@@ -873,17 +854,17 @@ async def run_fleet(
 
     async with KubeClient.from_kubeconfig(kubeconfig) as kube:
         while True:
-            report = await collect(kube, pools)
+            pools_report = await collect(kube, pools)
             if output == "text":
-                text = render(report, max_nodes=max_nodes)
+                text = render(pools_report, max_nodes=max_nodes)
                 if watch and sys.stdout.isatty():
                     text = CLEAR + text
                 sys.stdout.write(text)
             elif watch and output == "json":
-                sys.stdout.write(json.dumps(to_document(report)) + "\n")
+                sys.stdout.write(json.dumps(to_document(pools_report)) + "\n")
             else:
-                sys.stdout.write(dump(report, output))
+                sys.stdout.write(dump(pools_report, output))
             sys.stdout.flush()
-            if not watch or report.done:
+            if not watch or pools_report.done:
                 return 0
             await asyncio.sleep(interval)

@@ -687,9 +687,9 @@ def _annotation_map(keys: tuple[str, ...]) -> st.SearchStrategy[dict[str, str]]:
 
 def _conditions() -> st.SearchStrategy[list[JSON]]:
     condition = st.fixed_dictionaries(
-        {"type": st.sampled_from([fleet.CONDITION_ROLLOUT, fleet.CONDITION_UNITS, "Ready"]),
+        {"type": st.sampled_from([report.CONDITION_ROLLOUT, report.CONDITION_UNITS_READY, "Ready"]),
          "status": st.sampled_from(["True", "False", "Unknown"]),
-         "reason": st.sampled_from([fleet.REASON_FAILED, fleet.REASON_APPLYING,
+         "reason": st.sampled_from([report.REASON_ROLLOUT_FAILED, report.REASON_ROLLOUT_APPLYING,
                                     pacing.REASON_SLOT]) | texts(10),
          "message": _free_text() | st.sampled_from(
              ["a.service: failed; b.service: node-agent stopped restarting it",
@@ -705,9 +705,9 @@ def nodes() -> st.SearchStrategy[JSON]:
             {"name": st.sampled_from(_NODE_NAMES),
              "labels": st.fixed_dictionaries({}, optional={
                  fleet.LABEL_POOL: st.sampled_from(_POOLS),
-                 fleet.LABEL_SECRET_NAME: st.sampled_from(_SECRETS),
-                 fleet.LABEL_KUBERNETES_VERSION: _label_values()}),
-             "annotations": _annotation_map((fleet.ANNOTATION_APPLIED, "other"))}),
+                 report.LABEL_SECRET_NAME: st.sampled_from(_SECRETS),
+                 report.LABEL_KUBERNETES_VERSION: _label_values()}),
+             "annotations": _annotation_map((report.ANNOTATION_APPLIED_CHECKSUM, "other"))}),
          "status": st.fixed_dictionaries({"conditions": _conditions()}, optional={
              "nodeInfo": st.fixed_dictionaries({"kubeletVersion": _free_text()})})},
     )  # fmt: skip
@@ -720,11 +720,11 @@ def _policy_annotations() -> st.SearchStrategy[dict[str, str]]:
         texts(8),
     )  # fmt: skip
     keys = (
-        fleet.ANNOTATION_MAX_PARALLEL,
-        fleet.ANNOTATION_CANARIES,
-        fleet.ANNOTATION_SOAK,
-        fleet.ANNOTATION_MAX_FAILURES,
-        fleet.ANNOTATION_SERIAL,
+        pacing.ANNOTATION_MAX_PARALLEL,
+        pacing.ANNOTATION_CANARIES,
+        pacing.ANNOTATION_SOAK,
+        pacing.ANNOTATION_MAX_FAILURES,
+        report.ANNOTATION_SERIAL,
         pacing.ANNOTATION_SLOT_TTL,
     )
     return st.dictionaries(st.sampled_from(keys), value, max_size=len(keys))
@@ -739,7 +739,7 @@ def secrets() -> st.SearchStrategy[JSON]:
     annotations = st.builds(
         lambda policy, desired: {**policy, **desired},
         _policy_annotations(),
-        _annotation_map((fleet.ANNOTATION_DESIRED,)),
+        _annotation_map((report.ANNOTATION_SECRET_CHECKSUM,)),
     )
     return st.fixed_dictionaries(
         {"metadata": st.fixed_dictionaries(
@@ -760,7 +760,7 @@ def leases() -> st.SearchStrategy[JSON]:
     return st.fixed_dictionaries(
         {"metadata": st.fixed_dictionaries(
             {"name": name},
-            optional={"annotations": st.dictionaries(st.just(fleet.ANNOTATION_LEDGER), ledger)}),
+            optional={"annotations": st.dictionaries(st.just(pacing.ANNOTATION_LEDGER), ledger)}),
          "spec": st.fixed_dictionaries({}, optional={
              "holderIdentity": _free_text(),
              "renewTime": times(),
@@ -773,7 +773,7 @@ def events() -> st.SearchStrategy[JSON]:
     return st.fixed_dictionaries(
         {"involvedObject": st.fixed_dictionaries(
             {"kind": st.sampled_from(["Node", "Pod"]), "name": st.sampled_from(_NODE_NAMES)}),
-         "reason": st.sampled_from([fleet.EVENT_APPLIED, fleet.EVENT_ROLLED_BACK,
+         "reason": st.sampled_from([report.REASON_OSC_APPLIED, report.REASON_OSC_ROLLED_BACK,
                                     report.REASON_OSC_FAILED]) | texts(8),
          "type": st.sampled_from(["Normal", "Warning"]),
          "message": _free_text()},

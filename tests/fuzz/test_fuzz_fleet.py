@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 
 from node_agent.commands import fleet
 from node_agent.controllers.osc import pacing
+from node_agent.kube import report
 from tests.fuzz import harness
 from tests.fuzz.harness import bounded, budget, expect, only
 from tests.fuzz.strategies import events, leases, nodes, policy_annotations, secrets
@@ -45,9 +46,9 @@ def check(
     node_list: list[JSON], secret_list: list[JSON], lease_list: list[JSON], event_list: list[JSON]
 ) -> None:
     with only(harness.FLEET, "fleet summarize"):
-        report = fleet.summarize(node_list, secret_list, lease_list, event_list, NOW)
+        summary = fleet.summarize(node_list, secret_list, lease_list, event_list, NOW)
     with only(harness.FLEET, "fleet render"):
-        text = fleet.render(report)
+        text = fleet.render(summary)
         raw = _raw_controls(text)
         expect(
             not raw,
@@ -55,10 +56,10 @@ def check(
             lambda: f"shows {[hex(ord(c)) for c in raw]} raw (issue 33, finding 6): {text!r}"[:600],
         )
     with only(harness.FLEET, "fleet JSON/YAML"):
-        document = fleet.to_document(report)
-        again = json.loads(fleet.dump(report, "json"))
+        document = fleet.to_document(summary)
+        again = json.loads(fleet.dump(summary, "json"))
         expect(again == document, "fleet JSON", lambda: "does not read back as the report")
-        back = yaml.safe_load(fleet.dump(report, "yaml"))
+        back = yaml.safe_load(fleet.dump(summary, "yaml"))
         expect(back == document, "fleet YAML", lambda: "does not read back as the report")
         applied = {str(n["metadata"]["name"]): n for n in node_list}
         for pool in document["pools"]:
@@ -66,14 +67,16 @@ def check(
                 node = applied.get(line["name"])
                 if node is None:
                     continue
-                wrote = node["metadata"]["annotations"].get(fleet.ANNOTATION_APPLIED) or None
+                annotations = node["metadata"]["annotations"]
+                wrote = annotations.get(report.ANNOTATION_APPLIED_CHECKSUM) or None
                 if line["applied"] != wrote:
                     expect(False, "fleet JSON exact", f"applied {line['applied']!r} != {wrote!r}")
 
 
+_OWNED_TITLE = "\x1b]0;owned\x07\x1b[2J"
 _ESCAPES = {"metadata": {"name": "n1", "labels": {fleet.LABEL_POOL: "p1"},
-                         "annotations": {fleet.ANNOTATION_APPLIED: "\x1b]0;owned\x07\x1b[2J"}},
-            "status": {"conditions": [{"type": fleet.CONDITION_UNITS, "status": "False",
+                         "annotations": {report.ANNOTATION_APPLIED_CHECKSUM: _OWNED_TITLE}},
+            "status": {"conditions": [{"type": report.CONDITION_UNITS_READY, "status": "False",
                                        "reason": "UnhealthyUnits",
                                        "message": "a.service: \x1b[31mfailed\u202e"}]}}  # fmt: skip
 _LEASE = {"metadata": {"name": fleet.LEASE_PREFIX + "n1"},
@@ -110,7 +113,7 @@ def _same(a: float, b: float) -> bool:
 
 def test_a_soak_above_the_cap_reads_as_the_agents_read_it() -> None:
     """Issue 33's finding 9: ``rollout-canary-soak: 1000h`` (the agents cap it at 86,400 s)."""
-    policy_check({fleet.ANNOTATION_MAX_PARALLEL: "2", fleet.ANNOTATION_SOAK: "1000h"})
+    policy_check({pacing.ANNOTATION_MAX_PARALLEL: "2", pacing.ANNOTATION_SOAK: "1000h"})
 
 
 @budget(short=300)

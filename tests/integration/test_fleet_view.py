@@ -21,6 +21,7 @@ import pytest
 
 from node_agent.commands import fleet
 from node_agent.controllers.osc import pacing
+from node_agent.kube import report
 from node_agent.kube.client import KubeClient
 from tests.testbed.agent_harness import NS, REPO
 from tests.testbed.controlplane import ControlPlane
@@ -53,9 +54,9 @@ async def make_node(
                 "labels": {
                     "kubernetes.io/hostname": name,
                     fleet.LABEL_POOL: pool,
-                    fleet.LABEL_KUBERNETES_VERSION: "1.33.1",
+                    report.LABEL_KUBERNETES_VERSION: "1.33.1",
                 },
-                "annotations": {fleet.ANNOTATION_APPLIED: applied} if applied else {},
+                "annotations": {report.ANNOTATION_APPLIED_CHECKSUM: applied} if applied else {},
             }
         }
     )
@@ -149,7 +150,7 @@ async def test_fleet_reports_every_state_of_a_pool(control_plane: ControlPlane) 
                 "namespace": NS,
                 "labels": {fleet.LABEL_ROLE: fleet.ROLE_OSC, fleet.LABEL_POOL: pool},
                 "annotations": {
-                    fleet.ANNOTATION_DESIRED: NEW,
+                    report.ANNOTATION_SECRET_CHECKSUM: NEW,
                     pacing.ANNOTATION_MAX_PARALLEL: "1",
                     pacing.ANNOTATION_CANARIES: "0",
                     pacing.ANNOTATION_MAX_FAILURES: "2",
@@ -285,16 +286,16 @@ async def test_fleet_reports_every_state_of_a_pool(control_plane: ControlPlane) 
     # One list per kind, paginated: with pages of 2 the requests are exactly the pages, and
     # each kind took the pages its items need (no request per node at all).
     async with KubeClient.from_kubeconfig(control_plane.admin_kubeconfig) as kube:
-        report = await fleet.collect(kube, [pool], page=2)
-    assert len(report.pools[0].nodes) == 9
-    print(f"pages {dict(report.pages)}, listed {dict(report.listed)}, {report.requests} requests")
-    assert report.listed["nodes"] == 9
-    assert report.listed["secrets"] == 1
-    assert report.pages["nodes"] >= 5
-    assert report.pages["secrets"] == 1
-    for kind, items in report.listed.items():
-        assert report.pages[kind] >= max(1, -(-items // 2)), kind
-    assert report.requests == sum(report.pages.values())
+        shown = await fleet.collect(kube, [pool], page=2)
+    assert len(shown.pools[0].nodes) == 9
+    print(f"pages {dict(shown.pages)}, listed {dict(shown.listed)}, {shown.requests} requests")
+    assert shown.listed["nodes"] == 9
+    assert shown.listed["secrets"] == 1
+    assert shown.pages["nodes"] >= 5
+    assert shown.pages["secrets"] == 1
+    for kind, items in shown.listed.items():
+        assert shown.pages[kind] >= max(1, -(-items // 2)), kind
+    assert shown.requests == sum(shown.pages.values())
 
 
 async def test_watch_follows_a_rollout_until_every_node_is_up_to_date(
@@ -311,7 +312,7 @@ async def test_watch_follows_a_rollout_until_every_node_is_up_to_date(
                     "name": f"gardener-node-agent-{pool}",
                     "namespace": NS,
                     "labels": {fleet.LABEL_ROLE: fleet.ROLE_OSC, fleet.LABEL_POOL: pool},
-                    "annotations": {fleet.ANNOTATION_DESIRED: NEW},
+                    "annotations": {report.ANNOTATION_SECRET_CHECKSUM: NEW},
                 }
             }
         )
@@ -390,8 +391,8 @@ async def test_what_agents_wrote_is_shown_escaped_and_the_policy_as_the_agents_f
                     "namespace": NS,
                     "labels": {fleet.LABEL_ROLE: fleet.ROLE_OSC, fleet.LABEL_POOL: pool},
                     "annotations": {
-                        fleet.ANNOTATION_DESIRED: NEW,
-                        fleet.ANNOTATION_SERIAL: "true",
+                        report.ANNOTATION_SECRET_CHECKSUM: NEW,
+                        report.ANNOTATION_SERIAL: "true",
                         pacing.ANNOTATION_MAX_PARALLEL: "1",
                         pacing.ANNOTATION_MAX_FAILURES: "5",
                         pacing.ANNOTATION_SOAK: "1000h",

@@ -41,29 +41,29 @@ def node(**changes: Any) -> NodeFacts:
 
 
 def test_wire_names_are_the_agents() -> None:
-    assert fleet.ANNOTATION_APPLIED == report.ANNOTATION_APPLIED_CHECKSUM
-    assert fleet.ANNOTATION_DESIRED == report.ANNOTATION_SECRET_CHECKSUM
-    assert fleet.ANNOTATION_SERIAL == report.ANNOTATION_SERIAL
-    assert fleet.LABEL_KUBERNETES_VERSION == report.LABEL_KUBERNETES_VERSION
-    assert fleet.LABEL_SECRET_NAME == report.LABEL_SECRET_NAME
-    assert fleet.CONDITION_ROLLOUT == report.CONDITION_ROLLOUT
-    assert fleet.CONDITION_UNITS == report.CONDITION_UNITS_READY
-    assert fleet.COMPONENT == report.COMPONENT
-    assert fleet.NAMESPACE == report.NAMESPACE
-    assert fleet.EVENT_NAMESPACE == report.EVENT_NAMESPACE
-    assert fleet.REASON_APPLYING == report.REASON_ROLLOUT_APPLYING
-    assert fleet.REASON_FAILED == report.REASON_ROLLOUT_FAILED
-    assert fleet.EVENT_APPLIED == report.REASON_OSC_APPLIED
-    assert fleet.EVENT_ROLLED_BACK == report.REASON_OSC_ROLLED_BACK
-    assert fleet.EVENT_HELD == report.REASON_RESTARTS_SUSPENDED
+    assert report.ANNOTATION_APPLIED_CHECKSUM == report.ANNOTATION_APPLIED_CHECKSUM
+    assert report.ANNOTATION_SECRET_CHECKSUM == report.ANNOTATION_SECRET_CHECKSUM
+    assert report.ANNOTATION_SERIAL == report.ANNOTATION_SERIAL
+    assert report.LABEL_KUBERNETES_VERSION == report.LABEL_KUBERNETES_VERSION
+    assert report.LABEL_SECRET_NAME == report.LABEL_SECRET_NAME
+    assert report.CONDITION_ROLLOUT == report.CONDITION_ROLLOUT
+    assert report.CONDITION_UNITS_READY == report.CONDITION_UNITS_READY
+    assert report.COMPONENT == report.COMPONENT
+    assert report.NAMESPACE == report.NAMESPACE
+    assert report.EVENT_NAMESPACE == report.EVENT_NAMESPACE
+    assert report.REASON_ROLLOUT_APPLYING == report.REASON_ROLLOUT_APPLYING
+    assert report.REASON_ROLLOUT_FAILED == report.REASON_ROLLOUT_FAILED
+    assert report.REASON_OSC_APPLIED == report.REASON_OSC_APPLIED
+    assert report.REASON_OSC_ROLLED_BACK == report.REASON_OSC_ROLLED_BACK
+    assert report.REASON_RESTARTS_SUSPENDED == report.REASON_RESTARTS_SUSPENDED
     assert {report.REASON_OSC_FAILED, report.REASON_OSC_INVALID} < fleet.FAILURE_EVENTS
     assert set(report.REASON_UNIT_COMMAND.values()) < fleet.FAILURE_EVENTS
-    assert fleet.ANNOTATION_LEDGER == pacing.ANNOTATION_LEDGER
-    assert fleet.ANNOTATION_MAX_PARALLEL == pacing.ANNOTATION_MAX_PARALLEL
-    assert fleet.ANNOTATION_CANARIES == pacing.ANNOTATION_CANARIES
-    assert fleet.ANNOTATION_SOAK == pacing.ANNOTATION_SOAK
-    assert fleet.ANNOTATION_MAX_FAILURES == pacing.ANNOTATION_MAX_FAILURES
-    assert fleet.LOST == pacing.LOST
+    assert pacing.ANNOTATION_LEDGER == pacing.ANNOTATION_LEDGER
+    assert pacing.ANNOTATION_MAX_PARALLEL == pacing.ANNOTATION_MAX_PARALLEL
+    assert pacing.ANNOTATION_CANARIES == pacing.ANNOTATION_CANARIES
+    assert pacing.ANNOTATION_SOAK == pacing.ANNOTATION_SOAK
+    assert pacing.ANNOTATION_MAX_FAILURES == pacing.ANNOTATION_MAX_FAILURES
+    assert pacing.LOST == pacing.LOST
     reasons = {pacing.REASON_SERIAL, pacing.REASON_SLOT, pacing.REASON_CANARIES}
     assert reasons | {pacing.REASON_BREAKER} == fleet.WAITING_REASONS
     # the heartbeat Lease as the Lease controller names and writes it
@@ -241,8 +241,8 @@ def test_failed_from_the_condition_the_ledger_or_the_latest_event() -> None:
     assert classify(node(rollout=cond), NEW, None, NOW).state == "failed"
     stale = rollout("False", "RolloutFailed", f"OSC {OLD[:12]} failed: ApplyError: x")
     assert classify(node(rollout=stale), NEW, None, NOW).state == "applying"
-    lost = LedgerFacts(NEW, failed={"n1": fleet.LOST})
-    assert classify(node(), NEW, lost, NOW) == fleet.Verdict("failed", fleet.LOST)
+    lost = LedgerFacts(NEW, failed={"n1": pacing.LOST})
+    assert classify(node(), NEW, lost, NOW) == fleet.Verdict("failed", pacing.LOST)
     failed = EventFact("OSCApplyFailed", "Warning", "KubeError: boom", NOW - 10)
     applied = EventFact("OSCApplied", "Normal", "OSC applied", NOW - 5)
     assert classify(node(events=(failed,)), NEW, None, NOW).state == "failed"
@@ -282,11 +282,11 @@ def node_obj(
     pool: str = "p",
     conditions: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    annotations = {fleet.ANNOTATION_APPLIED: applied} if applied else {}
+    annotations = {report.ANNOTATION_APPLIED_CHECKSUM: applied} if applied else {}
     return {
         "metadata": {
             "name": name,
-            "labels": {fleet.LABEL_POOL: pool, fleet.LABEL_KUBERNETES_VERSION: "1.33.1"},
+            "labels": {fleet.LABEL_POOL: pool, report.LABEL_KUBERNETES_VERSION: "1.33.1"},
             "annotations": annotations,
         },
         "status": {"conditions": conditions or [], "nodeInfo": {"kubeletVersion": "v1.33.1"}},
@@ -312,7 +312,7 @@ def pool_objects() -> tuple[list[Any], list[Any], list[Any], list[Any]]:
             "name": "gardener-node-agent-p-0123456789abcdef",
             "labels": {fleet.LABEL_POOL: "p", fleet.LABEL_ROLE: fleet.ROLE_OSC},
             "annotations": {
-                fleet.ANNOTATION_DESIRED: NEW,
+                report.ANNOTATION_SECRET_CHECKSUM: NEW,
                 pacing.ANNOTATION_MAX_PARALLEL: "1",
                 pacing.ANNOTATION_CANARIES: "1",
                 pacing.ANNOTATION_MAX_FAILURES: "1",
@@ -404,10 +404,10 @@ def test_a_node_follows_the_secret_its_label_names() -> None:
     nodes, secrets, leases, events = pool_objects()
     older = json.loads(json.dumps(secrets[0]))
     older["metadata"]["name"] = "gardener-node-agent-p-old"
-    older["metadata"]["annotations"][fleet.ANNOTATION_DESIRED] = OLD
+    older["metadata"]["annotations"][report.ANNOTATION_SECRET_CHECKSUM] = OLD
     older["metadata"]["creationTimestamp"] = t(NOW - 9999)
     secrets[0]["metadata"]["creationTimestamp"] = t(NOW - 10)
-    nodes[1]["metadata"]["labels"][fleet.LABEL_SECRET_NAME] = "gardener-node-agent-p-old"
+    nodes[1]["metadata"]["labels"][report.LABEL_SECRET_NAME] = "gardener-node-agent-p-old"
     (pool,) = summarize(nodes, [secrets[0], older], leases, events, NOW).pools
     assert pool.desired == NEW  # the newest Secret is the pool's
     assert next(n for n in pool.nodes if n.name == "n2").state == "up-to-date"
@@ -499,7 +499,7 @@ def test_serial_holder_only_in_serial_mode_and_while_held() -> None:
     pool_lease["spec"]["holderIdentity"] = "n2"
     (paced,) = summarize(nodes, secrets, leases, events, NOW).pools
     assert paced.serial_holder is None  # a paced pool's Lease spec means nothing
-    secrets[0]["metadata"]["annotations"][fleet.ANNOTATION_SERIAL] = "true"
+    secrets[0]["metadata"]["annotations"][report.ANNOTATION_SERIAL] = "true"
     (serial,) = summarize(nodes, secrets, leases, events, NOW).pools
     assert serial.serial_holder == "n2"
     assert "serial Lease held by n2" in fleet.render(summarize(nodes, secrets, leases, events, NOW))
@@ -562,8 +562,8 @@ def hostile_pool() -> tuple[list[Any], list[Any], list[Any], list[Any], dict[str
             "name": fields["secret"],
             "labels": {fleet.LABEL_POOL: pool, fleet.LABEL_ROLE: fleet.ROLE_OSC},
             "annotations": {
-                fleet.ANNOTATION_DESIRED: HOSTILE_DESIRED,
-                fleet.ANNOTATION_SERIAL: "true",
+                report.ANNOTATION_SECRET_CHECKSUM: HOSTILE_DESIRED,
+                report.ANNOTATION_SERIAL: "true",
                 pacing.ANNOTATION_MAX_PARALLEL: "1",
             },
         }
@@ -581,7 +581,7 @@ def hostile_pool() -> tuple[list[Any], list[Any], list[Any], list[Any], dict[str
         "message": fields["rollout_message"],
     }
     first = node_obj(fields["node"], HOSTILE_APPLIED, pool=pool, conditions=[units, waiting])
-    first["metadata"]["labels"][fleet.LABEL_KUBERNETES_VERSION] = fields["kubernetes"]
+    first["metadata"]["labels"][report.LABEL_KUBERNETES_VERSION] = fields["kubernetes"]
     first["status"]["nodeInfo"]["kubeletVersion"] = fields["kubelet"]
     failing = node_obj("n2", HOSTILE_APPLIED, pool=pool)
     pool_lease = lease_obj(fields["secret"], NOW, {pacing.ANNOTATION_LEDGER: ledger.dump()})
@@ -682,7 +682,7 @@ annotation_values = st.one_of(
 
 def policy_pool(annotations: Mapping[str, str], lease_spec: Mapping[str, Any] | None = None) -> Any:
     nodes, secrets, leases, events = pool_objects()
-    secrets[0]["metadata"]["annotations"] = {fleet.ANNOTATION_DESIRED: NEW, **annotations}
+    secrets[0]["metadata"]["annotations"] = {report.ANNOTATION_SECRET_CHECKSUM: NEW, **annotations}
     if lease_spec is not None:
         leases[-1]["spec"] = dict(lease_spec)
     return summarize(nodes, secrets, leases, events, NOW)
@@ -780,9 +780,9 @@ FIELDS = [
     "time",
     "creationTimestamp",
     fleet.LABEL_POOL,
-    fleet.ANNOTATION_APPLIED,
-    fleet.ANNOTATION_DESIRED,
-    fleet.ANNOTATION_SERIAL,
+    report.ANNOTATION_APPLIED_CHECKSUM,
+    report.ANNOTATION_SECRET_CHECKSUM,
+    report.ANNOTATION_SERIAL,
     pacing.ANNOTATION_LEDGER,
     pacing.ANNOTATION_MAX_PARALLEL,
     pacing.ANNOTATION_SOAK,
