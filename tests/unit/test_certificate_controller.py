@@ -27,6 +27,8 @@ from node_agent.host.fs import HostFS
 from node_agent.kube import certificates
 from tests.unit.fakes import FakeKube, issue_certificates, until
 
+pytestmark = pytest.mark.usefixtures("virtual_clock")
+
 CA_KEY = ec.generate_private_key(ec.SECP256R1())
 CA_NAME = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "ca")])
 

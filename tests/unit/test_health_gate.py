@@ -10,6 +10,7 @@ import asyncio
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -32,6 +33,8 @@ from node_agent.host.fs import HostFS
 from node_agent.host.state import StateStore
 from node_agent.systemd.types import JobResult, UnitState
 from tests.unit.fakes import FakeSystemd
+
+pytestmark = pytest.mark.usefixtures("virtual_clock")
 
 AGENT = "gardener-node-agent.service"
 

@@ -37,6 +37,8 @@ from node_agent.host.history import (
 )
 from node_agent.host.state import CORRUPT_SUFFIX, STATE_DIR, StateStore
 
+pytestmark = pytest.mark.usefixtures("virtual_clock")
+
 T0 = datetime(2026, 11, 20, 10, 0, 0, tzinfo=UTC)
 A, B = "a" * 64, "b" * 64
 REPO = Path(__file__).resolve().parents[2]

@@ -24,6 +24,8 @@ from node_agent.base.errors import (
 from node_agent.kube.client import KubeClient, Timeouts
 from tests.unit.wire_apiserver import Answer, WireAPIServer, started, status_body
 
+pytestmark = pytest.mark.usefixtures("virtual_clock")
+
 LEASE = "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/x"
 SECRETS = "/api/v1/namespaces/kube-system/secrets"
 LEASE_BODY = {"kind": "Lease", "metadata": {"name": "x", "resourceVersion": "7"}}

@@ -20,6 +20,8 @@ from node_agent.controllers.lease import (
 )
 from tests.unit.fakes import make_ctx
 
+pytestmark = pytest.mark.usefixtures("virtual_clock")
+
 
 def test_micro_time_is_utc_with_microseconds_and_z() -> None:
     moment = datetime(2026, 8, 1, 14, 3, 4, 56, tzinfo=timezone(timedelta(hours=2)))

@@ -45,6 +45,8 @@ from node_agent.osc.models import OperatingSystemConfig
 from node_agent.systemd import UnitFileChange, UnitState
 from tests.unit.fakes import Call, FakeKube, FakeSystemd, make_ctx, osc_document
 
+pytestmark = pytest.mark.usefixtures("virtual_clock")
+
 SECRET = "gardener-node-agent-pool-a-0123456789abcdef"
 
 

@@ -18,6 +18,8 @@ from node_agent.controllers.token import TokenSync, token_bytes
 from node_agent.host.inotify import RemovalWatch
 from tests.unit.fakes import FakeKube, FakeResource, make_ctx
 
+pytestmark = pytest.mark.usefixtures("virtual_clock")
+
 
 def _secret(token: bytes) -> dict[str, Any]:
     return {"metadata": {"name": "tok"}, "data": {"token": base64.b64encode(token).decode()}}

@@ -19,6 +19,8 @@ from node_agent.controllers.token import TokenController, TokenSync, refusal
 from tests.testbed.config_cases import GARDENER_RENDERED, _with
 from tests.unit.fakes import FakeKube, make_ctx
 
+pytestmark = pytest.mark.usefixtures("virtual_clock")
+
 GOOD = "/var/lib/valitail/auth-token"
 BASE = layout.BASE_DIR
 
