@@ -292,6 +292,15 @@ class AgentCollector(Collector):
             "Times this node had to wait for its turn in a rollout.",
             rollout.waits,
         )
+        conflicts = CounterMetricFamily(
+            "node_agent_rollout_lease_conflicts",
+            "Writes of the pool's rollout Lease that lost their compare-and-swap race (409), "
+            "by what the write was for.",
+            labels=("write",),
+        )
+        for write, count in rollout.conflicts:
+            conflicts.add_metric((write,), count)
+        yield conflicts
 
     def in_place(self, view: AgentView) -> Metrics:
         in_place = view.in_place

@@ -305,6 +305,9 @@ async def test_a_release_that_conflicts_is_retried_with_a_fresh_read(pool: Pool)
     pool.kube.fail("Lease.replace", KubeConflict("conflict", status=409), times=2)
     await a.succeeded(permit)
     assert pool.ledger().holders() == ("b",)
+    # each lost race is counted by what the write was for (the metric's ``write`` label)
+    assert a.view().conflicts == (("result", 2),)
+    assert b.view().conflicts == ()
 
 
 async def test_conflicts_back_off_on_the_agents_one_backoff(
@@ -358,6 +361,7 @@ async def test_a_lost_race_to_join_waits_for_the_watch_and_widens_the_window(
     assert lease_requests(pool) == before + 1
     assert b._window == 2 * rollout_module.JOIN_WINDOW
     assert b.view().state == "waiting"
+    assert b.view().conflicts == (("take", 1),)
     assert await c.admit(secret(paced(3)), CS, retrying=False, plan=KUBELET) is not None
     await until(lambda: "b" in pool.woken)  # within its window, not after the 60 s re-check
     await pool.caught_up()

@@ -148,6 +148,7 @@ def test_rollout_section_in_the_document_the_text_and_the_metrics(tmp_path: Path
             breaker_open=True,
             since=NOW.timestamp(),
             waits=4,
+            conflicts=(("join", 2), ("result", 1)),
         )
     )
     view = read(ctx)()
@@ -162,3 +163,5 @@ def test_rollout_section_in_the_document_the_text_and_the_metrics(tmp_path: Path
     assert samples["node_agent_rollout_waiting"] == 1
     assert samples["node_agent_rollout_breaker_open"] == 1
     assert samples["node_agent_rollout_waits_total"] == 4
+    assert samples['node_agent_rollout_lease_conflicts_total{write="join"}'] == 2
+    assert samples['node_agent_rollout_lease_conflicts_total{write="result"}'] == 1

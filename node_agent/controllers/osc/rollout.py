@@ -18,6 +18,7 @@ import asyncio
 import math
 import random
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
@@ -93,6 +94,9 @@ class RolloutView:
     canary: bool = False
     since: float | None = None
     waits: int = 0
+    #: compare-and-swap writes of the pool's Lease that lost their race (409), by what the
+    #: write was for (``join``, ``take``, ``result``, ...): where a rollout's conflicts come from
+    conflicts: tuple[tuple[str, int], ...] = ()
     #: annotations of the Secret that could not be read (defaults used)
     problems: tuple[str, ...] = ()
 
@@ -154,6 +158,7 @@ class Rollout:
         self._ledger_problems: tuple[str, ...] = ()  # of the last ledger reset reported
         # our condition's (status, lastTransitionTime) as last written or seen on the Node
         self._on_node: tuple[str, str] | None = None
+        self._conflicts: Counter[str] = Counter()  # lost compare-and-swap writes, by kind
 
     @property
     def config(self) -> RolloutConfig:
@@ -165,7 +170,7 @@ class Rollout:
         return self.ctx.secret_name
 
     def view(self) -> RolloutView:
-        return self._view
+        return replace(self._view, conflicts=tuple(sorted(self._conflicts.items())))
 
     async def close(self) -> None:
         """Stop the timer, the Lease's watch and a slot's renewer (the slot then lapses)."""
@@ -335,11 +340,14 @@ class Rollout:
 
         problems: tuple[str, ...] = ()
 
+        write = "serial-acquire"
+
         def change(lease: JSON) -> tuple[bool, tuple[pacing.SerialStep, int | None]]:
-            nonlocal problems
+            nonlocal problems, write
             step, ticket, ledger = self._serial_turn(lease, checksum, now)
             read, problems = _parse_ledger(lease)
             drawn = ledger != read or bool(problems)
+            write = "serial-acquire" if step.action == "acquire" else "join"
             if step.action == "acquire":
                 lease["spec"] = dict(step.spec)
             if drawn:
@@ -347,7 +355,9 @@ class Rollout:
             return step.action == "acquire" or drawn, (step, ticket)
 
         try:
-            step, ticket = await self._update(change, shown=self._live_shown(), contend=True)
+            step, ticket = await self._update(
+                change, shown=self._live_shown(), contend=True, kind=lambda: write
+            )
         except _Contended:
             message = (
                 f"serial rollout: waiting in line for Lease {report.NAMESPACE}/{self.lease_name}"
@@ -433,7 +443,13 @@ class Rollout:
             return True, None
 
         try:
-            await self._update(change, create=False, shown=self._live_shown(), must_land=True)
+            await self._update(
+                change,
+                create=False,
+                shown=self._live_shown(),
+                must_land=True,
+                kind=lambda: "serial-release",
+            )
             log.info("serial Lease released", lease=self.lease_name)
         except KubeNotFound:
             pass
@@ -459,12 +475,14 @@ class Rollout:
     async def _take_slot(self, policy: pacing.Pacing, checksum: str, *, serial: bool) -> Decision:
 
         problems: tuple[str, ...] = ()
+        write = "take"
 
         def change(lease: JSON) -> tuple[bool, Decision]:
-            nonlocal problems
+            nonlocal problems, write
             ledger, problems = _parse_ledger(lease)
             decision = self._decide(policy, ledger, checksum, serial=serial)
             changed = decision.ledger != ledger or bool(problems)
+            write = "take" if decision.action == "proceed" else "join" if changed else "repair"
             if changed:
                 _put_ledger(lease, decision.ledger)
             return changed, decision
@@ -475,7 +493,7 @@ class Rollout:
             if self._looked_for != checksum and not serial and self._ticket_for(checksum) is None:
                 self._looked_for = checksum
                 shown = await self._look_before_joining(policy, checksum, shown)
-            decision = await self._update(change, shown=shown, contend=True)
+            decision = await self._update(change, shown=shown, contend=True, kind=lambda: write)
         except _Contended:
             message = (
                 f"waiting in line for one of {policy.max_parallel} rollout slot(s) of OSC "
@@ -553,7 +571,7 @@ class Rollout:
             return True, renewed.slot_of(host)
 
         try:
-            return await self._update(change, create=False)
+            return await self._update(change, create=False, kind=lambda: "readopt")
         except KubeNotFound:
             return None
 
@@ -570,7 +588,11 @@ class Rollout:
 
         try:
             ledger = await self._update(
-                change, create=False, shown=self._live_shown(), must_land=True
+                change,
+                create=False,
+                shown=self._live_shown(),
+                must_land=True,
+                kind=lambda: "result",
             )
         except KubeNotFound:
             return
@@ -703,7 +725,11 @@ class Rollout:
 
             try:
                 held = await self._update(
-                    change, create=False, shown=self._live_shown(), must_land=True
+                    change,
+                    create=False,
+                    shown=self._live_shown(),
+                    must_land=True,
+                    kind=lambda: "renew",
                 )
             except KubeError as exc:
                 log.warning("rollout slot not renewed", error=str(exc))
@@ -757,6 +783,7 @@ class Rollout:
         shown: JSON | None = None,
         contend: bool = False,
         must_land: bool = False,
+        kind: Callable[[], str],
     ) -> T:
         """Read the Lease, let ``change`` edit it, write it back with compare-and-swap (the read
         resourceVersion); on a conflict read again and decide again. ``shown``: the Lease as
@@ -766,7 +793,8 @@ class Rollout:
         ``must_land``: a write this node owes the pool (a slot's renewal or result, the serial
         Lease's release): the shown Lease is used only for a write, which the compare-and-swap
         checks; "nothing to write" is believed only from a fresh read (the watch may deliver a
-        version older than this node's own last write, without its slot)."""
+        version older than this node's own last write, without its slot). ``kind``: what the
+        write is for, as ``change`` last decided (a lost race is counted by it)."""
         kube = self.ctx.kube
         backoff = Backoff.of(retry.CONFLICT, rng=self._rng)
         if shown is not None and _resource_version(shown) == self._lost_on:
@@ -786,6 +814,7 @@ class Rollout:
                         self._saw(written)
                         return result
                     except KubeConflict:  # another node wrote first (or the watch was behind)
+                        self._conflicts[kind()] += 1
                         if contend:
                             self._lost_on = self._decided_on
                             raise _Contended() from None
@@ -805,6 +834,7 @@ class Rollout:
                 self._saw(written)
                 return result
             except KubeConflict:  # also AlreadyExists: someone else wrote first
+                self._conflicts[kind()] += 1
                 if contend:
                     self._lost_on = self._decided_on
                     raise _Contended() from None
