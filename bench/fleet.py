@@ -416,6 +416,7 @@ class Member:
     creds: NodeAgentCredentials | None = None
     proc: asyncio.subprocess.Process | None = None
     log: Path | None = None
+    metrics_port: int = 0
 
     @property
     def user(self) -> str:
@@ -491,9 +492,10 @@ class Fleet:
         )
         doc = yaml.safe_load(setup.config_file.read_text())
         doc["logLevel"] = "info"
+        member.metrics_port = free_port()
         doc["server"] = {
             "healthProbes": {"bindAddress": "127.0.0.1", "port": free_port()},
-            "metrics": {"bindAddress": "127.0.0.1", "port": free_port()},
+            "metrics": {"bindAddress": "127.0.0.1", "port": member.metrics_port},
         }
         doc["controllers"]["token"]["syncConfigs"] = [
             {"secretName": TOKEN_SECRET, "path": TOKEN_PATH}
@@ -653,6 +655,7 @@ async def rollout(
     nodes = fleet.names
     pid = fleet.cp.apiserver.popen.pid  # type: ignore[union-attr]
     print(f"{label}: publishing {tag} {annotations or '(no pacing)'}", flush=True)
+    conflicts_before = await lease_conflicts(fleet)
     with CpuSampler(pid) as cpu:
         t0 = time.time()
         checksum = await publish(fleet.admin, fleet.secret, fleet_osc(tag), annotations)
@@ -686,6 +689,12 @@ async def rollout(
         f"outage p50 {statistics.median([b - a for a, b in spans]) if spans else 0:.1f} s); "
         f"{verdict}",
     )
+    conflicts_after = await lease_conflicts(fleet)
+    fleet.row(
+        f"{label}: lost Lease writes, as the agents count them",
+        f"{sum(conflicts_after.values()) - sum(conflicts_before.values())}",
+        f"by write: {conflicts_note(conflicts_before, conflicts_after)}",
+    )
     fleet.figures[label] = {
         "k": k,
         "serial": serial,
@@ -701,6 +710,37 @@ async def rollout(
         f"{max(cpu.samples, default=0) * 100:.0f} % of a core",
         f"{cpu.total:.1f} CPU s over {cpu.wall:.1f} s; " + await api_note(fleet, t0, t1, label),
     )
+
+
+CONFLICTS_METRIC = re.compile(
+    r'^node_agent_rollout_lease_conflicts_total\{write="([a-z-]+)"\} ([0-9.e+]+)$', re.M
+)
+
+
+async def lease_conflicts(fleet: Fleet) -> Counter[str]:
+    """The agents' own count of lost compare-and-swap writes on the pool's Lease, by what each
+    write was for (``node_agent_rollout_lease_conflicts_total{write}``, summed over the pool;
+    an agent that does not answer counts nothing)."""
+    import aiohttp
+
+    total: Counter[str] = Counter()
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
+
+        async def one(member: Member) -> None:
+            with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+                url = f"http://127.0.0.1:{member.metrics_port}/metrics"
+                async with session.get(url) as response:
+                    text = await response.text()
+                for write, value in CONFLICTS_METRIC.findall(text):
+                    total[write] += int(float(value))
+
+        await asyncio.gather(*(one(m) for m in fleet.members if m.metrics_port))
+    return total
+
+
+def conflicts_note(before: Counter[str], after: Counter[str]) -> str:
+    grown = {w: after[w] - before.get(w, 0) for w in sorted(after) if after[w] > before.get(w, 0)}
+    return ", ".join(f"{w} {n}" for w, n in grown.items()) or "none"
 
 
 async def fleet_views(fleet: Fleet, checksum: str, label: str) -> None:
