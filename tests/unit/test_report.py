@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 from node_agent.kube import report
 
@@ -89,3 +90,19 @@ def test_node_event_shape() -> None:
         report.node_event(node_name="n1", node_uid=None, reason="r", message="x" * 5000)["message"]
         == "x" * 256 + " [... 4040 bytes cut ...] " + "x" * 704
     )
+
+
+def test_every_reason_the_agent_writes_is_in_the_operators_guide() -> None:
+    """An operator looks a reason up in docs/operations.md: each Event and condition reason of
+    ``kube/report.py`` (and the rollout's waiting reasons) is named there, in backquotes."""
+    from node_agent.controllers.osc import pacing
+
+    guide = (Path(__file__).parents[2] / "docs" / "operations.md").read_text()
+    reasons: set[str] = set()
+    for name, value in vars(report).items():
+        if name.startswith("REASON_"):
+            reasons |= set(value.values()) if isinstance(value, dict) else {value}
+    reasons |= {pacing.REASON_SERIAL, pacing.REASON_SLOT, pacing.REASON_CANARIES}
+    reasons.add(pacing.REASON_BREAKER)
+    assert len(reasons) > 25
+    assert sorted(r for r in reasons if f"`{r}`" not in guide) == []
