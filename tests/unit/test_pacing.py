@@ -274,6 +274,7 @@ def test_ledger_round_trip_and_garbage() -> None:
         {"y": "why"},
     )
     assert Ledger.load(ledger.dump()) == ledger
+    assert '"window"' not in ledger.dump()  # none learned: the wire form is as before
     assert Ledger.load("{not json") == Ledger()
     assert Ledger.load('{"slots": [{"host": 1}]}') == Ledger()
 
@@ -469,6 +470,66 @@ def test_ledger_problems_are_named() -> None:
         "slot 2 repeats host 'a'",
     )
     assert Ledger.parse("[]")[1] == ("not a JSON object but list",)
+    for window in ("1e300", "-3", "NaN", '"wide"'):
+        ledger, problems = Ledger.parse(f'{{"window": {window}}}')
+        assert ledger.window == 0.0
+        assert problems[0].startswith("window ")
+        assert "out of range" in problems[0]
+
+
+def test_the_pools_join_window_follows_how_soon_the_first_join_came() -> None:
+    floor, target = 4.0, pacing.JOIN_TARGET
+    fresh = Ledger(CS)
+    # the first join came 0.04 s into a 4 s window: ~100 nodes outside, the window widens
+    # (by the square root of the ratio, at most 4 x at once)
+    wide = pacing.learn_window(fresh, 4.0, 0.04, floor)
+    assert wide.window == 16.0
+    assert pacing.learn_window(wide, 16.0, target / 9, floor).window == pytest.approx(48.0)
+    # a join that came late narrows it (at most by half), down to none learned at the floor
+    assert pacing.learn_window(Ledger(CS, window=100.0), 100.0, 99.0, floor).window == 50.0
+    assert pacing.learn_window(Ledger(CS, window=6.0), 6.0, 5.0, floor).window == 0.0
+    assert '"window"' not in pacing.learn_window(fresh, 4.0, 3.0, floor).dump()
+    assert pacing.learn_window(fresh, 3000.0, 0.001, floor).window == pacing.MAX_JOIN_WINDOW
+    # the window is the pool's: a new checksum keeps it, as the pool's size stays
+    assert pacing.for_checksum(wide, CS2).window == 16.0
+    assert Ledger.load(wide.dump()).window == 16.0
+
+
+def _join_races(outside: int, seen_after: float, seed: int, joins: int) -> tuple[int, int]:
+    """A model of the join races: ``outside`` nodes wait outside the line; each draws its delay
+    in the pool's window (doubled for a node that lost its last race), the first writes, and
+    every node whose delay ends before that write is seen (``seen_after`` s) writes and loses.
+    The node whose join landed teaches the pool's window how soon it came. Returns the joins
+    and the writes lost."""
+    import random
+
+    rng = random.Random(seed)
+    ledger, floor, own = Ledger(CS), 4.0, {n: 0.0 for n in range(outside)}
+    lost = done = 0
+    while len(own) > 1 and done < joins:
+        pool = max(ledger.window, floor)
+        draws = sorted((rng.uniform(0.0, max(pool, own[n])), n, max(pool, own[n])) for n in own)
+        first_at, first, window = draws[0]
+        losers = [n for at, n, _ in draws[1:] if at < first_at + seen_after]
+        if own.pop(first) <= pool:  # a node that lost first says nothing (its window was its own)
+            ledger = pacing.learn_window(ledger, window, first_at, floor)
+        for n in losers:
+            own[n] = min(2 * max(pool, own[n]), pacing.MAX_JOIN_WINDOW)
+        lost += len(losers)
+        done += 1
+    return done, lost
+
+
+@pytest.mark.parametrize("outside", [20, 80, 400, 2000])
+def test_a_learned_join_window_keeps_lost_joins_flat_in_the_pool_size(outside: int) -> None:
+    """Lost writes per join, in the model, for a write seen after 0.1 s: with the learned
+    window they stay low at every size; with the fixed 4 s window of before they grow with the
+    number outside (about n x 0.1 / 4, i.e. 5 per join at 2,000 outside)."""
+    joins = lost = 0
+    for seed in range(3):
+        j, n = _join_races(outside, 0.1, seed, joins=min(outside - 1, 300))
+        joins, lost = joins + j, lost + n
+    assert lost / joins < 0.35, (outside, lost, joins)
 
 
 # any JSON, and ledger-shaped JSON with hostile numbers and strings
@@ -506,6 +567,7 @@ _ledger = st.fixed_dictionaries(
         "canaries": st.lists(_hosts, max_size=4) | _json,
         "healthy": st.dictionaries(st.sampled_from(["a", "b", "ghost"]), _numbers) | _json,
         "failed": st.dictionaries(st.sampled_from(["a", "b", "ghost"]), _json) | _json,
+        "window": _numbers,
     },
 )
 

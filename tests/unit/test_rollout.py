@@ -352,14 +352,17 @@ async def test_a_lost_race_to_join_waits_for_the_watch_and_widens_the_window(
     at once, and the pool's join burst raced on the one Lease."""
     monkeypatch.setattr(rollout_module, "JOIN_WINDOW", 0.1)  # a unit test does not wait seconds
     b = pool.node("b", recheck=("60s", "60s"))
-    a, c = pool.node("a"), pool.node("c")
+    # c's recheck is wider than the join window a's join may teach the pool (up to 4 x 0.1 s):
+    # a first look never holds the loop longer than its recheck, and defers a join due later
+    a, c = pool.node("a"), pool.node("c", recheck=("60s", "60s"))
     await a.admit(secret(paced(3)), CS, retrying=False, plan=KUBELET)  # creates the Lease
     before = lease_requests(pool)
     pool.kube.fail("Lease.replace", KubeConflict("conflict", status=409), times=1)
     assert await b.admit(secret(paced(3)), CS, retrying=False, plan=KUBELET) is None
     # one read and the lost write (the fake records only writes that land): no retry
     assert lease_requests(pool) == before + 1
-    assert b._window == 2 * rollout_module.JOIN_WINDOW
+    # the window it drew its delay from (the pool's, as a's join taught it), doubled
+    assert b._window == 2 * max(rollout_module.JOIN_WINDOW, pool.ledger().window)
     assert b.view().state == "waiting"
     assert b.view().conflicts == (("take", 1),)
     assert await c.admit(secret(paced(3)), CS, retrying=False, plan=KUBELET) is not None
@@ -450,7 +453,7 @@ async def test_a_new_secret_while_the_pool_waits_is_first_looked_at_spread_too(
 async def test_windows_double_per_lost_race_up_to_their_cap(pool: Pool) -> None:
     node = pool.node("a")
     delays = []
-    for _ in range(8):
+    for _ in range(12):  # 4 s doubled 10 times passes the cap
         node._join_at = None
         delays.append(node._contended(CS))
     assert node._window == rollout_module.JOIN_WINDOW_MAX
@@ -731,7 +734,7 @@ async def test_a_freed_slot_wakes_only_the_next_in_line(
     reads = lease_reads()
     writes = len(pool.kube.writes("Lease.replace"))
     await a.succeeded(permit)
-    await until(lambda: pool.woken == ["b"])
+    await until(lambda: "b" in pool.woken)
     await pool.caught_up()
     assert pool.woken == ["b"]
     # b decides from the Lease its watch showed, and writes on that resourceVersion
@@ -754,6 +757,24 @@ async def test_a_freed_slot_wakes_only_the_next_in_line(
     assert pool.ledger().waiting() == 2
     assert len(pool.kube.writes("Lease.replace")) == writes + 3
     assert lease_reads() == reads
+
+
+async def test_a_node_whose_timer_fired_is_woken_again_when_its_turn_comes(pool: Pool) -> None:
+    """The reconcile loop may take a wake-up without deciding (it was busy, or the wake-up was
+    merged with another). The timer that fired must not count as still set: before, a later
+    "wake me sooner" compared with its past time, set nothing, and the node whose turn had
+    come slept until something else happened to wake it."""
+    a = pool.node("a")
+    b = pool.node("b", recheck=("60s", "60s"))
+    permit = await a.admit(secret(paced()), CS, retrying=False, plan=KUBELET)
+    assert await b.admit(secret(paced()), CS, retrying=False, plan=KUBELET) is None
+    await pool.caught_up()
+    await asyncio.sleep(61.0)  # b's re-check fires; nobody decides on it
+    assert "b" in pool.woken
+    pool.woken.clear()
+    await a.succeeded(permit)
+    await until(lambda: "b" in pool.woken)
+    assert await b.admit(secret(paced()), CS, retrying=False, plan=KUBELET) is not None
 
 
 async def test_a_serial_release_wakes_only_the_next_in_line(pool: Pool) -> None:

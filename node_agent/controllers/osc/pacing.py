@@ -72,6 +72,15 @@ MAX_TICKET = 2**53
 #: the line stood still for a grace): the rest of the pool watches without writing until the
 #: line shortens, so a new Secret costs the pool ~2K draws at once, not N racing on one Lease
 JOIN_DEPTH = 2
+#: the pool's join window (seconds), as its ledger keeps it: the largest a ledger may carry (a
+#: forged one delays joins by at most about this over the pool, then is learned away)
+MAX_JOIN_WINDOW = 3600.0
+#: how soon after a place in the line came free the first join should land: the window is
+#: learned so that the first of the n nodes outside, each drawing its delay in it, writes about
+#: this long after the line shortened (see :func:`learn_window`)
+JOIN_TARGET = 1.0
+#: the most one join may widen the window by, and narrow it by
+JOIN_LEARN_STEP = (4.0, 0.5)
 #: longest host name / failure reason kept from a ledger
 MAX_NAME = 253
 MAX_WHY = 300
@@ -361,6 +370,9 @@ class Ledger:
     tickets: int = 0
     turn: int = 0
     served: tuple[int, ...] = ()
+    #: the pool's join window, learned from its joins (0: none learned yet); kept across
+    #: checksums, since the pool's size is what it follows (see :func:`learn_window`)
+    window: float = 0.0
 
     def waiting(self) -> int:
         """Tickets handed out and not served (or passed over) yet."""
@@ -407,6 +419,7 @@ class Ledger:
                     if self.tickets
                     else {}
                 ),
+                **({"window": round(self.window, 3)} if self.window else {}),
             },
             sort_keys=True,
             separators=(",", ":"),
@@ -482,6 +495,10 @@ class Ledger:
             str(h)[:MAX_NAME]: str(why)[:MAX_WHY] for h, why in entries("failed", dict).items()
         }
         tickets, turn, served = _line(doc.get("line"), problems)
+        window = _number(doc.get("window", 0.0))
+        if not 0.0 <= window <= MAX_JOIN_WINDOW:  # NaN too
+            problems.append(f"window {str(doc.get('window'))[:40]} is out of range (forgotten)")
+            window = 0.0
         ledger = cls(
             checksum=checksum or "",
             slots=tuple(slots),
@@ -491,6 +508,7 @@ class Ledger:
             tickets=tickets,
             turn=turn,
             served=served,
+            window=window,
         )
         return ledger, tuple(problems)
 
@@ -596,7 +614,28 @@ def for_checksum(ledger: Ledger, checksum: str) -> Ledger:
     (its holders keep their slots), as in :func:`current`."""
     if ledger.checksum == checksum:
         return ledger
-    return Ledger(checksum=checksum, slots=ledger.slots)
+    return Ledger(checksum=checksum, slots=ledger.slots, window=ledger.window)
+
+
+def learn_window(ledger: Ledger, window: float, waited: float, floor: float) -> Ledger:
+    """The ledger a joining node writes, with what its join says of the pool's join window.
+
+    Nodes outside the line join after a random delay in the window; the first writes, and any
+    other whose delay ends before that write is seen collides with it. With n outside, the
+    first delay is about window / n, so a fixed window makes collisions per join grow with n
+    (with the pool). The node whose join landed drew ``waited`` in ``window``: n is about
+    window / waited, and the window that makes the first of them write after
+    :data:`JOIN_TARGET` is about n times that. One join's delay is noisy, so the window moves
+    by the square root of that ratio, within :data:`JOIN_LEARN_STEP`. The collisions per join
+    then stay near JOIN_TARGET's share of the time a write takes to be seen, whatever the
+    pool's size. Bounded by :data:`MAX_JOIN_WINDOW`; one at ``floor`` or below is none (0).
+    """
+    widest, narrowest = JOIN_LEARN_STEP
+    ratio = JOIN_TARGET / max(waited, 0.01)
+    step = min(widest, max(narrowest, math.sqrt(ratio)))
+    learned = min(window * step, MAX_JOIN_WINDOW)
+    # at the floor it is what every node has without a ledger: kept as none learned (0)
+    return replace(ledger, window=learned if learned > floor else 0.0)
 
 
 @dataclass(frozen=True)

@@ -58,18 +58,26 @@ MIN_RECHECK = 1.0
 RECHECK_FLOOR = 0.05
 #: A node joining the line (drawing a ticket, or taking a free place without one) writes after a
 #: random delay up to its window, and only if the Lease its watch shows by then still asks for
-#: it: the first to write fills the line and the others stand down without a request. A 409 on
-#: such a write doubles the node's window (binary exponential backoff, up to JOIN_WINDOW_MAX): the
-#: windows grow until the pool's joins rarely collide, whatever its size; a write that lands
-#: resets it.
+#: it: the first to write fills the line and the others stand down without a request. Its window
+#: is the pool's, as the ledger keeps it (``pacing.learn_window``: each join that lands narrows
+#: or widens it, so that it follows the number of nodes outside the line), never below
+#: JOIN_WINDOW; a 409 on such a write doubles the node's own (up to JOIN_WINDOW_MAX) until one
+#: of its writes lands, which then widens the pool's.
 JOIN_WINDOW = 4.0
-JOIN_WINDOW_MAX = 32.0
+JOIN_WINDOW_MAX = pacing.MAX_JOIN_WINDOW
+#: a timer may fire this much before its time (the loop's clock resolution, float rounding)
+TIMER_SLACK = 0.05
 State = Literal["idle", "waiting", "applying", "applied", "failed"]
 
 
 class _Contended(Exception):
     """A compare-and-swap on the Lease lost a race (409): the watch brings the Lease that won,
     and the node decides again from it instead of reading it again."""
+
+
+class _Deferred(Exception):
+    """A first look's join is due later than the node may hold its reconcile loop: it waits
+    (watching) and joins when its delay is over, if the line still needs it then."""
 
 
 @dataclass(frozen=True)
@@ -149,7 +157,9 @@ class Rollout:
         self._seen_slots = pacing.Sightings()
         self._looked_at = -math.inf  # loop time of the last read of the Lease
         self._window = JOIN_WINDOW  # this node's join window (doubled per lost race)
-        self._join_at: float | None = None  # loop time of the join the watch asked for
+        self._pool_window = 0.0  # the pool's join window, as the last ledger seen says
+        self._join_at: float | None = None  # loop time this node's join is due (drawn)
+        self._join_drawn: tuple[float, float] | None = None  # (loop time, window) of the draw
         #: a first look's join is pending: the watch runs for it without judging (the node is
         #: not waiting yet, and decides itself once its delay is over)
         self._joining = False
@@ -202,7 +212,6 @@ class Rollout:
         node is already in the middle of it, and was counted), but serial mode renews its Lease
         on every try, as Gardener's agent does."""
         self._stop_timer()
-        self._join_at = None
         # A retry after an error we were not told about (the apply did not end in success or
         # failure): the slot taken for this checksum is still ours and still renewed.
         kept = self._permit
@@ -344,14 +353,17 @@ class Rollout:
 
         def change(lease: JSON) -> tuple[bool, tuple[pacing.SerialStep, int | None]]:
             nonlocal problems, write
+            joining = self._ticket_for(checksum) is None
             step, ticket, ledger = self._serial_turn(lease, checksum, now)
             read, problems = _parse_ledger(lease)
+            self._pool_window = read.window
             drawn = ledger != read or bool(problems)
             write = "serial-acquire" if step.action == "acquire" else "join"
             if step.action == "acquire":
                 lease["spec"] = dict(step.spec)
             if drawn:
-                _put_ledger(lease, ledger)
+                learned = joining and ticket is not None
+                _put_ledger(lease, self._learned(ledger) if learned else ledger)
             return step.action == "acquire" or drawn, (step, ticket)
 
         try:
@@ -364,7 +376,8 @@ class Rollout:
             )
             await self._wait(pacing.REASON_SERIAL, message, checksum, self._contended(checksum))
             return True
-        self._window = JOIN_WINDOW
+        if step.action == "acquire" or ticket is not None:
+            self._joined()
         self._keep_ticket(checksum, ticket)
         await self._report_ledger(problems)
         if step.action == "acquire":
@@ -423,16 +436,44 @@ class Rollout:
         a random part of it (and the Lease that won may well have made its write needless)."""
         if self._ticket_for(checksum) is not None:
             return 0.0
-        self._window = min(self._window * 2, JOIN_WINDOW_MAX)
+        self._window = min(self._join_window() * 2, JOIN_WINDOW_MAX)
+        self._join_at = None
         return self._join_delay()
 
-    def _join_delay(self) -> float:
-        """Seconds until this node's join: drawn once per wake-up from its window, so the
-        watch events that keep coming do not draw again (their minimum would shrink it)."""
+    def _join_window(self) -> float:
+        """The window this node's next join is drawn from: the pool's, or its own when a lost
+        race widened it beyond."""
+        return min(max(self._window, self._pool_window, JOIN_WINDOW), JOIN_WINDOW_MAX)
+
+    def _learned(self, ledger: Ledger) -> Ledger:
+        """``ledger`` with what this node's join says of the pool's window: how long it
+        waited after it drew its delay, in which window (``pacing.learn_window``). A node that
+        lost a race first says nothing (its own window was doubled, not the pool's)."""
+        if self._join_drawn is None or self._window > JOIN_WINDOW:
+            return ledger
+        drawn_at, window = self._join_drawn
+        waited = asyncio.get_running_loop().time() - drawn_at
+        return pacing.learn_window(ledger, window, waited, JOIN_WINDOW)
+
+    def _join_delay(self, cap: float | None = None) -> float:
+        """Seconds until this node's join is due: drawn once from its window (at most
+        ``cap`` wide) when it first sees a join to make, and kept while the line has room, so
+        the watch events and wake-ups that keep coming neither draw again (their minimum would
+        shrink it) nor write early; drawn afresh once the line was seen full."""
         now = asyncio.get_running_loop().time()
         if self._join_at is None:
-            self._join_at = now + self._rng.uniform(0.0, self._window)
+            window = self._join_window()
+            capped = cap is not None and cap < window
+            width = window if cap is None else min(window, cap)
+            self._join_at = now + self._rng.uniform(0.0, width)
+            # a draw cut short by the cap says nothing of the pool's window: not learned from
+            self._join_drawn = None if capped else (now, window)
         return max(0.0, self._join_at - now)
+
+    def _joined(self) -> None:
+        """A write of this node's landed: its next join is drawn afresh, in the pool's window."""
+        self._window = JOIN_WINDOW
+        self._join_at = self._join_drawn = None
 
     async def _serial_release(self) -> None:
         def change(lease: JSON) -> tuple[bool, None]:
@@ -479,12 +520,20 @@ class Rollout:
 
         def change(lease: JSON) -> tuple[bool, Decision]:
             nonlocal problems, write
+            joining = self._ticket_for(checksum) is None
             ledger, problems = _parse_ledger(lease)
+            self._pool_window = ledger.window
             decision = self._decide(policy, ledger, checksum, serial=serial)
+            joins = decision.ledger != ledger and joining
+            if joining and not joins:
+                self._join_at = None  # no join to make: the next one is drawn afresh
+            elif joins and (due := self._join_delay()) > TIMER_SLACK:
+                # not yet this node's time (a wake-up before its join was due): no write
+                return False, _waiting_to_join(policy, ledger, checksum, due)
             changed = decision.ledger != ledger or bool(problems)
             write = "take" if decision.action == "proceed" else "join" if changed else "repair"
             if changed:
-                _put_ledger(lease, decision.ledger)
+                _put_ledger(lease, self._learned(decision.ledger) if joins else decision.ledger)
             return changed, decision
 
         shown = self._live_shown()
@@ -494,23 +543,16 @@ class Rollout:
                 self._looked_for = checksum
                 shown = await self._look_before_joining(policy, checksum, shown)
             decision = await self._update(change, shown=shown, contend=True, kind=lambda: write)
-        except _Contended:
-            message = (
-                f"waiting in line for one of {policy.max_parallel} rollout slot(s) of OSC "
-                f"{checksum[:12]}"
+        except (_Contended, _Deferred) as stopped:
+            retry_in = (
+                self._contended(checksum) if isinstance(stopped, _Contended) else self._join_delay()
             )
-            ticket = self._ticket_for(checksum)
-            return Decision(
-                "wait",
-                pacing.for_checksum(Ledger(), checksum),
-                pacing.REASON_SLOT,
-                message,
-                retry_in=self._contended(checksum),
-                ticket=ticket,
-            )
+            wait = _waiting_to_join(policy, Ledger(), checksum, retry_in)
+            return replace(wait, ticket=self._ticket_for(checksum))
         finally:
             self._joining = False
-        self._window = JOIN_WINDOW
+        if decision.action == "proceed" or decision.ticket is not None:
+            self._joined()
         self._keep_ticket(decision.ledger.checksum, decision.ticket)
         await self._report_ledger(problems)
         ledger = decision.ledger
@@ -538,11 +580,18 @@ class Rollout:
         lease = shown if shown is not None else await self._read()
         if lease is not None:
             ledger = _ledger_of(lease)
+            self._pool_window = ledger.window
             if self._decide(policy, ledger, checksum, serial=False).ledger == ledger:
                 return lease  # nothing to write (it waits, or its place is already taken)
-        window = min(self._window, self.config.recheck_max.total_seconds())
         self._watch_while_waiting()
-        await asyncio.sleep(self._rng.uniform(0.0, window))
+        recheck = self.config.recheck_max.total_seconds()
+        # within the node's recheck, as a first look always was, unless the pool learned a
+        # wider window: then a join due later waits, watching, and the loop is not held
+        self._join_at = None
+        delay = self._join_delay(cap=recheck if self._pool_window <= recheck else None)
+        if delay > recheck:
+            raise _Deferred()
+        await asyncio.sleep(delay)
         return self._live_shown() or lease
 
     async def _read(self, *, missing_ok: bool = True) -> JSON | None:
@@ -685,6 +734,7 @@ class Rollout:
             return
         policy, checksum = self._waiting_for
         lease, now = self._shown, self.clock()
+        self._pool_window = _ledger_of(lease).window
         act, retry_in, reason = False, None, None
         mine = self._ticket_for(checksum)
         if policy.serial:
@@ -701,7 +751,10 @@ class Rollout:
             # a join (a ticket to draw, a free place to take without one): the pool sees the
             # same Lease at once, so each node writes after its own random delay
             self._schedule_sooner(self._join_delay())
-        elif act or reason != self._view.reason:
+            return
+        if mine is None:
+            self._join_at = None  # the line is full: the next join is drawn afresh
+        if act or reason != self._view.reason:
             self._schedule_sooner(0.0)
         elif retry_in is not None:
             self._schedule_sooner(max(retry_in, 0.0) + self._rng.uniform(0.05, 0.5))
@@ -911,7 +964,13 @@ class Rollout:
         least = max(min(MIN_RECHECK, self.config.recheck_min.total_seconds()), RECHECK_FLOOR)
         floor = self._looked_at + least - loop.time()
         delay = delay if math.isfinite(delay) else floor
-        self._timer = loop.call_later(max(delay, floor, 0.0), self._wake)
+        self._timer = loop.call_later(max(delay, floor, 0.0), self._fire)
+
+    def _fire(self) -> None:
+        # a timer that fired is no longer one to keep: a later "sooner" must set a new one
+        # (it compared with the fired one's time and set none: the node missed its turn)
+        self._timer = None
+        self._wake()
 
     def _schedule_sooner(self, delay: float) -> None:
         loop = asyncio.get_running_loop()
@@ -986,6 +1045,22 @@ def _copy(obj: Mapping[str, Any]) -> JSON:
 
 def _ledger_of(lease: Mapping[str, Any]) -> Ledger:
     return _parse_ledger(lease)[0]
+
+
+def _waiting_to_join(
+    policy: pacing.Pacing, ledger: Ledger, checksum: str, retry_in: float
+) -> Decision:
+    """The decision of a node whose join is not due yet (or lost its race): it waits in line."""
+    message = (
+        f"waiting in line for one of {policy.max_parallel} rollout slot(s) of OSC {checksum[:12]}"
+    )
+    return Decision(
+        "wait",
+        pacing.for_checksum(ledger, checksum),
+        pacing.REASON_SLOT,
+        message,
+        retry_in=retry_in,
+    )
 
 
 def _parse_ledger(lease: Mapping[str, Any]) -> tuple[Ledger, tuple[str, ...]]:
