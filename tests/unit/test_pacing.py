@@ -511,8 +511,8 @@ def _join_races(outside: int, seen_after: float, seed: int, joins: int) -> tuple
         draws = sorted((rng.uniform(0.0, max(pool, own[n])), n, max(pool, own[n])) for n in own)
         first_at, first, window = draws[0]
         losers = [n for at, n, _ in draws[1:] if at < first_at + seen_after]
-        if own.pop(first) <= pool:  # a node that lost first says nothing (its window was its own)
-            ledger = pacing.learn_window(ledger, window, first_at, floor)
+        lost_before = own.pop(first) > 0.0
+        ledger = pacing.learn_window(ledger, window, first_at, floor, lost=lost_before)
         for n in losers:
             own[n] = min(2 * max(pool, own[n]), pacing.MAX_JOIN_WINDOW)
         lost += len(losers)

@@ -617,7 +617,9 @@ def for_checksum(ledger: Ledger, checksum: str) -> Ledger:
     return Ledger(checksum=checksum, slots=ledger.slots, window=ledger.window)
 
 
-def learn_window(ledger: Ledger, window: float, waited: float, floor: float) -> Ledger:
+def learn_window(
+    ledger: Ledger, window: float, waited: float, floor: float, *, lost: bool = False
+) -> Ledger:
     """The ledger a joining node writes, with what its join says of the pool's join window.
 
     Nodes outside the line join after a random delay in the window; the first writes, and any
@@ -628,11 +630,16 @@ def learn_window(ledger: Ledger, window: float, waited: float, floor: float) -> 
     :data:`JOIN_TARGET` is about n times that. One join's delay is noisy, so the window moves
     by the square root of that ratio, within :data:`JOIN_LEARN_STEP`. The collisions per join
     then stay near JOIN_TARGET's share of the time a write takes to be seen, whatever the
-    pool's size. Bounded by :data:`MAX_JOIN_WINDOW`; one at ``floor`` or below is none (0).
+    pool's size. That share grows with the time a write takes to be seen, which grows with the
+    API server's load: a node that ``lost`` a race before its join landed doubles the pool's
+    window (at least), so that a slow server widens it until joins rarely collide. Bounded by
+    :data:`MAX_JOIN_WINDOW`; one at ``floor`` or below is none (0).
     """
     widest, narrowest = JOIN_LEARN_STEP
     ratio = JOIN_TARGET / max(waited, 0.01)
     step = min(widest, max(narrowest, math.sqrt(ratio)))
+    if lost:
+        window, step = max(ledger.window, floor), max(step, 2.0)
     learned = min(window * step, MAX_JOIN_WINDOW)
     # at the floor it is what every node has without a ledger: kept as none learned (0)
     return replace(ledger, window=learned if learned > floor else 0.0)

@@ -447,13 +447,14 @@ class Rollout:
 
     def _learned(self, ledger: Ledger) -> Ledger:
         """``ledger`` with what this node's join says of the pool's window: how long it
-        waited after it drew its delay, in which window (``pacing.learn_window``). A node that
-        lost a race first says nothing (its own window was doubled, not the pool's)."""
-        if self._join_drawn is None or self._window > JOIN_WINDOW:
+        waited after it drew its delay, in which window, and whether it lost a race before
+        (``pacing.learn_window``)."""
+        if self._join_drawn is None:
             return ledger
         drawn_at, window = self._join_drawn
         waited = asyncio.get_running_loop().time() - drawn_at
-        return pacing.learn_window(ledger, window, waited, JOIN_WINDOW)
+        lost = self._window > JOIN_WINDOW
+        return pacing.learn_window(ledger, window, waited, JOIN_WINDOW, lost=lost)
 
     def _join_delay(self, cap: float | None = None) -> float:
         """Seconds until this node's join is due: drawn once from its window (at most
