@@ -777,6 +777,17 @@ async def test_a_node_whose_timer_fired_is_woken_again_when_its_turn_comes(pool:
     assert await b.admit(secret(paced()), CS, retrying=False, plan=KUBELET) is not None
 
 
+async def test_the_serial_lease_holder_takes_its_slot_without_a_join_delay(pool: Pool) -> None:
+    """Serial and paced at once: the holder of the serial Lease is the pool's one writer, so its
+    join is not spread. Before, it drew a join delay, let the serial Lease go to wait for it,
+    and a pool could go round that way without applying."""
+    a = pool.node("a", recheck=("60s", "60s"))
+    permit = await a.admit(secret({**SERIAL, **paced()}), CS, retrying=False, plan=KUBELET)
+    assert permit is not None
+    assert permit.serial
+    assert permit.slot
+
+
 async def test_a_serial_release_wakes_only_the_next_in_line(pool: Pool) -> None:
     a = pool.node("a")
     waiters = [pool.node(name, recheck=("60s", "60s")) for name in ("b", "c", "d")]
