@@ -120,7 +120,8 @@ class Pool:
                 proc.terminate()
         for _h, proc, _log in self.members:
             try:
-                await asyncio.wait_for(proc.wait(), 20)
+                async with asyncio.timeout(20):
+                    await proc.wait()
             except TimeoutError:
                 proc.kill()
                 await proc.wait()
