@@ -83,6 +83,8 @@ INOTIFY_SYSCTL = Path("/proc/sys/fs/inotify/max_user_instances")
 INOTIFY_PER_NODE = 5  # systemd, dbus-daemon, journald (4); the agent watching its token file (1)
 MARK_LOG = "/var/log/fleet/kubelet.log"
 MARK = "/opt/fleet/mark"
+#: a file only, changed by an update that must restart nothing (the outage scenario's OSC)
+NOTE = "/etc/fleet/note"
 TOKEN_SECRET = "gardener-valitail"
 TOKEN_PATH = "/var/lib/valitail/auth-token"
 AUDIT_POLICY = """apiVersion: audit.k8s.io/v1
@@ -127,14 +129,17 @@ def kubelet_unit(tag: str, *, bad: bool = False) -> dict[str, Any]:
     )
 
 
-def fleet_osc(tag: str, *, bad: bool = False) -> dict[str, Any]:
+def fleet_osc(tag: str, *, bad: bool = False, note: str | None = None) -> dict[str, Any]:
     """A small pool OSC: the stand-in kubelet and its config, 3 other services, a oneshot,
-    8 files. ``tag`` changes kubelet's unit and config only: an update restarts kubelet."""
+    8 files. ``tag`` changes kubelet's unit and config only: an update restarts kubelet.
+    ``note``: one more file (``NOTE``) with this text, a change that restarts nothing."""
     files = [
         inline_file(MARK, MARK_SCRIPT, 0o755),
         inline_file("/var/lib/kubelet/config/kubelet", f"kind: KubeletConfiguration\n# {tag}\n"),
     ]
     files += [inline_file(f"/etc/fleet/conf-{i}.conf", f"value={i}\n") for i in range(6)]
+    if note is not None:
+        files.append(inline_file(NOTE, note + "\n"))
     units = [kubelet_unit(tag, bad=bad)]
     units += [service(f"fleet-helper-{i}.service") for i in range(3)]
     units.append(service("fleet-once.service", "/bin/true", extra="Type=oneshot\n"))
@@ -442,6 +447,9 @@ class Fleet:
     rows: list[Row] = field(default_factory=list)
     watcher: NodeWatch | None = None
     version: int = 0
+    #: the kubelet version of the last good OSC published (an update that keeps it restarts
+    #: nothing)
+    kubelet_tag: str = ""
     audit_log: Path = Path()
     restarts: dict[str, int] = field(default_factory=dict)
     #: per rollout scenario: its figures, for ``--json`` (bench/fleet_fit.py reads them)
@@ -659,6 +667,7 @@ async def rollout(
     with CpuSampler(pid) as cpu:
         t0 = time.time()
         checksum = await publish(fleet.admin, fleet.secret, fleet_osc(tag), annotations)
+        fleet.kubelet_tag = tag
         views = (
             asyncio.get_running_loop().create_task(fleet_views(fleet, checksum, label))
             if fleet.args.fleet_view and k is not None
@@ -868,7 +877,8 @@ async def run(args: argparse.Namespace) -> None:
                     string_data={"token": "shipper-token"},
                 ),
             )
-            checksum = await publish(admin, secret, fleet_osc(fleet.next_tag()), {})
+            fleet.kubelet_tag = fleet.next_tag()
+            checksum = await publish(admin, secret, fleet_osc(fleet.kubelet_tag), {})
             await gather_limited(8, [functools.partial(fleet.register, m) for m in members])
             fleet.watcher = NodeWatch(admin)
             fleet.watcher.start()
@@ -904,6 +914,10 @@ async def run(args: argparse.Namespace) -> None:
                     await rollout(fleet, f"K={k}", k, args.timeout)
                 elif scenario == "breaker":
                     await breaker(fleet, args.breaker_k, args.breaker, args.timeout)
+                elif scenario == "outage":
+                    from bench.fleet_outage import outage
+
+                    await outage(fleet, args.outage_seconds)
                 else:
                     raise SystemExit(f"unknown scenario {scenario!r}")
                 if fleet.alive() != len(members):  # an agent that died is a finding
@@ -960,6 +974,13 @@ async def teardown(members: list[Member]) -> None:
 LOG_LEVEL = re.compile(r"\[(warning|error|critical)\s*\]\s+(.*?)(?:\s{2,}|\s+\w+=|$)")
 
 
+def log_message(text: str) -> str:
+    """A log line's message without what differs between lines of one kind (the error in
+    parentheses, names, numbers), so that lines of one kind are counted together."""
+    text = re.sub(r"\s*\(.*", "", text)
+    return re.sub(r"\d+(\.\d+)?", "N", text)[:80]
+
+
 def print_table(fleet: Fleet, wall: float) -> None:
     load = os.getloadavg()
     print()
@@ -975,7 +996,7 @@ def print_table(fleet: Fleet, wall: float) -> None:
             for line in member.log.read_text(errors="replace").splitlines():
                 found = LOG_LEVEL.search(line)
                 if found:
-                    levels[f"{found.group(1)}: {found.group(2)}"] += 1
+                    levels[f"{found.group(1)}: {log_message(found.group(2))}"] += 1
     print(
         f"agents running at the end: {fleet.alive()}/{len(fleet.members)}; restarted after "
         f"exiting: {sum(fleet.restarts.values())} times ({len(fleet.restarts)} agents); "
@@ -997,12 +1018,21 @@ def main() -> None:
         "--scenarios",
         default="steady,unpaced,k10,k5,breaker,k1",
         help="comma-separated: steady, unpaced, k<K> (K parallel slots), breaker, serial "
-        "(Gardener's serial mode)",
+        "(Gardener's serial mode), outage (kube-apiserver stopped, see --outage-seconds)",
     )
     parser.add_argument("--breaker", type=int, default=3, help="F: failures that stop a rollout")
     parser.add_argument("--breaker-k", type=int, default=5, help="K during the breaker scenario")
     parser.add_argument(
         "--breaker-quiet", type=float, default=60.0, help="s without a new bad start: done"
+    )
+    parser.add_argument(
+        "--outage-seconds", type=float, default=60.0, help="outage: kube-apiserver down this long"
+    )
+    parser.add_argument(
+        "--outage-idle",
+        type=float,
+        default=60.0,
+        help="outage: s of the idle window before it (and of the window after the return)",
     )
     parser.add_argument("--settle", type=float, default=5.0, help="health gate settle window, s")
     parser.add_argument("--spawn-gap", type=float, default=1.0, help="s between agent spawns")

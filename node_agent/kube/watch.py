@@ -13,7 +13,12 @@ reflector loop of client-go, reduced to what a node agent needs:
 5. anything else (dropped connection, timeout, 5xx, 401/403 after the client's own retry) →
    re-watch from the last resourceVersion after the agent's one backoff policy
    (``node_agent.base.retry.WATCH``: jittered, exponential, cap 30 s), reset once a watch makes
-   progress.
+   progress;
+6. but once the server could not be watched for :data:`RESUME_WINDOW` (an API server outage)
+   → **re-list** instead of resuming: kube-apiserver resumes a watch only from a version its
+   watch cache still holds, and a restarted server holds nothing older than its start, so the
+   resume would only be answered 410 and followed by the list anyway (measured by
+   ``bench.fleet --scenarios outage``: after 60 s away, every resume was).
 
 Events carry plain JSON dicts (the wire shape): cheaper than kubernetes-asyncio models and the same
 as what :class:`node_agent.kube.client.KubeClient` returns. After a re-list a consumer gets a new
@@ -36,6 +41,15 @@ from node_agent.base.retry import WATCH, Backoff
 from node_agent.kube.api_errors import ObjectRef, status_from_object
 
 log = logging.getLogger(__name__)
+
+#: Seconds a watch may fail in a row (no event, bookmark, list or normal end) before it lists
+#: instead of resuming from its resourceVersion. Below it (a dropped connection, a server
+#: restarting for a few seconds, a partition) a resume is tried first, as client-go's reflector
+#: does. Above it the server has almost certainly restarted or moved past the version (its watch
+#: cache keeps about 75 s of history by default): a resume would cost a watch answered 410, then
+#: the list and the watch; listing at once saves that request for every watch of every agent on
+#: the outage's return. The backoff (cap 30 s) still spreads the returns.
+RESUME_WINDOW = 60.0
 
 JSON = dict[str, Any]
 EventType = Literal["SYNC", "ADDED", "MODIFIED", "DELETED"]
@@ -80,6 +94,8 @@ class WatchStats:
     lists: int = 0
     relists: int = 0
     reconnects: int = 0
+    #: lists instead of a resume after failing for longer than the resume window
+    outage_lists: int = 0
     watches: int = 0
     events: int = 0
     bookmarks: int = 0
@@ -118,9 +134,12 @@ class ListWatch:
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         rng: random.Random | None = None,
         registry: MutableSet[ListWatch] | None = None,
+        resume_window: float = RESUME_WINDOW,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``registry``: where the agent keeps its live watches for the read side (a WeakSet
-        on the agent's context: a watch that is gone drops out of it)."""
+        on the agent's context: a watch that is gone drops out of it). ``resume_window``: see
+        :data:`RESUME_WINDOW`; ``clock`` measures it (tests pass one that their sleeps move)."""
         self._resource = resource
         self._field_selector = field_selector
         self._label_selector = label_selector
@@ -130,6 +149,9 @@ class ListWatch:
         self._backoff = backoff or Backoff.of(WATCH)
         self._sleep = sleep
         self._rng = rng or random.Random()
+        self._resume_window = resume_window
+        self._clock = clock
+        self._failing_since: float | None = None  # the first failure of the present run
         self.stats = WatchStats()
         self._events: AsyncGenerator[WatchEvent, None] | None = None
         name = None
@@ -161,10 +183,21 @@ class ListWatch:
         await self.aclose()
 
     async def _pause(self, exc: KubeError, what: str) -> None:
+        if self._failing_since is None:
+            self._failing_since = self._clock()
         delay = self._backoff.next()
         self.stats.last_error = str(exc)
         log.warning("%s failed (%s); retrying in %.1fs", what, exc, delay)
         await self._sleep(delay)
+
+    def _contact(self) -> None:
+        """The server answered as a watch expects (a list, an event, a normal end)."""
+        self._failing_since = None
+
+    def _away_too_long(self) -> bool:
+        """Failing for longer than the resume window: list rather than resume."""
+        since = self._failing_since
+        return since is not None and self._clock() - since >= self._resume_window
 
     async def _run(self) -> AsyncGenerator[WatchEvent, None]:
         need_list = self.resource_version is None
@@ -184,6 +217,7 @@ class ListWatch:
                     await self._sleep(self._backoff.next())
                     continue
                 self.stats.lists += 1
+                self._contact()
                 need_list = False
                 self.resource_version = rv
                 items = tuple(i for i in listed.get("items") or () if isinstance(i, dict))
@@ -224,8 +258,10 @@ class ListWatch:
                             progress = True
                             consecutive_gone = 0
                             self._backoff.reset()
+                            self._contact()
                 # The server ended the watch (timeoutSeconds): re-watch at once, unless it ended
                 # suspiciously fast without any progress (then do not spin).
+                self._contact()
                 if not progress and time.monotonic() - started < 1.0:
                     await self._sleep(self._backoff.next())
             except KubeGone as exc:
@@ -238,6 +274,14 @@ class ListWatch:
             except KubeError as exc:
                 self.stats.reconnects += 1
                 await self._pause(exc, f"watch for {self._ref}")
+                if self._away_too_long():
+                    self.stats.outage_lists += 1
+                    need_list = True
+                    log.info(
+                        "%s: no watch for %.0fs; listing instead of resuming",
+                        self._ref,
+                        self._clock() - (self._failing_since or 0.0),
+                    )
 
 
 def list_watch(

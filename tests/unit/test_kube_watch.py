@@ -211,6 +211,67 @@ async def test_transport_errors_rewatch_from_last_rv_with_growing_backoff() -> N
     assert run.watch.stats.last_error == "dropped"
 
 
+class Clock:
+    """Time that only the watch's backoff sleeps move (a fake outage of any length)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_an_outage_longer_than_the_resume_window_lists_instead_of_resuming() -> None:
+    """After 60 s of failed reconnects (an API server outage) the watch lists at once: a
+    restarted server's watch cache holds nothing older than its start, so a resume from the old
+    version would only be answered 410 before the same list."""
+    script: list[Script] = [[event("ADDED", obj("11")), KubeTransportError("dropped")]]
+    # with the seeded backoff, 8 pauses add up past 60 s (0.5, 0.9, ..., 22.6: 73 s)
+    script += [KubeTransportError("connection refused")] * 7
+    fake = FakeCollection([listed("10"), listed("20")], script)
+    clock = Clock()
+    run = Run(fake, clock=clock)
+    recorded = run._sleep
+
+    async def sleep(delay: float) -> None:
+        clock.now += delay
+        await recorded(delay)
+
+    run.watch._sleep = sleep
+    await run.until(lambda: any(c["resource_version"] == "20" for c in fake.watch_calls))
+    versions = [c["resource_version"] for c in fake.watch_calls]
+    # every re-watch began within 60 s of the first failure, then the list; the watch after it
+    # starts from the list's version
+    assert versions == ["10"] + ["11"] * 7 + ["20"]
+    assert fake.list_calls == 2
+    assert sum(run.sleeps[:7]) < 60 <= sum(run.sleeps[:8]), run.sleeps
+    assert run.watch.stats.outage_lists == 1
+    assert run.watch.stats.relists == 0  # no 410 was needed to get there
+    assert [e.type for e in run.events] == ["SYNC", "ADDED", "SYNC"]
+
+
+async def test_the_resume_window_counts_from_the_first_failure_after_contact() -> None:
+    """Contact (an event) between failures starts the window again: failures spread over a long
+    time, each run of them short, keep resuming."""
+    script: list[Script] = []
+    for rv in range(11, 16):  # five runs: an event, then 2 failures (50 s, inside the window)
+        script.append([event("MODIFIED", obj(str(rv))), KubeTransportError("dropped")])
+        script.append(KubeTransportError("refused"))
+    fake = FakeCollection([listed("10")], script)
+    clock = Clock()
+    run = Run(fake, clock=clock)
+    recorded = run._sleep
+
+    async def sleep(delay: float) -> None:
+        clock.now += 25.0  # every pause counted long: 2 in a row 50 s, 3 would be 75 s
+        await recorded(delay)
+
+    run.watch._sleep = sleep
+    await run.until(lambda: len(fake.watch_calls) == 1 + len(script))
+    assert fake.list_calls == 1
+    assert run.watch.stats.outage_lists == 0
+
+
 async def test_list_failures_never_give_up() -> None:
     failures: list[JSON | Exception] = [
         KubeTransportError("refused"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -126,3 +126,56 @@ async def test_a_hung_connection_is_abandoned_and_the_next_tick_uses_a_fresh_cli
     assert len(made) == 2
     assert controller.stats.creates == 1
     assert controller.stats.failures == 1
+
+
+class _Unreachable:
+    """A fake client for an API server that is away: every call fails at once; ``up`` brings it
+    back. Counts the attempts."""
+
+    up = False
+    attempts: ClassVar[list[float]] = []
+
+    def __init__(self) -> None:
+        self.store: dict[str, dict[str, object]] = {}
+
+    async def _call(self) -> None:
+        from node_agent.base.errors import KubeNotFound, KubeTransportError
+
+        type(self).attempts.append(asyncio.get_running_loop().time())
+        if not type(self).up:
+            raise KubeTransportError("connection refused")
+        raise KubeNotFound("missing", status=404)
+
+    async def get_lease(self, namespace: str, name: str) -> dict[str, object]:
+        await self._call()
+        return {}
+
+    async def create_lease(self, namespace: str, body: dict[str, object]) -> dict[str, object]:
+        return body
+
+    async def close(self) -> None:
+        return None
+
+
+@pytest.mark.usefixtures("virtual_clock")
+async def test_an_outage_costs_at_most_two_attempts_per_period(tmp_path: Path) -> None:
+    """While the API server is away: each failed tick gets one extra attempt 2.5 s later, no
+    more; once it is back, the next attempt renews (within a period of the return)."""
+    ctx: AgentContext = make_ctx(tmp_path)
+    ctx.node_known.set()
+    _Unreachable.up, _Unreachable.attempts = False, []
+    controller = LeaseController(ctx, client_factory=_Unreachable)  # type: ignore[arg-type]
+    task = asyncio.create_task(controller.run())
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    await asyncio.sleep(60.5)  # six periods away
+    away = [round(t - start, 1) for t in _Unreachable.attempts]
+    assert away == [0.0, 2.5, 10.0, 12.5, 20.0, 22.5, 30.0, 32.5, 40.0, 42.5, 50.0, 52.5, 60.0]
+    _Unreachable.up = True
+    back = loop.time()
+    while controller.stats.renewals == 0:  # noqa: ASYNC110 - polling the controller's counter
+        await asyncio.sleep(0.5)
+    assert loop.time() - back <= controller.period
+    assert controller.stats.creates == 1
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
