@@ -788,6 +788,24 @@ async def test_the_serial_lease_holder_takes_its_slot_without_a_join_delay(pool:
     assert permit.slot
 
 
+async def test_a_node_whose_join_is_not_due_reports_no_ledger_repair(pool: Pool) -> None:
+    """A ledger that cannot be read is repaired, and reported, by the node that writes the
+    repair. A node woken before its join is due writes nothing, so it reports nothing either:
+    a pool waiting outside the line would otherwise send one Warning per node."""
+    a, b = pool.node("a"), pool.node("b", recheck=("60s", "60s"))
+    permit = await a.admit(secret(paced()), CS, retrying=False, plan=KUBELET)
+    assert permit is not None
+    await a.succeeded(permit)
+    pool.lease()["metadata"]["annotations"][pacing.ANNOTATION_LEDGER] = "{not json"
+    b._looked_for = CS  # its first look is behind it: it was woken before its join is due
+    b._join_at = asyncio.get_running_loop().time() + 30.0
+    assert await b.admit(secret(paced()), CS, retrying=False, plan=KUBELET) is None
+    assert pool.events("b", report.REASON_ROLLOUT_LEDGER_REPAIRED) == []
+    await asyncio.sleep(31.0)
+    assert await b.admit(secret(paced()), CS, retrying=False, plan=KUBELET) is not None
+    assert len(pool.events("b", report.REASON_ROLLOUT_LEDGER_REPAIRED)) == 1
+
+
 async def test_a_serial_release_wakes_only_the_next_in_line(pool: Pool) -> None:
     a = pool.node("a")
     waiters = [pool.node(name, recheck=("60s", "60s")) for name in ("b", "c", "d")]

@@ -530,7 +530,9 @@ class Rollout:
                 self._join_at = None  # no join to make: the next one is drawn afresh
             elif joins and not serial and (due := self._join_delay()) > TIMER_SLACK:
                 # not yet this node's time (a wake-up before its join was due): no write; under
-                # the serial Lease there is no race to spread (its holder is the one writer)
+                # the serial Lease there is no race to spread (its holder is the one writer).
+                # A ledger it would repair is reported by the node that writes the repair.
+                problems = ()
                 return False, _waiting_to_join(policy, ledger, checksum, due)
             changed = decision.ledger != ledger or bool(problems)
             write = "take" if decision.action == "proceed" else "join" if changed else "repair"
