@@ -7,7 +7,7 @@ import copy
 import json
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
@@ -279,6 +279,109 @@ def test_ledger_round_trip_and_garbage() -> None:
     assert Ledger.load('{"slots": [{"host": 1}]}') == Ledger()
 
 
+# -- the handoff: the node that leaves gives its place to the first ticket ----------------------
+
+
+def _line_of(policy: Pacing, hosts: list[str], now: float = 0.0) -> Ledger:
+    """``hosts`` deciding in order: the first K take places, the rest draw tickets."""
+    ledger = Ledger()
+    for host in hosts:
+        ledger = decide(policy, ledger, host, CS, now).ledger
+    return ledger
+
+
+def test_the_line_knows_who_drew_each_waiting_ticket_and_forgets_the_served() -> None:
+    policy = Pacing(max_parallel=1, slot_ttl=60)
+    ledger = _line_of(policy, ["a", "b", "c"])
+    assert ledger.hosts == {0: "b", 1: "c"}
+    assert ledger.head() == 0
+    assert Ledger.parse(ledger.dump()) == (ledger, ())
+    ledger = finish(ledger, "a", CS, 5.0, ok=True)
+    taken = decide(policy, ledger, "b", CS, 6.0, ticket=0).ledger
+    assert taken.hosts == {1: "c"}
+    assert taken.head() == 1
+
+
+def test_the_leaving_node_hands_its_place_to_the_first_ticket_in_the_same_write() -> None:
+    policy = Pacing(max_parallel=1, slot_ttl=600)
+    ledger = finish(_line_of(policy, ["a", "b", "c"]), "a", CS, 5.0, ok=True)
+    handed = pacing.hand_over(policy, ledger, CS, 5.0)
+    slot = handed.slot_of("b")
+    assert slot == Slot("b", CS, 5.0, pacing.HANDOFF_TTL, handed=True)
+    assert handed.waiting() == 1
+    assert handed.head() == 1
+    # the receiver proceeds on it without a write of its own
+    mine = decide(policy, handed, "b", CS, 6.0, ticket=0)
+    assert mine.action == "proceed"
+    assert mine.ledger == handed
+    # c, next in line, finds every place taken
+    assert decide(policy, handed, "c", CS, 6.0, ticket=1).action == "wait"
+    # its first renewal claims it with the pool's ttl
+    claimed = renew(handed, "b", CS, 15.0, policy.slot_ttl)
+    assert claimed is not None
+    assert claimed.slot_of("b") == Slot("b", CS, 15.0, 600.0)
+    assert Ledger.parse(handed.dump()) == (handed, ())
+
+
+def test_a_handed_place_that_is_never_claimed_comes_back_without_a_failure() -> None:
+    policy = Pacing(max_parallel=1, slot_ttl=600)
+    ledger = finish(_line_of(policy, ["a", "b", "c"]), "a", CS, 5.0, ok=True)
+    handed = pacing.hand_over(policy, ledger, CS, 5.0)
+    d = decide(policy, handed, "c", CS, 5.0 + pacing.HANDOFF_TTL, ticket=1)
+    assert d.action == "proceed"
+    assert d.ledger.failed == {}
+    assert d.ledger.holders() == ("c",)
+    # a claimed place that lapses counts, as any holder's
+    claimed = renew(handed, "b", CS, 10.0, policy.slot_ttl)
+    assert claimed is not None
+    lost = decide(policy, claimed, "c", CS, 611.0, ticket=1)
+    assert lost.ledger.failed == {"b": pacing.LOST}
+
+
+@pytest.mark.parametrize("why", ["breaker", "canary", "other checksum", "no host", "soak"])
+def test_a_place_is_handed_only_where_the_receiver_would_take_it_itself(why: str) -> None:
+    policy = Pacing(max_parallel=1, canaries=0, max_failures=1, slot_ttl=600)
+    ledger = _line_of(policy, ["a", "b", "c"])
+    checksum = CS
+    if why == "breaker":
+        ledger = finish(ledger, "a", CS, 5.0, ok=False, why="boom")
+    elif why == "canary":
+        policy = replace(policy, canaries=2)
+        ledger = finish(_line_of(policy, ["a", "b", "c"]), "a", CS, 5.0, ok=True)
+    elif why == "soak":
+        policy = replace(policy, canaries=1, soak=300.0)
+        ledger = finish(_line_of(policy, ["a", "b", "c"]), "a", CS, 5.0, ok=True)
+    elif why == "other checksum":
+        ledger = finish(ledger, "a", CS, 5.0, ok=True)
+        checksum = "f" * 64
+    else:
+        ledger = replace(finish(ledger, "a", CS, 5.0, ok=True), hosts={})
+    assert pacing.hand_over(policy, ledger, checksum, 5.0) == ledger
+
+
+@pytest.mark.parametrize(
+    "hosts",
+    [
+        "x",
+        [],
+        {"0": 5},
+        {"-1": "a"},
+        {"99": "a"},
+        {"0": ""},
+        {"0": "a" * 300},
+        {"1e3": "a"},
+        {"0" * 40: "a"},
+        {str(i): "a" for i in range(1001)},
+    ],
+)
+def test_ticket_hosts_that_are_not_a_waiting_tickets_are_dropped(hosts: object) -> None:
+    text = json.dumps({"checksum": CS, "line": {"tickets": 2, "turn": 0, "hosts": hosts}})
+    ledger, problems = Ledger.parse(text)
+    assert ledger.hosts == {}
+    assert problems == ()
+    assert (ledger.tickets, ledger.turn) == (2, 0)
+
+
 # -- a pool of nodes stepping in random order --------------------------------------------------
 
 
@@ -290,6 +393,8 @@ class Node:
     #: its ticket in the line, and its own memory of what it saw when
     ticket: int | None = None
     seen: pacing.Sightings = field(default_factory=pacing.Sightings)
+    #: it applies on a place handed to it, not claimed yet
+    unclaimed: bool = False
 
 
 @dataclass
@@ -300,6 +405,10 @@ class Pool:
     now: float = 0.0
     started: set[str] = field(default_factory=set)
     max_applying: int = 0
+    #: receivers of a handed place that crashed before they claimed it (the breaker does not
+    #: count them: their place lapses as a dead waiter's would)
+    unclaimed_crashes: int = 0
+    handed: int = 0  # places handed over by the node leaving them
 
 
 steps = st.lists(
@@ -321,7 +430,9 @@ def _run(pool: Pool, program: list[tuple[str, int, float]], fails: bool) -> None
             )
             pool.ledger, node.ticket = d.ledger, d.ticket
             if d.action == "proceed":
+                mine = d.ledger.slot_of(node.name)
                 node.state, node.canary = "applying", d.canary
+                node.unclaimed = mine is not None and mine.handed
                 pool.started.add(node.name)
                 if not d.canary:
                     # every canary place is taken, and each live canary soaked, healthy
@@ -332,21 +443,33 @@ def _run(pool: Pool, program: list[tuple[str, int, float]], fails: bool) -> None
                         assert healthy + pool.policy.soak <= pool.now
         elif action == "finish" and node.state == "applying":
             ok = not fails
-            pool.ledger = finish(pool.ledger, node.name, CS, pool.now, ok=ok, why="x")
+            left = finish(pool.ledger, node.name, CS, pool.now, ok=ok, why="x")
+            # the place handed to the first ticket in the same write, if it may take it now
+            pool.ledger = pacing.hand_over(pool.policy, left, CS, pool.now, node.seen)
             node.state = "done" if ok else "failed"
+            for receiver in pool.ledger.holders():
+                if receiver not in left.holders():
+                    assert pool.ledger.position(_ticket_of(pool, receiver)) is None  # served
+                    pool.handed += 1
         elif action == "crash" and node.state == "applying":
             node.state = "crashed"  # stops renewing; its slot expires
+            pool.unclaimed_crashes += node.unclaimed
         elif action == "tick":
             pool.now += amount  # < ttl / 3: a live holder's renewer keeps up
             for other in pool.nodes:
                 if other.state == "applying":
-                    renewed = renew(pool.ledger, other.name, CS, pool.now)
+                    # a receiver's first renewal claims its handed place (with the pool's ttl)
+                    renewed = renew(pool.ledger, other.name, CS, pool.now, pool.policy.slot_ttl)
                     assert renewed is not None, "a live holder lost its slot"
-                    pool.ledger = renewed
+                    pool.ledger, other.unclaimed = renewed, False
         applying = sum(1 for n in pool.nodes if n.state == "applying")
         pool.max_applying = max(pool.max_applying, applying)
         assert len(pool.ledger.slots) <= pool.policy.max_parallel
         assert applying <= pool.policy.max_parallel
+
+
+def _ticket_of(pool: Pool, host: str) -> int | None:
+    return next(n.ticket for n in pool.nodes if n.name == host)
 
 
 @settings(max_examples=300, deadline=None)
@@ -365,8 +488,9 @@ def test_pool_never_exceeds_k_nor_f_plus_k_minus_1_on_a_failing_checksum(
     pool = Pool(policy, [Node(f"n{i}") for i in range(n)])
     _run(pool, program, fails)
     if fails:
-        # every node that starts fails (or dies): the breaker stops the pool in time
-        assert len(pool.started) <= f + k - 1
+        # every node that starts fails (or dies): the breaker stops the pool in time (a
+        # receiver that died before it claimed its handed place is not counted by it)
+        assert len(pool.started) <= f + k - 1 + pool.unclaimed_crashes
     # canary places are only refilled for canaries that failed
     canaries = [x for x in pool.nodes if x.canary]
     assert len(canaries) <= c + len(pool.ledger.failed)
@@ -382,6 +506,8 @@ def test_a_healthy_pool_converges(n: int, k: int, c: int) -> None:
         _run(pool, [*program, ("tick", 0, 15.0)], fails=False)
     assert all(x.state == "done" for x in pool.nodes)
     assert pool.max_applying <= k
+    if n > k + c:  # past the canaries, nodes waiting in line are handed the places that free
+        assert pool.handed > 0
 
 
 # -- hostile ledgers and Leases: the writer's clock and numbers are not trusted ----------------

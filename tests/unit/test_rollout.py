@@ -742,11 +742,15 @@ async def test_a_freed_slot_wakes_only_the_next_in_line(
     assert pool.ledger().holders() == ("b",)
     # a took its place after its first look, watching: its release went on the watched Lease
     assert lease_reads() == reads
-    assert len(pool.kube.writes("Lease.replace")) == writes + 2  # a's release, b's take
+    # a's release handed b its place in the same write: b applies without a write of its own
+    assert len(pool.kube.writes("Lease.replace")) == writes + 1
+    handed = pool.ledger().slot_of("b")
+    assert handed is not None
+    assert handed.handed
     # c, woken by its timer anyway, waits again without a request
     assert await waiters[1].admit(secret(annotations), CS, retrying=False, plan=KUBELET) is None
     assert lease_reads() == reads
-    assert len(pool.kube.writes("Lease.replace")) == writes + 2
+    assert len(pool.kube.writes("Lease.replace")) == writes + 1
     # the line shortened: d, e and f are woken within their join window (not the re-check);
     # the first to look draws a ticket, the others then find the line full again
     await until(lambda: {"d", "e", "f"} <= set(pool.woken))
@@ -755,7 +759,7 @@ async def test_a_freed_slot_wakes_only_the_next_in_line(
         assert await node.admit(secret(annotations), CS, retrying=False, plan=KUBELET) is None
         await pool.caught_up()
     assert pool.ledger().waiting() == 2
-    assert len(pool.kube.writes("Lease.replace")) == writes + 3
+    assert len(pool.kube.writes("Lease.replace")) == writes + 2
     assert lease_reads() == reads
 
 
@@ -823,7 +827,10 @@ async def test_a_serial_release_wakes_only_the_next_in_line(pool: Pool) -> None:
     assert await waiters[1].admit(secret(SERIAL), CS, retrying=False, plan=KUBELET) is None
 
 
-async def test_a_dead_waiter_is_passed_over_after_the_grace(pool: Pool) -> None:
+async def test_a_dead_waiter_handed_a_place_costs_the_pool_the_handoff_ttl(pool: Pool) -> None:
+    """The node that leaves hands its place to the first ticket in the same write; when that
+    node died in line, the place comes back after HANDOFF_TTL (it never claimed it), and the
+    dead node is not counted by the breaker (it never started)."""
     a, b, c = pool.node("a"), pool.node("b"), pool.node("c")
     permit = await a.admit(secret(paced()), CS, retrying=False, plan=KUBELET)
     assert await b.admit(secret(paced()), CS, retrying=False, plan=KUBELET) is None
@@ -831,10 +838,62 @@ async def test_a_dead_waiter_is_passed_over_after_the_grace(pool: Pool) -> None:
     await b.close()  # killed while waiting: its ticket stays first in line
     await a.succeeded(permit)
     await pool.caught_up()
-    assert await c.admit(secret(paced()), CS, retrying=False, plan=KUBELET) is None
+    handed = pool.ledger().slot_of("b")
+    assert handed is not None
+    assert handed.handed
+    assert handed.ttl == pacing.HANDOFF_TTL
     pool.clock.now += pacing.TICKET_GRACE
+    assert await c.admit(secret(paced()), CS, retrying=False, plan=KUBELET) is None
+    pool.clock.now += pacing.HANDOFF_TTL - pacing.TICKET_GRACE
     assert await c.admit(secret(paced()), CS, retrying=False, plan=KUBELET) is not None
+    assert pool.ledger().holders() == ("c",)
+    assert pool.ledger().failed == {}
+
+
+async def test_the_receiver_of_a_handed_place_claims_it_while_applying(pool: Pool) -> None:
+    """The receiver applies without a write; its renewer claims the place CLAIM_AFTER later
+    (the pool's ttl, no longer handed), or its result comes first and is the only write."""
+    a, b, c = pool.node("a"), pool.node("b"), pool.node("c")
+    permit = await a.admit(secret(paced()), CS, retrying=False, plan=KUBELET)
+    assert await b.admit(secret(paced()), CS, retrying=False, plan=KUBELET) is None
+    assert await c.admit(secret(paced()), CS, retrying=False, plan=KUBELET) is None
+    await a.succeeded(permit)
+    await pool.caught_up()
+    writes = len(pool.kube.writes("Lease.replace"))
+    got = await b.admit(secret(paced()), CS, retrying=False, plan=KUBELET)
+    assert got is not None
+    assert got.slot
+    assert len(pool.kube.writes("Lease.replace")) == writes
+    await asyncio.sleep(pacing.CLAIM_AFTER + 1.0)
+    claimed = pool.ledger().slot_of("b")
+    assert claimed is not None
+    assert not claimed.handed
+    assert claimed.ttl == pacing.DEFAULT_SLOT_TTL
+    assert len(pool.kube.writes("Lease.replace")) == writes + 1
+    # its result hands the place on to c
+    await b.succeeded(got)
+    handed = pool.ledger().slot_of("c")
+    assert handed is not None
+    assert handed.handed
+
+
+async def test_a_crashed_holder_costs_its_ttl_and_a_dead_waiter_one_grace(pool: Pool) -> None:
+    """Nobody hands on the place of a holder that crashed: it comes back when its slot expires
+    (the ttl every node trusts), counted as lost; a dead first ticket is then passed over after
+    one grace (the breaker at 2: the lost holder is one failure)."""
+    policy = paced(1, **{pacing.ANNOTATION_MAX_FAILURES: "2"})
+    a, b, c = pool.node("a"), pool.node("b"), pool.node("c")
+    assert await a.admit(secret(policy), CS, retrying=False, plan=KUBELET) is not None
+    assert await b.admit(secret(policy), CS, retrying=False, plan=KUBELET) is None
+    assert await c.admit(secret(policy), CS, retrying=False, plan=KUBELET) is None
+    await a.close()  # killed while applying: its slot is no longer renewed
+    await b.close()  # killed while waiting
+    pool.clock.now += pacing.DEFAULT_SLOT_TTL
+    assert await c.admit(secret(policy), CS, retrying=False, plan=KUBELET) is None
+    pool.clock.now += pacing.TICKET_GRACE
+    assert await c.admit(secret(policy), CS, retrying=False, plan=KUBELET) is not None
     assert pool.ledger().waiting() == 0  # b's ticket passed over: it draws a new one
+    assert pool.ledger().failed == {"a": pacing.LOST}
 
 
 async def test_serial_waiters_beyond_two_stay_out_of_the_line(pool: Pool) -> None:

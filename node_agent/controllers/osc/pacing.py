@@ -81,6 +81,13 @@ MAX_JOIN_WINDOW = 3600.0
 JOIN_TARGET = 1.0
 #: the most one join may widen the window by, and narrow it by
 JOIN_LEARN_STEP = (4.0, 0.5)
+#: a place handed by the node that leaves it to the next ticket (:func:`hand_over`) lives this
+#: long until its receiver claims it (its first renewal): a receiver that died in line costs the
+#: pool at most this, and is not counted by the breaker (it never started)
+HANDOFF_TTL = 30.0
+#: the receiver of a handed place claims it this long after it started applying, unless its
+#: result came first (a short apply writes once: its result)
+CLAIM_AFTER = 10.0
 #: longest host name / failure reason kept from a ledger
 MAX_NAME = 253
 MAX_WHY = 300
@@ -345,6 +352,8 @@ class Slot:
     renewed: float
     ttl: float
     canary: bool = False
+    #: handed to ``host`` by the node that left it, not claimed yet (see :func:`hand_over`)
+    handed: bool = False
 
     def expired(self, now: float) -> bool:
         return self.renewed + self.ttl <= now
@@ -370,6 +379,8 @@ class Ledger:
     tickets: int = 0
     turn: int = 0
     served: tuple[int, ...] = ()
+    #: the host that drew each waiting ticket (a leaving node hands its place to the head's)
+    hosts: Mapping[int, str] = field(default_factory=dict)
     #: the pool's join window, learned from its joins (0: none learned yet); kept across
     #: checksums, since the pool's size is what it follows (see :func:`learn_window`)
     window: float = 0.0
@@ -385,6 +396,10 @@ class Ledger:
         if ticket is None or not self.turn <= ticket < self.tickets or ticket in self.served:
             return None
         return ticket - self.turn - sum(1 for t in self.served if t < ticket)
+
+    def head(self) -> int | None:
+        """The first waiting ticket, if any."""
+        return next((t for t in range(self.turn, self.tickets) if t not in self.served), None)
 
     def holders(self) -> tuple[str, ...]:
         return tuple(s.host for s in self.slots)
@@ -408,6 +423,7 @@ class Ledger:
                         "renewed": round(s.renewed, 3),
                         "ttl": s.ttl,
                         "canary": s.canary,
+                        **({"handed": True} if s.handed else {}),
                     }
                     for s in self.slots
                 ],
@@ -415,7 +431,18 @@ class Ledger:
                 "healthy": {k: round(v, 3) for k, v in sorted(self.healthy.items())},
                 "failed": dict(sorted(self.failed.items())),
                 **(
-                    {"line": {"tickets": self.tickets, "turn": self.turn, "served": self.served}}
+                    {
+                        "line": {
+                            "tickets": self.tickets,
+                            "turn": self.turn,
+                            "served": self.served,
+                            **(
+                                {"hosts": {str(t): h for t, h in sorted(self.hosts.items())}}
+                                if self.hosts
+                                else {}
+                            ),
+                        }
+                    }
                     if self.tickets
                     else {}
                 ),
@@ -479,6 +506,7 @@ class Ledger:
                     renewed,
                     ttl,
                     raw.get("canary") is True,
+                    raw.get("handed") is True,
                 )
             )
         checksum = doc.get("checksum")
@@ -494,7 +522,7 @@ class Ledger:
         failed = {
             str(h)[:MAX_NAME]: str(why)[:MAX_WHY] for h, why in entries("failed", dict).items()
         }
-        tickets, turn, served = _line(doc.get("line"), problems)
+        tickets, turn, served, hosts = _line(doc.get("line"), problems)
         window = _number(doc.get("window", 0.0))
         if not 0.0 <= window <= MAX_JOIN_WINDOW:  # NaN too
             problems.append(f"window {str(doc.get('window'))[:40]} is out of range (forgotten)")
@@ -508,16 +536,19 @@ class Ledger:
             tickets=tickets,
             turn=turn,
             served=served,
+            hosts=hosts,
             window=window,
         )
         return ledger, tuple(problems)
 
 
-def _line(raw: object, problems: list[str]) -> tuple[int, int, tuple[int, ...]]:
+def _line(raw: object, problems: list[str]) -> tuple[int, int, tuple[int, ...], dict[int, str]]:
     """The line's numbers, or a fresh line (every waiter then draws a new ticket) when they are
-    not whole numbers with 0 <= turn <= tickets <= MAX_TICKET and served within [turn, tickets)."""
+    not whole numbers with 0 <= turn <= tickets <= MAX_TICKET and served within [turn, tickets).
+    The tickets' hosts are kept for waiting tickets only (others are dropped: a place is then
+    not handed to them, they take it themselves)."""
     if raw is None:
-        return 0, 0, ()
+        return 0, 0, (), {}
     if isinstance(raw, dict):
         tickets, head, served = raw.get("tickets"), raw.get("turn"), raw.get("served", [])
         if (
@@ -528,9 +559,21 @@ def _line(raw: object, problems: list[str]) -> tuple[int, int, tuple[int, ...]]:
             and all(_whole(t) and head <= t < tickets for t in served)
             and head <= tickets
         ):
-            return tickets, head, tuple(sorted(set(served)))
+            done = set(served)
+            return tickets, head, tuple(sorted(done)), _hosts(raw.get("hosts"), head, tickets, done)
     problems.append(f"line {str(raw)[:80]} is not a line of tickets (started afresh)")
-    return 0, 0, ()
+    return 0, 0, (), {}
+
+
+def _hosts(raw: object, head: int, tickets: int, served: set[int]) -> dict[int, str]:
+    if not isinstance(raw, dict) or len(raw) > MAX_LEDGER_ENTRIES:
+        return {}
+    hosts: dict[int, str] = {}
+    for key, host in raw.items():
+        ticket = int(key) if isinstance(key, str) and key.isdigit() and len(key) <= 16 else -1
+        if head <= ticket < tickets and ticket not in served and _name(host):
+            hosts[ticket] = host
+    return hosts
 
 
 def _whole(value: object) -> TypeGuard[int]:
@@ -600,7 +643,7 @@ def current(
     for slot in ledger.slots:
         if not slot.expired(now):
             slots.append(slot)
-        elif slot.checksum == checksum and slot.host not in ledger.healthy:
+        elif slot.checksum == checksum and slot.host not in ledger.healthy and not slot.handed:
             failed.setdefault(slot.host, LOST)
     holders = {s.host for s in slots}
     for canary in ledger.canaries:
@@ -719,7 +762,7 @@ def _draw(ledger: Ledger, ticket: int | None, retry_in: float | None) -> Turn:
     if ticket is not None:
         return Turn(False, ticket, ledger, retry_in)
     if ledger.tickets >= MAX_TICKET:  # a forged counter: a fresh line
-        ledger = replace(ledger, tickets=0, turn=0, served=())
+        ledger = replace(ledger, tickets=0, turn=0, served=(), hosts={})
     drawn = replace(ledger, tickets=ledger.tickets + 1)
     return Turn(False, ledger.tickets, drawn, retry_in)
 
@@ -732,15 +775,18 @@ def serve(ledger: Ledger, ticket: int | None, places: int) -> Ledger:
     if ticket is None or position is None:
         return ledger
     if position >= places:
-        return replace(
+        ledger = replace(
             ledger, turn=ticket + 1, served=tuple(t for t in ledger.served if t > ticket)
         )
-    served = sorted({*ledger.served, ticket})
-    head = ledger.turn
-    while served and served[0] == head:
-        served.pop(0)
-        head += 1
-    return replace(ledger, turn=head, served=tuple(served))
+    else:
+        served = sorted({*ledger.served, ticket})
+        head = ledger.turn
+        while served and served[0] == head:
+            served.pop(0)
+            head += 1
+        ledger = replace(ledger, turn=head, served=tuple(served))
+    waiting = {t: h for t, h in ledger.hosts.items() if ledger.position(t) is not None}
+    return replace(ledger, hosts=waiting)
 
 
 def decide(
@@ -761,6 +807,9 @@ def decide(
     never more than the longest ttl, soak or passing of a forged line)."""
     ledger = current(ledger, checksum, now, pacing.slot_ttl, seen)
     mine = ledger.slot_of(host)
+    if mine is not None and mine.checksum == checksum and mine.handed:
+        # handed to us by the node that left it: ours without a write (claimed while applying)
+        return Decision("proceed", ledger, canary=mine.canary)
     if mine is not None and mine.checksum == checksum:
         renewed = replace(mine, renewed=now, ttl=pacing.slot_ttl)
         slots = tuple(renewed if s.host == host else s for s in ledger.slots)
@@ -803,7 +852,11 @@ def decide(
         key = (checksum, tuple(sorted(ledger.holders())))
         depth = JOIN_DEPTH * pacing.max_parallel
         step = turn(ledger, ticket, 0 if held is not None else places, now, seen, key, depth)
-        ticket, ledger = step.ticket, step.ledger
+        if step.ticket is not None and step.ticket != ticket:  # drawn: the line knows by whom
+            ledger = replace(step.ledger, hosts={**step.ledger.hosts, step.ticket: host})
+        else:
+            ledger = step.ledger
+        ticket = step.ticket
         if held is not None:
             return Decision("wait", ledger, held[0], held[1], retry_in=held[2], ticket=ticket)
         if not step.now:
@@ -821,15 +874,38 @@ def decide(
     )
 
 
-def renew(ledger: Ledger, host: str, checksum: str, now: float) -> Ledger | None:
-    """Our slot renewed; None when we do not hold it any more (it expired and was taken)."""
+def renew(
+    ledger: Ledger, host: str, checksum: str, now: float, ttl: float | None = None
+) -> Ledger | None:
+    """Our slot renewed (a handed one claimed, with the pool's ``ttl``); None when we do not
+    hold it any more (it expired and was taken)."""
     mine = ledger.slot_of(host)
     if mine is None or mine.checksum != checksum:
         return None
-    return replace(
-        ledger,
-        slots=tuple(replace(s, renewed=now) if s.host == host else s for s in ledger.slots),
-    )
+    renewed = replace(mine, renewed=now, handed=False, ttl=mine.ttl if ttl is None else ttl)
+    return replace(ledger, slots=tuple(renewed if s.host == host else s for s in ledger.slots))
+
+
+def hand_over(
+    pacing: Pacing, ledger: Ledger, checksum: str, now: float, seen: Sightings | None = None
+) -> Ledger:
+    """The ledger a node leaving its place writes: the place handed, in the same write, to the
+    host of the first waiting ticket, if that host may take it now (exactly as it would decide
+    itself: K, canaries, the breaker). The receiver then applies without a write of its own, so
+    a freed place is not raced for at all. Its place lives :data:`HANDOFF_TTL` until it claims
+    it: a receiver that died in line costs at most that, and is not counted as failed. Canary
+    places are not handed (the receiver takes its own, the canary list is its record)."""
+    head = ledger.head()
+    host = ledger.hosts.get(head) if head is not None else None
+    if ledger.checksum != checksum or host is None or ledger.slot_of(host) is not None:
+        return ledger
+    decision = decide(pacing, ledger, host, checksum, now, seen, ticket=head)
+    given = decision.ledger.slot_of(host)
+    if decision.action != "proceed" or decision.canary or given is None:
+        return ledger
+    handed = replace(given, ttl=min(HANDOFF_TTL, pacing.slot_ttl), handed=True)
+    slots = tuple(handed if s.host == host else s for s in decision.ledger.slots)
+    return replace(decision.ledger, slots=slots)
 
 
 def finish(

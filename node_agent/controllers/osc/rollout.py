@@ -118,6 +118,8 @@ class Permit:
     slot: bool = False
     canary: bool = False
     renewer: asyncio.Task[None] | None = field(default=None, repr=False)
+    #: the paced rollout's policy the slot was taken under (its place is handed on with it)
+    pacing: pacing.Pacing | None = field(default=None, repr=False)
 
 
 class Rollout:
@@ -237,6 +239,7 @@ class Rollout:
         permit = Permit(checksum)
         if kept is not None and kept.slot:
             permit.slot, permit.canary, permit.renewer = True, kept.canary, kept.renewer
+            permit.pacing = kept.pacing
         # held from here on, so that an API error below leaves nothing running unaccounted
         self._permit = permit
         if not policy.active:
@@ -265,9 +268,12 @@ class Rollout:
                     )
                     return None
                 permit.slot, permit.canary = True, decision.canary
-                permit.renewer = self._start_renewer(checksum, policy.pacing.slot_ttl)
+                permit.pacing = policy.pacing
+                mine = decision.ledger.slot_of(self.ctx.host_name)
+                handed = mine is not None and mine.handed
+                permit.renewer = self._start_renewer(checksum, policy.pacing.slot_ttl, claim=handed)
                 log.info(
-                    "rollout slot taken",
+                    "rollout slot handed over" if handed else "rollout slot taken",
                     checksum=checksum,
                     canary=decision.canary,
                     units=disruptive,
@@ -275,9 +281,9 @@ class Rollout:
                 )
         elif policy.pacing is not None and not permit.slot:
             # resuming after the agent restarted mid-apply: a slot still ours is taken up again
-            slot = await self._readopt(checksum)
+            slot = await self._readopt(checksum, policy.pacing.slot_ttl)
             if slot is not None:
-                permit.slot, permit.canary = True, slot.canary
+                permit.slot, permit.canary, permit.pacing = True, slot.canary, policy.pacing
                 permit.renewer = self._start_renewer(checksum, policy.pacing.slot_ttl)
                 log.info("rollout slot taken up again", checksum=checksum)
         message = f"applying OSC {checksum[:12]}"
@@ -300,7 +306,7 @@ class Rollout:
         self._permit = None
         await self._stop_renewer(permit)
         if permit.slot:
-            await self._finish(permit.checksum, ok=True, why="")
+            await self._finish(permit.checksum, permit.pacing, ok=True, why="")
         if permit.serial:
             await self._serial_release()
         self._stop_watch()
@@ -318,7 +324,7 @@ class Rollout:
         self._permit = None
         await self._stop_renewer(permit)
         if permit.slot:
-            await self._finish(permit.checksum, ok=False, why=why)
+            await self._finish(permit.checksum, permit.pacing, ok=False, why=why)
         self._stop_watch()
         if permit.slot or permit.serial:
             message = f"OSC {permit.checksum[:12]} failed: {why}"
@@ -613,11 +619,11 @@ class Rollout:
         self._saw(lease)
         return lease
 
-    async def _readopt(self, checksum: str) -> pacing.Slot | None:
+    async def _readopt(self, checksum: str, ttl: float) -> pacing.Slot | None:
         host = self.ctx.host_name
 
         def change(lease: JSON) -> tuple[bool, pacing.Slot | None]:
-            renewed = pacing.renew(_ledger_of(lease), host, checksum, self.clock())
+            renewed = pacing.renew(_ledger_of(lease), host, checksum, self.clock(), ttl)
             if renewed is None:
                 return False, None
             _put_ledger(lease, renewed)
@@ -628,12 +634,23 @@ class Rollout:
         except KubeNotFound:
             return None
 
-    async def _finish(self, checksum: str, *, ok: bool, why: str) -> None:
+    async def _finish(
+        self, checksum: str, policy: pacing.Pacing | None, *, ok: bool, why: str
+    ) -> None:
+        """The slot freed, the result recorded, and the place handed to the next ticket in
+        the same write (``pacing.hand_over``)."""
         host = self.ctx.host_name
+        receiver: str | None = None
 
         def change(lease: JSON) -> tuple[bool, Ledger]:
+            nonlocal receiver
             ledger = _ledger_of(lease)
-            done = pacing.finish(ledger, host, checksum, self.clock(), ok=ok, why=why[:300])
+            now = self.clock()
+            done = pacing.finish(ledger, host, checksum, now, ok=ok, why=why[:300])
+            if policy is not None:
+                left = done
+                done = pacing.hand_over(policy, left, checksum, now, self._seen_slots)
+                receiver = next((h for h in done.holders() if h not in left.holders()), None)
             changed = done != ledger
             if changed:
                 _put_ledger(lease, done)
@@ -654,7 +671,7 @@ class Rollout:
             log.warning("rollout result not recorded; the slot will expire", error=str(exc))
             return
         self._set(holders=ledger.holders(), failures=len(ledger.failed))
-        log.info("rollout slot released", checksum=checksum, ok=ok)
+        log.info("rollout slot released", checksum=checksum, ok=ok, handed_to=receiver)
 
     async def _report_ledger(self, problems: tuple[str, ...]) -> None:
         """A ledger that had to be repaired (garbage, numbers out of range): a Warning, once
@@ -669,10 +686,13 @@ class Rollout:
         log.warning("rollout ledger repaired", lease=self.lease_name, problems=problems)
         await self.ctx.event(report.REASON_ROLLOUT_LEDGER_REPAIRED, message, warning=True)
 
-    def _start_renewer(self, checksum: str, ttl: float) -> asyncio.Task[None]:
+    def _start_renewer(
+        self, checksum: str, ttl: float, *, claim: bool = False
+    ) -> asyncio.Task[None]:
         # The renewer lives no longer than the loop that took the slot: a killed agent's slot
-        # must expire.
-        return _bound(self._renew(checksum, ttl), "rollout-slot-renewer")
+        # must expire. A handed slot is claimed (renewed with the pool's ttl) sooner.
+        first = min(pacing.CLAIM_AFTER, ttl / 3) if claim else None
+        return _bound(self._renew(checksum, ttl, first), "rollout-slot-renewer")
 
     def _watch_while_waiting(self) -> None:
         """Watch the Lease while this node waits: a released Lease, a freed slot, a canary's
@@ -768,13 +788,14 @@ class Rollout:
         (also a change that came while deciding, or before the watch started)."""
         return self._watched != self._decided_on
 
-    async def _renew(self, checksum: str, ttl: float) -> None:
+    async def _renew(self, checksum: str, ttl: float, first: float | None = None) -> None:
         host = self.ctx.host_name
         while True:
-            await asyncio.sleep(max(0.2, ttl / 3))
+            await asyncio.sleep(max(0.2, ttl / 3) if first is None else first)
+            first = None
 
             def change(lease: JSON) -> tuple[bool, bool]:
-                renewed = pacing.renew(_ledger_of(lease), host, checksum, self.clock())
+                renewed = pacing.renew(_ledger_of(lease), host, checksum, self.clock(), ttl)
                 if renewed is None:
                     return False, False
                 _put_ledger(lease, renewed)
