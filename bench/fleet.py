@@ -30,7 +30,8 @@ and metrics ports are free ports on 127.0.0.1 and the kubelet health check is of
 stand-in serves no /healthz).
 
     .venv/bin/python -m bench.fleet [--agents 100] [--quick] [--idle-minutes 5]
-        [--scenarios steady,unpaced,k10,k5,breaker,k1,serial] [--breaker 3] [--keep] [--fleet-view]
+        [--scenarios steady,unpaced,k10,k5,breaker,k1,serial,crash] [--breaker 3] [--keep]
+        [--fleet-view] [--crash-ttl 60]
 
 Run as root from the repository root. ``--quick``: 10 agents, 1 min idle.
 """
@@ -228,6 +229,48 @@ class CpuSampler:
         self._task.cancel()
         self.total = cpu_seconds(self.pid) - self._start_cpu
         self.wall = time.monotonic() - self._start
+
+
+class LineSampler:
+    """The pool's ledger once a second while a paced rollout runs (as admin, outside the
+    agents' audited identities): how often places stood free with nobody in line (the line ran
+    dry: nodes outside it must join before the rollout goes on), and the join window the pool
+    learned."""
+
+    def __init__(self, admin: ApiClient, lease: str, k: int) -> None:
+        self.api = client.CoordinationV1Api(admin)
+        self.lease, self.k = lease, k
+        self.samples: list[tuple[int, int, float]] = []  # (waiting, free places, window)
+        self._task: asyncio.Task[None] | None = None
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            with contextlib.suppress(Exception):
+                lease = await self.api.read_namespaced_lease(self.lease, NS)
+                text = (lease.metadata.annotations or {}).get(pacing.ANNOTATION_LEDGER)
+                ledger = pacing.Ledger.load(text)
+                free = self.k - len(ledger.slots)
+                self.samples.append((ledger.waiting(), free, ledger.window))
+
+    def __enter__(self) -> LineSampler:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self._task is not None
+        self._task.cancel()
+
+    def note(self) -> str:
+        if not self.samples:
+            return "no samples"
+        dry = sum(1 for waiting, free, _ in self.samples if waiting == 0 and free > 0)
+        windows = sorted(w for _, _, w in self.samples)
+        return (
+            f"{dry} of {len(self.samples)} s with a free place and nobody in line; line "
+            f"p50 {statistics.median(w for w, _, _ in self.samples):.0f} tickets; join window "
+            f"p50 {statistics.median(windows):.1f} s, max {windows[-1]:.1f} s"
+        )
 
 
 class NodeWatch:
@@ -664,7 +707,8 @@ async def rollout(
     pid = fleet.cp.apiserver.popen.pid  # type: ignore[union-attr]
     print(f"{label}: publishing {tag} {annotations or '(no pacing)'}", flush=True)
     conflicts_before = await lease_conflicts(fleet)
-    with CpuSampler(pid) as cpu:
+    line = LineSampler(fleet.admin, fleet.secret, k or 1)
+    with CpuSampler(pid) as cpu, line:
         t0 = time.time()
         checksum = await publish(fleet.admin, fleet.secret, fleet_osc(tag), annotations)
         fleet.kubelet_tag = tag
@@ -704,6 +748,8 @@ async def rollout(
         f"{sum(conflicts_after.values()) - sum(conflicts_before.values())}",
         f"by write: {conflicts_note(conflicts_before, conflicts_after)}",
     )
+    if k is not None and not serial:
+        fleet.row(f"{label}: the line, sampled each second", line.note())
     fleet.figures[label] = {
         "k": k,
         "serial": serial,
@@ -914,6 +960,10 @@ async def run(args: argparse.Namespace) -> None:
                     await rollout(fleet, f"K={k}", k, args.timeout)
                 elif scenario == "breaker":
                     await breaker(fleet, args.breaker_k, args.breaker, args.timeout)
+                elif scenario == "crash":
+                    from bench.fleet_crash import crash
+
+                    await crash(fleet, args.crash_ttl)
                 elif scenario == "outage":
                     from bench.fleet_outage import outage
 
@@ -1033,6 +1083,9 @@ def main() -> None:
         type=float,
         default=60.0,
         help="outage: s of the idle window before it (and of the window after the return)",
+    )
+    parser.add_argument(
+        "--crash-ttl", type=float, default=60.0, help="slot ttl of the crash scenario, s"
     )
     parser.add_argument("--settle", type=float, default=5.0, help="health gate settle window, s")
     parser.add_argument("--spawn-gap", type=float, default=1.0, help="s between agent spawns")

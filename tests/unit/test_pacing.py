@@ -683,6 +683,16 @@ _slot = st.fixed_dictionaries(
         "renewed": _numbers,
         "ttl": _numbers,
         "canary": _json,
+        "handed": _json,
+    },
+)
+_line = st.fixed_dictionaries(
+    {},
+    optional={
+        "tickets": _numbers,
+        "turn": _numbers,
+        "served": st.lists(_numbers, max_size=3) | _json,
+        "hosts": st.dictionaries(st.text(max_size=4), _hosts, max_size=4) | _json,
     },
 )
 _ledger = st.fixed_dictionaries(
@@ -694,6 +704,7 @@ _ledger = st.fixed_dictionaries(
         "healthy": st.dictionaries(st.sampled_from(["a", "b", "ghost"]), _numbers) | _json,
         "failed": st.dictionaries(st.sampled_from(["a", "b", "ghost"]), _json) | _json,
         "window": _numbers,
+        "line": _line | _json,
     },
 )
 

@@ -160,8 +160,10 @@ class Rollout:
         self._looked_at = -math.inf  # loop time of the last read of the Lease
         self._window = JOIN_WINDOW  # this node's join window (doubled per lost race)
         self._pool_window = 0.0  # the pool's join window, as the last ledger seen says
+        self._drawn_so_far = 0  # tickets the pool had drawn, as the last ledger seen says
         self._join_at: float | None = None  # loop time this node's join is due (drawn)
-        self._join_drawn: tuple[float, float] | None = None  # (loop time, window) of the draw
+        # (loop time, window, tickets drawn by the pool) when this node drew its join delay
+        self._join_drawn: tuple[float, float, int] | None = None
         #: a first look's join is pending: the watch runs for it without judging (the node is
         #: not waiting yet, and decides itself once its delay is over)
         self._joining = False
@@ -362,7 +364,7 @@ class Rollout:
             joining = self._ticket_for(checksum) is None
             step, ticket, ledger = self._serial_turn(lease, checksum, now)
             read, problems = _parse_ledger(lease)
-            self._pool_window = read.window
+            self._saw_ledger(read)
             drawn = ledger != read or bool(problems)
             write = "serial-acquire" if step.action == "acquire" else "join"
             if step.action == "acquire":
@@ -446,6 +448,10 @@ class Rollout:
         self._join_at = None
         return self._join_delay()
 
+    def _saw_ledger(self, ledger: Ledger) -> None:
+        """What a ledger says of the pool's joins: its window, and how many tickets it drew."""
+        self._pool_window, self._drawn_so_far = ledger.window, ledger.tickets
+
     def _join_window(self) -> float:
         """The window this node's next join is drawn from: the pool's, or its own when a lost
         race widened it beyond."""
@@ -457,8 +463,11 @@ class Rollout:
         (``pacing.learn_window``)."""
         if self._join_drawn is None:
             return ledger
-        drawn_at, window = self._join_drawn
-        waited = asyncio.get_running_loop().time() - drawn_at
+        drawn_at, window, drawn_so_far = self._join_drawn
+        # the joins that landed since the draw came first (ours is the k-th): each of the k
+        # took about waited / k of the window
+        k = min(max(ledger.tickets - drawn_so_far, 1), pacing.MAX_LEDGER_ENTRIES)
+        waited = (asyncio.get_running_loop().time() - drawn_at) / k
         lost = self._window > JOIN_WINDOW
         return pacing.learn_window(ledger, window, waited, JOIN_WINDOW, lost=lost)
 
@@ -474,7 +483,7 @@ class Rollout:
             width = window if cap is None else min(window, cap)
             self._join_at = now + self._rng.uniform(0.0, width)
             # a draw cut short by the cap says nothing of the pool's window: not learned from
-            self._join_drawn = None if capped else (now, window)
+            self._join_drawn = None if capped else (now, window, self._drawn_so_far)
         return max(0.0, self._join_at - now)
 
     def _joined(self) -> None:
@@ -529,7 +538,7 @@ class Rollout:
             nonlocal problems, write
             joining = self._ticket_for(checksum) is None
             ledger, problems = _parse_ledger(lease)
-            self._pool_window = ledger.window
+            self._saw_ledger(ledger)
             decision = self._decide(policy, ledger, checksum, serial=serial)
             joins = decision.ledger != ledger and joining
             if joining and not joins:
@@ -590,7 +599,7 @@ class Rollout:
         lease = shown if shown is not None else await self._read()
         if lease is not None:
             ledger = _ledger_of(lease)
-            self._pool_window = ledger.window
+            self._saw_ledger(ledger)
             if self._decide(policy, ledger, checksum, serial=False).ledger == ledger:
                 return lease  # nothing to write (it waits, or its place is already taken)
         self._watch_while_waiting()
@@ -758,7 +767,7 @@ class Rollout:
             return
         policy, checksum = self._waiting_for
         lease, now = self._shown, self.clock()
-        self._pool_window = _ledger_of(lease).window
+        self._saw_ledger(_ledger_of(lease))
         act, retry_in, reason = False, None, None
         mine = self._ticket_for(checksum)
         if policy.serial:
