@@ -308,7 +308,7 @@ class Rollout:
         self._permit = None
         await self._stop_renewer(permit)
         if permit.slot:
-            await self._finish(permit.checksum, permit.pacing, ok=True, why="")
+            await self._finish(permit.checksum, _handing(permit), ok=True, why="")
         if permit.serial:
             await self._serial_release()
         self._stop_watch()
@@ -326,7 +326,7 @@ class Rollout:
         self._permit = None
         await self._stop_renewer(permit)
         if permit.slot:
-            await self._finish(permit.checksum, permit.pacing, ok=False, why=why)
+            await self._finish(permit.checksum, _handing(permit), ok=False, why=why)
         self._stop_watch()
         if permit.slot or permit.serial:
             message = f"OSC {permit.checksum[:12]} failed: {why}"
@@ -1067,6 +1067,12 @@ class Rollout:
             return
         self._reported, self._reported_at = wanted, time.monotonic()
         self._on_node = (status, entry["lastTransitionTime"])
+
+
+def _handing(permit: Permit) -> pacing.Pacing | None:
+    """The policy under which the node leaving its slot hands it on; None under the serial
+    Lease (its holder is the one writer: the next node takes the Lease first, then its slot)."""
+    return None if permit.serial else permit.pacing
 
 
 def _copy(obj: Mapping[str, Any]) -> JSON:
