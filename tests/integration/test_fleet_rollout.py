@@ -182,12 +182,13 @@ class Recorder:
 
 
 class LeaseRecorder(Recorder):
-    """Every write of the Lease's ``spec``."""
+    """Every write of the Lease's ``spec``, and every ledger it carried."""
 
     def __init__(self, control_plane: ControlPlane, name: str) -> None:
         super().__init__(control_plane)
         self.name = name
         self.specs: list[dict[str, Any]] = []
+        self.ledgers: list[pacing.Ledger] = []
 
     def events(self) -> ListWatch:
         return list_watch(self.kube.leases(NS), field_selector=f"metadata.name={self.name}")
@@ -196,6 +197,8 @@ class LeaseRecorder(Recorder):
         spec = dict(obj.get("spec") or {})
         if not self.specs or self.specs[-1] != spec:
             self.specs.append(spec)
+        annotations = (obj.get("metadata") or {}).get("annotations") or {}
+        self.ledgers.append(pacing.Ledger.load(annotations.get(pacing.ANNOTATION_LEDGER)))
 
     def holders(self) -> list[str | None]:
         out: list[str | None] = []
@@ -318,13 +321,22 @@ async def test_paced_never_more_than_k(fleet: Fleet) -> None:
         pacing.ANNOTATION_MAX_PARALLEL: "1",
         pacing.ANNOTATION_SLOT_TTL: "30s",
     }
-    async with RolloutReasons(fleet.control_plane) as reasons:
+    async with (
+        RolloutReasons(fleet.control_plane) as reasons,
+        LeaseRecorder(fleet.control_plane, fleet.secret) as lease,
+    ):
         v2 = await fleet.publish(osc("v2"), policy)
         await fleet.converge(v2)
     intervals = [r for a in fleet.agents for r in runs(a, "v2")]
     print("v2 applied in", sorted(intervals))
     assert len(intervals) == N
     assert overlapping(intervals) == 1, intervals
+    # a node that left its slot handed it to the first ticket in the same write, and that node
+    # applied on it (it claims it, or its result frees it)
+    assert all(len(ledger.slots) <= 1 for ledger in lease.ledgers)
+    handed = {s.host for ledger in lease.ledgers for s in ledger.slots if s.handed}
+    assert handed, [ledger.dump() for ledger in lease.ledgers]
+    assert handed <= {a.node_name for a in fleet.agents}
     ledger = await fleet.released()
     assert ledger.checksum == v2
     assert ledger.slots == ()
