@@ -58,6 +58,10 @@ def main() -> None:
         if label.startswith("outage"):
             outage_model(label, rows, models)
             continue
+        if label == "crash":  # the costs of a dead node: time, not load (nothing to fit)
+            for n, f in rows:
+                print(f"== crash, N = {n}: {json.dumps(f, sort_keys=True)}")
+            continue
         print(f"== {label}")
         print(
             f"  {'N':>5} {'req/node':>9} {'w/o hb':>7} {'pool Lease':>10} {'409':>6} "
