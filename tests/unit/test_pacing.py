@@ -753,6 +753,38 @@ def test_any_ledger_never_raises_never_waits_for_ever_never_exceeds_k(
     assert now - NOW <= 3 * bound
 
 
+@settings(max_examples=400, deadline=None)
+@given(
+    doc=st.one_of(_ledger, _json),
+    k=st.integers(1, 3),
+    ok=st.booleans(),
+    ttl=st.floats(1.0, 120.0),
+)
+def test_any_ledger_handed_on_never_raises_and_never_exceeds_k(
+    doc: object, k: int, ok: bool, ttl: float
+) -> None:
+    """Whatever the pool wrote, the node leaving its place ("a") writes a ledger whose new
+    holder (if any) is the host of the first waiting ticket, handed for HANDOFF_TTL at most,
+    and never more holders than K (or than the live ones it found)."""
+    policy = Pacing(max_parallel=k, canaries=0, max_failures=3, slot_ttl=ttl)
+    ledger = Ledger.load(json.dumps(doc))
+    left = finish(ledger, "a", CS, NOW, ok=ok, why="x")
+    handed = pacing.hand_over(policy, left, CS, NOW, pacing.Sightings())
+    new = [s for s in handed.slots if s.host not in left.holders()]
+    assert len(new) <= 1
+    if not new:
+        assert handed == left  # nobody to hand to: the ledger as the node left it
+    for slot in new:
+        assert len(handed.slots) <= k
+        head = left.head()
+        assert head is not None
+        assert slot.host == left.hosts[head]
+        assert slot.handed
+        assert slot.ttl == min(pacing.HANDOFF_TTL, ttl)
+        assert handed.position(head) is None  # served
+    assert Ledger.load(handed.dump()).dump() == handed.dump()  # what is written reads back
+
+
 @settings(max_examples=300, deadline=None)
 @given(
     holder=st.none() | st.text(max_size=6),

@@ -446,7 +446,7 @@ class Ledger:
                     if self.tickets
                     else {}
                 ),
-                **({"window": round(self.window, 3)} if self.window else {}),
+                **({"window": round(self.window, 3)} if round(self.window, 3) else {}),
             },
             sort_keys=True,
             separators=(",", ":"),
