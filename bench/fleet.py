@@ -60,6 +60,7 @@ import yaml
 from kubernetes_asyncio import client, watch
 from kubernetes_asyncio.client import ApiClient
 
+from bench.fleet_upstream import Upstream
 from node_agent.controllers.osc import pacing
 from node_agent.kube.report import ANNOTATION_SERIAL
 from tests.conftest import api_client_from, cache_dir
@@ -74,6 +75,7 @@ from tests.testbed.agent_harness import (
 )
 from tests.testbed.controlplane import ControlPlane, free_port
 from tests.testbed.credentials import NodeAgentCredentials, node_agent_credentials
+from tests.testbed.pki import CertPair
 from tests.testbed.systemd_ns import IsolatedSystemd
 
 APPLIED = "checksum/cloud-config-data"
@@ -92,7 +94,7 @@ kind: Policy
 omitStages: [RequestReceived]
 rules:
 - level: Metadata
-  userGroups: ["system:serviceaccounts:kube-system"]
+  userGroups: ["system:serviceaccounts:kube-system", "gardener.cloud:node-agents"]
 - level: None
 """
 
@@ -422,9 +424,14 @@ class Member:
     proc: asyncio.subprocess.Process | None = None
     log: Path | None = None
     metrics_port: int = 0
+    #: the upstream flavour's identity (a user of a client certificate) and its certificate
+    identity: str = ""
+    certificate: CertPair | None = None
 
     @property
     def user(self) -> str:
+        if self.identity:
+            return self.identity
         assert self.creds is not None
         return SA_PREFIX + self.creds.service_account
 
@@ -454,6 +461,9 @@ class Fleet:
     restarts: dict[str, int] = field(default_factory=dict)
     #: per rollout scenario: its figures, for ``--json`` (bench/fleet_fit.py reads them)
     figures: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: the upstream flavour's shared pieces (None: node-agent in every node)
+    upstream: Upstream | None = None
+    load_at_end: tuple[float, float, float] = (0.0, 0.0, 0.0)
 
     @property
     def names(self) -> list[str]:
@@ -476,6 +486,9 @@ class Fleet:
                 )
             )
         )
+        if self.upstream is not None:
+            await self.upstream.register(self, member, [self.secret, TOKEN_SECRET])
+            return
         member.creds = await node_agent_credentials(
             self.admin,
             self.work / "creds" / member.name,
@@ -486,6 +499,10 @@ class Fleet:
         )
 
     async def spawn(self, member: Member) -> None:
+        if self.upstream is not None:
+            config = self.upstream.fleet_config(self, TOKEN_SECRET, TOKEN_PATH)
+            await asyncio.to_thread(self.upstream.install, member, config)
+            return
         assert member.creds is not None
         setup = prepare_agent(
             member.node.root,
@@ -516,7 +533,11 @@ class Fleet:
 
     async def supervise(self) -> None:
         """Restart an agent that exited, as its unit's ``Restart=always`` (``RestartSec=5``)
-        does on a node; each restart is counted and shown."""
+        does on a node; each restart is counted and shown. Upstream's agents run as their unit
+        (``Restart=always``): systemd restarts them, the bench counts it."""
+        if self.upstream is not None:
+            await self.upstream.poll(self)
+            return
         while True:
             await asyncio.sleep(1.0)
             for member in self.members:
@@ -536,6 +557,8 @@ class Fleet:
         return f"v{self.version}"
 
     def alive(self) -> int:
+        if self.upstream is not None:
+            return self.upstream.alive(self)
         return sum(1 for m in self.members if m.proc is not None and m.proc.returncode is None)
 
 
@@ -839,7 +862,59 @@ async def breaker(fleet: Fleet, k: int, f: int, within: float) -> None:
     )
 
 
+#: what runs in every node: ``--agent``
+FLAVOURS = ("node-agent", "upstream")
+
+
 async def run(args: argparse.Namespace) -> None:
+    """Each flavour asked for, one after the other on a bed of its own; with more than one, the
+    figures side by side."""
+    flavours = list(FLAVOURS) if args.agent == "both" else [args.agent]
+    done: dict[str, Fleet] = {}
+    for flavour in flavours:
+        if len(flavours) > 1:
+            print(f"=== {flavour}: {args.agents} agents ===", flush=True)
+        done[flavour] = await run_flavour(args, flavour)
+    if len(done) > 1:
+        print_side_by_side(done)
+    if args.json is not None:
+
+        def figures(fleet: Fleet) -> dict[str, Any]:
+            return {
+                "agents": args.agents,
+                "settle_s": args.settle,
+                "load_average": fleet.load_at_end,
+                "scenarios": fleet.figures,
+            }
+
+        doc = (
+            figures(done[flavours[0]])
+            if len(done) == 1
+            else {"flavours": {name: figures(fleet) for name, fleet in done.items()}}
+        )
+        Path(args.json).write_text(json.dumps(doc, indent=1))
+
+
+def print_side_by_side(done: dict[str, Fleet]) -> None:
+    """Every figure of the flavours' tables on one line: its value under each flavour."""
+    names = list(done)
+    figures: dict[str, dict[str, str]] = {}
+    for name, fleet in done.items():
+        for r in fleet.rows:
+            figures.setdefault(r.figure, {})[name] = r.value
+    header = ["figure", *names]
+    cells = [header] + [[f, *(v.get(n, "-") for n in names)] for f, v in figures.items()]
+    widths = [max(len(c[i]) for c in cells) for i in range(len(header))]
+    print()
+    print(f"side by side, {len(next(iter(done.values())).members)} agents each:")
+    for i, line in enumerate(cells):
+        print("  " + "  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip())
+        if i == 0:
+            print("  " + "  ".join("-" * w for w in widths))
+
+
+async def run_flavour(args: argparse.Namespace, flavour: str) -> Fleet:
+    """The whole bench with ``flavour``'s agent in every node; its table printed."""
     work = cache_dir() / "bench" / f"fleet-{uuid.uuid4().hex[:8]}"
     (work / "logs").mkdir(parents=True)
     audit_log, policy = work / "audit.log", work / "audit-policy.yaml"
@@ -857,8 +932,11 @@ async def run(args: argparse.Namespace) -> None:
     members: list[Member] = []
     tasks: list[asyncio.Task[None]] = []  # cancelled before the teardown
     started = time.monotonic()
+    upstream = Upstream(cp, work) if flavour == "upstream" else None
     try:
         cp.start()
+        if upstream is not None:
+            upstream.start()
         for i in range(args.agents):
             name = f"fleet-{i:03d}"
             node = IsolatedSystemd(
@@ -869,7 +947,9 @@ async def run(args: argparse.Namespace) -> None:
         print(f"{args.agents} nodes booted in {time.monotonic() - started:.1f} s", flush=True)
         async with await api_client_from(cp.admin_kubeconfig) as admin:
             secret = f"gardener-node-agent-pool-a-{uuid.uuid4().hex[:16]}"
-            fleet = Fleet(args, work, cp, admin, secret, members, audit_log=audit_log)
+            fleet = Fleet(
+                args, work, cp, admin, secret, members, audit_log=audit_log, upstream=upstream
+            )
             await client.CoreV1Api(admin).create_namespaced_secret(
                 NS,
                 client.V1Secret(
@@ -898,8 +978,8 @@ async def run(args: argparse.Namespace) -> None:
             fleet.row(
                 "first OSC on fresh agents",
                 f"{first:.1f} s",
-                f"{args.agents} agents spawned {args.spawn_gap:g} s apart, until every Node "
-                f"reported it (load average {load[0]:.1f})",
+                f"{args.agents} {flavour} agents spawned {args.spawn_gap:g} s apart, until every "
+                f"Node reported it (load average {load[0]:.1f})",
             )
             await asyncio.sleep(args.settle + 10)  # first applies' history, conditions, Events
             for scenario in scenarios:
@@ -925,25 +1005,16 @@ async def run(args: argparse.Namespace) -> None:
             await fleet.watcher.stop()
             supervisor.cancel()
             await asyncio.gather(supervisor, return_exceptions=True)
+        fleet.load_at_end = os.getloadavg()
         print_table(fleet, time.monotonic() - started)
-        if args.json is not None:
-            load = os.getloadavg()
-            Path(args.json).write_text(
-                json.dumps(
-                    {
-                        "agents": args.agents,
-                        "settle_s": args.settle,
-                        "load_average": load,
-                        "scenarios": fleet.figures,
-                    },
-                    indent=1,
-                )
-            )
+        return fleet
     finally:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         await teardown(members)
+        if upstream is not None:
+            upstream.stop()
         cp.stop()
         if old_inotify is not None:
             INOTIFY_SYSCTL.write_text(str(old_inotify))
@@ -984,15 +1055,18 @@ def log_message(text: str) -> str:
 def print_table(fleet: Fleet, wall: float) -> None:
     load = os.getloadavg()
     print()
+    flavour = "upstream gardener-node-agent" if fleet.upstream is not None else "node-agent"
     print(
-        f"fleet: {len(fleet.members)} agents (one real systemd each), one kube-apiserver; "
+        f"fleet: {len(fleet.members)} {flavour} agents (one real systemd each), one "
+        "kube-apiserver; "
         f"2 cores; load average at the end {load[0]:.1f}/{load[1]:.1f}/{load[2]:.1f}; "
         f"bench wall {wall / 60:.1f} min; health gate settle window {fleet.args.settle:g} s"
     )
     levels: Counter[str] = Counter()
     for member in fleet.members:
+        if member.log is None:  # upstream's agents log to their node's journal
+            continue
         with contextlib.suppress(OSError):
-            assert member.log is not None
             for line in member.log.read_text(errors="replace").splitlines():
                 found = LOG_LEVEL.search(line)
                 if found:
@@ -1019,6 +1093,13 @@ def main() -> None:
         default="steady,unpaced,k10,k5,breaker,k1",
         help="comma-separated: steady, unpaced, k<K> (K parallel slots), breaker, serial "
         "(Gardener's serial mode), outage (kube-apiserver stopped, see --outage-seconds)",
+    )
+    parser.add_argument(
+        "--agent",
+        choices=[*FLAVOURS, "both"],
+        default="node-agent",
+        help="what runs in every node: node-agent, upstream gardener-node-agent (Gardener's "
+        "newest release the bed serves), or both one after the other (a side-by-side table)",
     )
     parser.add_argument("--breaker", type=int, default=3, help="F: failures that stop a rollout")
     parser.add_argument("--breaker-k", type=int, default=5, help="K during the breaker scenario")

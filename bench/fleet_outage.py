@@ -245,7 +245,11 @@ async def outage(fleet: Fleet, seconds: float) -> None:
         users,
         [(idle_start, idle_end), (t_back, t_back + window), (stop_began, t_back)],
     )
-    attempts = failed_attempts(fleet, logs_down, logs_back)
+    attempts = (
+        await asyncio.to_thread(fleet.upstream.failed_attempts, fleet, t_gone, t_back)
+        if fleet.upstream is not None
+        else failed_attempts(fleet, logs_down, logs_back)
+    )
     restarted_marks = sum(
         1
         for m, count in zip(fleet.members, marks_before, strict=True)
@@ -275,6 +279,7 @@ async def outage(fleet: Fleet, seconds: float) -> None:
         f"{t_gone - stop_began:.1f} s later, its listener at once); etcd stayed up; "
         f"load average at the stop {load_down}, at the end {os_load()}",
     )
+    fleet.row(f"{label}: load average at the stop / at the end", f"{load_down} / {os_load()}")
     fleet.row(
         f"{label}: OSC published just before",
         f"{on_disk_at_stop}/{n} on disk at the stop",
@@ -316,7 +321,9 @@ async def outage(fleet: Fleet, seconds: float) -> None:
     fleet.row(
         f"{label}: while down, failed attempts / agent / min",
         f"{sum(attempts.values()) / n / (max(t_back - t_gone, 1.0) / 60):.1f}",
-        f"by kind {dict(attempts)} (agents' log lines); requests the server saw meanwhile "
+        f"by kind {dict(attempts)} (agents' log lines"
+        + (", their journal" if fleet.upstream is not None else "")
+        + f"); requests the server saw meanwhile "
         f"{during.total}",
     )
     fleet.row(
