@@ -500,8 +500,7 @@ class Fleet:
 
     async def spawn(self, member: Member) -> None:
         if self.upstream is not None:
-            config = self.upstream.fleet_config(self, TOKEN_SECRET, TOKEN_PATH)
-            await asyncio.to_thread(self.upstream.install, member, config)
+            await self.upstream.spawn(self, member, TOKEN_SECRET, TOKEN_PATH)
             return
         assert member.creds is not None
         setup = prepare_agent(
@@ -1014,7 +1013,7 @@ async def run_flavour(args: argparse.Namespace, flavour: str) -> Fleet:
         await asyncio.gather(*tasks, return_exceptions=True)
         await teardown(members)
         if upstream is not None:
-            upstream.stop()
+            await upstream.stop()
         cp.stop()
         if old_inotify is not None:
             INOTIFY_SYSCTL.write_text(str(old_inotify))

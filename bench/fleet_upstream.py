@@ -22,11 +22,14 @@ as ``bench.twin`` / ``tests/integration/test_twin.py`` run it on one node:
 
 Upstream's health check has no switch: it probes kubelet on ``127.0.0.1:10248`` and restarts
 ``kubelet.service`` after a minute without an answer, and asks containerd for its version (and
-restarts ``containerd.service`` after a minute without one). The fleet's kubelet is a stand-in
-that serves nothing, so the bench answers ``/healthz`` on ``127.0.0.1:10248`` itself (or uses
-what already answers 200 there), the Nodes get an InternalIP (upstream's check wants one), and
-one containerd for the whole fleet (its state in the work directory, no CRI) answers the version
-call: each node's ``/run/containerd/containerd.sock`` is a symlink to its socket.
+restarts ``containerd.service`` after a minute without one); its OSC controller restarts
+``containerd.service`` when it applies an OSC. The fleet's kubelet is a stand-in that serves
+nothing, so the bench answers ``/healthz`` on ``127.0.0.1:10248`` itself (or uses what already
+answers 200 there) and the Nodes get an InternalIP (upstream's check wants one); one containerd
+for the whole fleet (its state in the work directory, no CRI) answers the version call through
+each node's ``/run/containerd/containerd.sock``, a socket the bench listens on from outside and
+forwards (a socket on the overlay's lower layer refuses connections from inside the node), and
+each node's ``containerd.service`` is a stand-in (``sleep``) that upstream may restart.
 
 An agent that exits is restarted by systemd (``Restart=always``, 5 s): the bench reads the
 unit's ``NRestarts`` and ``InvocationID`` every few seconds and counts each restart as an exit.
@@ -73,6 +76,12 @@ if TYPE_CHECKING:
 KUBELET_HEALTHZ = ("127.0.0.1", 10248)
 CLUSTER_CA = f"{BASE_DIR}/cluster-ca.crt"
 CONTAINERD_SOCKET = "/run/containerd/containerd.sock"
+CONTAINERD_UNIT = """[Unit]
+Description=stand-in containerd (the fleet's one containerd answers on its socket)
+
+[Service]
+ExecStart=/bin/sleep infinity
+"""
 #: how often the bench reads each node's agent unit (exits, restarts)
 POLL_SECONDS = 5.0
 
@@ -120,6 +129,7 @@ class Upstream:
         self._server: http.server.ThreadingHTTPServer | None = None
         self._containerd: subprocess.Popen[bytes] | None = None
         self.socket = work / "containerd" / "containerd.sock"
+        self._forwarders: list[asyncio.Server] = []
 
     # -- shared pieces ---------------------------------------------------------------------
     def start(self) -> None:
@@ -153,7 +163,9 @@ class Upstream:
                 start_new_session=True,
             )
 
-    def stop(self) -> None:
+    async def stop(self) -> None:
+        for server in self._forwarders:
+            server.close()
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
@@ -165,7 +177,37 @@ class Upstream:
                 self._containerd.kill()
                 self._containerd.wait()
 
+    async def _forward(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """One connection of an agent to its node's containerd socket, to the fleet's one."""
+        try:
+            up_reader, up_writer = await asyncio.open_unix_connection(str(self.socket))
+        except OSError:
+            writer.close()
+            return
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            with contextlib.suppress(OSError):
+                while data := await src.read(65536):
+                    dst.write(data)
+                    await dst.drain()
+            with contextlib.suppress(OSError):
+                dst.close()
+
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+
     # -- one node --------------------------------------------------------------------------
+    async def spawn(self, fleet: Fleet, member: Member, token_secret: str, token_path: str) -> None:
+        """The node's containerd socket forwarded, then the agent installed and started."""
+        sock = member.node.path(CONTAINERD_SOCKET)
+        sock.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            sock.unlink()
+        self._forwarders.append(await asyncio.start_unix_server(self._forward, path=str(sock)))
+        token_dir = member.node.path(token_path).parent
+        token_dir.mkdir(parents=True, exist_ok=True)  # the valitail unit's directory
+        config = self.fleet_config(fleet, token_secret, token_path)
+        await asyncio.to_thread(self.install, member, config)
+
     async def register(self, fleet: Fleet, member: Member, secret_names: list[str]) -> None:
         """The agent's identity: Gardener's user for the machine, with the fleet's rule set for
         its node and the list/watch upstream's caches need; a client certificate for it."""
@@ -226,11 +268,10 @@ class Upstream:
                 doc[key] = value
         config_file.write_text(yaml.safe_dump(doc))
         member.metrics_port = int(doc["server"]["metrics"]["port"])
-        sock = node.path(CONTAINERD_SOCKET)
-        sock.parent.mkdir(parents=True, exist_ok=True)
+        containerd = node.path("/etc/systemd/system/containerd.service")
         with contextlib.suppress(FileNotFoundError):
-            sock.unlink()
-        sock.symlink_to(self.socket)
+            containerd.unlink()  # the bed's mask
+        containerd.write_text(CONTAINERD_UNIT)
         binary = node.path(UPSTREAM_BINARY)
         binary.parent.mkdir(parents=True, exist_ok=True)
         with contextlib.suppress(FileNotFoundError):
