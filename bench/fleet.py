@@ -1061,7 +1061,9 @@ def print_table(fleet: Fleet, wall: float) -> None:
         f"2 cores; load average at the end {load[0]:.1f}/{load[1]:.1f}/{load[2]:.1f}; "
         f"bench wall {wall / 60:.1f} min; health gate settle window {fleet.args.settle:g} s"
     )
-    levels: Counter[str] = Counter()
+    levels: Counter[str] = (
+        fleet.upstream.log_levels(fleet) if fleet.upstream is not None else Counter()
+    )
     for member in fleet.members:
         if member.log is None:  # upstream's agents log to their node's journal
             continue

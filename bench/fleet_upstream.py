@@ -193,7 +193,8 @@ class Upstream:
             with contextlib.suppress(OSError):
                 dst.close()
 
-        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+        with contextlib.suppress(asyncio.CancelledError):  # the bench is shutting down
+            await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
 
     # -- one node --------------------------------------------------------------------------
     async def spawn(self, fleet: Fleet, member: Member, token_secret: str, token_path: str) -> None:
@@ -338,41 +339,55 @@ class Upstream:
             if (s := self.states.get(m.name)) is not None and s.active == "active"
         )
 
+    def journal(self, member: Member) -> list[tuple[float, dict[str, Any]]]:
+        """The agent's log lines from its node's journal: (wall clock, the line's JSON)."""
+        out = member.node.run(
+            ["journalctl", "--no-pager", "-o", "json", "-u", UPSTREAM_UNIT],
+            check=False,
+            timeout=120,
+        ).stdout
+        lines = []
+        for raw in out.splitlines():
+            with contextlib.suppress(ValueError, KeyError, TypeError):
+                record = json.loads(raw)
+                at = int(record["__REALTIME_TIMESTAMP"]) / 1e6
+                message = record.get("MESSAGE")
+                if not isinstance(message, str):
+                    continue
+                try:
+                    entry = json.loads(message)
+                except ValueError:
+                    entry = {"msg": message}
+                if isinstance(entry, dict):
+                    lines.append((at, entry))
+        return lines
+
     def failed_attempts(self, fleet: Fleet, since: float, until: float) -> Counter[str]:
-        """The agents' journal lines between two wall-clock times that say a request failed:
+        """The agents' log lines between two wall-clock times that say a request failed:
         client-go's reflectors (``watch/list``), the lease controller's errors (``lease``),
         other controllers' errors (``other``)."""
         found: Counter[str] = Counter()
         for member in fleet.members:
-            out = member.node.run(
-                [
-                    "journalctl",
-                    "--no-pager",
-                    "-o",
-                    "cat",
-                    "-u",
-                    UPSTREAM_UNIT,
-                    f"--since=@{since:.3f}",
-                    f"--until=@{until:.3f}",
-                ],
-                check=False,
-                timeout=60,
-            ).stdout
-            for line in out.splitlines():
-                kind = attempt_kind(line)
+            for at, entry in self.journal(member):
+                kind = attempt_kind(entry) if since <= at < until else ""
                 if kind:
                     found[kind] += 1
         return found
 
+    def log_levels(self, fleet: Fleet) -> Counter[str]:
+        """The agents' error and warning lines by message and controller (for the table)."""
+        found: Counter[str] = Counter()
+        for member in fleet.members:
+            for _, entry in self.journal(member):
+                level = entry.get("level")
+                if level in ("error", "warn", "warning"):
+                    where = entry.get("controller") or entry.get("logger") or ""
+                    found[f"{level}: {entry.get('msg', '')} ({where})"] += 1
+        return found
 
-def attempt_kind(line: str) -> str:
+
+def attempt_kind(entry: dict[str, Any]) -> str:
     """What a line of upstream's log says failed, or ``""``."""
-    try:
-        entry = json.loads(line)
-    except ValueError:
-        entry = {"msg": line}
-    if not isinstance(entry, dict):
-        return ""
     text = f"{entry.get('msg', '')} {entry.get('error', '')} {entry.get('err', '')}"
     if "Failed to watch" in text or "failed to list" in text or "watch of" in text:
         return "watch/list"
