@@ -70,6 +70,9 @@ class Requests:
     per_second: Counter[int] = field(default_factory=Counter)
     #: seconds after the window's start at which each watch was received
     watch_at: list[float] = field(default_factory=list)
+    #: watches that stream an initial list (``sendInitialEvents=true``: client-go's watch-list,
+    #: a list without a list request)
+    watch_lists: int = 0
 
     def per_node_minute(self, n: int) -> float:
         return self.total / n / (self.seconds / 60)
@@ -106,6 +109,8 @@ def audit_requests(
                 figures.codes[code[audit_id]] += 1
             if event["verb"] == "watch":
                 figures.watch_at.append(received - start)
+                if "sendInitialEvents=true" in str(event.get("requestURI", "")):
+                    figures.watch_lists += 1
     return out
 
 
@@ -309,8 +314,9 @@ async def outage(fleet: Fleet, seconds: float) -> None:
     fleet.row(
         f"{label}: lists / watches per agent, first {window:g} s after",
         f"{after.verb('list') / n:.2f} / {after.verb('watch') / n:.2f}",
-        f"idle window {idle.verb('list') / n:.2f} / {idle.verb('watch') / n:.2f}; response codes "
-        f"after {dict(after.codes)}",
+        f"idle window {idle.verb('list') / n:.2f} / {idle.verb('watch') / n:.2f}; watches that "
+        f"streamed an initial list (sendInitialEvents) {after.watch_lists / n:.2f}; response "
+        f"codes after {dict(after.codes)}",
     )
     fleet.row(
         f"{label}: busiest second after the return",
@@ -353,6 +359,7 @@ async def outage(fleet: Fleet, seconds: float) -> None:
         "after_by_kind_per_node": {k: v / n for k, v in after.by_kind.most_common()},
         "after_lists_per_node": after.verb("list") / n,
         "after_watches_per_node": after.verb("watch") / n,
+        "after_watch_lists_per_node": after.watch_lists / n,
         "after_requests": after.total,
         "conflicts": after.codes.get(409, 0),
         "watch_reopen_max_s": max(after.watch_at, default=None),
