@@ -29,8 +29,16 @@ to fit N * 5 and put back afterwards. Nodes share the host's network, so each ag
 and metrics ports are free ports on 127.0.0.1 and the kubelet health check is off (the
 stand-in serves no /healthz).
 
+``--agent upstream`` runs the same fleet with upstream gardener-node-agent (the newest Gardener
+release the bed serves) in every node instead, installed and identified as Gardener does it
+(``bench/fleet_upstream.py``), measured the same way: the same audit log by identity, the same
+Node watch, Leases and marks. ``--agent both`` runs node-agent's fleet and then upstream's, each
+on a bed of its own with the same parameters, prints each table and then one table with every
+figure side by side (node-agent | upstream); ``--json`` then holds both under ``flavours``.
+
     .venv/bin/python -m bench.fleet [--agents 100] [--quick] [--idle-minutes 5]
         [--scenarios steady,unpaced,k10,k5,breaker,k1,serial] [--breaker 3] [--keep] [--fleet-view]
+        [--agent node-agent|upstream|both]
 
 Run as root from the repository root. ``--quick``: 10 agents, 1 min idle.
 """

@@ -20,6 +20,15 @@ The sequence, measured from outside the agents:
    the busiest second; response codes), agents that exited, units restarted (the stand-in
    kubelet's marks, and every OSC unit's ``InvocationID`` before and after), and the agents'
    failed attempts while the server was away (their log lines).
+
+With ``--agent upstream`` (``bench/fleet_upstream.py``) every node runs upstream
+gardener-node-agent as Gardener's unit; everything above is measured the same way from outside
+(its identity is Gardener's machine user, counted in the same audit log). What differs: an agent
+that exits is restarted by systemd (``Restart=always``), and the bench counts the unit's new
+invocations as exits; the failed attempts are upstream's error lines in its node's journal (its
+client-go reflectors do not log a refused connection at its default verbosity, so only the
+controllers' errors count). ``--agent both`` runs node-agent's fleet, then upstream's, and
+prints the two side by side.
 """
 
 from __future__ import annotations
