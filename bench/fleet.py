@@ -35,6 +35,8 @@ release the bed serves) in every node instead, installed and identified as Garde
 Node watch, Leases and marks. ``--agent both`` runs node-agent's fleet and then upstream's, each
 on a bed of its own with the same parameters, prints each table and then one table with every
 figure side by side (node-agent | upstream); ``--json`` then holds both under ``flavours``.
+Upstream runs the ``outage`` scenario only: the rollouts measure node-agent's pacing (upstream
+has none), and ``steady`` reads the agents' processes from the host.
 
     .venv/bin/python -m bench.fleet [--agents 100] [--quick] [--idle-minutes 5]
         [--scenarios steady,unpaced,k10,k5,breaker,k1,serial] [--breaker 3] [--keep] [--fleet-view]
@@ -1137,6 +1139,8 @@ def main() -> None:
         help="show node-agent fleet at three moments of each paced rollout (timed, counted)",
     )
     args = parser.parse_args()
+    if args.agent != "node-agent" and args.scenarios != "outage":
+        parser.error("--agent upstream / both: --scenarios outage only")
     if args.quick:
         args.agents, args.idle_minutes = 10, 1.0
     if os.geteuid() != 0:
