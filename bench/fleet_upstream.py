@@ -7,11 +7,12 @@ as ``bench.twin`` / ``tests/integration/test_twin.py`` run it on one node:
 - Gardener's provision files of the newest release the bed serves (``gardener_gen``: the
   cluster CA, ``machine-name``, ``config-<version>.yaml``), the config changed only where the
   fleet's node-agent config differs from Gardener's: the pool's Secret, the token sync of the
-  fleet's token Secret, and free health / metrics ports (the nodes share the host's network);
+  fleet's token Secret, log level ``info`` as the fleet's node-agent, and free health / metrics
+  ports (the nodes share the host's network);
 - Gardener's own unit ``gardener-node-agent.service`` (from Gardener's OSC, ``Restart=always``,
   ``--config-dir=/var/lib/gardener-node-agent``), ``/opt/bin/gardener-node-agent`` a symlink to
   the one cached binary (the nodes' overlay root sees the host's files: one copy in memory);
-- its identity as a bootstrapped agent has it: the user
+- the identity a bootstrapped agent has: the user
   ``gardener.cloud:node-agent:machine:<node>`` of the group ``gardener.cloud:node-agents``, a
   client certificate of the cluster CA in its kubeconfig (what the CSR flow would hand it,
   without the flow: the fleet measures the outage, not the bootstrap), with the fleet's
