@@ -29,9 +29,18 @@ to fit N * 5 and put back afterwards. Nodes share the host's network, so each ag
 and metrics ports are free ports on 127.0.0.1 and the kubelet health check is off (the
 stand-in serves no /healthz).
 
+``--agent upstream`` runs the same fleet with upstream gardener-node-agent (the newest Gardener
+release the bed serves) in every node instead, installed and identified as Gardener does it
+(``bench/fleet_upstream.py``), measured the same way: the same audit log by identity, the same
+Node watch, Leases and marks. ``--agent both`` runs node-agent's fleet and then upstream's, each
+on a bed of its own with the same parameters, prints each table and then one table with every
+figure side by side (node-agent | upstream); ``--json`` then holds both under ``flavours``.
+Upstream runs the ``outage`` scenario only: the rollouts measure node-agent's pacing (upstream
+has none), and ``steady`` reads the agents' processes from the host.
+
     .venv/bin/python -m bench.fleet [--agents 100] [--quick] [--idle-minutes 5]
         [--scenarios steady,unpaced,k10,k5,breaker,k1,serial,crash] [--breaker 3] [--keep]
-        [--fleet-view] [--crash-ttl 60]
+        [--fleet-view] [--crash-ttl 60] [--agent node-agent|upstream|both]
 
 Run as root from the repository root. ``--quick``: 10 agents, 1 min idle.
 """
@@ -61,6 +70,7 @@ import yaml
 from kubernetes_asyncio import client, watch
 from kubernetes_asyncio.client import ApiClient
 
+from bench.fleet_upstream import Upstream
 from node_agent.controllers.osc import pacing
 from node_agent.kube.report import ANNOTATION_SERIAL
 from tests.conftest import api_client_from, cache_dir
@@ -75,6 +85,7 @@ from tests.testbed.agent_harness import (
 )
 from tests.testbed.controlplane import ControlPlane, free_port
 from tests.testbed.credentials import NodeAgentCredentials, node_agent_credentials
+from tests.testbed.pki import CertPair
 from tests.testbed.systemd_ns import IsolatedSystemd
 
 APPLIED = "checksum/cloud-config-data"
@@ -93,7 +104,7 @@ kind: Policy
 omitStages: [RequestReceived]
 rules:
 - level: Metadata
-  userGroups: ["system:serviceaccounts:kube-system"]
+  userGroups: ["system:serviceaccounts:kube-system", "gardener.cloud:node-agents"]
 - level: None
 """
 
@@ -465,9 +476,14 @@ class Member:
     proc: asyncio.subprocess.Process | None = None
     log: Path | None = None
     metrics_port: int = 0
+    #: the upstream flavour's identity (a user of a client certificate) and its certificate
+    identity: str = ""
+    certificate: CertPair | None = None
 
     @property
     def user(self) -> str:
+        if self.identity:
+            return self.identity
         assert self.creds is not None
         return SA_PREFIX + self.creds.service_account
 
@@ -497,6 +513,9 @@ class Fleet:
     restarts: dict[str, int] = field(default_factory=dict)
     #: per rollout scenario: its figures, for ``--json`` (bench/fleet_fit.py reads them)
     figures: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: the upstream flavour's shared pieces (None: node-agent in every node)
+    upstream: Upstream | None = None
+    load_at_end: tuple[float, float, float] = (0.0, 0.0, 0.0)
 
     @property
     def names(self) -> list[str]:
@@ -519,6 +538,9 @@ class Fleet:
                 )
             )
         )
+        if self.upstream is not None:
+            await self.upstream.register(self, member, [self.secret, TOKEN_SECRET])
+            return
         member.creds = await node_agent_credentials(
             self.admin,
             self.work / "creds" / member.name,
@@ -529,6 +551,9 @@ class Fleet:
         )
 
     async def spawn(self, member: Member) -> None:
+        if self.upstream is not None:
+            await self.upstream.spawn(self, member, TOKEN_SECRET, TOKEN_PATH)
+            return
         assert member.creds is not None
         setup = prepare_agent(
             member.node.root,
@@ -559,7 +584,11 @@ class Fleet:
 
     async def supervise(self) -> None:
         """Restart an agent that exited, as its unit's ``Restart=always`` (``RestartSec=5``)
-        does on a node; each restart is counted and shown."""
+        does on a node; each restart is counted and shown. Upstream's agents run as their unit
+        (``Restart=always``): systemd restarts them, the bench counts it."""
+        if self.upstream is not None:
+            await self.upstream.poll(self)
+            return
         while True:
             await asyncio.sleep(1.0)
             for member in self.members:
@@ -579,6 +608,8 @@ class Fleet:
         return f"v{self.version}"
 
     def alive(self) -> int:
+        if self.upstream is not None:
+            return self.upstream.alive(self)
         return sum(1 for m in self.members if m.proc is not None and m.proc.returncode is None)
 
 
@@ -885,7 +916,59 @@ async def breaker(fleet: Fleet, k: int, f: int, within: float) -> None:
     )
 
 
+#: what runs in every node: ``--agent``
+FLAVOURS = ("node-agent", "upstream")
+
+
 async def run(args: argparse.Namespace) -> None:
+    """Each flavour asked for, one after the other on a bed of its own; with more than one, the
+    figures side by side."""
+    flavours = list(FLAVOURS) if args.agent == "both" else [args.agent]
+    done: dict[str, Fleet] = {}
+    for flavour in flavours:
+        if len(flavours) > 1:
+            print(f"=== {flavour}: {args.agents} agents ===", flush=True)
+        done[flavour] = await run_flavour(args, flavour)
+    if len(done) > 1:
+        print_side_by_side(done)
+    if args.json is not None:
+
+        def figures(fleet: Fleet) -> dict[str, Any]:
+            return {
+                "agents": args.agents,
+                "settle_s": args.settle,
+                "load_average": fleet.load_at_end,
+                "scenarios": fleet.figures,
+            }
+
+        doc = (
+            figures(done[flavours[0]])
+            if len(done) == 1
+            else {"flavours": {name: figures(fleet) for name, fleet in done.items()}}
+        )
+        Path(args.json).write_text(json.dumps(doc, indent=1))
+
+
+def print_side_by_side(done: dict[str, Fleet]) -> None:
+    """Every figure of the flavours' tables on one line: its value under each flavour."""
+    names = list(done)
+    figures: dict[str, dict[str, str]] = {}
+    for name, fleet in done.items():
+        for r in fleet.rows:
+            figures.setdefault(r.figure, {})[name] = r.value
+    header = ["figure", *names]
+    cells = [header] + [[f, *(v.get(n, "-") for n in names)] for f, v in figures.items()]
+    widths = [max(len(c[i]) for c in cells) for i in range(len(header))]
+    print()
+    print(f"side by side, {len(next(iter(done.values())).members)} agents each:")
+    for i, line in enumerate(cells):
+        print("  " + "  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip())
+        if i == 0:
+            print("  " + "  ".join("-" * w for w in widths))
+
+
+async def run_flavour(args: argparse.Namespace, flavour: str) -> Fleet:
+    """The whole bench with ``flavour``'s agent in every node; its table printed."""
     work = cache_dir() / "bench" / f"fleet-{uuid.uuid4().hex[:8]}"
     (work / "logs").mkdir(parents=True)
     audit_log, policy = work / "audit.log", work / "audit-policy.yaml"
@@ -903,8 +986,11 @@ async def run(args: argparse.Namespace) -> None:
     members: list[Member] = []
     tasks: list[asyncio.Task[None]] = []  # cancelled before the teardown
     started = time.monotonic()
+    upstream = Upstream(cp, work) if flavour == "upstream" else None
     try:
         cp.start()
+        if upstream is not None:
+            upstream.start()
         for i in range(args.agents):
             name = f"fleet-{i:03d}"
             node = IsolatedSystemd(
@@ -915,7 +1001,9 @@ async def run(args: argparse.Namespace) -> None:
         print(f"{args.agents} nodes booted in {time.monotonic() - started:.1f} s", flush=True)
         async with await api_client_from(cp.admin_kubeconfig) as admin:
             secret = f"gardener-node-agent-pool-a-{uuid.uuid4().hex[:16]}"
-            fleet = Fleet(args, work, cp, admin, secret, members, audit_log=audit_log)
+            fleet = Fleet(
+                args, work, cp, admin, secret, members, audit_log=audit_log, upstream=upstream
+            )
             await client.CoreV1Api(admin).create_namespaced_secret(
                 NS,
                 client.V1Secret(
@@ -944,8 +1032,8 @@ async def run(args: argparse.Namespace) -> None:
             fleet.row(
                 "first OSC on fresh agents",
                 f"{first:.1f} s",
-                f"{args.agents} agents spawned {args.spawn_gap:g} s apart, until every Node "
-                f"reported it (load average {load[0]:.1f})",
+                f"{args.agents} {flavour} agents spawned {args.spawn_gap:g} s apart, until every "
+                f"Node reported it (load average {load[0]:.1f})",
             )
             await asyncio.sleep(args.settle + 10)  # first applies' history, conditions, Events
             for scenario in scenarios:
@@ -975,25 +1063,16 @@ async def run(args: argparse.Namespace) -> None:
             await fleet.watcher.stop()
             supervisor.cancel()
             await asyncio.gather(supervisor, return_exceptions=True)
+        fleet.load_at_end = os.getloadavg()
         print_table(fleet, time.monotonic() - started)
-        if args.json is not None:
-            load = os.getloadavg()
-            Path(args.json).write_text(
-                json.dumps(
-                    {
-                        "agents": args.agents,
-                        "settle_s": args.settle,
-                        "load_average": load,
-                        "scenarios": fleet.figures,
-                    },
-                    indent=1,
-                )
-            )
+        return fleet
     finally:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         await teardown(members)
+        if upstream is not None:
+            await upstream.stop()
         cp.stop()
         if old_inotify is not None:
             INOTIFY_SYSCTL.write_text(str(old_inotify))
@@ -1034,15 +1113,20 @@ def log_message(text: str) -> str:
 def print_table(fleet: Fleet, wall: float) -> None:
     load = os.getloadavg()
     print()
+    flavour = "upstream gardener-node-agent" if fleet.upstream is not None else "node-agent"
     print(
-        f"fleet: {len(fleet.members)} agents (one real systemd each), one kube-apiserver; "
+        f"fleet: {len(fleet.members)} {flavour} agents (one real systemd each), one "
+        "kube-apiserver; "
         f"2 cores; load average at the end {load[0]:.1f}/{load[1]:.1f}/{load[2]:.1f}; "
         f"bench wall {wall / 60:.1f} min; health gate settle window {fleet.args.settle:g} s"
     )
-    levels: Counter[str] = Counter()
+    levels: Counter[str] = (
+        fleet.upstream.log_levels(fleet) if fleet.upstream is not None else Counter()
+    )
     for member in fleet.members:
+        if member.log is None:  # upstream's agents log to their node's journal
+            continue
         with contextlib.suppress(OSError):
-            assert member.log is not None
             for line in member.log.read_text(errors="replace").splitlines():
                 found = LOG_LEVEL.search(line)
                 if found:
@@ -1069,6 +1153,13 @@ def main() -> None:
         default="steady,unpaced,k10,k5,breaker,k1",
         help="comma-separated: steady, unpaced, k<K> (K parallel slots), breaker, serial "
         "(Gardener's serial mode), outage (kube-apiserver stopped, see --outage-seconds)",
+    )
+    parser.add_argument(
+        "--agent",
+        choices=[*FLAVOURS, "both"],
+        default="node-agent",
+        help="what runs in every node: node-agent, upstream gardener-node-agent (Gardener's "
+        "newest release the bed serves), or both one after the other (a side-by-side table)",
     )
     parser.add_argument("--breaker", type=int, default=3, help="F: failures that stop a rollout")
     parser.add_argument("--breaker-k", type=int, default=5, help="K during the breaker scenario")
@@ -1100,6 +1191,8 @@ def main() -> None:
         help="show node-agent fleet at three moments of each paced rollout (timed, counted)",
     )
     args = parser.parse_args()
+    if args.agent != "node-agent" and args.scenarios != "outage":
+        parser.error("--agent upstream / both: --scenarios outage only")
     if args.quick:
         args.agents, args.idle_minutes = 10, 1.0
     if os.geteuid() != 0:

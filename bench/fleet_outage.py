@@ -20,6 +20,15 @@ The sequence, measured from outside the agents:
    the busiest second; response codes), agents that exited, units restarted (the stand-in
    kubelet's marks, and every OSC unit's ``InvocationID`` before and after), and the agents'
    failed attempts while the server was away (their log lines).
+
+With ``--agent upstream`` (``bench/fleet_upstream.py``) every node runs upstream
+gardener-node-agent as Gardener's unit; everything above is measured the same way from outside
+(its identity is Gardener's machine user, counted in the same audit log). What differs: an agent
+that exits is restarted by systemd (``Restart=always``), and the bench counts the unit's new
+invocations as exits; the failed attempts are upstream's error lines in its node's journal (its
+client-go reflectors do not log a refused connection at its default verbosity, so only the
+controllers' errors count). ``--agent both`` runs node-agent's fleet, then upstream's, and
+prints the two side by side.
 """
 
 from __future__ import annotations
@@ -70,6 +79,9 @@ class Requests:
     per_second: Counter[int] = field(default_factory=Counter)
     #: seconds after the window's start at which each watch was received
     watch_at: list[float] = field(default_factory=list)
+    #: watches that stream an initial list (``sendInitialEvents=true``: client-go's watch-list,
+    #: a list without a list request)
+    watch_lists: int = 0
 
     def per_node_minute(self, n: int) -> float:
         return self.total / n / (self.seconds / 60)
@@ -106,6 +118,8 @@ def audit_requests(
                 figures.codes[code[audit_id]] += 1
             if event["verb"] == "watch":
                 figures.watch_at.append(received - start)
+                if "sendInitialEvents=true" in str(event.get("requestURI", "")):
+                    figures.watch_lists += 1
     return out
 
 
@@ -245,7 +259,11 @@ async def outage(fleet: Fleet, seconds: float) -> None:
         users,
         [(idle_start, idle_end), (t_back, t_back + window), (stop_began, t_back)],
     )
-    attempts = failed_attempts(fleet, logs_down, logs_back)
+    attempts = (
+        await asyncio.to_thread(fleet.upstream.failed_attempts, fleet, t_gone, t_back)
+        if fleet.upstream is not None
+        else failed_attempts(fleet, logs_down, logs_back)
+    )
     restarted_marks = sum(
         1
         for m, count in zip(fleet.members, marks_before, strict=True)
@@ -275,6 +293,7 @@ async def outage(fleet: Fleet, seconds: float) -> None:
         f"{t_gone - stop_began:.1f} s later, its listener at once); etcd stayed up; "
         f"load average at the stop {load_down}, at the end {os_load()}",
     )
+    fleet.row(f"{label}: load average at the stop / at the end", f"{load_down} / {os_load()}")
     fleet.row(
         f"{label}: OSC published just before",
         f"{on_disk_at_stop}/{n} on disk at the stop",
@@ -304,8 +323,9 @@ async def outage(fleet: Fleet, seconds: float) -> None:
     fleet.row(
         f"{label}: lists / watches per agent, first {window:g} s after",
         f"{after.verb('list') / n:.2f} / {after.verb('watch') / n:.2f}",
-        f"idle window {idle.verb('list') / n:.2f} / {idle.verb('watch') / n:.2f}; response codes "
-        f"after {dict(after.codes)}",
+        f"idle window {idle.verb('list') / n:.2f} / {idle.verb('watch') / n:.2f}; watches that "
+        f"streamed an initial list (sendInitialEvents) {after.watch_lists / n:.2f}; response "
+        f"codes after {dict(after.codes)}",
     )
     fleet.row(
         f"{label}: busiest second after the return",
@@ -316,7 +336,9 @@ async def outage(fleet: Fleet, seconds: float) -> None:
     fleet.row(
         f"{label}: while down, failed attempts / agent / min",
         f"{sum(attempts.values()) / n / (max(t_back - t_gone, 1.0) / 60):.1f}",
-        f"by kind {dict(attempts)} (agents' log lines); requests the server saw meanwhile "
+        f"by kind {dict(attempts)} (agents' log lines"
+        + (", their journal" if fleet.upstream is not None else "")
+        + f"); requests the server saw meanwhile "
         f"{during.total}",
     )
     fleet.row(
@@ -346,6 +368,7 @@ async def outage(fleet: Fleet, seconds: float) -> None:
         "after_by_kind_per_node": {k: v / n for k, v in after.by_kind.most_common()},
         "after_lists_per_node": after.verb("list") / n,
         "after_watches_per_node": after.verb("watch") / n,
+        "after_watch_lists_per_node": after.watch_lists / n,
         "after_requests": after.total,
         "conflicts": after.codes.get(409, 0),
         "watch_reopen_max_s": max(after.watch_at, default=None),
