@@ -616,6 +616,10 @@ def test_the_pools_join_window_follows_how_soon_the_first_join_came() -> None:
     assert pacing.learn_window(Ledger(CS, window=6.0), 6.0, 5.0, floor).window == 0.0
     assert '"window"' not in pacing.learn_window(fresh, 4.0, 3.0, floor).dump()
     assert pacing.learn_window(fresh, 3000.0, 0.001, floor).window == pacing.MAX_JOIN_WINDOW
+    # a node that lost a race before its join landed: twice the pool's window it drew from, or
+    # the pool's as it is now if wider (its own wait, in its backed-off window, says nothing)
+    assert pacing.learn_window(Ledger(CS, window=10.0), 10.0, 0.5, floor, lost=True).window == 20.0
+    assert pacing.learn_window(Ledger(CS, window=50.0), 10.0, 99.0, floor, lost=True).window == 50.0
     # the window is the pool's: a new checksum keeps it, as the pool's size stays
     assert pacing.for_checksum(wide, CS2).window == 16.0
     assert Ledger.load(wide.dump()).window == 16.0
@@ -638,7 +642,9 @@ def _join_races(outside: int, seen_after: float, seed: int, joins: int) -> tuple
         first_at, first, window = draws[0]
         losers = [n for at, n, _ in draws[1:] if at < first_at + seen_after]
         lost_before = own.pop(first) > 0.0
-        ledger = pacing.learn_window(ledger, window, first_at, floor, lost=lost_before)
+        # a node that lost before teaches twice the pool's window it drew from at first
+        taught = pool if lost_before else window
+        ledger = pacing.learn_window(ledger, taught, first_at, floor, lost=lost_before)
         for n in losers:
             own[n] = min(2 * max(pool, own[n]), pacing.MAX_JOIN_WINDOW)
         lost += len(losers)

@@ -674,19 +674,22 @@ def learn_window(
     by the square root of that ratio, within :data:`JOIN_LEARN_STEP`. The collisions per join
     then stay near JOIN_TARGET's share of the time a write takes to be seen, whatever the
     pool's size. That share grows with the time a write takes to be seen, which grows with the
-    API server's load: a node that ``lost`` a race before its join landed makes the pool's
-    window at least twice the one it drew from, so that a slow server widens it until joins
-    rarely collide. Bounded by
+    API server's load: a node that ``lost`` a race before its join landed (its own wait then
+    says nothing of the pool's: it drew from its backed-off window) makes the pool's window at
+    least twice ``window``, the pool's when it first drew, so that a slow server widens it until
+    joins rarely collide. Bounded by
     :data:`MAX_JOIN_WINDOW`; one at ``floor`` or below is none (0).
     """
     widest, narrowest = JOIN_LEARN_STEP
-    ratio = JOIN_TARGET / max(waited, 0.01)
-    learned = window * min(widest, max(narrowest, math.sqrt(ratio)))
     if lost:
-        # twice the window the loser drew from, at least: the losers of one burst all drew from
-        # the same window, so they do not double the pool's again and again (before, a start
-        # where many lost grew it to many times the pool's size, and the rollout crawled)
-        learned = max(learned, ledger.window, window * 2.0)
+        # twice the pool's window the loser drew from, at least; not more: the losers of one
+        # burst all drew from the same window, so they do not double the pool's again and again
+        # (before, each doubled the pool's current one, and a loser's own backed-off window
+        # counted too: a start where many lost grew it to minutes, and the line ran dry)
+        learned = max(ledger.window, window * 2.0)
+    else:
+        ratio = JOIN_TARGET / max(waited, 0.01)
+        learned = window * min(widest, max(narrowest, math.sqrt(ratio)))
     learned = min(learned, MAX_JOIN_WINDOW)
     # at the floor it is what every node has without a ledger: kept as none learned (0)
     return replace(ledger, window=learned if learned > floor else 0.0)

@@ -162,8 +162,9 @@ class Rollout:
         self._pool_window = 0.0  # the pool's join window, as the last ledger seen says
         self._drawn_so_far = 0  # tickets the pool had drawn, as the last ledger seen says
         self._join_at: float | None = None  # loop time this node's join is due (drawn)
-        # (loop time, window, tickets drawn by the pool) when this node drew its join delay
-        self._join_drawn: tuple[float, float, int] | None = None
+        # when this node drew its join delay: (loop time, the window it drew from, tickets the
+        # pool had drawn, the pool's window)
+        self._join_drawn: tuple[float, float, int, float] | None = None
         #: a first look's join is pending: the watch runs for it without judging (the node is
         #: not waiting yet, and decides itself once its delay is over)
         self._joining = False
@@ -463,13 +464,14 @@ class Rollout:
         (``pacing.learn_window``)."""
         if self._join_drawn is None:
             return ledger
-        drawn_at, window, drawn_so_far = self._join_drawn
+        drawn_at, window, drawn_so_far, pool = self._join_drawn
         # the joins that landed since the draw came first (ours is the k-th): each of the k
         # took about waited / k of the window
         k = min(max(ledger.tickets - drawn_so_far, 1), pacing.MAX_LEDGER_ENTRIES)
         waited = (asyncio.get_running_loop().time() - drawn_at) / k
-        lost = self._window > JOIN_WINDOW
-        return pacing.learn_window(ledger, window, waited, JOIN_WINDOW, lost=lost)
+        if self._window > JOIN_WINDOW:  # it lost a race since: its own window was backed off
+            return pacing.learn_window(ledger, pool, waited, JOIN_WINDOW, lost=True)
+        return pacing.learn_window(ledger, window, waited, JOIN_WINDOW)
 
     def _join_delay(self, cap: float | None = None) -> float:
         """Seconds until this node's join is due: drawn once from its window (at most
@@ -483,7 +485,10 @@ class Rollout:
             width = window if cap is None else min(window, cap)
             self._join_at = now + self._rng.uniform(0.0, width)
             # a draw cut short by the cap says nothing of the pool's window: not learned from
-            self._join_drawn = None if capped else (now, window, self._drawn_so_far)
+            pool = max(self._pool_window, JOIN_WINDOW)
+            if self._window > JOIN_WINDOW and self._join_drawn is not None:
+                pool = self._join_drawn[3]  # a redraw after a lost race: the pool's at the first
+            self._join_drawn = None if capped else (now, window, self._drawn_so_far, pool)
         return max(0.0, self._join_at - now)
 
     def _joined(self) -> None:
