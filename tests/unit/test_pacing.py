@@ -371,6 +371,8 @@ def test_a_place_is_handed_only_where_the_receiver_would_take_it_itself(why: str
         {"0": "a" * 300},
         {"1e3": "a"},
         {"0" * 40: "a"},
+        {"\u00b2": "a"},  # a digit to str.isdigit, not to int()
+        {"\u0661": "a"},
         {str(i): "a" for i in range(1001)},
     ],
 )

@@ -570,7 +570,8 @@ def _hosts(raw: object, head: int, tickets: int, served: set[int]) -> dict[int, 
         return {}
     hosts: dict[int, str] = {}
     for key, host in raw.items():
-        ticket = int(key) if isinstance(key, str) and key.isdigit() and len(key) <= 16 else -1
+        whole = isinstance(key, str) and key.isascii() and key.isdigit() and len(key) <= 16
+        ticket = int(key) if whole else -1
         if head <= ticket < tickets and ticket not in served and _name(host):
             hosts[ticket] = host
     return hosts
