@@ -242,6 +242,12 @@ class CpuSampler:
         self.wall = time.monotonic() - self._start
 
 
+async def pool_ledger(admin: ApiClient, lease: str) -> pacing.Ledger:
+    """The pool's ledger as its Lease carries it now (read as admin; API errors raise)."""
+    read = await client.CoordinationV1Api(admin).read_namespaced_lease(lease, NS)
+    return pacing.Ledger.load((read.metadata.annotations or {}).get(pacing.ANNOTATION_LEDGER))
+
+
 class LineSampler:
     """The pool's ledger once a second while a paced rollout runs (as admin, outside the
     agents' audited identities): how often places stood free with nobody in line (the line ran
@@ -249,8 +255,7 @@ class LineSampler:
     learned."""
 
     def __init__(self, admin: ApiClient, lease: str, k: int) -> None:
-        self.api = client.CoordinationV1Api(admin)
-        self.lease, self.k = lease, k
+        self.admin, self.lease, self.k = admin, lease, k
         self.samples: list[tuple[int, int, float]] = []  # (waiting, free places, window)
         self._task: asyncio.Task[None] | None = None
 
@@ -258,9 +263,7 @@ class LineSampler:
         while True:
             await asyncio.sleep(1.0)
             with contextlib.suppress(Exception):
-                lease = await self.api.read_namespaced_lease(self.lease, NS)
-                text = (lease.metadata.annotations or {}).get(pacing.ANNOTATION_LEDGER)
-                ledger = pacing.Ledger.load(text)
+                ledger = await pool_ledger(self.admin, self.lease)
                 free = self.k - len(ledger.slots)
                 self.samples.append((ledger.waiting(), free, ledger.window))
 

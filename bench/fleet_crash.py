@@ -26,12 +26,10 @@ import asyncio
 import time
 from dataclasses import dataclass
 
-from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from bench.fleet import Fleet, Member, fleet_osc, pacing_annotations, publish
+from bench.fleet import Fleet, Member, fleet_osc, pacing_annotations, pool_ledger, publish
 from node_agent.controllers.osc import pacing
-from tests.testbed.agent_harness import NS
 
 #: two places: one lost with its dead holder, one handed on to the dead first ticket, and the
 #: pool still waiting when each comes back (a larger K finishes a small pool meanwhile)
@@ -53,11 +51,9 @@ class Victim:
 
 async def ledger_now(fleet: Fleet) -> pacing.Ledger:
     try:
-        lease = await client.CoordinationV1Api(fleet.admin).read_namespaced_lease(fleet.secret, NS)
+        return await pool_ledger(fleet.admin, fleet.secret)
     except ApiException:
         return pacing.Ledger()
-    annotations = lease.metadata.annotations or {}
-    return pacing.Ledger.load(annotations.get(pacing.ANNOTATION_LEDGER))
 
 
 async def kill(member: Member) -> None:
