@@ -22,7 +22,7 @@ import pytest_asyncio
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client import ApiClient
 
-from node_agent.controllers.osc import pacing
+from node_agent.controllers.osc import pacing, rollout
 from node_agent.kube.client import KubeClient
 from node_agent.kube.watch import ListWatch, list_watch
 from tests.testbed.agent_harness import (
@@ -321,12 +321,15 @@ async def test_paced_never_more_than_k(fleet: Fleet) -> None:
         pacing.ANNOTATION_MAX_PARALLEL: "1",
         pacing.ANNOTATION_SLOT_TTL: "30s",
     }
+    outlasting = rollout.JOIN_WINDOW + 2
     async with (
         RolloutReasons(fleet.control_plane) as reasons,
         LeaseRecorder(fleet.control_plane, fleet.secret) as lease,
     ):
-        v2 = await fleet.publish(osc("v2"), policy)
-        await fleet.converge(v2)
+        # each apply outlasts the join window (JOIN_WINDOW), so the waiters hold tickets by the
+        # time a holder leaves: the handoff below is certain, not a matter of timing
+        v2 = await fleet.publish(osc("v2", seconds=outlasting), policy)
+        await fleet.converge(v2, timeout=120)
     intervals = [r for a in fleet.agents for r in runs(a, "v2")]
     print("v2 applied in", sorted(intervals))
     assert len(intervals) == N
@@ -349,7 +352,8 @@ async def test_paced_never_more_than_k(fleet: Fleet) -> None:
 
     # a change that restarts no kubelet/containerd is not paced: no slot taken
     v3 = await fleet.publish(
-        osc_document([inline_file("/etc/fleet/version", "v3")], [kubelet("v2")]), policy
+        osc_document([inline_file("/etc/fleet/version", "v3")], [kubelet("v2", outlasting)]),
+        policy,
     )
     await fleet.converge(v3)
     ledger = await fleet.ledger()
