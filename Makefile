@@ -19,7 +19,7 @@ export NODE_AGENT_TEST_CACHE ?= $(HOME)/.cache/node-agent-test
 export TMPDIR := $(NODE_AGENT_TEST_CACHE)/tmp
 $(shell mkdir -p $(TMPDIR))
 
-.PHONY: help prepare deps venv controlplane gardener gardener-all compat promtool monitoring artifact image lint typecheck unit test fuzz demo clean
+.PHONY: help prepare deps venv controlplane kubelet gardener gardener-all compat promtool monitoring artifact image lint typecheck unit test fuzz demo clean
 
 help:
 	@echo "make test   - set up and run ruff, mypy (strict) and the whole pytest suite"
@@ -56,6 +56,10 @@ venv: $(VENV)/.installed
 controlplane: deps
 	@sh tests/testbed/build-controlplane.sh > /dev/null
 
+# The real kubelet, at the Kubernetes version of the Gardener shape its tests provision.
+kubelet: deps
+	@sh tests/testbed/build-controlplane.sh kubelet > /dev/null
+
 # Gardener's own generator and upstream gardener-node-agent, built per Gardener release
 # (tests/testbed/gardener/releases; cached like the control plane): `make test` needs the oldest
 # and the newest, `make compat` every release.
@@ -81,7 +85,7 @@ lint: venv
 	$(BIN)/ruff check node_agent tests bench packaging
 	$(BIN)/ruff format --check node_agent tests bench packaging
 	shellcheck init/node-agent-init.sh packaging/build.sh packaging/rootfs.sh tests/testbed/build-promtool.sh \
-	  tests/testbed/build-gardener.sh
+	  tests/testbed/build-gardener.sh tests/testbed/build-controlplane.sh
 
 typecheck: venv
 	$(BIN)/mypy node_agent tests bench
@@ -115,7 +119,7 @@ image: artifact
 
 # What the suite needs, built side by side (make -j): the Go builds of the bed, the emulated
 # arm64 artifact and the checks fill the cores between them; each is cached on its own.
-PREPARE := deps venv controlplane gardener artifact image lint typecheck monitoring
+PREPARE := deps venv controlplane kubelet gardener artifact image lint typecheck monitoring
 PREPARE_JOBS ?= 3
 prepare:
 	@$(MAKE) --no-print-directory -j$(PREPARE_JOBS) $(PREPARE)

@@ -27,6 +27,9 @@ from tests.testbed.credentials import NAMESPACE, _apply, grant_node_agent_rules
 
 BOOTSTRAPPERS_GROUP = "system:bootstrappers"
 NODE_BOOTSTRAPPER_ROLE = "system:node-bootstrapper"
+NODES_GROUP = "system:nodes"
+KUBELET_CLIENT_ROLE = "system:certificates.k8s.io:certificatesigningrequests:nodeclient"
+KUBELET_RENEWAL_ROLE = "system:certificates.k8s.io:certificatesigningrequests:selfnodeclient"
 NODE_AGENT_USER_PREFIX = "gardener.cloud:node-agent:machine:"
 NODE_AGENTS_GROUP = "gardener.cloud:node-agents"
 _TOKEN_ALPHABET = string.ascii_lowercase + string.digits
@@ -97,7 +100,9 @@ async def create_bootstrap_token(
     return token
 
 
-async def _bind_node_bootstrapper(admin: ApiClient, binding: str, group: str) -> None:
+async def _bind_node_bootstrapper(
+    admin: ApiClient, binding: str, group: str, role: str = NODE_BOOTSTRAPPER_ROLE
+) -> None:
     await _apply(
         client.RbacAuthorizationV1Api(admin).create_cluster_role_binding,
         client.V1ClusterRoleBinding(
@@ -105,7 +110,7 @@ async def _bind_node_bootstrapper(admin: ApiClient, binding: str, group: str) ->
             role_ref=client.V1RoleRef(
                 api_group="rbac.authorization.k8s.io",
                 kind="ClusterRole",
-                name=NODE_BOOTSTRAPPER_ROLE,
+                name=role,
             ),
             subjects=[
                 client.RbacV1Subject(
@@ -120,6 +125,17 @@ async def allow_bootstrappers(admin: ApiClient) -> None:
     """Gardener's binding: group ``system:bootstrappers`` -> ``system:node-bootstrapper``
     (create/get/list/watch CSRs, nothing else). Idempotent."""
     await _bind_node_bootstrapper(admin, NODE_BOOTSTRAPPER_ROLE, BOOTSTRAPPERS_GROUP)
+
+
+async def allow_kubelet_bootstrap(admin: ApiClient) -> None:
+    """Gardener's bindings for the kubelet's own TLS bootstrap: bootstrap tokens may have a
+    kubelet client certificate approved (kube-controller-manager's ``csrapproving``), nodes
+    may renew theirs. Idempotent."""
+    for binding, group in (
+        (KUBELET_CLIENT_ROLE, BOOTSTRAPPERS_GROUP),
+        (KUBELET_RENEWAL_ROLE, NODES_GROUP),
+    ):
+        await _bind_node_bootstrapper(admin, binding, group, role=binding)
 
 
 async def grant_node_agent_identity(

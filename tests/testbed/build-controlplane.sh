@@ -1,25 +1,32 @@
 #!/bin/sh
-# Builds kube-apiserver, kube-controller-manager and etcd for the test bed, or reuses them
-# from the cache. Output: the directory holding the binaries (printed on stdout, last line).
-# The cache lives outside the repository and is keyed by the Kubernetes version;
-# Go's own module and build caches are kept beside it so that removing the cache
-# directory really starts from nothing. A cache directory from before
+# Builds the test bed's Kubernetes binaries, or reuses them from the cache: with no argument
+# (or "controlplane") kube-apiserver, kube-controller-manager and etcd; with "kubelet" the real
+# kubelet at the Kubernetes version of tests/testbed/kubelet/go.mod (the Gardener shape's, which
+# the control plane's version-skew policy allows). Output: the directory holding the binaries
+# (printed on stdout, last line). The cache lives outside the repository and is keyed by the
+# module and its Kubernetes version; Go's own module and build caches are kept beside it so that
+# removing the cache directory really starts from nothing. A cache directory from before
 # kube-controller-manager was part of the bed is extended in place rather than rebuilt.
 set -eu
 
 here=$(cd "$(dirname "$0")" && pwd)
-version=$(sed -n 's/^[[:space:]]*k8s.io\/kubernetes v\([0-9.]*\)$/\1/p' "$here/controlplane/go.mod")
-[ -n "$version" ] || { echo "build-controlplane: cannot read the Kubernetes version from go.mod" >&2; exit 1; }
+module=${1:-controlplane}
+case $module in
+    controlplane) binaries="kube-apiserver kube-controller-manager etcd" ;;
+    kubelet) binaries="kubelet" ;;
+    *) echo "build-controlplane: unknown module $module (controlplane or kubelet)" >&2; exit 2 ;;
+esac
+version=$(sed -n 's/^[[:space:]]*k8s.io\/kubernetes v\([0-9.]*\)$/\1/p;s/^require k8s.io\/kubernetes v\([0-9.]*\)$/\1/p' "$here/$module/go.mod")
+[ -n "$version" ] || { echo "build-controlplane: cannot read the Kubernetes version from $module/go.mod" >&2; exit 1; }
 cache=${NODE_AGENT_TEST_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/node-agent-test}
-out="$cache/controlplane-v$version"
-binaries="kube-apiserver kube-controller-manager etcd"
+out="$cache/$module-v$version"
 
-complete() {
+cached() {
     for b in $binaries; do [ -x "$out/$b" ] || return 1; done
-    cmp -s "$here/controlplane/go.mod" "$out/go.mod"
+    cmp -s "$here/$module/go.mod" "$out/go.mod"
 }
 
-if complete; then
+if cached; then
     echo "$out"
     exit 0
 fi
@@ -27,20 +34,30 @@ fi
 command -v go >/dev/null 2>&1 || { echo "build-controlplane: Go is required to build the test control plane" >&2; exit 1; }
 mkdir -p "$cache"
 # One build at a time: test runs started side by side wait for the first one's build.
-exec 9>"$cache/.controlplane-v$version.lock"
+exec 9>"$cache/.$module-v$version.lock"
 if command -v flock >/dev/null 2>&1; then flock 9; fi
-if complete; then
+if cached; then
     echo "$out"
     exit 0
 fi
 
 mkdir -p "$cache/go-mod" "$cache/go-build" "$cache/go-tmp"
 export GOMODCACHE="$cache/go-mod" GOCACHE="$cache/go-build" GOTMPDIR="$cache/go-tmp" GOFLAGS=-mod=mod CGO_ENABLED=0
-cd "$here/controlplane"
+cd "$here/$module"
 if [ ! -f go.sum ]; then go mod tidy >&2; fi
 
+# The kubelet reports its version to the API server (the Node's nodeInfo.kubeletVersion), so
+# it carries the release's, as Kubernetes' own build stamps it; the control plane's binaries
+# keep the module build's placeholder (nothing in the bed reads their version).
+stamp=""
+if [ "$module" = kubelet ]; then
+    minor=$(echo "$version" | cut -d. -f2)
+    pkg=k8s.io/component-base/version
+    stamp="-X $pkg.gitVersion=v$version -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean"
+fi
+
 build() { # build <binary> <package> <dir>
-    go build -trimpath -ldflags='-s -w' -o "$3/$1.tmp" "$2" >&2
+    go build -trimpath -ldflags="-s -w $stamp" -o "$3/$1.tmp" "$2" >&2
     mv "$3/$1.tmp" "$3/$1"
 }
 package() {

@@ -33,7 +33,9 @@ BUILD_SCRIPT = Path(__file__).with_name("build-controlplane.sh")
 START_TIMEOUT = 90.0
 # What the certificate flow needs of kube-controller-manager: the CSR signer, the bootstrap
 # token cleaner, and the cleaner of old CSRs (harmless: it only removes CSRs hours old).
-KCM_CONTROLLERS = ("csrsigning", "tokencleaner", "csrcleaner")
+# The kubelet's own bootstrap adds the approver of kubelet client CSRs (Gardener's bindings let
+# bootstrap tokens and nodes ask for them: ``bootstrap.allow_kubelet_bootstrap``).
+KCM_CONTROLLERS = ("csrsigning", "csrapproving", "tokencleaner", "csrcleaner")
 
 
 def free_port() -> int:
@@ -42,13 +44,18 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def binaries_dir() -> Path:
-    """Build (or reuse from the cache) kube-apiserver and etcd; return their directory."""
+def binaries_dir(module: str = "controlplane") -> Path:
+    """Build (or reuse from the cache) the bed's binaries of ``module``: ``controlplane``
+    (kube-apiserver, kube-controller-manager, etcd) or ``kubelet``; return their directory."""
     result = subprocess.run(
-        ["sh", str(BUILD_SCRIPT)], capture_output=True, text=True, timeout=3600, check=False
+        ["sh", str(BUILD_SCRIPT), module],
+        capture_output=True,
+        text=True,
+        timeout=3600,
+        check=False,
     )
     if result.returncode != 0:
-        raise HarnessError(f"building the test control plane failed:\n{result.stderr[-4000:]}")
+        raise HarnessError(f"building the test bed's {module} failed:\n{result.stderr[-4000:]}")
     return Path(result.stdout.strip().splitlines()[-1])
 
 
@@ -250,6 +257,8 @@ class ControlPlane:
                 f"--controllers={','.join(controllers)}",
                 f"--cluster-signing-kube-apiserver-client-cert-file={self.ca_file}",
                 f"--cluster-signing-kube-apiserver-client-key-file={self.ca.key_path}",
+                f"--cluster-signing-kubelet-client-cert-file={self.ca_file}",
+                f"--cluster-signing-kubelet-client-key-file={self.ca.key_path}",
                 f"--cluster-signing-duration={signing_duration}",
                 "--use-service-account-credentials=false",
                 "--leader-elect=false",

@@ -1,0 +1,172 @@
+"""A machine provisioned from Gardener's user data whose kubelet is the real one.
+
+The bed builds kubelet from Kubernetes' Go module (``build-controlplane.sh kubelet``, cached like
+the control plane) at the version of Gardener's ``k8s-1.34`` pool shape, which the bed's
+kube-apiserver serves under the version-skew policy (kubelet up to three minors older), and
+serves it as Gardener does: ``/kubelet`` inside the hyperkube image the OSC's ``imageRef``
+names, under Gardener's name through the mirror. Nothing of the generated user data or OSC is
+rewritten but what ``gardener_provision`` localizes (ports: the throwaway node shares the host's
+network); the kubelet's own server port moves the same way, through ``$KUBELET_EXTRA_ARGS``.
+
+kube-controller-manager approves (``csrapproving``) and signs the kubelet's client CSR, made
+with the bootstrap kubeconfig node-agent leaves it, under Gardener's bindings for it
+(``bootstrap.allow_kubelet_bootstrap``). The kubelet registers the Node itself: the test makes
+none.
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+from dataclasses import dataclass, field
+
+from cryptography import x509
+from cryptography.x509.oid import NameOID
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client import ApiClient
+
+from tests.testbed import gardener_osc as g
+from tests.testbed import gardener_provision as gp
+from tests.testbed import oci
+from tests.testbed.agent_harness import publish_osc, wait_applied, wait_for
+from tests.testbed.agent_image import AgentImage, read_layout
+from tests.testbed.bootstrap import (
+    allow_kubelet_bootstrap,
+    create_bootstrap_token,
+    grant_node_agent_identity,
+)
+from tests.testbed.containerd import ContainerdNode
+from tests.testbed.controlplane import ControlPlane, binaries_dir, free_port
+from tests.testbed.csr_approver import CSRApprover
+from tests.testbed.gardener_gen import Generated, generate
+from tests.testbed.registry import Registry
+from tests.testbed.systemd_ns import IsolatedSystemd
+
+SHAPE = "k8s-1.34"
+#: the kubelet version of the shape (tests/testbed/kubelet/go.mod builds the same)
+VERSION = "1.34.0"
+KUBELET_SIGNER = "kubernetes.io/kube-apiserver-client-kubelet"
+#: the kernel settings the kubelet checks at start (Gardener's config has
+#: ``protectKernelDefaults: true``) and Gardener's sysctl file sets
+KERNEL_TUNABLES = (
+    "vm/overcommit_memory",
+    "vm/panic_on_oom",
+    "kernel/panic",
+    "kernel/panic_on_oops",
+    "kernel/keys/root_maxkeys",
+    "kernel/keys/root_maxbytes",
+)
+SHADOW_DIR = "/run/node-agent-test/sysctl"
+
+
+def hyperkube_image() -> oci.Image:
+    """Gardener's hyperkube image of :data:`VERSION` for linux/amd64: the real kubelet."""
+    kubelet = (binaries_dir("kubelet") / "kubelet").read_bytes()
+    return oci.build_image(
+        {"/kubelet": (kubelet, 0o755), "/version": (b"v" + VERSION.encode(), 0o644)}
+    )
+
+
+def sysctl_values(gen: Generated) -> dict[str, str]:
+    """``key -> value`` of Gardener's sysctl file in the OSC (keys with ``/``)."""
+    (item,) = [f for f in gen.osc["spec"]["files"] if f["path"] == g.SYSCTL_FILE]
+    inline = item["content"]["inline"]
+    data = inline["data"]
+    text = base64.b64decode(data).decode() if inline.get("encoding") == "b64" else data
+    values = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep and not line.lstrip().startswith(("#", ";")):
+            values[key.strip().replace(".", "/")] = value.strip()
+    return values
+
+
+def shadow_kernel_tunables(node: IsolatedSystemd, values: dict[str, str]) -> None:
+    """The node's view of the host-global kernel settings the kubelet checks, as the machine's
+    sysctl file sets them: a file of the node's bind-mounted over each ``/proc/sys`` entry.
+    The throwaway node shares the host's kernel, whose settings are not the node's to change
+    (its ``/proc/sys`` is read-only); a VM's kernel is its own."""
+    for key in KERNEL_TUNABLES:
+        shadow = f"{SHADOW_DIR}/{key.replace('/', '.')}"
+        node.path(shadow).parent.mkdir(parents=True, exist_ok=True)
+        node.path(shadow).write_text(values[key] + "\n")
+        node.run(["mount", "--bind", shadow, f"/proc/sys/{key}"])
+
+
+@dataclass
+class RealKubeletRun:
+    """What happened, for the test to check."""
+
+    machine: str
+    checksum: str = ""
+    #: the user the kubelet's signed client certificate names
+    kubelet_user: str = ""
+    node: client.V1Node | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+async def _kubelet_csr_user(admin: ApiClient, machine: str) -> str:
+    """The common name of the kubelet's issued client certificate ("" while none is)."""
+    csrs = await client.CertificatesV1Api(admin).list_certificate_signing_request()
+    for csr in csrs.items:
+        if csr.spec.signer_name == KUBELET_SIGNER and csr.status and csr.status.certificate:
+            cert = x509.load_pem_x509_certificate(base64.b64decode(csr.status.certificate))
+            (cn,) = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+            if str(cn.value) == f"system:node:{machine}":
+                return str(cn.value)
+    return ""
+
+
+async def provision(
+    admin: ApiClient,
+    control_plane: ControlPlane,
+    approver: CSRApprover,
+    cn: ContainerdNode,
+    registry: Registry,
+    agent: AgentImage,
+) -> RealKubeletRun:
+    """Gardener's provision user data of a ``k8s-1.34`` pool, its reconcile OSC, the real
+    kubelet: until the kubelet's Node carries the OSC's checksum."""
+    node = cn.node
+    machine = gp.mcm_machine_name()
+    run = RealKubeletRun(machine)
+    token = await create_bootstrap_token(admin)
+    gen = generate(
+        SHAPE,
+        machine_name=machine,
+        api_server=control_plane.server,
+        ca_file=control_plane.ca_file,
+        bootstrap_token=token.token,
+    )
+    registry.push(gp.AGENT_REPOSITORY, gen.gardener_version, read_layout(agent.layout))
+    registry.push(gp.HYPERKUBE_REPOSITORY, f"v{VERSION}", hyperkube_image())
+    cn.write_hosts_toml(
+        gp.UPSTREAM_REGISTRY, f"https://{gp.UPSTREAM_REGISTRY}", (f"https://{registry.host}",)
+    )
+    await grant_node_agent_identity(admin, machine, secret_names=[gen.secret_name])
+    await allow_kubelet_bootstrap(admin)
+    ports = gp.LocalPorts.free()
+    gp.prepare_machine(cn, machine, ports)
+    shadow_kernel_tunables(node, sysctl_values(gen))
+    extra = node.path(gp.KUBELET_EXTRA_ARGS)
+    extra.write_text(extra.read_text().rstrip("\n") + f" --port={free_port()}\n")
+    run.checksum = await publish_osc(admin, gen.secret_name, ports.osc_yaml(gen))
+
+    started = time.monotonic()
+    gp.play_user_data(node, gen, ports)
+    await approver.wait_for_decision(outcome="approved", timeout=180)
+    await wait_for(lambda: node.path(gp.KUBECONFIG).exists(), 60, "the agent's kubeconfig")
+    run.timings["user data -> agent's certificate"] = time.monotonic() - started
+    core = client.CoreV1Api(admin)
+
+    async def registered() -> bool:
+        nodes = await core.list_node(field_selector=f"metadata.name={machine}")
+        return bool(nodes.items)
+
+    await wait_for(registered, 240, "the kubelet's Node")
+    run.timings["user data -> Node registered"] = time.monotonic() - started
+    await wait_applied(admin, machine, run.checksum, timeout=180)
+    run.timings["user data -> reconcile OSC applied"] = time.monotonic() - started
+    run.kubelet_user = await _kubelet_csr_user(admin, machine)
+    run.node = await core.read_node(machine)
+    return run
