@@ -32,10 +32,17 @@ def agent_image(workdir: Path) -> AgentImage:
 
 
 @pytest.fixture
+def network() -> Iterator[rk.PodNetwork]:
+    network = rk.PodNetwork.unique()
+    yield network
+    network.remove()
+
+
+@pytest.fixture
 def journal(containerd_node: ContainerdNode) -> Iterator[None]:
-    """The agent's and the kubelet's journal in the report of a failing test."""
+    """The agent's, the kubelet's and containerd's journal in the report of a failing test."""
     yield
-    for unit in (gp.AGENT_UNIT, gp.KUBELET):
+    for unit in (gp.AGENT_UNIT, gp.KUBELET, "containerd.service"):
         out = containerd_node.node.run(
             ["journalctl", "--no-pager", "-o", "cat", "-u", unit], check=False
         ).stdout
@@ -49,15 +56,23 @@ async def test_the_real_kubelet_registers_its_node_from_gardeners_user_data(
     csr_approver: CSRApprover,
     containerd_node: ContainerdNode,
     registry: Registry,
+    network: rk.PodNetwork,
     journal: None,
 ) -> None:
     run = await rk.provision(
-        admin_api, gardener_controlplane, csr_approver, containerd_node, registry, agent_image
+        admin_api,
+        gardener_controlplane,
+        csr_approver,
+        containerd_node,
+        registry,
+        agent_image,
+        network,
     )
     print("timings:", {k: round(v, 1) for k, v in run.timings.items()})
     node = run.node
     assert node is not None
-    print("conditions:", [(c.type, c.status, c.reason, c.message) for c in node.status.conditions])
+    ready = [c for c in node.status.conditions if c.type == "Ready"]
+    assert [c.status for c in ready] == ["True"], ready
     labels = node.metadata.labels
     # the Node is the kubelet's own: registered with its certificate, labelled by the OSC's flags
     assert run.kubelet_user == f"system:node:{run.machine}"
@@ -70,3 +85,5 @@ async def test_the_real_kubelet_registers_its_node_from_gardeners_user_data(
     # upstream's rule: the kubelet's bootstrap kubeconfig goes once the Node exists
     assert not containerd_node.node.path("/var/lib/kubelet/kubeconfig-bootstrap").exists()
     assert containerd_node.node.path("/var/lib/kubelet/kubeconfig-real").exists()
+    # the restart annotation restarted exactly the kubelet, which came back healthy and Ready
+    assert run.restarted == {gp.KUBELET}

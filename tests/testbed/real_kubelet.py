@@ -17,7 +17,11 @@ none.
 from __future__ import annotations
 
 import base64
+import json
+import secrets
+import subprocess
 import time
+import urllib.request
 from dataclasses import dataclass, field
 
 from cryptography import x509
@@ -46,6 +50,7 @@ SHAPE = "k8s-1.34"
 #: the kubelet version of the shape (tests/testbed/kubelet/go.mod builds the same)
 VERSION = "1.34.0"
 KUBELET_SIGNER = "kubernetes.io/kube-apiserver-client-kubelet"
+RESTART_ANNOTATION = "worker.gardener.cloud/restart-systemd-services"
 #: the kernel settings the kubelet checks at start (Gardener's config has
 #: ``protectKernelDefaults: true``) and Gardener's sysctl file sets
 KERNEL_TUNABLES = (
@@ -57,6 +62,9 @@ KERNEL_TUNABLES = (
     "kernel/keys/root_maxbytes",
 )
 SHADOW_DIR = "/run/node-agent-test/sysctl"
+#: where containerd's CRI looks for CNI (its defaults; Gardener's config keeps them) and where
+#: Debian's containernetworking-plugins puts the plugins
+CNI_CONF_DIR, CNI_BIN_DIR, DEBIAN_CNI_PLUGINS = "/etc/cni/net.d", "/opt/cni/bin", "/usr/lib/cni"
 
 
 def hyperkube_image() -> oci.Image:
@@ -93,6 +101,61 @@ def shadow_kernel_tunables(node: IsolatedSystemd, values: dict[str, str]) -> Non
         node.run(["mount", "--bind", shadow, f"/proc/sys/{key}"])
 
 
+@dataclass(frozen=True)
+class PodNetwork:
+    """The node's pod network: Debian's CNI plugins, a bridge of its own on the host's network
+    (the throwaway node shares it) with a /24 of its own, not a gateway (that would turn on the
+    host's IP forwarding, which the node's read-only ``/proc/sys`` refuses). A Gardener node
+    gets its CNI from the shoot's network extension; the plain bridge stands in for it."""
+
+    bridge: str
+    subnet: str
+
+    @classmethod
+    def unique(cls) -> PodNetwork:
+        n = secrets.randbelow(200) + 20
+        return cls(f"nab{secrets.token_hex(4)}", f"10.{n}.{secrets.randbelow(250)}.0/24")
+
+    def install(self, node: IsolatedSystemd) -> None:
+        conf = {
+            "cniVersion": "1.0.0",
+            "name": "bed",
+            "plugins": [
+                {
+                    "type": "bridge",
+                    "bridge": self.bridge,
+                    "isGateway": False,
+                    "ipMasq": False,
+                    "ipam": {"type": "host-local", "subnet": self.subnet},
+                }
+            ],
+        }
+        node.path(CNI_CONF_DIR).mkdir(parents=True, exist_ok=True)
+        node.path(f"{CNI_CONF_DIR}/10-bed.conflist").write_text(json.dumps(conf))
+        bin_dir = node.path(CNI_BIN_DIR)
+        bin_dir.parent.mkdir(parents=True, exist_ok=True)
+        bin_dir.symlink_to(DEBIAN_CNI_PLUGINS)
+
+    def remove(self) -> None:
+        """The bridge, from the host's network (the pods' ends went with their namespaces)."""
+        subprocess.run(["ip", "link", "del", self.bridge], capture_output=True, check=False)
+
+
+def kubelet_healthz(port: int) -> bool:
+    """The kubelet's ``/healthz`` answers ``ok`` (on the port the bed moved it to)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as resp:
+            return bool(resp.status == 200 and resp.read() == b"ok")
+    except OSError:
+        return False
+
+
+async def node_ready(admin: ApiClient, node_name: str) -> bool:
+    node = await client.CoreV1Api(admin).read_node(node_name)
+    conditions = (node.status.conditions or []) if node.status else []
+    return any(c.type == "Ready" and c.status == "True" for c in conditions)
+
+
 @dataclass
 class RealKubeletRun:
     """What happened, for the test to check."""
@@ -103,6 +166,9 @@ class RealKubeletRun:
     kubelet_user: str = ""
     node: client.V1Node | None = None
     timings: dict[str, float] = field(default_factory=dict)
+    #: the units the restart annotation started again
+    restarted: set[str] = field(default_factory=set)
+    healthz_port: int = 0
 
 
 async def _kubelet_csr_user(admin: ApiClient, machine: str) -> str:
@@ -124,6 +190,7 @@ async def provision(
     cn: ContainerdNode,
     registry: Registry,
     agent: AgentImage,
+    network: PodNetwork,
 ) -> RealKubeletRun:
     """Gardener's provision user data of a ``k8s-1.34`` pool, its reconcile OSC, the real
     kubelet: until the kubelet's Node carries the OSC's checksum."""
@@ -146,8 +213,10 @@ async def provision(
     await grant_node_agent_identity(admin, machine, secret_names=[gen.secret_name])
     await allow_kubelet_bootstrap(admin)
     ports = gp.LocalPorts.free()
+    run.healthz_port = ports.kubelet_healthz
     gp.prepare_machine(cn, machine, ports)
     shadow_kernel_tunables(node, sysctl_values(gen))
+    network.install(node)
     extra = node.path(gp.KUBELET_EXTRA_ARGS)
     extra.write_text(extra.read_text().rstrip("\n") + f" --port={free_port()}\n")
     run.checksum = await publish_osc(admin, gen.secret_name, ports.osc_yaml(gen))
@@ -167,6 +236,22 @@ async def provision(
     run.timings["user data -> Node registered"] = time.monotonic() - started
     await wait_applied(admin, machine, run.checksum, timeout=180)
     run.timings["user data -> reconcile OSC applied"] = time.monotonic() - started
+    await wait_for(lambda: node_ready(admin, machine), 120, "the Node Ready")
+    run.timings["user data -> Node Ready"] = time.monotonic() - started
     run.kubelet_user = await _kubelet_csr_user(admin, machine)
     run.node = await core.read_node(machine)
+    # Gardener's restart annotation: node-agent restarts the real kubelet, which comes back
+    before = g.unit_marks(node, (gp.KUBELET,))
+    clock = time.monotonic()
+    await core.patch_node(machine, {"metadata": {"annotations": {RESTART_ANNOTATION: "kubelet"}}})
+
+    async def annotation_done() -> bool:
+        obj = await core.read_node(machine)
+        return RESTART_ANNOTATION not in (obj.metadata.annotations or {})
+
+    await wait_for(annotation_done, 60, "the restart annotation acted on and removed")
+    run.restarted = g.started_again(before, g.unit_marks(node, (gp.KUBELET,)))
+    await wait_for(lambda: kubelet_healthz(run.healthz_port), 60, "the kubelet's /healthz")
+    await wait_for(lambda: node_ready(admin, machine), 60, "the Node Ready after the restart")
+    run.timings["restart annotation -> kubelet healthy"] = time.monotonic() - clock
     return run
