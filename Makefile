@@ -56,9 +56,10 @@ venv: $(VENV)/.installed
 controlplane: deps
 	@sh tests/testbed/build-controlplane.sh > /dev/null
 
-# The real kubelet, at the Kubernetes version of the Gardener shape its tests provision.
+# The real kubelets, at the Kubernetes versions of the Gardener shapes their tests provision.
 kubelet: deps
-	@sh tests/testbed/build-controlplane.sh kubelet > /dev/null
+	@for module in $$(cd tests/testbed && ls -d kubelet-*); do \
+	  sh tests/testbed/build-controlplane.sh "$$module" > /dev/null || exit 1; done
 
 # Gardener's own generator and upstream gardener-node-agent, built per Gardener release
 # (tests/testbed/gardener/releases; cached like the control plane): `make test` needs the oldest

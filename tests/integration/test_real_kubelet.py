@@ -3,7 +3,8 @@ provision files, applies the generated reconcile OSC of a Kubernetes 1.34 pool (
 inside the hyperkube image its ``imageRef`` names, built from Kubernetes' Go module by the bed),
 and that kubelet bootstraps its own client certificate from the bootstrap kubeconfig node-agent
 left it (approved and signed by kube-controller-manager), registers the Node with the labels of
-the OSC's flags, and node-agent reports on the Node the kubelet made
+the OSC's flags and becomes Ready, and node-agent reports on the Node the kubelet made. Then
+Gardener's restart annotation and a Kubernetes patch update act on the real kubelet
 (tests/testbed/real_kubelet.py).
 """
 
@@ -78,8 +79,8 @@ async def test_the_real_kubelet_registers_its_node_from_gardeners_user_data(
     assert run.kubelet_user == f"system:node:{run.machine}"
     assert labels["kubernetes.io/hostname"] == run.machine
     assert labels["worker.gardener.cloud/pool"] == "worker"
-    assert labels[gp.VERSION_LABEL] == rk.VERSION
-    assert node.status.node_info.kubelet_version == f"v{rk.VERSION}"
+    assert labels[gp.VERSION_LABEL] == rk.VERSIONS[0]
+    assert node.status.node_info.kubelet_version == f"v{rk.VERSIONS[0]}"
     # node-agent found it and reported the OSC on it
     assert (node.metadata.annotations or {}).get(gp.CHECKSUM) == run.checksum
     # upstream's rule: the kubelet's bootstrap kubeconfig goes once the Node exists
@@ -87,3 +88,11 @@ async def test_the_real_kubelet_registers_its_node_from_gardeners_user_data(
     assert containerd_node.node.path("/var/lib/kubelet/kubeconfig-real").exists()
     # the restart annotation restarted exactly the kubelet, which came back healthy and Ready
     assert run.restarted == {gp.KUBELET}
+    # the patch update: the next kubelet from its image, restarted with the agent (its config
+    # changed), nothing else; the Node is Ready on the new kubelet with the new version label
+    assert run.update_restarted == {gp.KUBELET, gp.AGENT_UNIT}
+    updated = run.update_node
+    assert updated is not None
+    assert updated.status.node_info.kubelet_version == f"v{rk.VERSIONS[1]}"
+    assert updated.metadata.labels[gp.VERSION_LABEL] == rk.VERSIONS[1]
+    assert updated.metadata.annotations[gp.CHECKSUM] == run.update_checksum

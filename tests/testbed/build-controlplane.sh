@@ -1,8 +1,8 @@
 #!/bin/sh
 # Builds the test bed's Kubernetes binaries, or reuses them from the cache: with no argument
-# (or "controlplane") kube-apiserver, kube-controller-manager and etcd; with "kubelet" the real
-# kubelet at the Kubernetes version of tests/testbed/kubelet/go.mod (the Gardener shape's, which
-# the control plane's version-skew policy allows). Output: the directory holding the binaries
+# (or "controlplane") kube-apiserver, kube-controller-manager and etcd; with "kubelet-<version>"
+# the real kubelet at the Kubernetes version of tests/testbed/kubelet-<version>/go.mod (a Gardener
+# shape's, which the control plane's version-skew policy allows). Output: the directory holding the binaries
 # (printed on stdout, last line). The cache lives outside the repository and is keyed by the
 # module and its Kubernetes version; Go's own module and build caches are kept beside it so that
 # removing the cache directory really starts from nothing. A cache directory from before
@@ -13,13 +13,13 @@ here=$(cd "$(dirname "$0")" && pwd)
 module=${1:-controlplane}
 case $module in
     controlplane) binaries="kube-apiserver kube-controller-manager etcd" ;;
-    kubelet) binaries="kubelet" ;;
-    *) echo "build-controlplane: unknown module $module (controlplane or kubelet)" >&2; exit 2 ;;
+    kubelet-*) binaries="kubelet" ;;
+    *) echo "build-controlplane: unknown module $module (controlplane or kubelet-<version>)" >&2; exit 2 ;;
 esac
 version=$(sed -n 's/^[[:space:]]*k8s.io\/kubernetes v\([0-9.]*\)$/\1/p;s/^require k8s.io\/kubernetes v\([0-9.]*\)$/\1/p' "$here/$module/go.mod")
 [ -n "$version" ] || { echo "build-controlplane: cannot read the Kubernetes version from $module/go.mod" >&2; exit 1; }
 cache=${NODE_AGENT_TEST_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/node-agent-test}
-out="$cache/$module-v$version"
+out="$cache/${module%%-*}-v$version"
 
 cached() {
     for b in $binaries; do [ -x "$out/$b" ] || return 1; done
@@ -34,7 +34,7 @@ fi
 command -v go >/dev/null 2>&1 || { echo "build-controlplane: Go is required to build the test control plane" >&2; exit 1; }
 mkdir -p "$cache"
 # One build at a time: test runs started side by side wait for the first one's build.
-exec 9>"$cache/.$module-v$version.lock"
+exec 9>"$cache/.${module%%-*}-v$version.lock"
 if command -v flock >/dev/null 2>&1; then flock 9; fi
 if cached; then
     echo "$out"
@@ -50,7 +50,7 @@ if [ ! -f go.sum ]; then go mod tidy >&2; fi
 # it carries the release's, as Kubernetes' own build stamps it; the control plane's binaries
 # keep the module build's placeholder (nothing in the bed reads their version).
 stamp=""
-if [ "$module" = kubelet ]; then
+if [ "$binaries" = kubelet ]; then
     minor=$(echo "$version" | cut -d. -f2)
     pkg=k8s.io/component-base/version
     stamp="-X $pkg.gitVersion=v$version -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean"

@@ -64,6 +64,7 @@ SHAPES = (
     "k8s-1.33",
     "k8s-1.33-patch",
     "k8s-1.34",
+    "k8s-1.34-patch",
     "mirrors",
     "kubelet-config",
     "inplace",

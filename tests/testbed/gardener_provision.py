@@ -199,11 +199,11 @@ class ProvisionRun:
     label_with_update: str | None = None
 
 
-def _main_pid(node: IsolatedSystemd) -> int:
+def main_pid(node: IsolatedSystemd) -> int:
     return int(show(node, AGENT_UNIT).get("MainPID") or 0)
 
 
-def _restarted(node: IsolatedSystemd, before: int) -> bool:
+def restarted(node: IsolatedSystemd, before: int) -> bool:
     """The agent's unit runs a new process, and it is ready (Type=notify: READY=1 sent, its
     status socket open); under emulation the new process takes seconds to get there."""
     unit = show(node, AGENT_UNIT)
@@ -276,7 +276,7 @@ async def provision_from_user_data(
     await wait_for(lambda: node.path(KUBECONFIG).exists(), 60, "the agent's kubeconfig")
     run.timings["user data -> certificate"] = time.monotonic() - started
     tick("certificate")
-    run.agent_pids = (_main_pid(node), 0)
+    run.agent_pids = (main_pid(node), 0)
     # The OSC starts the kubelet, which registers its Node (the stand-in cannot: the test does).
     await wait_for(
         lambda: show(node, KUBELET).get("ActiveState") == "active", 180, "kubelet started"
@@ -285,9 +285,9 @@ async def provision_from_user_data(
     await wait_applied(admin, machine, checksum, timeout=180)
     run.timings["user data -> reconcile OSC applied"] = time.monotonic() - started
     tick("reconcile OSC applied")
-    await wait_for(lambda: _restarted(node, run.agent_pids[0]), 60, "the agent restarted")
+    await wait_for(lambda: restarted(node, run.agent_pids[0]), 60, "the agent restarted")
     await wait_for(lambda: not node.path(BOOTSTRAP_TOKEN).exists(), 60, "the token dropped")
-    run.agent_pids = (run.agent_pids[0], _main_pid(node))
+    run.agent_pids = (run.agent_pids[0], main_pid(node))
     run.agent_unit_after = node.path(f"/etc/systemd/system/{AGENT_UNIT}").read_text()
 
     units = tuple(u["name"] for u in first.osc["spec"]["units"] if u["name"] not in LOOPING)
@@ -304,9 +304,7 @@ async def provision_from_user_data(
     run.timings["update published -> version label"] = time.monotonic() - clock
     # The agent restarts last, on its new config (upstream's before it reports, ours after).
     before_update = run.agent_pids[1]
-    await wait_for(
-        lambda: _restarted(node, before_update), 120, "the agent restarted on the update"
-    )
+    await wait_for(lambda: restarted(node, before_update), 120, "the agent restarted on the update")
     run.timings["update published -> agent restarted"] = time.monotonic() - clock
     run.update_restarted = g.started_again(before, g.unit_marks(node, units))
     run.labels = await node_labels(admin, machine)

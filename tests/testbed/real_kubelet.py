@@ -23,6 +23,7 @@ import subprocess
 import time
 import urllib.request
 from dataclasses import dataclass, field
+from typing import Any
 
 from cryptography import x509
 from cryptography.x509.oid import NameOID
@@ -46,9 +47,10 @@ from tests.testbed.gardener_gen import Generated, generate
 from tests.testbed.registry import Registry
 from tests.testbed.systemd_ns import IsolatedSystemd
 
-SHAPE = "k8s-1.34"
-#: the kubelet version of the shape (tests/testbed/kubelet/go.mod builds the same)
-VERSION = "1.34.0"
+#: the pool's shape and its Kubernetes patch update, and their kubelets' versions (built by
+#: tests/testbed/kubelet-<version>/go.mod)
+SHAPES = ("k8s-1.34", "k8s-1.34-patch")
+VERSIONS = ("1.34.0", "1.34.2")
 KUBELET_SIGNER = "kubernetes.io/kube-apiserver-client-kubelet"
 RESTART_ANNOTATION = "worker.gardener.cloud/restart-systemd-services"
 #: the kernel settings the kubelet checks at start (Gardener's config has
@@ -62,16 +64,22 @@ KERNEL_TUNABLES = (
     "kernel/keys/root_maxbytes",
 )
 SHADOW_DIR = "/run/node-agent-test/sysctl"
+#: the host's cgroup v2 hierarchy has no controllers (they are bound to v1 hierarchies): a kubelet
+#: that keeps QoS cgroups cannot set their cpu.weight (the first start logs it, a later one fails
+#: on the cgroups the first made), so the throwaway node's kubelet keeps none
+NO_QOS_CGROUPS = "--cgroups-per-qos=false --enforce-node-allocatable=none"
+#: the iptables chains the kubelet makes at start
+KUBELET_CHAINS = ("KUBE-FIREWALL", "KUBE-KUBELET-CANARY", "KUBE-IPTABLES-HINT")
 #: where containerd's CRI looks for CNI (its defaults; Gardener's config keeps them) and where
 #: Debian's containernetworking-plugins puts the plugins
 CNI_CONF_DIR, CNI_BIN_DIR, DEBIAN_CNI_PLUGINS = "/etc/cni/net.d", "/opt/cni/bin", "/usr/lib/cni"
 
 
-def hyperkube_image() -> oci.Image:
-    """Gardener's hyperkube image of :data:`VERSION` for linux/amd64: the real kubelet."""
-    kubelet = (binaries_dir("kubelet") / "kubelet").read_bytes()
+def hyperkube_image(version: str) -> oci.Image:
+    """Gardener's hyperkube image of ``version`` for linux/amd64: the real kubelet."""
+    kubelet = (binaries_dir(f"kubelet-{version}") / "kubelet").read_bytes()
     return oci.build_image(
-        {"/kubelet": (kubelet, 0o755), "/version": (b"v" + VERSION.encode(), 0o644)}
+        {"/kubelet": (kubelet, 0o755), "/version": (f"v{version}".encode(), 0o644)}
     )
 
 
@@ -137,8 +145,31 @@ class PodNetwork:
         bin_dir.symlink_to(DEBIAN_CNI_PLUGINS)
 
     def remove(self) -> None:
-        """The bridge, from the host's network (the pods' ends went with their namespaces)."""
+        """What the node added to the host's network: the bridge (made at a pod's first
+        sandbox) and the kubelet's iptables chains."""
         subprocess.run(["ip", "link", "del", self.bridge], capture_output=True, check=False)
+        remove_kubelet_chains()
+
+
+def remove_kubelet_chains() -> None:
+    """The chains the kubelet makes at start (``KUBELET_CHAINS``, IPv4 and IPv6) and the rules
+    of the built-in chains that jump to them, from the host's network, which the throwaway
+    node shares (the kubelet keeps them on a machine for as long as it runs)."""
+    for tool in ("iptables", "ip6tables"):
+        for table in ("filter", "mangle", "nat"):
+            listed = subprocess.run(
+                [tool, "-w", "-t", table, "-S"], capture_output=True, text=True, check=False
+            )
+            for rule in listed.stdout.splitlines():
+                parts = rule.split()
+                jumps = parts[-2:-1] == ["-j"] and parts[-1] in KUBELET_CHAINS
+                if parts[:1] == ["-A"] and jumps and parts[1] not in KUBELET_CHAINS:
+                    delete = [tool, "-w", "-t", table, "-D", *parts[1:]]
+                    subprocess.run(delete, capture_output=True, check=False)
+            for chain in KUBELET_CHAINS:
+                for flag in ("-F", "-X"):
+                    argv = [tool, "-w", "-t", table, flag, chain]
+                    subprocess.run(argv, capture_output=True, check=False)
 
 
 def kubelet_healthz(port: int) -> bool:
@@ -169,6 +200,10 @@ class RealKubeletRun:
     #: the units the restart annotation started again
     restarted: set[str] = field(default_factory=set)
     healthz_port: int = 0
+    update_checksum: str = ""
+    #: the units the patch update started again, and the Node after it
+    update_restarted: set[str] = field(default_factory=set)
+    update_node: client.V1Node | None = None
 
 
 async def _kubelet_csr_user(admin: ApiClient, machine: str) -> str:
@@ -183,6 +218,13 @@ async def _kubelet_csr_user(admin: ApiClient, machine: str) -> str:
     return ""
 
 
+async def _reports_kubelet(admin: ApiClient, machine: str, version: str) -> bool:
+    """The Node's ``nodeInfo`` names the kubelet of ``version`` (it posts it when it starts)."""
+    node = await client.CoreV1Api(admin).read_node(machine)
+    info = node.status.node_info if node.status else None
+    return info is not None and info.kubelet_version == version
+
+
 async def provision(
     admin: ApiClient,
     control_plane: ControlPlane,
@@ -192,37 +234,40 @@ async def provision(
     agent: AgentImage,
     network: PodNetwork,
 ) -> RealKubeletRun:
-    """Gardener's provision user data of a ``k8s-1.34`` pool, its reconcile OSC, the real
-    kubelet: until the kubelet's Node carries the OSC's checksum."""
+    """Gardener's provision user data of a ``k8s-1.34`` pool and its reconcile OSC, until the
+    real kubelet's Node is Ready and carries the OSC's checksum; then the restart annotation
+    and the Kubernetes patch update (``k8s-1.34-patch``: the next kubelet, built as the first)."""
     node = cn.node
     machine = gp.mcm_machine_name()
     run = RealKubeletRun(machine)
     token = await create_bootstrap_token(admin)
-    gen = generate(
-        SHAPE,
-        machine_name=machine,
-        api_server=control_plane.server,
-        ca_file=control_plane.ca_file,
-        bootstrap_token=token.token,
-    )
-    registry.push(gp.AGENT_REPOSITORY, gen.gardener_version, read_layout(agent.layout))
-    registry.push(gp.HYPERKUBE_REPOSITORY, f"v{VERSION}", hyperkube_image())
+    args: dict[str, Any] = {
+        "machine_name": machine,
+        "api_server": control_plane.server,
+        "ca_file": control_plane.ca_file,
+        "bootstrap_token": token.token,
+    }
+    first, update = (generate(shape, **args) for shape in SHAPES)
+    assert first.secret_name == update.secret_name  # a patch update keeps the Secret
+    registry.push(gp.AGENT_REPOSITORY, first.gardener_version, read_layout(agent.layout))
+    for version in VERSIONS:
+        registry.push(gp.HYPERKUBE_REPOSITORY, f"v{version}", hyperkube_image(version))
     cn.write_hosts_toml(
         gp.UPSTREAM_REGISTRY, f"https://{gp.UPSTREAM_REGISTRY}", (f"https://{registry.host}",)
     )
-    await grant_node_agent_identity(admin, machine, secret_names=[gen.secret_name])
+    await grant_node_agent_identity(admin, machine, secret_names=[first.secret_name])
     await allow_kubelet_bootstrap(admin)
     ports = gp.LocalPorts.free()
     run.healthz_port = ports.kubelet_healthz
     gp.prepare_machine(cn, machine, ports)
-    shadow_kernel_tunables(node, sysctl_values(gen))
+    shadow_kernel_tunables(node, sysctl_values(first))
     network.install(node)
     extra = node.path(gp.KUBELET_EXTRA_ARGS)
-    extra.write_text(extra.read_text().rstrip("\n") + f" --port={free_port()}\n")
-    run.checksum = await publish_osc(admin, gen.secret_name, ports.osc_yaml(gen))
+    extra.write_text(extra.read_text().rstrip("\n") + f" --port={free_port()} {NO_QOS_CGROUPS}\n")
+    run.checksum = await publish_osc(admin, first.secret_name, ports.osc_yaml(first))
 
     started = time.monotonic()
-    gp.play_user_data(node, gen, ports)
+    gp.play_user_data(node, first, ports)
     await approver.wait_for_decision(outcome="approved", timeout=180)
     await wait_for(lambda: node.path(gp.KUBECONFIG).exists(), 60, "the agent's kubeconfig")
     run.timings["user data -> agent's certificate"] = time.monotonic() - started
@@ -240,6 +285,7 @@ async def provision(
     run.timings["user data -> Node Ready"] = time.monotonic() - started
     run.kubelet_user = await _kubelet_csr_user(admin, machine)
     run.node = await core.read_node(machine)
+
     # Gardener's restart annotation: node-agent restarts the real kubelet, which comes back
     before = g.unit_marks(node, (gp.KUBELET,))
     clock = time.monotonic()
@@ -254,4 +300,24 @@ async def provision(
     await wait_for(lambda: kubelet_healthz(run.healthz_port), 60, "the kubelet's /healthz")
     await wait_for(lambda: node_ready(admin, machine), 60, "the Node Ready after the restart")
     run.timings["restart annotation -> kubelet healthy"] = time.monotonic() - clock
+
+    # The Kubernetes patch update: the next kubelet from its hyperkube image, restarted with
+    # the agent; the Node reports the new kubelet's version and stays Ready
+    units = tuple(u["name"] for u in first.osc["spec"]["units"] if u["name"] not in gp.LOOPING)
+    before = g.unit_marks(node, units)
+    agent_pid = gp.main_pid(node)
+    clock = time.monotonic()
+    run.update_checksum = await publish_osc(admin, update.secret_name, ports.osc_yaml(update))
+    await wait_applied(admin, machine, run.update_checksum, timeout=180)
+    run.timings["update published -> applied"] = time.monotonic() - clock
+    await wait_for(
+        lambda: _reports_kubelet(admin, machine, f"v{VERSIONS[1]}"),
+        120,
+        "the Node reporting the new kubelet",
+    )
+    run.timings["update published -> new kubelet reported"] = time.monotonic() - clock
+    await wait_for(lambda: gp.restarted(node, agent_pid), 120, "the agent restarted")
+    await wait_for(lambda: node_ready(admin, machine), 60, "the Node Ready after the update")
+    run.update_restarted = g.started_again(before, g.unit_marks(node, units))
+    run.update_node = await core.read_node(machine)
     return run

@@ -19,7 +19,11 @@ from node_agent.osc.plan import plan
 from tests.testbed.gardener_gen import SHAPES, Generated, generate
 
 BASE = "/var/lib/gardener-node-agent"
-KUBERNETES = dict.fromkeys(SHAPES, "1.33.0") | {"k8s-1.33-patch": "1.33.1", "k8s-1.34": "1.34.0"}
+KUBERNETES = dict.fromkeys(SHAPES, "1.33.0") | {
+    "k8s-1.33-patch": "1.33.1",
+    "k8s-1.34": "1.34.0",
+    "k8s-1.34-patch": "1.34.2",
+}
 
 
 def decoded(gen: Generated) -> OperatingSystemConfig:

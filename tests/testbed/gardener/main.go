@@ -62,6 +62,7 @@ var shapes = map[string]shape{
 	"k8s-1.33":       {kubernetes: "1.33.0"},
 	"k8s-1.33-patch": {kubernetes: "1.33.1"},
 	"k8s-1.34":       {kubernetes: "1.34.0"},
+	"k8s-1.34-patch": {kubernetes: "1.34.2"},
 	"mirrors":        {kubernetes: "1.33.0", mirrors: true},
 	"kubelet-config": {kubernetes: "1.33.0", maxPods: 150},
 	"inplace":        {kubernetes: "1.33.0", inPlace: true},

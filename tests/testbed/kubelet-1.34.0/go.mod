@@ -1,7 +1,7 @@
 // Wrapper module: builds kubelet from its Go module for the test bed, at the Kubernetes version
-// of the Gardener shape the real-kubelet tests use (k8s-1.34). kubelet's own go.mod points its
+// of the Gardener shape the real-kubelet tests provision (k8s-1.34). kubelet's own go.mod points its
 // staging modules at local paths; here each one is pinned to the published module instead.
-module node-agent.test/kubelet
+module node-agent.test/kubelet-1.34.0
 
 go 1.26.0
 
