@@ -11,7 +11,8 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 APT_PACKAGES := gcc pkg-config libsystemd-dev libzstd-dev zstd dbus util-linux e2fsprogs iproute2 openssl curl shellcheck containerd docker-registry \
-  mmdebstrap arch-test gpg qemu-user-static binfmt-support gcc-aarch64-linux-gnu binutils
+  mmdebstrap arch-test gpg qemu-user-static binfmt-support gcc-aarch64-linux-gnu binutils \
+  qemu-system-x86 dosfstools mtools socat iptables containernetworking-plugins
 CONTROLPLANE_STAMP := $(VENV)/.controlplane
 PYTEST_ARGS ?=
 # Everything the tests build or write stays in this cache, never in the host's /tmp.
@@ -19,7 +20,7 @@ export NODE_AGENT_TEST_CACHE ?= $(HOME)/.cache/node-agent-test
 export TMPDIR := $(NODE_AGENT_TEST_CACHE)/tmp
 $(shell mkdir -p $(TMPDIR))
 
-.PHONY: help prepare deps venv controlplane kubelet gardener gardener-all compat promtool monitoring artifact image lint typecheck unit test fuzz demo clean
+.PHONY: help prepare deps venv controlplane kubelet vm-image gardener gardener-all compat promtool monitoring artifact image lint typecheck unit test fuzz demo clean
 
 help:
 	@echo "make test   - set up and run ruff, mypy (strict) and the whole pytest suite"
@@ -56,6 +57,10 @@ venv: $(VENV)/.installed
 controlplane: deps
 	@sh tests/testbed/build-controlplane.sh > /dev/null
 
+# The worker machine image the VM tests boot (Debian's packages, cached by its build script).
+vm-image: deps
+	@sh tests/testbed/vm/build-image.sh > /dev/null
+
 # The real kubelets, at the Kubernetes versions of the Gardener shapes their tests provision.
 kubelet: deps
 	@for module in $$(cd tests/testbed && ls -d kubelet-*); do \
@@ -86,7 +91,7 @@ lint: venv
 	$(BIN)/ruff check node_agent tests bench packaging
 	$(BIN)/ruff format --check node_agent tests bench packaging
 	shellcheck init/node-agent-init.sh packaging/build.sh packaging/rootfs.sh tests/testbed/build-promtool.sh \
-	  tests/testbed/build-gardener.sh tests/testbed/build-controlplane.sh
+	  tests/testbed/build-gardener.sh tests/testbed/build-controlplane.sh tests/testbed/vm/build-image.sh
 
 typecheck: venv
 	$(BIN)/mypy node_agent tests bench
@@ -120,7 +125,7 @@ image: artifact
 
 # What the suite needs, built side by side (make -j): the Go builds of the bed, the emulated
 # arm64 artifact and the checks fill the cores between them; each is cached on its own.
-PREPARE := deps venv controlplane kubelet gardener artifact image lint typecheck monitoring
+PREPARE := deps venv controlplane kubelet vm-image gardener artifact image lint typecheck monitoring
 PREPARE_JOBS ?= 3
 prepare:
 	@$(MAKE) --no-print-directory -j$(PREPARE_JOBS) $(PREPARE)

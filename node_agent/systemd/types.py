@@ -38,6 +38,12 @@ class JobResult:
     def ok(self) -> bool:
         return self.result in OK_RESULTS
 
+    @property
+    def still_starting(self) -> bool:
+        """A start or restart whose job was still running at the deadline: the unit is on
+        its way up (a oneshot doing long work, a slow service), not failed."""
+        return self.result == "timeout" and not self.finished and self.action != "stop"
+
     def describe(self) -> str:
         text = f"{self.action} {self.unit}: {self.result}"
         return f"{text} ({self.message})" if self.message else text

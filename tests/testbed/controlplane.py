@@ -31,6 +31,9 @@ from tests.testbed.systemd_ns import HarnessError
 
 BUILD_SCRIPT = Path(__file__).with_name("build-controlplane.sh")
 START_TIMEOUT = 90.0
+#: where a bed VM reaches the host's loopback services (QEMU user networking forwards this
+#: address's ports to them, ``tests/testbed/vm.py``): the servers' certificates name it too
+GUEST_ALIAS = "10.0.2.100"
 # What the certificate flow needs of kube-controller-manager: the CSR signer, the bootstrap
 # token cleaner, and the cleaner of old CSRs (harmless: it only removes CSRs hours old).
 # The kubelet's own bootstrap adds the approver of kubelet client CSRs (Gardener's bindings let
@@ -140,7 +143,7 @@ class ControlPlane:
         serving = self.ca.issue(
             "apiserver",
             common_name="kube-apiserver",
-            server_ips=("127.0.0.1",),
+            server_ips=("127.0.0.1", GUEST_ALIAS),
             server_dns=("localhost", "kubernetes", "kubernetes.default.svc"),
         )
         self.admin: CertPair = self.ca.issue(

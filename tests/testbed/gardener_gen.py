@@ -101,6 +101,9 @@ class Generated:
     init_script: str
     provision_files: tuple[ProvisionFile, ...]
     provision_units: tuple[dict[str, Any], ...]
+    #: the provision OSC as a machine's user data (a bash script, as provider-local's OS
+    #: extension renders it), machine name and bootstrap token filled in
+    user_data: str
 
     @property
     def secret_name(self) -> str:
@@ -220,4 +223,5 @@ def _parse(doc: dict[str, Any]) -> Generated:
             for f in doc["provisionFiles"]
         ),
         provision_units=tuple(doc["provisionUnits"]),
+        user_data=doc["userData"],
     )

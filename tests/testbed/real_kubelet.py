@@ -206,7 +206,7 @@ class RealKubeletRun:
     update_node: client.V1Node | None = None
 
 
-async def _kubelet_csr_user(admin: ApiClient, machine: str) -> str:
+async def kubelet_csr_user(admin: ApiClient, machine: str) -> str:
     """The common name of the kubelet's issued client certificate ("" while none is)."""
     csrs = await client.CertificatesV1Api(admin).list_certificate_signing_request()
     for csr in csrs.items:
@@ -283,7 +283,7 @@ async def provision(
     run.timings["user data -> reconcile OSC applied"] = time.monotonic() - started
     await wait_for(lambda: node_ready(admin, machine), 120, "the Node Ready")
     run.timings["user data -> Node Ready"] = time.monotonic() - started
-    run.kubelet_user = await _kubelet_csr_user(admin, machine)
+    run.kubelet_user = await kubelet_csr_user(admin, machine)
     run.node = await core.read_node(machine)
 
     # Gardener's restart annotation: node-agent restarts the real kubelet, which comes back

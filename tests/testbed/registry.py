@@ -23,7 +23,7 @@ from pathlib import Path
 import yaml
 
 from tests.testbed import oci
-from tests.testbed.controlplane import _Proc, free_port
+from tests.testbed.controlplane import GUEST_ALIAS, _Proc, free_port
 from tests.testbed.pki import CertificateAuthority
 from tests.testbed.systemd_ns import HarnessError
 
@@ -76,7 +76,7 @@ class Registry:
         serving = ca.issue(
             f"{name}-serving",
             common_name=name,
-            server_ips=("127.0.0.1",),
+            server_ips=("127.0.0.1", GUEST_ALIAS),
             server_dns=("localhost",),
         )
         config: dict[str, object] = {

@@ -370,10 +370,11 @@ class FakeSystemd(OneJobUnits):
 
     - ``units``: the loaded units, name → (ActiveState, SubState); others are ``not-found``.
       ``enabled``: names whose unit file is enabled.
-    - Jobs succeed unless their unit is in ``failing`` (then ``failed``, and the unit is failed);
-      start/restart make a unit active, stop inactive. Each is recorded as ``(action, unit)`` in
-      ``calls`` and in ``jobs``; ``enable``/``disable`` as ``("enable", *units)``, a reload as
-      ``("daemon_reload",)``.
+    - Jobs succeed unless their unit is in ``failing`` (then ``failed``, and the unit is failed)
+      or in ``slow`` (a start/restart still running at the deadline: ``timeout``, unfinished, the
+      unit activating); start/restart make a unit active, stop inactive. Each is recorded as
+      ``(action, unit)`` in ``calls`` and in ``jobs``; ``enable``/``disable`` as
+      ``("enable", *units)``, a reload as ``("daemon_reload",)``.
     - ``hang``: ``unit_states`` never answers (a stuck systemd).
     - ``props``: more ``UnitState`` fields per unit, e.g. ``{"service_type": "oneshot",
       "triggered_by": ("x.timer",), "state_change_timestamp": usec, "load_state": "masked"}``;
@@ -386,12 +387,14 @@ class FakeSystemd(OneJobUnits):
         *,
         enabled: Iterable[str] = (),
         failing: Iterable[str] = (),
+        slow: Iterable[str] = (),
         hang: bool = False,
         calls: list[Call] | None = None,
     ) -> None:
         self.units: dict[str, tuple[str, str]] = dict(units or {})
         self.enabled = set(enabled)
         self.failing = set(failing)
+        self.slow = set(slow)
         self.hang = hang
         self.calls: list[Call] = calls if calls is not None else []
         self.jobs: list[tuple[str, JobAction]] = []
@@ -430,6 +433,9 @@ class FakeSystemd(OneJobUnits):
             if unit in self.failing:
                 self.units[unit] = FAILED
                 results[unit] = JobResult(unit, action, "failed")
+            elif unit in self.slow and action != "stop":
+                self.units[unit] = ("activating", "start")
+                results[unit] = JobResult(unit, action, "timeout", finished=False, job="/job/1")
             else:
                 self.units[unit] = INACTIVE if action == "stop" else ACTIVE
                 results[unit] = JobResult(unit, action, "done")

@@ -15,6 +15,7 @@ from node_agent.base.layout import BASE_DIR, unit_path
 from node_agent.host.fs import HostFS
 from node_agent.host.state import StateStore
 from node_agent.osc.decode import parse_osc
+from node_agent.systemd.types import JobResult
 from tests.unit.fakes import FakeSystemd
 
 AGENT_UNIT = "node-agent-under-test.service"
@@ -104,3 +105,33 @@ async def test_an_old_config_the_osc_drops_goes_from_the_agents_own_directory(
     outcome = await apply(applier, osc_yaml((f"{BASE_DIR}/config-v1.150.0.yaml",), ()))
     assert outcome.report.files_deleted == [old]
     assert not (tmp_path / old.lstrip("/")).exists()
+
+
+async def test_a_unit_still_starting_at_the_job_deadline_does_not_fail_the_osc(
+    tmp_path: Path,
+) -> None:
+    """Upstream's contract: a job still running when the wait ends is not an error (a oneshot
+    such as updatecacerts.service can take minutes on a slow machine); the next OSC with the
+    unit unchanged sends it no job again."""
+    fs = HostFS(tmp_path)
+    systemd = FakeSystemd(slow={UNIT})
+    applier = Applier(fs, StateStore(fs), systemd, host_name="h", agent_unit=AGENT_UNIT)
+    outcome = await apply(applier, osc_yaml((SAME,), (UNIT,)))
+    report = outcome.report
+    assert report.complete, report.describe_failures()
+    assert report.failed == []
+    assert report.results[UNIT].result == "timeout"
+    assert systemd.units[UNIT] == ("activating", "start")
+    jobs = len(systemd.jobs)
+    outcome = await apply(applier, osc_yaml((SAME, EDITED), (UNIT,)))
+    assert outcome.report.complete
+    assert len([j for j in systemd.jobs[jobs:] if j[0] == UNIT]) == 0
+
+
+async def test_a_stop_still_running_at_the_job_deadline_is_still_a_failure(tmp_path: Path) -> None:
+    """Only a start or restart is on its way up; a unit that does not stop in time is said."""
+    result = JobResult(UNIT, "stop", "timeout", finished=False)
+    assert not result.ok
+    assert not result.still_starting
+    assert JobResult(UNIT, "restart", "timeout", finished=False).still_starting
+    assert not JobResult(UNIT, "restart", "failed").still_starting

@@ -31,6 +31,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	fakeclient "sigs.k8s.io/controller-runtime/pkg/client/fake"
 
+	osccontroller "github.com/gardener/gardener/extensions/pkg/controller/operatingsystemconfig"
 	"github.com/gardener/gardener/imagevector"
 	gardencorev1beta1 "github.com/gardener/gardener/pkg/apis/core/v1beta1"
 	v1beta1constants "github.com/gardener/gardener/pkg/apis/core/v1beta1/constants"
@@ -89,6 +90,11 @@ type Output struct {
 	ProvisionFiles  []File                                    `json:"provisionFiles"`
 	ProvisionUnits  []extensionsv1alpha1.Unit                 `json:"provisionUnits"`
 	ReconcileOSC    *extensionsv1alpha1.OperatingSystemConfig `json:"reconcileOSC"`
+	// UserData is the provision OSC as a machine's user data: rendered the way Gardener's own
+	// OS extension of provider-local renders it (pkg/provider-local/controller/
+	// operatingsystemconfig), from the extensions library's script builders, with
+	// machine-controller-manager's placeholders filled in.
+	UserData string `json:"userData"`
 }
 
 func main() {
@@ -295,6 +301,11 @@ func render(name string, s shape, machineName, apiServer string, caBundle []byte
 		machinecontroller.MachineNamePlaceholder, machineName,
 		machinecontroller.BootstrapTokenPlaceholder, token,
 	)
+	userData, err := provisionUserData(ctx, c, oscs.Init.Object)
+	if err != nil {
+		return nil, err
+	}
+	out.UserData = replacer.Replace(userData)
 	for _, f := range oscs.Init.Object.Spec.Files {
 		file := File{Path: f.Path}
 		if f.Permissions != nil {
@@ -326,6 +337,22 @@ func render(name string, s shape, machineName, apiServer string, caBundle []byte
 		return nil, fmt.Errorf("the provision OSC has no init.sh or no agent config")
 	}
 	return out, nil
+}
+
+// provisionUserData renders the provision OSC as provider-local's OS extension does: a bash
+// script that writes the files and units, reloads systemd, enables and (without blocking)
+// restarts every unit, wrapped so that it runs once.
+func provisionUserData(ctx context.Context, c client.Reader, osc *extensionsv1alpha1.OperatingSystemConfig) (string, error) {
+	files, err := osccontroller.FilesToDiskScript(ctx, c, osc.Namespace, osc.Spec.Files)
+	if err != nil {
+		return "", fmt.Errorf("the provision OSC's files: %w", err)
+	}
+	var script strings.Builder
+	script.WriteString("#!/bin/bash\n" + files + "\n" + osccontroller.UnitsToDiskScript(osc.Spec.Units) + "\nsystemctl daemon-reload\n")
+	for _, unit := range osc.Spec.Units {
+		fmt.Fprintf(&script, "systemctl enable '%s' && systemctl restart --no-block '%s'\n", unit.Name, unit.Name)
+	}
+	return osccontroller.WrapProvisionOSCIntoOneshotScript(script.String()), nil
 }
 
 func stringData(data map[string][]byte) map[string]string {

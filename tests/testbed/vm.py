@@ -1,0 +1,169 @@
+"""A real machine for the bed: a QEMU VM booting the bed's Debian image (``vm/build-image.sh``)
+with a NoCloud seed, so that cloud-init runs the user data on a kernel of the machine's own.
+
+- **Boot.** QEMU's direct kernel boot of the image's cloud kernel and initrd. The image's disk
+  is opened with ``snapshot=on``: writes go to a temporary overlay that lives as long as the
+  QEMU process, so a reboot inside the guest keeps them and nothing reaches the cached image.
+- **Acceleration.** Software emulation (TCG). ``/dev/kvm`` opens on this kind of machine, but a
+  guest kernel hung right after decompression with KVM.
+- **Seed.** A FAT file system labelled ``CIDATA`` (``mkfs.vfat`` and ``mcopy``): ``user-data``
+  unchanged from the caller, the machine's ``meta-data`` (instance id, host name) and the
+  platform's ``vendor-data`` (the bed's registry mirror and its CA; ``vendor_data``).
+- **Network.** QEMU's user networking with ``restrict=on``: the guest reaches nothing but the
+  ports of ``GUEST_ALIAS`` that ``guestfwd`` forwards, each connection through ``socat`` to a
+  loopback port of the host (kube-apiserver, the registry).
+- **Console.** The serial console is written to ``console.log`` in the VM's directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from tests.testbed.controlplane import GUEST_ALIAS
+from tests.testbed.systemd_ns import HarnessError
+
+BUILD_SCRIPT = Path(__file__).parent / "vm" / "build-image.sh"
+#: the guest's ports for the bed's services (forwarded to whatever loopback port each has)
+API_PORT, REGISTRY_PORT = 6443, 5000
+#: where the seed's vendor-data puts the registries' CA in the guest
+GUEST_CA = "/etc/node-agent-test/registry-ca.crt"
+
+
+def image_dir() -> Path:
+    """Build (or reuse from the cache) the machine image; return its directory."""
+    result = subprocess.run(
+        ["sh", str(BUILD_SCRIPT)], capture_output=True, text=True, timeout=1800, check=False
+    )
+    if result.returncode != 0:
+        raise HarnessError(f"building the VM image failed:\n{result.stderr[-4000:]}")
+    return Path(result.stdout.strip().splitlines()[-1])
+
+
+def vendor_data(registry_ca: bytes, mirrors: Mapping[str, str]) -> str:
+    """The platform's part of the seed, as a cloud provider's image would carry it: the
+    registries' CA, and a ``hosts.toml`` sending each upstream of ``mirrors`` (upstream ->
+    ``host:port`` as the guest reaches it) to the bed's registry."""
+    files = [{"path": GUEST_CA, "permissions": "0644", "content": registry_ca.decode()}]
+    for upstream, host in mirrors.items():
+        text = (
+            f'server = "https://{upstream}"\n\n[host."https://{host}"]\n'
+            f'  capabilities = ["pull", "resolve"]\n  ca = "{GUEST_CA}"\n'
+        )
+        path = f"/etc/containerd/certs.d/{upstream}/hosts.toml"
+        files.append({"path": path, "permissions": "0644", "content": text})
+    return "#cloud-config\n" + yaml.safe_dump({"write_files": files})
+
+
+@dataclass
+class VM:
+    """One QEMU guest; ``forwards`` maps a guest port of ``GUEST_ALIAS`` to a host port."""
+
+    workdir: Path
+    hostname: str
+    user_data: str
+    vendor_data: str
+    forwards: dict[int, int]
+    memory_mb: int = 2048
+    cpus: int = 2
+    process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+    started_at: float = 0.0
+
+    @property
+    def console(self) -> Path:
+        return self.workdir / "console.log"
+
+    def seed(self) -> Path:
+        """The NoCloud seed image (FAT, label ``CIDATA``)."""
+        files = self.workdir / "seed"
+        files.mkdir(parents=True, exist_ok=True)
+        (files / "user-data").write_text(self.user_data)
+        (files / "vendor-data").write_text(self.vendor_data)
+        meta = {"instance-id": f"iid-{self.hostname}", "local-hostname": self.hostname}
+        (files / "meta-data").write_text(yaml.safe_dump(meta))
+        image = self.workdir / "seed.img"
+        image.unlink(missing_ok=True)
+        for argv in (
+            ["mkfs.vfat", "-n", "CIDATA", "-C", str(image), "2048"],
+            ["mcopy", "-i", str(image), *(str(p) for p in sorted(files.iterdir())), "::/"],
+        ):
+            subprocess.run(argv, capture_output=True, check=True, timeout=60)
+        return image
+
+    def argv(self, image: Path, seed: Path) -> list[str]:
+        forwards = [
+            f"guestfwd=tcp:{GUEST_ALIAS}:{guest}-cmd:socat - TCP:127.0.0.1:{host}"
+            for guest, host in sorted(self.forwards.items())
+        ]
+        return [
+            "qemu-system-x86_64",
+            "-machine",
+            "q35,accel=tcg",
+            "-m",
+            str(self.memory_mb),
+            "-smp",
+            str(self.cpus),
+            "-nographic",
+            "-kernel",
+            str(image / "vmlinuz"),
+            "-initrd",
+            str(image / "initrd.img"),
+            "-append",
+            "root=LABEL=root rw console=ttyS0",
+            "-drive",
+            f"file={image / 'disk.raw'},format=raw,if=virtio,snapshot=on",
+            "-drive",
+            f"file={seed},format=raw,if=virtio,readonly=on",
+            "-netdev",
+            ",".join(["user", "id=n0", "restrict=on", *forwards]),
+            "-device",
+            "virtio-net-pci,netdev=n0",
+            "-serial",
+            f"file:{self.console}",
+            "-monitor",
+            "none",
+        ]
+
+    def start(self, image: Path) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        seed = self.seed()
+        log = (self.workdir / "qemu.log").open("wb")
+        self.process = subprocess.Popen(
+            self.argv(image, seed), stdin=subprocess.DEVNULL, stdout=log, stderr=log
+        )
+        self.started_at = time.monotonic()
+
+    def console_text(self) -> str:
+        try:
+            return self.console.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def stop(self) -> None:
+        if self.process is None:
+            return
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(timeout=10)
+
+
+@contextlib.contextmanager
+def running_vm(vm: VM, image: Path) -> Iterator[VM]:
+    """``vm`` booted from ``image``; powered off (the QEMU process ended) on the way out."""
+    vm.start(image)
+    try:
+        yield vm
+    finally:
+        vm.stop()

@@ -1,0 +1,67 @@
+#!/bin/sh
+# Builds the bed's worker machine image, or reuses it from the cache: Debian bookworm from
+# Debian's packages (mmdebstrap), with the cloud kernel, systemd, cloud-init (NoCloud), containerd
+# and Debian's CNI plugins, as an ext4 file system image plus the kernel and initrd to boot it
+# with (QEMU's direct kernel boot). Output: the directory holding disk.raw, vmlinuz and
+# initrd.img (printed on stdout, last line), vm-image-<key> in the cache, keyed by this script
+# (which holds the package list and everything written into the image).
+set -eu
+
+here=$(cd "$(dirname "$0")" && pwd)
+cache=${NODE_AGENT_TEST_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/node-agent-test}
+packages=linux-image-cloud-amd64,systemd,systemd-sysv,udev,dbus,kmod,cloud-init,containerd
+packages=$packages,ca-certificates,iproute2,iptables,e2fsprogs,netbase,logrotate
+packages=$packages,containernetworking-plugins
+key=$(sha256sum "$here/build-image.sh" | cut -c1-16)
+out="$cache/vm-image-$key"
+
+cached() {
+    for f in disk.raw vmlinuz initrd.img; do [ -s "$out/$f" ] || return 1; done
+}
+
+if cached; then
+    echo "$out"
+    exit 0
+fi
+for tool in mmdebstrap mkfs.ext4; do
+    command -v "$tool" >/dev/null 2>&1 || { echo "build-image: $tool is required" >&2; exit 1; }
+done
+mkdir -p "$cache"
+exec 9>"$cache/.vm-image-$key.lock"
+if command -v flock >/dev/null 2>&1; then flock 9; fi
+if cached; then
+    echo "$out"
+    exit 0
+fi
+
+echo "build-image: building the worker machine image into $out (about two minutes)" >&2
+rm -rf "$out.tmp"
+mkdir -p "$out.tmp"
+root="$out.tmp/root"
+# shellcheck disable=SC2016 # the hook's $1 is mmdebstrap's (the root directory)
+mmdebstrap --variant=minbase --components=main --include="$packages" \
+    --customize-hook='chroot "$1" systemctl enable systemd-networkd.service' \
+    bookworm "$root" >&2
+
+# What the machine image brings beyond its packages: its root file system by label, cloud-init
+# reading a NoCloud seed only (its network configuration is rendered for systemd-networkd,
+# enabled above), and a pod network (a Gardener node's comes from the network
+# extension: here Debian's bridge plugin on the VM's own network).
+echo 'LABEL=root / ext4 defaults 0 1' > "$root/etc/fstab"
+printf 'datasource_list: [ NoCloud, None ]\n' > "$root/etc/cloud/cloud.cfg.d/90-bed.cfg"
+mkdir -p "$root/etc/cni/net.d"
+cat > "$root/etc/cni/net.d/10-bed.conflist" <<'CNI'
+{"cniVersion": "1.0.0", "name": "bed", "plugins": [{"type": "bridge", "bridge": "cni0",
+ "isGateway": true, "ipMasq": true, "ipam": {"type": "host-local", "subnet": "10.244.0.0/24"}}]}
+CNI
+touch "$root/etc/environment"
+rm -f "$root/etc/machine-id" "$root/var/lib/dbus/machine-id"
+touch "$root/etc/machine-id"
+
+for f in "$root"/boot/vmlinuz-*; do cp "$f" "$out.tmp/vmlinuz"; done
+for f in "$root"/boot/initrd.img-*; do cp "$f" "$out.tmp/initrd.img"; done
+mkfs.ext4 -q -F -L root -d "$root" "$out.tmp/disk.raw" 4G >&2
+rm -rf "$root"
+rm -rf "$out"
+mv "$out.tmp" "$out"
+echo "$out"
