@@ -23,13 +23,12 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
 
 
 @pytest.fixture(scope="session")
-def amd64_agent_image(workdir: Path) -> AgentImage:
-    """The agent's image for the VM's platform only (the arm64 build is not needed here)."""
-    return agent_image_layout(workdir / "image-dist-amd64", arches=("amd64",))
+def agent_image(workdir: Path) -> AgentImage:
+    return agent_image_layout(workdir / "image-dist")
 
 
 async def test_a_vm_boots_from_gardeners_user_data_and_its_real_kubelet_node_becomes_ready(
-    amd64_agent_image: AgentImage,
+    agent_image: AgentImage,
     admin_api: ApiClient,
     gardener_controlplane: ControlPlane,
     csr_approver: CSRApprover,
@@ -43,7 +42,7 @@ async def test_a_vm_boots_from_gardeners_user_data_and_its_real_kubelet_node_bec
         csr_approver,
         registry,
         registry_ca.cert_path.read_bytes(),
-        amd64_agent_image,
+        agent_image,
         tmp_path / "vm",
     )
     print("timings:", {k: round(v, 1) for k, v in run.timings.items()})
