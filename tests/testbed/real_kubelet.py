@@ -1,12 +1,13 @@
 """A machine provisioned from Gardener's user data whose kubelet is the real one.
 
-The bed builds kubelet from Kubernetes' Go module (``build-controlplane.sh kubelet``, cached like
-the control plane) at the version of Gardener's ``k8s-1.34`` pool shape, which the bed's
-kube-apiserver serves under the version-skew policy (kubelet up to three minors older), and
-serves it as Gardener does: ``/kubelet`` inside the hyperkube image the OSC's ``imageRef``
-names, under Gardener's name through the mirror. Nothing of the generated user data or OSC is
-rewritten but what ``gardener_provision`` localizes (ports: the throwaway node shares the host's
-network); the kubelet's own server port moves the same way, through ``$KUBELET_EXTRA_ARGS``.
+The bed builds kubelet from Kubernetes' Go module (``build-controlplane.sh kubelet-<version>``,
+cached like the control plane) at the versions of Gardener's ``k8s-1.34`` pool shape and its
+patch update, which the bed's kube-apiserver serves under the version-skew policy (kubelet up to
+three minors older), and serves it as Gardener does: ``/kubelet`` inside the hyperkube image the
+OSC's ``imageRef`` names, under Gardener's name through the mirror. Nothing of the generated user
+data or OSC is rewritten but what ``gardener_provision`` localizes (ports: the throwaway node
+shares the host's network); the kubelet's own server port moves the same way, through
+``$KUBELET_EXTRA_ARGS``, and so do the two flags the host's cgroups need (``NO_QOS_CGROUPS``).
 
 kube-controller-manager approves (``csrapproving``) and signs the kubelet's client CSR, made
 with the bootstrap kubeconfig node-agent leaves it, under Gardener's bindings for it
