@@ -4,8 +4,9 @@ with a NoCloud seed, so that cloud-init runs the user data on a kernel of the ma
 - **Boot.** QEMU's direct kernel boot of the image's cloud kernel and initrd. The image's disk
   is opened with ``snapshot=on``: writes go to a temporary overlay that lives as long as the
   QEMU process, so a reboot inside the guest keeps them and nothing reaches the cached image.
-- **Acceleration.** Software emulation (TCG). ``/dev/kvm`` opens on this kind of machine, but a
-  guest kernel hung right after decompression with KVM.
+- **Acceleration.** Software emulation (TCG) only: ``/dev/kvm`` opens on this kind of machine,
+  but a guest kernel was seen to hang right after decompression with KVM; a probe boot that
+  would choose KVM where it works is not built yet.
 - **Seed.** A FAT file system labelled ``CIDATA`` (``mkfs.vfat`` and ``mcopy``): ``user-data``
   unchanged from the caller, the machine's ``meta-data`` (instance id, host name) and the
   platform's ``vendor-data`` (the bed's registry mirror and its CA; ``vendor_data``).
