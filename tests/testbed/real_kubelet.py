@@ -182,6 +182,12 @@ def kubelet_healthz(port: int) -> bool:
         return False
 
 
+async def node_registered(admin: ApiClient, node_name: str) -> bool:
+    """The Node exists (the kubelet registered it)."""
+    nodes = await client.CoreV1Api(admin).list_node(field_selector=f"metadata.name={node_name}")
+    return bool(nodes.items)
+
+
 async def node_ready(admin: ApiClient, node_name: str) -> bool:
     node = await client.CoreV1Api(admin).read_node(node_name)
     conditions = (node.status.conditions or []) if node.status else []
@@ -274,11 +280,7 @@ async def provision(
     run.timings["user data -> agent's certificate"] = time.monotonic() - started
     core = client.CoreV1Api(admin)
 
-    async def registered() -> bool:
-        nodes = await core.list_node(field_selector=f"metadata.name={machine}")
-        return bool(nodes.items)
-
-    await wait_for(registered, 240, "the kubelet's Node")
+    await wait_for(lambda: node_registered(admin, machine), 240, "the kubelet's Node")
     run.timings["user data -> Node registered"] = time.monotonic() - started
     await wait_applied(admin, machine, run.checksum, timeout=180)
     run.timings["user data -> reconcile OSC applied"] = time.monotonic() - started

@@ -86,16 +86,14 @@ async def provision(
     )
     core = client.CoreV1Api(admin)
 
-    async def registered() -> bool:
-        nodes = await core.list_node(field_selector=f"metadata.name={machine}")
-        return bool(nodes.items)
-
     image = image_dir()
     try:
         with running_vm(vm, image):
             await approver.wait_for_decision(outcome="approved", timeout=MILESTONE_TIMEOUT)
             run.timings["power-on -> agent's certificate"] = time.monotonic() - vm.started_at
-            await wait_for(registered, MILESTONE_TIMEOUT, "the kubelet's Node")
+            await wait_for(
+                lambda: rk.node_registered(admin, machine), MILESTONE_TIMEOUT, "the kubelet's Node"
+            )
             run.timings["power-on -> Node registered"] = time.monotonic() - vm.started_at
             await wait_applied(admin, machine, run.checksum, timeout=MILESTONE_TIMEOUT)
             run.timings["power-on -> reconcile OSC applied"] = time.monotonic() - vm.started_at
