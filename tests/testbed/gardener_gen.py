@@ -148,9 +148,14 @@ def generate(
     ca_file: Path | None = None,
     bootstrap_token: str = "",
     release: str = NEWEST,
+    in_place: bool = False,
+    image_version: str = "",
+    kubelet_data_volume: str = "",
 ) -> Generated:
     """Gardener ``release``'s output for ``shape``; empty arguments take gardener-gen's test
-    values.
+    values. ``in_place`` makes any shape's pool update in place, ``image_version`` is its
+    machine image's (the OS version an in-place pool updates to), ``kubelet_data_volume`` the
+    size of the pool's data volume for the kubelet (a quantity such as ``1Gi``).
 
     With the test values (no arguments), the result is kept next to the binaries (the
     generator is deterministic), so a session runs it once per shape; a run with a test's own
@@ -167,6 +172,12 @@ def generate(
         args.append(f"--ca-file={ca_file}")
     if bootstrap_token:
         args.append(f"--bootstrap-token={bootstrap_token}")
+    if in_place:
+        args.append("--in-place")
+    if image_version:
+        args.append(f"--image-version={image_version}")
+    if kubelet_data_volume:
+        args.append(f"--kubelet-data-volume={kubelet_data_volume}")
     binaries = binaries_dir(release)
     cached = binaries / "generated" / f"{shape}.json" if len(args) == 1 else None
     if cached is not None and cached.exists():

@@ -13,7 +13,12 @@ with a NoCloud seed, so that cloud-init runs the user data on a kernel of the ma
 - **Network.** QEMU's user networking with ``restrict=on``: the guest reaches nothing but the
   ports of ``GUEST_ALIAS`` that ``guestfwd`` forwards, each connection through ``socat`` to a
   loopback port of the host (kube-apiserver, the registry).
-- **Console.** The serial console is written to ``console.log`` in the VM's directory.
+- **Disks.** The image's disk, the seed, and, when the machine has one, a blank data disk of an
+  exact size (a sparse file, written through: it is the machine's own).
+- **Console and journal.** The first serial port (the kernel's console) is written to
+  ``console.log`` in the VM's directory, the second, which the image's journald forwards every
+  line to, to ``journal.log``: the bed's only view into the running machine, across reboots (a
+  guest reboot is a reset inside the same QEMU process, so both files go on).
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from __future__ import annotations
 import contextlib
 import subprocess
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -47,19 +52,32 @@ def image_dir() -> Path:
     return Path(result.stdout.strip().splitlines()[-1])
 
 
-def vendor_data(registry_ca: bytes, mirrors: Mapping[str, str]) -> str:
+def vendor_data(
+    registry_ca: bytes, mirrors: Mapping[str, str], files: Sequence[GuestFile] = ()
+) -> str:
     """The platform's part of the seed, as a cloud provider's image would carry it: the
-    registries' CA, and a ``hosts.toml`` sending each upstream of ``mirrors`` (upstream ->
-    ``host:port`` as the guest reaches it) to the bed's registry."""
-    files = [{"path": GUEST_CA, "permissions": "0644", "content": registry_ca.decode()}]
+    registries' CA, a ``hosts.toml`` sending each upstream of ``mirrors`` (upstream ->
+    ``host:port`` as the guest reaches it) to the bed's registry, and ``files`` of the image."""
+    written = [{"path": GUEST_CA, "permissions": "0644", "content": registry_ca.decode()}]
+    for f in files:
+        written.append({"path": f.path, "permissions": f"{f.mode:04o}", "content": f.content})
     for upstream, host in mirrors.items():
         text = (
             f'server = "https://{upstream}"\n\n[host."https://{host}"]\n'
             f'  capabilities = ["pull", "resolve"]\n  ca = "{GUEST_CA}"\n'
         )
         path = f"/etc/containerd/certs.d/{upstream}/hosts.toml"
-        files.append({"path": path, "permissions": "0644", "content": text})
-    return "#cloud-config\n" + yaml.safe_dump({"write_files": files})
+        written.append({"path": path, "permissions": "0644", "content": text})
+    return "#cloud-config\n" + yaml.safe_dump({"write_files": written})
+
+
+@dataclass(frozen=True)
+class GuestFile:
+    """A file the platform's image brings (written by cloud-init from the vendor-data)."""
+
+    path: str
+    content: str
+    mode: int = 0o644
 
 
 @dataclass
@@ -73,12 +91,22 @@ class VM:
     forwards: dict[int, int]
     memory_mb: int = 2048
     cpus: int = 2
+    #: the size of a blank data disk, in bytes (none when 0)
+    data_disk_bytes: int = 0
     process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
     started_at: float = 0.0
 
     @property
     def console(self) -> Path:
         return self.workdir / "console.log"
+
+    @property
+    def journal(self) -> Path:
+        return self.workdir / "journal.log"
+
+    @property
+    def data_disk(self) -> Path:
+        return self.workdir / "data.raw"
 
     def seed(self) -> Path:
         """The NoCloud seed image (FAT, label ``CIDATA``)."""
@@ -121,12 +149,19 @@ class VM:
             f"file={image / 'disk.raw'},format=raw,if=virtio,snapshot=on",
             "-drive",
             f"file={seed},format=raw,if=virtio,readonly=on",
+            *(
+                ["-drive", f"file={self.data_disk},format=raw,if=virtio"]
+                if self.data_disk_bytes
+                else []
+            ),
             "-netdev",
             ",".join(["user", "id=n0", "restrict=on", *forwards]),
             "-device",
             "virtio-net-pci,netdev=n0",
             "-serial",
             f"file:{self.console}",
+            "-serial",
+            f"file:{self.journal}",
             "-monitor",
             "none",
         ]
@@ -134,6 +169,10 @@ class VM:
     def start(self, image: Path) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
         seed = self.seed()
+        if self.data_disk_bytes:
+            self.data_disk.unlink(missing_ok=True)
+            with self.data_disk.open("wb") as disk:
+                disk.truncate(self.data_disk_bytes)
         log = (self.workdir / "qemu.log").open("wb")
         self.process = subprocess.Popen(
             self.argv(image, seed), stdin=subprocess.DEVNULL, stdout=log, stderr=log
@@ -143,6 +182,21 @@ class VM:
     def console_text(self) -> str:
         try:
             return self.console.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def journal_size(self) -> int:
+        """Where the journal stands now: ``journal_since`` reads what comes after."""
+        try:
+            return self.journal.stat().st_size
+        except OSError:
+            return 0
+
+    def journal_since(self, offset: int = 0) -> str:
+        try:
+            with self.journal.open("rb") as f:
+                f.seek(offset)
+                return f.read().decode(errors="replace")
         except OSError:
             return ""
 

@@ -57,6 +57,9 @@ type shape struct {
 	inPlace    bool
 	mirrors    bool
 	serial     bool
+	// set by flags on any shape: the machine image's version, the kubelet data volume's size
+	imageVersion    string
+	kubeletDataSize string
 }
 
 var shapes = map[string]shape{
@@ -105,6 +108,9 @@ func main() {
 		caFile      = flag.String("ca-file", "", "PEM bundle of the cluster CA (default: a stand-in)")
 		token       = flag.String("bootstrap-token", "abcdef.0123456789abcdef", "bootstrap token written to the provision files")
 		list        = flag.Bool("list", false, "print the shape names and exit")
+		inPlace     = flag.Bool("in-place", false, "the pool updates in place (AutoInPlaceUpdate), whatever the shape")
+		imageVer    = flag.String("image-version", "1877.5.0", "the machine image's version (an in-place pool's OS version)")
+		dataVolume  = flag.String("kubelet-data-volume", "", "the size of a data volume for the kubelet (e.g. 1Gi; default: none)")
 	)
 	flag.Parse()
 	// gardenlet's feature gates at their defaults: the components consult them.
@@ -117,6 +123,8 @@ func main() {
 	if !ok {
 		fail(fmt.Errorf("unknown shape %q (known: %s)", *shapeName, strings.Join(shapeNames(), ", ")))
 	}
+	s.inPlace = s.inPlace || *inPlace
+	s.imageVersion, s.kubeletDataSize = *imageVer, *dataVolume
 	if *machineName == "" {
 		*machineName = fmt.Sprintf("%s-%s-z1-7d9f8b6c5-q4x2z", namespace, poolName)
 	}
@@ -160,7 +168,7 @@ func worker(s shape) gardencorev1beta1.Worker {
 		Maximum: 3,
 		Machine: gardencorev1beta1.Machine{
 			Type:  "m5.large",
-			Image: &gardencorev1beta1.ShootMachineImage{Name: "gardenlinux", Version: new("1877.5.0")},
+			Image: &gardencorev1beta1.ShootMachineImage{Name: "gardenlinux", Version: new(s.imageVersion)},
 			// As the Shoot's defaulting sets it: releases before v1.149 read it without a default.
 			Architecture: new(v1beta1constants.ArchitectureAMD64),
 		},
@@ -173,6 +181,10 @@ func worker(s shape) gardencorev1beta1.Worker {
 	}
 	if s.inPlace {
 		w.UpdateStrategy = new(gardencorev1beta1.AutoInPlaceUpdate)
+	}
+	if s.kubeletDataSize != "" {
+		w.DataVolumes = []gardencorev1beta1.DataVolume{{Name: "kubelet", VolumeSize: s.kubeletDataSize, Type: new("gp3")}}
+		w.KubeletDataVolumeName = new("kubelet")
 	}
 	return w
 }
@@ -263,7 +275,7 @@ func render(name string, s shape, machineName, apiServer string, caBundle []byte
 	}}
 	if s.inPlace {
 		reconcile.Status.InPlaceUpdates = &extensionsv1alpha1.InPlaceUpdatesStatus{
-			OSUpdate: &extensionsv1alpha1.OSUpdate{Command: "/opt/gardener/bin/inplace-update.sh", Args: []string{"--version", "1877.5.0"}},
+			OSUpdate: &extensionsv1alpha1.OSUpdate{Command: "/opt/gardener/bin/inplace-update.sh", Args: []string{"--version", s.imageVersion}},
 		}
 	}
 	if err := c.Status().Update(ctx, reconcile); err != nil {

@@ -54,6 +54,11 @@ cat > "$root/etc/cni/net.d/10-bed.conflist" <<'CNI'
 {"cniVersion": "1.0.0", "name": "bed", "plugins": [{"type": "bridge", "bridge": "cni0",
  "isGateway": true, "ipMasq": true, "ipam": {"type": "host-local", "subnet": "10.244.0.0/24"}}]}
 CNI
+# The machine's journal, every line of it, on its second serial port, which the bed reads from
+# the host (the guest has no other way out): which units started when, across reboots.
+mkdir -p "$root/etc/systemd/journald.conf.d"
+printf '[Journal]\nForwardToConsole=yes\nTTYPath=/dev/ttyS1\nMaxLevelConsole=info\n' \
+    > "$root/etc/systemd/journald.conf.d/90-bed.conf"
 touch "$root/etc/environment"
 rm -f "$root/etc/machine-id" "$root/var/lib/dbus/machine-id"
 touch "$root/etc/machine-id"
