@@ -10,7 +10,7 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-APT_PACKAGES := gcc libc6-dev pkg-config libsystemd-dev libzstd-dev zstd dbus util-linux e2fsprogs iproute2 openssl curl shellcheck containerd docker-registry \
+APT_PACKAGES := gcc pkg-config libsystemd-dev libzstd-dev zstd dbus util-linux e2fsprogs iproute2 openssl curl shellcheck containerd docker-registry \
   mmdebstrap arch-test gpg qemu-user-static binfmt-support gcc-aarch64-linux-gnu binutils \
   qemu-system-x86 dosfstools mtools socat iptables containernetworking-plugins
 CONTROLPLANE_STAMP := $(VENV)/.controlplane

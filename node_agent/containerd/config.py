@@ -34,6 +34,8 @@ CERTS_DIR = layout.CONTAINERD_CERTS_DIR
 CONF_DIR = layout.CONTAINERD_CONF_DIR
 IMPORTS_GLOB = CONF_DIR + "/*.toml"
 CNI_BIN_DIR = "/opt/cni/bin"
+#: runc's shim, as every containerd since 1.6 names it in its default config
+RUNC_RUNTIME_TYPE = "io.containerd.runc.v2"
 
 Path = tuple[str, ...]
 
@@ -123,6 +125,13 @@ def apply_cri(config: dict[str, Any], cri: ContainerdCRI) -> None:
                 parent.pop(path[-1], None)
         else:
             _merge(_table(config, path, replace_value=True), plugin.values or {})
+    # containerd decodes a runtime's table in place of its default one: a ``runc`` table that
+    # the patch made (or found) without ``runtime_type`` leaves runc with no shim, and no pod
+    # sandbox can start ("container.Runtime.Name must be set"). A distribution's short
+    # config.toml (Debian's) is such a file; upstream's patch leaves it that way.
+    runc = _find(config, cgroup_path[:-2])
+    if isinstance(runc, dict) and "runtime_type" not in runc:
+        runc["runtime_type"] = RUNC_RUNTIME_TYPE
 
 
 def _plugin_path(path: Path, version: int) -> Path:

@@ -32,6 +32,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from node_agent.osc import inplace as ip
 from tests.testbed import gardener_provision as gp
+from tests.testbed import oci, standin
 from tests.testbed import real_kubelet as rk
 from tests.testbed.agent_harness import publish_osc, wait_applied, wait_for
 from tests.testbed.agent_image import AgentImage, read_layout
@@ -43,7 +44,6 @@ from tests.testbed.bootstrap import (
 from tests.testbed.controlplane import GUEST_ALIAS, ControlPlane
 from tests.testbed.csr_approver import CSRApprover
 from tests.testbed.gardener_gen import Generated, generate
-from tests.testbed.pause_image import pause_image
 from tests.testbed.registry import Registry
 from tests.testbed.vm import (
     API_PORT,
@@ -123,6 +123,12 @@ class VMRun:
     #: the OS update: its checksum, the Node after it
     os_checksum: str = ""
     os_node: client.V1Node | None = None
+
+
+def pause_image() -> oci.Image:
+    """The pod sandbox image: the bed's pause program (``standin/pause``) as ``/pause``."""
+    binary = standin.build("pause").read_bytes()
+    return oci.build_image({"/pause": (binary, 0o755)}, entrypoint=["/pause"])
 
 
 def quantity_bytes(value: str) -> int:
@@ -236,7 +242,7 @@ async def powered_on(
     registry.push(gp.AGENT_REPOSITORY, first.gardener_version, read_layout(agent.layout))
     for version in rk.VERSIONS:
         registry.push(gp.HYPERKUBE_REPOSITORY, f"v{version}", rk.hyperkube_image(version))
-    registry.push(SANDBOX_REPOSITORY, SANDBOX_TAG, pause_image(workdir / "pause"))
+    registry.push(SANDBOX_REPOSITORY, SANDBOX_TAG, pause_image())
     await grant_node_agent_identity(admin, machine, secret_names=[first.secret_name])
     await allow_kubelet_bootstrap(admin)
     run.checksum = await publish_osc(admin, first.secret_name, first.osc_yaml.encode())

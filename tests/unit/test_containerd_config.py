@@ -17,6 +17,7 @@ from node_agent.containerd.config import (
     CERTS_DIR,
     CNI_BIN_DIR,
     IMPORTS_GLOB,
+    RUNC_RUNTIME_TYPE,
     config_version,
     patch_config,
 )
@@ -372,6 +373,55 @@ def test_config_version(text: str, version: int) -> None:
     assert config_version(tomllib.loads(text)) == version
 
 
+# --- runc's runtime_type --------------------------------------------------------------------------
+
+#: Debian's containerd package's /etc/containerd/config.toml (bookworm, containerd 1.6.20)
+DEBIAN_CONFIG = """version = 2
+
+[plugins]
+  [plugins."io.containerd.grpc.v1.cri"]
+    [plugins."io.containerd.grpc.v1.cri".cni]
+      bin_dir = "/usr/lib/cni"
+      conf_dir = "/etc/cni/net.d"
+  [plugins."io.containerd.internal.v1.opt"]
+    path = "/var/lib/containerd/opt"
+"""
+
+
+@pytest.mark.parametrize(
+    ("text", "path"),
+    [
+        (DEBIAN_CONFIG, (CRI_V2, "containerd", "runtimes", "runc")),
+        ("version = 1\n", ("cri", "containerd", "runtimes", "runc")),
+        ("version = 3\n", ("io.containerd.cri.v1.runtime", "containerd", "runtimes", "runc")),
+    ],
+)
+def test_a_runc_table_the_patch_makes_names_runcs_shim(text: str, path: tuple[str, ...]) -> None:
+    """containerd decodes the file's runc table in place of its default one: without
+    ``runtime_type`` no pod sandbox starts, so a table without it gets runc's."""
+    out = patch_config(text, cri())
+    runc = at(tomllib.loads(out), "plugins", *path)
+    assert runc["runtime_type"] == RUNC_RUNTIME_TYPE
+    assert runc["options"]["SystemdCgroup"] is True
+    assert patch_config(out, cri()) == out
+
+
+def test_a_runtime_type_already_there_is_kept() -> None:
+    base = (
+        "version = 2\n\n"
+        '[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]\n'
+        '  runtime_type = "io.containerd.runsc.v1"\n'
+    )
+    out = patch_config(base, cri())
+    runc = at(tomllib.loads(out), "plugins", CRI_V2, "containerd", "runtimes", "runc")
+    assert runc["runtime_type"] == "io.containerd.runsc.v1"
+
+
+def test_without_a_cgroup_driver_and_no_runc_table_none_is_made() -> None:
+    out = patch_config(DEBIAN_CONFIG, cri(cgroup=None))
+    assert "runtimes" not in at(tomllib.loads(out), "plugins", CRI_V2).get("containerd", {})
+
+
 # --- plugins[] -----------------------------------------------------------------------------------
 
 
@@ -393,6 +443,7 @@ def test_plugin_add_merges_into_what_is_there_and_remove_deletes() -> None:
     assert at(doc, "plugins", *runc) == {
         "options": {"BinaryName": "/opt/runc", "SystemdCgroup": True},
         "privileged": True,
+        "runtime_type": RUNC_RUNTIME_TYPE,
     }
     assert at(doc, "plugins", "io.containerd.tracing.processor.v1.otlp") == {}
     assert patch_config(out, cri(plugins=plugins)) == out
@@ -400,7 +451,7 @@ def test_plugin_add_merges_into_what_is_there_and_remove_deletes() -> None:
     removed = patch_config(out, cri(plugins=[{"op": "remove", "path": [*runc, "options"]}]))
     runc_after = at(tomllib.loads(removed), "plugins", *runc)
     # The cgroup patch (before the plugin ops) recreated options; the remove op wins.
-    assert runc_after == {"privileged": True}
+    assert runc_after == {"privileged": True, "runtime_type": RUNC_RUNTIME_TYPE}
 
 
 def test_plugin_values_of_every_json_type() -> None:

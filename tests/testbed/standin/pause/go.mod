@@ -1,0 +1,3 @@
+module node-agent.test/standin/pause
+
+go 1.21
