@@ -54,6 +54,12 @@ cat > "$root/etc/cni/net.d/10-bed.conflist" <<'CNI'
 {"cniVersion": "1.0.0", "name": "bed", "plugins": [{"type": "bridge", "bridge": "cni0",
  "isGateway": true, "ipMasq": true, "ipam": {"type": "host-local", "subnet": "10.244.0.0/24"}}]}
 CNI
+# The network extension also brings the plugins, to where Gardener's containerd config has the CRI
+# look for them (/opt/cni/bin): here Debian's, linked there.
+mkdir -p "$root/opt/cni/bin"
+for plugin in "$root"/usr/lib/cni/*; do
+    ln -s "/usr/lib/cni/${plugin##*/}" "$root/opt/cni/bin/${plugin##*/}"
+done
 # The machine's journal, every line of it, on its second serial port, which the bed reads from
 # the host (the guest has no other way out): which units started when, across reboots.
 mkdir -p "$root/etc/systemd/journald.conf.d"
