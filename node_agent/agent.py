@@ -55,6 +55,8 @@ from node_agent.systemd import SystemdSeam
 from node_agent.systemd.client import EarlySystemd, start_early
 
 log = get_logger("node-agent")
+#: The daemon's exit code after a typed error it cannot go on from (systemd starts it again).
+EXIT_FAILED = 1
 #: From SIGTERM to exit: controllers unwind, clients close; past this the process exits anyway.
 SHUTDOWN_TIMEOUT = 9.0
 #: While waiting for its first certificate, each sign of life extends systemd's start timeout by
@@ -471,6 +473,11 @@ async def run_agent(
         log.error(
             "node-agent exiting for a restart", reason=str(group.exceptions[0]), code=exit_code
         )
+    except* NodeAgentError as group:
+        # e.g. systemd out of reach at the start: one line naming it, and systemd's restart
+        error = group.exceptions[0]
+        exit_code = EXIT_FAILED
+        log.error("node-agent failed", error=f"{type(error).__name__}: {error}", code=exit_code)
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)

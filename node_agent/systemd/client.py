@@ -44,6 +44,8 @@ WORKER_MODULE = "node_agent.systemd.worker"
 #: Replies can be large (unit states with many drop-ins); asyncio's default line limit is 64 KiB.
 LINE_LIMIT = 16 << 20
 STDERR_TAIL = 20
+#: A worker still starting after ``start_timeout`` gets this many times as long in all.
+SLOW_START_PATIENCE = 4
 #: Extra time a job batch gets beyond its job timeout for queuing the jobs and replying.
 JOB_BATCH_SLACK = 5.0
 
@@ -251,6 +253,25 @@ class Systemd:
             self._worker = worker
             return worker
 
+    async def _hello(self, worker: _Worker) -> dict[str, Any]:
+        """The worker's hello. A worker that is still starting when ``start_timeout`` is up
+        is given up to ``SLOW_START_PATIENCE`` times as long in all, with a warning: on a
+        loaded machine (a boot, software emulation) a start can take that long, and a new
+        worker would start no faster."""
+        try:
+            async with asyncio.timeout(self.start_timeout):
+                return await asyncio.shield(worker.hello)
+        except TimeoutError:
+            if worker.proc.returncode is not None or worker.hello.done():
+                raise
+        log.warning(
+            "systemd worker slow to connect, waiting longer",
+            pid=worker.pid,
+            seconds=self.start_timeout,
+        )
+        async with asyncio.timeout(self.start_timeout * (SLOW_START_PATIENCE - 1)):
+            return await asyncio.shield(worker.hello)
+
     async def _spawn(self) -> _Worker:
         argv = [
             self.python,
@@ -282,13 +303,13 @@ class Systemd:
             asyncio.create_task(worker.read_stderr(), name=f"systemd-worker-{proc.pid}-err"),
         ]
         try:
-            async with asyncio.timeout(self.start_timeout):
-                hello = await asyncio.shield(worker.hello)
+            hello = await self._hello(worker)
         except TimeoutError:
             worker.fail(SystemdUnavailable("systemd worker start timed out"))
             await worker.kill()
             raise SystemdUnavailable(
-                f"systemd worker {proc.pid} did not connect within {self.start_timeout:g}s; "
+                f"systemd worker {proc.pid} did not connect within "
+                f"{self.start_timeout * SLOW_START_PATIENCE:g}s; "
                 f"stderr: {worker.stderr_tail()}"
             ) from None
         except SystemdError as exc:

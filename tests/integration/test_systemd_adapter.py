@@ -445,6 +445,31 @@ async def test_unreachable_bus_is_unavailable(workdir: Path) -> None:
     await sd.close()
 
 
+def slow_python(workdir: Path, delay: float) -> str:
+    """A Python that takes ``delay`` seconds to start (a loaded machine's worker)."""
+    path = workdir / f"slow-python-{delay:g}"
+    path.write_text(f'#!/bin/sh\nsleep {delay}\nexec {sys.executable} "$@"\n')
+    path.chmod(0o755)
+    return str(path)
+
+
+async def test_a_worker_slow_to_start_gets_more_time_then_a_clear_error(
+    workdir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bus = f"unix:path={workdir}/no-such-bus-socket"
+    # past start_timeout, within the patience: the worker's own answer comes through
+    sd = Systemd(bus, start_timeout=1.0, python=slow_python(workdir, 2.0))
+    with pytest.raises(SystemdUnavailable, match="could not reach systemd"):
+        await sd.start()
+    await sd.close()
+    assert "systemd worker slow to connect" in capsys.readouterr().out
+    # past the patience too: given up, saying how long it waited
+    sd = Systemd(bus, start_timeout=0.5, python=slow_python(workdir, 5.0))
+    with pytest.raises(SystemdUnavailable, match=r"did not connect within 2s"):
+        await sd.start()
+    await sd.close()
+
+
 def test_worker_dies_with_its_parent(systemd: IsolatedSystemd) -> None:
     program = (
         "import asyncio, sys\n"

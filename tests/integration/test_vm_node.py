@@ -79,12 +79,12 @@ async def test_a_vm_from_gardeners_user_data_runs_a_pod_and_updates_in_place_thr
     assert pod.status.pod_ip.startswith("10.244.0."), pod.status.pod_ip
     assert [s.ready for s in pod.status.container_statuses] == [True]
 
-    # the patch update in place: exactly the kubelet and the agent started again
+    # the patch update: exactly the kubelet and the agent started again
     after = run.patch_node
     assert after is not None
     assert after.metadata.annotations[gp.CHECKSUM] == run.patch_checksum
     assert after.status.node_info.kubelet_version == f"v{rk.VERSIONS[1]}"
-    assert after.metadata.labels[ip.LABEL_UPDATE_RESULT] == "successful"
+    assert after.status.node_info.os_image == f"Garden Linux {vm_node.IMAGE_VERSIONS[0]}"
     assert run.patch_started == {gp.KUBELET, gp.AGENT_UNIT}, run.patch_started
 
     # the OS update: the machine rebooted (a new boot id) into the new release, and the agent

@@ -5,16 +5,19 @@ extension renders it), byte for byte; cloud-init runs it on a VM of the bed's im
 (``tests/testbed/vm.py``). The API server URL Gardener writes into it is the one the VM reaches:
 ``https://GUEST_ALIAS:API_PORT``, which QEMU forwards to the bed's kube-apiserver; nothing of
 the user data or of the OSC is localized (the VM has a network and ports of its own). The
-platform's part comes as the seed's vendor-data: the registry mirrors for Gardener's registry
-and ``registry.k8s.io`` with the bed registry's CA, and the OS extension's update command with
-the unit that finishes an update at the next boot (a machine image would carry both).
+platform's part comes as the seed's vendor-data: the machine image's OS release
+(``os_release``: the pool's image version), the registry mirrors for Gardener's registry and
+``registry.k8s.io`` with the bed registry's CA, and the OS extension's update command with the
+unit that finishes an update at the next boot (a machine image would carry all of these).
 node-agent comes from its image under Gardener's name, the real kubelet from the hyperkube image
-the OSC names (``tests/testbed/real_kubelet.py``), the pod sandbox from the bed's pause image.
+the OSC names (``tests/testbed/real_kubelet.py``), the pod sandbox from the bed's pause program.
 
 The pool updates in place and has a data volume for the kubelet, so one machine goes through:
 provision (the data volume formatted and mounted on its own virtio disk) -> Node Ready -> a pod
--> the Kubernetes patch update in place -> the OS update, with the machine's real reboot. The
-test plays machine-controller-manager (the drain condition) and the OS extension (its command).
+-> the Kubernetes patch update (in an in-place pool a plain apply: only a minor version, the
+kubelet's config, the OS or credentials are in-place parts) -> the OS update, drained, with the
+machine's real reboot. The test plays machine-controller-manager (the drain condition) and the
+OS extension (its command).
 """
 
 from __future__ import annotations
@@ -123,6 +126,13 @@ class VMRun:
     #: the OS update: its checksum, the Node after it
     os_checksum: str = ""
     os_node: client.V1Node | None = None
+
+
+def os_release(version: str) -> str:
+    """The machine image's ``/etc/os-release`` at ``version``: the bed's Debian image stands
+    for the pool's Garden Linux, whose version the kubelet reports and an in-place pool's OSC
+    names (a machine whose OS differs from it is updated in place)."""
+    return f'ID=gardenlinux\nNAME="Garden Linux"\nPRETTY_NAME="Garden Linux {version}"\n'
 
 
 def pause_image() -> oci.Image:
@@ -252,6 +262,7 @@ async def powered_on(
         registry_ca,
         {gp.UPSTREAM_REGISTRY: mirror, SANDBOX_UPSTREAM: mirror},
         [
+            GuestFile("/etc/os-release", os_release(IMAGE_VERSIONS[0])),
             GuestFile(command, UPDATE_SCRIPT, 0o755),
             GuestFile(f"/etc/systemd/system/{FINISH_UNIT}", FINISH_UNIT_TEXT),
         ],
@@ -294,9 +305,8 @@ async def provision(
 
 
 async def patch_update(admin: ApiClient, vm: VM, run: VMRun, update: Generated) -> None:
-    """The Kubernetes patch update, in place: drained, applied, the new kubelet reported."""
+    """The Kubernetes patch update: applied, the new kubelet reported, Ready again."""
     machine = run.machine
-    await ready_for_update(admin, machine)
     mark, clock = vm.journal_size(), time.monotonic()
     run.patch_checksum = await publish_osc(admin, update.secret_name, update.osc_yaml.encode())
     await wait_applied(admin, machine, run.patch_checksum, timeout=MILESTONE_TIMEOUT)
