@@ -31,6 +31,33 @@ from tests.testbed.pki import CertificateAuthority
 from tests.testbed.registry import Registry
 from tests.testbed.systemd_ns import IsolatedSystemd
 
+#: Files whose tests take minutes, longest first. ``make test`` runs the suite's files side by
+#: side on a few workers (pytest-xdist, ``--dist loadfile``), which take files in collection
+#: order: these go first, so that none is left to run alone at the end.
+SLOW_FILES = (
+    "tests/integration/test_vm_node.py",
+    "tests/integration/test_apply_campaign.py",
+    "tests/integration/test_twin.py",
+    "tests/integration/test_certificate_flow.py",
+    "tests/integration/test_lease_integration.py",
+    "tests/integration/test_health_gate.py",
+    "tests/integration/test_healthcheck.py",
+    "tests/integration/test_gardener_node.py",
+    "tests/integration/test_containerd_campaign.py",
+    "tests/integration/test_apply_faults.py",
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The slow files first (``SLOW_FILES``), everything else in its usual order."""
+    rank = {name: i for i, name in enumerate(SLOW_FILES)}
+    root = config.rootpath
+
+    def key(item: pytest.Item) -> int:
+        return rank.get(item.path.relative_to(root).as_posix(), len(rank))
+
+    items.sort(key=key)
+
 
 def cache_dir() -> Path:
     default = Path.home() / ".cache" / "node-agent-test"

@@ -16,7 +16,7 @@ from node_agent.osc import inplace as ip
 from tests.testbed import gardener_provision as gp
 from tests.testbed import real_kubelet as rk
 from tests.testbed import vm_node
-from tests.testbed.agent_image import AgentImage, agent_image_layout
+from tests.testbed.agent_image import AgentImage, agent_image_layout, read_layout
 from tests.testbed.controlplane import ControlPlane
 from tests.testbed.csr_approver import CSRApprover
 from tests.testbed.pki import CertificateAuthority
@@ -44,7 +44,7 @@ async def test_a_vm_from_gardeners_user_data_runs_a_pod_and_updates_in_place_thr
         gardener_controlplane,
         registry,
         registry_ca.cert_path.read_bytes(),
-        agent_image,
+        read_layout(agent_image.layout),
         tmp_path / "vm",
     ) as (vm, run, (_, patch, os_update)):
         try:

@@ -38,7 +38,6 @@ from tests.testbed import gardener_provision as gp
 from tests.testbed import oci, standin
 from tests.testbed import real_kubelet as rk
 from tests.testbed.agent_harness import publish_osc, wait_applied, wait_for
-from tests.testbed.agent_image import AgentImage, read_layout
 from tests.testbed.bootstrap import (
     allow_kubelet_bootstrap,
     create_bootstrap_token,
@@ -46,7 +45,7 @@ from tests.testbed.bootstrap import (
 )
 from tests.testbed.controlplane import GUEST_ALIAS, ControlPlane
 from tests.testbed.csr_approver import CSRApprover
-from tests.testbed.gardener_gen import Generated, generate
+from tests.testbed.gardener_gen import NEWEST, Generated, gardener_node_agent, generate
 from tests.testbed.registry import Registry
 from tests.testbed.vm import (
     API_PORT,
@@ -104,6 +103,8 @@ echo "update to $2 staged; the machine reboots"
 #: a unit systemd started, as the journal says it
 _STARTED = re.compile(r"systemd\[1\]: Started ([\w@.\\-]+\.(?:service|mount|timer|path))")
 _QUANTITY = re.compile(r"^(\d+)(Ki|Mi|Gi)?$")
+#: the image's footprint probe: the agent's whole service's PSS, every 30 s
+_FOOTPRINT = re.compile(r"gardener-node-agent\.service pss_kib=(\d+)")
 
 
 @dataclass
@@ -135,6 +136,15 @@ def os_release(version: str) -> str:
     return f'ID=gardenlinux\nNAME="Garden Linux"\nPRETTY_NAME="Garden Linux {version}"\n'
 
 
+def upstream_agent_image(release: str = NEWEST) -> oci.Image:
+    """Upstream gardener-node-agent of ``release`` (built from its Go module) as its image:
+    the binary where ``init.sh`` copies it from."""
+    binary = gardener_node_agent(release).read_bytes()
+    return oci.build_image(
+        {"/gardener-node-agent": (binary, 0o755)}, entrypoint=["/gardener-node-agent"]
+    )
+
+
 def pause_image() -> oci.Image:
     """The pod sandbox image: the bed's pause program (``standin/pause``) as ``/pause``."""
     binary = standin.build("pause").read_bytes()
@@ -153,6 +163,12 @@ def quantity_bytes(value: str) -> int:
 def started_units(journal: str, units: set[str]) -> set[str]:
     """Which of ``units`` the journal shows systemd starting."""
     return {m.group(1) for m in _STARTED.finditer(journal)} & units
+
+
+def agent_pss_kib(journal: str) -> list[int]:
+    """The agent service's PSS (KiB) as the image's probe logged it, in order; 0 when no
+    process of it ran."""
+    return [int(m.group(1)) for m in _FOOTPRINT.finditer(journal)]
 
 
 def watched_units(gen: Generated) -> set[str]:
@@ -190,7 +206,9 @@ async def ready_for_update(admin: ApiClient, machine: str) -> None:
     )
 
 
-async def run_pod(admin: ApiClient, machine: str) -> client.V1Pod:
+async def run_pod(
+    admin: ApiClient, machine: str, timeout: float = MILESTONE_TIMEOUT
+) -> client.V1Pod:
     """A pod bound to the machine by ``nodeName`` (no scheduler in the bed), on the pod network,
     its container the sandbox image; returned once it runs."""
     core = client.CoreV1Api(admin)
@@ -217,7 +235,7 @@ async def run_pod(admin: ApiClient, machine: str) -> client.V1Pod:
         pod = await core.read_namespaced_pod(name, POD_NAMESPACE)
         return bool(pod.status and pod.status.phase == "Running")
 
-    await wait_for(running, MILESTONE_TIMEOUT, f"pod {name} running", poll=1.0)
+    await wait_for(running, timeout, f"pod {name} running", poll=1.0)
     pod: client.V1Pod = await core.read_namespaced_pod(name, POD_NAMESPACE)
     return pod
 
@@ -234,11 +252,12 @@ async def powered_on(
     control_plane: ControlPlane,
     registry: Registry,
     registry_ca: bytes,
-    agent: AgentImage,
+    agent: oci.Image | oci.Index,
     workdir: Path,
 ) -> AsyncIterator[tuple[VM, VMRun, list[Generated]]]:
-    """The VM powered on with the first OSC published: the pool's three OSCs (provision, patch
-    update, OS update) for the steps. Off on the way out, its console and journal kept."""
+    """The VM powered on with the first OSC published, ``agent`` served as Gardener's
+    node-agent image: the pool's three OSCs (provision, patch update, OS update) for the steps.
+    Off on the way out, its console and journal kept."""
     machine = gp.mcm_machine_name()
     run = VMRun(machine)
     token = await create_bootstrap_token(admin)
@@ -249,7 +268,7 @@ async def powered_on(
     ]
     assert len({g.secret_name for g in gens}) == 1  # in place: one Secret throughout
     first = gens[0]
-    registry.push(gp.AGENT_REPOSITORY, first.gardener_version, read_layout(agent.layout))
+    registry.push(gp.AGENT_REPOSITORY, first.gardener_version, agent)
     for version in rk.VERSIONS:
         registry.push(gp.HYPERKUBE_REPOSITORY, f"v{version}", rk.hyperkube_image(version))
     registry.push(SANDBOX_REPOSITORY, SANDBOX_TAG, pause_image())

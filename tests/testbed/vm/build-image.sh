@@ -65,6 +65,25 @@ done
 mkdir -p "$root/etc/systemd/journald.conf.d"
 printf '[Journal]\nForwardToConsole=yes\nTTYPath=/dev/ttyS1\nMaxLevelConsole=info\n' \
     > "$root/etc/systemd/journald.conf.d/90-bed.conf"
+# The bed's view of the agent's footprint: every 30 s, the proportional set size of the agent's
+# whole service (all its processes), as a journal line (bench.vm_node reads it).
+mkdir -p "$root/usr/local/sbin" "$root/etc/systemd/system/multi-user.target.wants"
+cat > "$root/usr/local/sbin/bed-footprint" <<'SCRIPT'
+#!/bin/sh
+procs=/sys/fs/cgroup/system.slice/gardener-node-agent.service/cgroup.procs
+while sleep 30; do
+    pss=0
+    for pid in $(cat "$procs" 2>/dev/null); do
+        kib=$(awk '/^Pss:/ {print $2}' "/proc/$pid/smaps_rollup" 2>/dev/null)
+        pss=$((pss + ${kib:-0}))
+    done
+    echo "gardener-node-agent.service pss_kib=$pss"
+done
+SCRIPT
+chmod 0755 "$root/usr/local/sbin/bed-footprint"
+printf '[Unit]\nDescription=bed footprint probe\n[Service]\nExecStart=/usr/local/sbin/bed-footprint\n[Install]\nWantedBy=multi-user.target\n' \
+    > "$root/etc/systemd/system/bed-footprint.service"
+ln -s /etc/systemd/system/bed-footprint.service "$root/etc/systemd/system/multi-user.target.wants/bed-footprint.service"
 touch "$root/etc/environment"
 rm -f "$root/etc/machine-id" "$root/var/lib/dbus/machine-id"
 touch "$root/etc/machine-id"
