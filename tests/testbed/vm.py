@@ -4,9 +4,12 @@ with a NoCloud seed, so that cloud-init runs the user data on a kernel of the ma
 - **Boot.** QEMU's direct kernel boot of the image's cloud kernel and initrd. The image's disk
   is opened with ``snapshot=on``: writes go to a temporary overlay that lives as long as the
   QEMU process, so a reboot inside the guest keeps them and nothing reaches the cached image.
-- **Acceleration.** Software emulation (TCG) only: ``/dev/kvm`` opens on this kind of machine,
-  but a guest kernel was seen to hang right after decompression with KVM; a probe boot that
-  would choose KVM where it works is not built yet.
+- **Acceleration.** KVM only where it works (``acceleration``): the host's CPU must offer
+  hardware virtualization (``vmx`` or ``svm``), ``/dev/kvm`` must open, and a probe boot of the
+  image's kernel with KVM must reach its first user-space process within a minute; the
+  verdict is cached per QEMU, host kernel and image. Otherwise software emulation (TCG): on
+  machines whose ``/dev/kvm`` opens without the CPU offering virtualization, a guest kernel was
+  seen to hang right after decompression with KVM.
 - **Seed.** A FAT file system labelled ``CIDATA`` (``mkfs.vfat`` and ``mcopy``): ``user-data``
   unchanged from the caller, the machine's ``meta-data`` (instance id, host name) and the
   platform's ``vendor-data`` (the bed's registry mirror and its CA; ``vendor_data``).
@@ -24,6 +27,8 @@ with a NoCloud seed, so that cloud-init runs the user data on a kernel of the ma
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import os
 import subprocess
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -71,6 +76,71 @@ def vendor_data(
     return "#cloud-config\n" + yaml.safe_dump({"write_files": written})
 
 
+#: what the kernel prints once its first user-space process (the probe's ``/bin/true``) ended
+PROBE_REACHED = "Attempted to kill init"
+PROBE_TIMEOUT = 60.0
+
+
+def kvm_possible(cpuinfo: str, kvm_opens: bool) -> bool:
+    """Whether KVM is worth a probe: ``/dev/kvm`` opens and the CPU offers virtualization."""
+    flags: set[str] = set()
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "flags":
+            flags.update(value.split())
+    return kvm_opens and bool(flags & {"vmx", "svm"})
+
+
+def _kvm_opens() -> bool:
+    try:
+        fd = os.open("/dev/kvm", os.O_RDWR | os.O_CLOEXEC)
+    except OSError:
+        return False
+    os.close(fd)
+    return True
+
+
+def probe_kvm(image: Path, workdir: Path) -> bool:
+    """Boot the image's kernel with KVM and ``init=/bin/true``: does it get to user space?"""
+    workdir.mkdir(parents=True, exist_ok=True)
+    console = workdir / "kvm-probe.log"
+    argv = [
+        "qemu-system-x86_64", "-machine", "q35,accel=kvm", "-cpu", "host", "-m", "512",
+        "-nographic", "-no-reboot", "-monitor", "none", "-serial", f"file:{console}",
+        "-kernel", str(image / "vmlinuz"), "-initrd", str(image / "initrd.img"),
+        "-append", "root=LABEL=root ro console=ttyS0 init=/bin/true panic=-1",
+        "-drive", f"file={image / 'disk.raw'},format=raw,if=virtio,snapshot=on",
+    ]  # fmt: skip
+    with subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as qemu:
+        try:
+            qemu.wait(timeout=PROBE_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            qemu.kill()
+            qemu.wait()
+    try:
+        return PROBE_REACHED in console.read_text(errors="replace")
+    except OSError:
+        return False
+
+
+def acceleration(image: Path, workdir: Path) -> str:
+    """``kvm`` where a probe boot with it works on this machine, else ``tcg``; the probe's
+    verdict is kept in the cache beside the image, per QEMU and host kernel."""
+    cpuinfo = Path("/proc/cpuinfo").read_text(errors="replace")
+    if not kvm_possible(cpuinfo, _kvm_opens()):
+        return "tcg"
+    qemu = subprocess.run(
+        ["qemu-system-x86_64", "--version"], capture_output=True, text=True, check=False
+    ).stdout.split("\n")[0]
+    key = hashlib.sha256(f"{qemu}\0{os.uname().release}".encode()).hexdigest()[:16]
+    verdict = image / f"accel-{key}"
+    if not verdict.exists():
+        tmp = verdict.with_name(f"{verdict.name}.{os.getpid()}")
+        tmp.write_text("kvm" if probe_kvm(image, workdir) else "tcg")
+        tmp.replace(verdict)
+    return verdict.read_text().strip()
+
+
 @dataclass(frozen=True)
 class GuestFile:
     """A file the platform's image brings (written by cloud-init from the vendor-data)."""
@@ -93,6 +163,8 @@ class VM:
     cpus: int = 2
     #: the size of a blank data disk, in bytes (none when 0)
     data_disk_bytes: int = 0
+    #: QEMU's accelerator (``acceleration``); set by ``start``
+    accel: str = "tcg"
     process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
     started_at: float = 0.0
 
@@ -133,7 +205,8 @@ class VM:
         return [
             "qemu-system-x86_64",
             "-machine",
-            "q35,accel=tcg",
+            f"q35,accel={self.accel}",
+            *(["-cpu", "host"] if self.accel == "kvm" else []),
             "-m",
             str(self.memory_mb),
             "-smp",
@@ -168,6 +241,7 @@ class VM:
 
     def start(self, image: Path) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
+        self.accel = acceleration(image, self.workdir)
         seed = self.seed()
         if self.data_disk_bytes:
             self.data_disk.unlink(missing_ok=True)
