@@ -439,10 +439,12 @@ async def test_kubelet_probe_ignores_proxies_and_bounds_the_wait(
         await runner.cleanup()
 
 
-async def test_containerd_call_on_a_silent_or_missing_socket(tmp_path: Path) -> None:
+async def test_containerd_call_on_a_silent_or_missing_socket(workdir: Path) -> None:
     """A socket that accepts but never answers (a hung daemon) and a missing one both fail, in
-    bounded time; a bare connect() would have called the first one healthy."""
-    path = tmp_path / "silent.sock"
+    bounded time; a bare connect() would have called the first one healthy. (The sockets live
+    in the session's work directory: a test's own directory can be longer than a socket path
+    may be.)"""
+    path = workdir / "silent.sock"
     server = await asyncio.start_unix_server(lambda r, w: None, path=str(path))
     try:
         started = time.monotonic()
@@ -452,4 +454,4 @@ async def test_containerd_call_on_a_silent_or_missing_socket(tmp_path: Path) -> 
     finally:
         server.close()
     with pytest.raises(PingError, match="cannot connect"):
-        await containerd_version(str(tmp_path / "none.sock"), 1)
+        await containerd_version(str(workdir / "none.sock"), 1)
