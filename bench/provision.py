@@ -21,15 +21,12 @@ import statistics
 import time
 import uuid
 
-from tests.conftest import api_client_from, cache_dir
+from bench.machine_bed import machine_bed
+from tests.conftest import cache_dir
 from tests.testbed import gardener_provision as gp
 from tests.testbed.agent_image import agent_image_layout
-from tests.testbed.bootstrap import allow_bootstrappers
 from tests.testbed.containerd import containerd_node
-from tests.testbed.controlplane import ControlPlane
 from tests.testbed.csr_approver import CSRApprover
-from tests.testbed.pki import CertificateAuthority
-from tests.testbed.registry import Registry
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -38,21 +35,14 @@ async def main(args: argparse.Namespace) -> None:
     clock = time.monotonic()
     image = agent_image_layout(work / "image-dist")
     print(f"agent image ({image.version}): {time.monotonic() - clock:.1f} s (cached by its key)")
-    ca = CertificateAuthority(work / "registry-pki", name="node-agent-bench-registry-ca")
-    cp = ControlPlane(work / "cp")
-    registry = Registry(work / "registry", ca)
     rounds: list[dict[str, float]] = []
     try:
-        cp.start()
-        cp.start_controller_manager()
-        registry.start()
-        async with await api_client_from(cp.admin_kubeconfig) as admin:
-            await allow_bootstrappers(admin)
+        async with machine_bed(work) as bed:
             for number in range(1, args.rounds + 1):
-                with containerd_node(work / f"nodes-{number}", ca.cert_path) as node:
-                    async with CSRApprover(admin) as approver:
+                with containerd_node(work / f"nodes-{number}", bed.registry_ca.cert_path) as node:
+                    async with CSRApprover(bed.admin) as approver:
                         run = await gp.provision_from_user_data(
-                            admin, cp, approver, node, registry, image
+                            bed.admin, bed.control_plane, approver, node, bed.registry, image
                         )
                 rounds.append(run.timings)
                 print(
@@ -62,8 +52,6 @@ async def main(args: argparse.Namespace) -> None:
                 for step, seconds in run.timings.items():
                     print(f"  {step:38} {seconds:6.1f} s")
     finally:
-        registry.stop()
-        cp.stop()
         shutil.rmtree(work, ignore_errors=True)
     if len(rounds) > 1:
         print(f"median of {len(rounds)} rounds:")

@@ -23,16 +23,11 @@ import uuid
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
 
-from kubernetes_asyncio.client import ApiClient
-
-from tests.conftest import api_client_from, cache_dir
+from bench.machine_bed import MachineBed, machine_bed
+from tests.conftest import cache_dir
 from tests.testbed import oci, vm_node
 from tests.testbed.agent_image import agent_image_layout, read_layout
-from tests.testbed.bootstrap import allow_bootstrappers
-from tests.testbed.controlplane import ControlPlane
 from tests.testbed.csr_approver import CSRApprover
-from tests.testbed.pki import CertificateAuthority
-from tests.testbed.registry import Registry
 from tests.testbed.systemd_ns import HarnessError
 
 #: a pod that is not running by then is a failed step here (the test waits longer)
@@ -59,20 +54,13 @@ async def _step(outcome: Outcome, name: str, step: Awaitable[object]) -> bool:
     return True
 
 
-async def one_vm(
-    name: str,
-    image: oci.Image | oci.Index,
-    admin: ApiClient,
-    cp: ControlPlane,
-    registry: Registry,
-    ca: CertificateAuthority,
-    work: str,
-) -> Outcome:
+async def one_vm(name: str, image: oci.Image | oci.Index, bed: MachineBed, work: str) -> Outcome:
     outcome = Outcome(name)
+    admin, ca = bed.admin, bed.registry_ca.cert_path.read_bytes()
     async with (
         CSRApprover(admin) as approver,
         vm_node.powered_on(
-            admin, cp, registry, ca.cert_path.read_bytes(), image, cache_dir() / work / name
+            admin, bed.control_plane, bed.registry, ca, image, cache_dir() / work / name
         ) as (vm, run, (_, patch, os_update)),
     ):
         if await _step(
@@ -116,27 +104,18 @@ async def main(args: argparse.Namespace) -> None:
     root.mkdir(parents=True)
     print(f"load average at the start: {os.getloadavg()[0]:.2f}")
     ours = read_layout(agent_image_layout(root / "image-dist").layout)
-    ca = CertificateAuthority(root / "registry-pki", name="node-agent-bench-registry-ca")
-    cp = ControlPlane(root / "cp")
-    registry = Registry(root / "registry", ca)
     outcomes: list[Outcome] = []
     try:
-        cp.start()
-        cp.start_controller_manager()
-        registry.start()
-        async with await api_client_from(cp.admin_kubeconfig) as admin:
-            await allow_bootstrappers(admin)
+        async with machine_bed(root) as bed:
             images: dict[str, oci.Image | oci.Index] = {
                 "node-agent": ours,
                 "upstream": vm_node.upstream_agent_image(),
             }
             for name in args.agents:
                 clock = time.monotonic()
-                outcomes.append(await one_vm(name, images[name], admin, cp, registry, ca, work))
+                outcomes.append(await one_vm(name, images[name], bed, work))
                 print(f"{name}: the VM's run took {time.monotonic() - clock:.0f} s", flush=True)
     finally:
-        registry.stop()
-        cp.stop()
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)
     report(outcomes)
