@@ -84,8 +84,9 @@ def node_agent_rules(
     node_name: str, secret_names: list[str]
 ) -> tuple[list[client.V1PolicyRule], list[client.V1PolicyRule]]:
     """The one rule set of a node agent, whatever its identity: (rules in kube-system,
-    cluster-wide rules). Its own Node, the named Secrets, Events, and the Leases Gardener's node
-    agent authorizer allows: get/list/watch/update of ``gardener-node-agent-<node>`` (the
+    cluster-wide rules). Its own Node (and the list and watch of all), the named Secrets,
+    Events, and the Leases Gardener's node agent authorizer allows: get/list/watch/update of
+    ``gardener-node-agent-<node>`` (the
     heartbeat) and of the Lease named like the pool's OSC Secret (the serial reconciliation
     Lease; the first of ``secret_names`` is the OSC Secret, the one the Node's
     ``worker.gardener.cloud/gardener-node-agent-secret-name`` label names), create of any Lease
@@ -100,6 +101,10 @@ def node_agent_rules(
     ]
     cluster = [
         _rule([""], ["nodes"], ["get", "list", "watch", "patch", "update"], [node_name]),
+        # list and watch of every Node, as Gardener's node-agent authorizer allows them: an
+        # agent knows its host name, not yet its Node's name (upstream lists by the hostname
+        # label at its start)
+        _rule([""], ["nodes"], ["list", "watch"]),
         # its Node's conditions (SystemdUnitsReady), as Gardener's node-agent authorizer allows
         _rule([""], ["nodes/status"], ["get", "patch", "update"], [node_name]),
         _rule(["", "events.k8s.io"], ["events"], ["create", "patch"]),
