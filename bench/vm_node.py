@@ -23,6 +23,8 @@ import uuid
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
 
+from kubernetes_asyncio.client.exceptions import ApiException
+
 from bench.machine_bed import MachineBed, machine_bed
 from tests.conftest import cache_dir
 from tests.testbed import oci, vm_node
@@ -48,7 +50,7 @@ class Outcome:
 async def _step(outcome: Outcome, name: str, step: Awaitable[object]) -> bool:
     try:
         await step
-    except (TimeoutError, HarnessError, AssertionError) as exc:
+    except (TimeoutError, HarnessError, AssertionError, ApiException) as exc:
         outcome.failed[name] = " ".join(str(exc).split())[:200] or type(exc).__name__
         return False
     return True

@@ -90,8 +90,8 @@ def node_agent_rules(
     heartbeat) and of the Lease named like the pool's OSC Secret (the serial reconciliation
     Lease; the first of ``secret_names`` is the OSC Secret, the one the Node's
     ``worker.gardener.cloud/gardener-node-agent-secret-name`` label names), create of any Lease
-    in kube-system (a name is not known at create time) — no patch, no delete — and the list
-    and delete of Pods (those left on its Node after an in-place update)."""
+    in kube-system (a name is not known at create time) — no patch, no delete — and the get,
+    list, watch and delete of Pods (those left on its Node after an in-place update)."""
     leases = [f"gardener-node-agent-{node_name}", *secret_names[:1]]
     namespaced = [
         _rule([""], ["secrets"], ["get", "list", "watch"], sorted(set(secret_names))),
@@ -111,7 +111,7 @@ def node_agent_rules(
         # the Pods left on its Node after an in-place update (Gardener's authorizer allows
         # list with spec.nodeName=<node> and delete of that node's Pods; RBAC cannot scope
         # by node, so this is wider)
-        _rule([""], ["pods"], ["list", "delete"]),
+        _rule([""], ["pods"], ["get", "list", "watch", "delete"]),
     ]
     return namespaced, cluster
 

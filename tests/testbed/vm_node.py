@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import re
 import time
+import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -218,7 +219,7 @@ async def run_pod(
     except ApiException as exc:
         if exc.status != 409:
             raise
-    name = f"pod-{machine[-5:]}"
+    name = f"pause-{uuid.uuid4().hex[:8]}"
     image = f"{SANDBOX_UPSTREAM}/{SANDBOX_REPOSITORY}:{SANDBOX_TAG}"
     body = client.V1Pod(
         metadata=client.V1ObjectMeta(name=name),
