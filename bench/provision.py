@@ -5,9 +5,11 @@ CSR approver, a TLS registry, a throwaway node running containerd) and plays, pe
 ``tests/testbed/gardener_provision.py`` on a fresh node: gardener-gen's ``init.sh`` pulls
 node-agent's image under Gardener's name through a mirror ``hosts.toml``, the agent gets a
 certificate for an MCM-length machine name, applies the reconcile OSC (replacing itself by the
-OSC's unit and binary), then a Kubernetes patch update. Prints per round and the median:
-user data -> certificate, user data -> reconcile OSC applied (Node annotated), update published
--> applied, update published -> the restarted agent's version label.
+OSC's unit and binary), whose real kubelet registers the Node and makes it Ready, Gardener's
+restart annotation, then a Kubernetes patch update. Prints per round and the median: user data
+-> certificate, -> Node registered, -> reconcile OSC applied (Node annotated), -> Node Ready;
+restart annotation -> kubelet healthy; update published -> applied, -> version label, -> agent
+restarted, -> the new kubelet reported.
 
 Run as root from the repository root:  .venv/bin/python -m bench.provision [--rounds 3]
 """
@@ -24,6 +26,7 @@ import uuid
 from bench.machine_bed import machine_bed
 from tests.conftest import cache_dir
 from tests.testbed import gardener_provision as gp
+from tests.testbed import real_kubelet as rk
 from tests.testbed.agent_image import agent_image_layout
 from tests.testbed.containerd import containerd_node
 from tests.testbed.csr_approver import CSRApprover
@@ -39,11 +42,21 @@ async def main(args: argparse.Namespace) -> None:
     try:
         async with machine_bed(work) as bed:
             for number in range(1, args.rounds + 1):
-                with containerd_node(work / f"nodes-{number}", bed.registry_ca.cert_path) as node:
-                    async with CSRApprover(bed.admin) as approver:
-                        run = await gp.provision_from_user_data(
-                            bed.admin, bed.control_plane, approver, node, bed.registry, image
-                        )
+                network = rk.PodNetwork.unique()
+                try:
+                    with containerd_node(work / f"nodes-{number}", bed.registry_ca.cert_path) as n:
+                        async with CSRApprover(bed.admin) as approver:
+                            run = await gp.provision_from_user_data(
+                                bed.admin,
+                                bed.control_plane,
+                                approver,
+                                n,
+                                bed.registry,
+                                image,
+                                network=network,
+                            )
+                finally:
+                    network.remove()
                 rounds.append(run.timings)
                 print(
                     f"round {number} (machine {run.machine}, {len(run.machine)} characters; "

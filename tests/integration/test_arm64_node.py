@@ -8,6 +8,11 @@ reconcile OSC (files, units, its own restart into the OSC's unit) whose kubelet 
 arm64 manifest of the stand-in hyperkube index, reports on the Node, applies a Kubernetes patch
 update, and ``node-agent status`` answers (tests/testbed/gardener_provision.py runs the flow, as
 for test_gardener_provision.py's x86-64 machine).
+
+The kubelet is the stand-in here, on purpose: what this node proves is that every program comes
+from its image's arm64 manifest and runs as an arm64 program. The real kubelet's bootstrap,
+registration and readiness are test_gardener_provision.py's and the VM's (test_vm_node.py); the
+bed builds the real kubelet for linux/amd64 only.
 """
 
 from __future__ import annotations
@@ -144,7 +149,7 @@ async def test_an_arm64_machine_comes_up_from_gardeners_user_data_and_updates(
     # the patch update: the new kubelet, restarted with the agent, nothing else; the Node's
     # version label follows (the agent's report)
     assert run.update_restarted == {gp.KUBELET, gp.AGENT_UNIT}
-    assert run.labels[gp.VERSION_LABEL] == "1.33.1"
+    assert run.labels[gp.VERSION_LABEL] == run.versions[1]
     assert csr_approver.errors == []
 
     # on the node: `node-agent status` answers from the running arm64 agent (the agent's unit in

@@ -1,9 +1,14 @@
 """End to end from Gardener's own user data, for each tested Gardener release (the oldest and the
 newest; ``make compat``: every one): the generated ``init.sh`` pulls the agent's image
 under its upstream name through a mirror, the agent gets a certificate for an MCM-length machine
-name, applies the generated reconcile OSC (and with it becomes the OSC's own unit and binary),
-then applies a Kubernetes patch update (tests/testbed/gardener_provision.py; the timings of the
-same run are printed by bench/provision.py).
+name, applies the generated reconcile OSC of a Kubernetes 1.34 pool (and with it becomes the
+OSC's own unit and binary). That OSC starts the real kubelet from the hyperkube image its
+``imageRef`` names (built from Kubernetes' Go module by the bed): it bootstraps its own client
+certificate from the bootstrap kubeconfig node-agent left it (approved and signed by
+kube-controller-manager), registers the Node with the labels of the OSC's flags and becomes
+Ready, and node-agent reports on the Node the kubelet made. Then Gardener's restart annotation
+and a Kubernetes patch update act on the real kubelet (tests/testbed/gardener_provision.py,
+tests/testbed/real_kubelet.py; the timings of the same run are printed by bench/provision.py).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import yaml
 from kubernetes_asyncio.client import ApiClient
 
 from tests.testbed import gardener_provision as gp
+from tests.testbed import real_kubelet as rk
 from tests.testbed.agent_image import AgentImage, agent_image_layout
 from tests.testbed.containerd import ContainerdNode
 from tests.testbed.controlplane import ControlPlane
@@ -44,14 +50,20 @@ def agent_journal(node: IsolatedSystemd) -> list[str]:
 
 
 @pytest.fixture
+def network() -> Iterator[rk.PodNetwork]:
+    network = rk.PodNetwork.unique()
+    yield network
+    network.remove()
+
+
+@pytest.fixture
 def journal(containerd_node: ContainerdNode) -> Iterator[None]:
-    """The init unit's and the agent's journal in the report of a failing test."""
+    """The init unit's, the agent's and the kubelet's journal in the report of a failing test."""
     yield
-    out = containerd_node.node.run(
-        ["journalctl", "--no-pager", "-o", "cat", "-u", gp.INIT_UNIT, "-u", gp.AGENT_UNIT],
-        check=False,
-    ).stdout
-    print("--- journal of the init unit and the agent ---\n" + out[-8000:])
+    for units in ((gp.INIT_UNIT, gp.AGENT_UNIT), (gp.KUBELET,)):
+        argv = ["journalctl", "--no-pager", "-o", "cat"] + [f"-u{unit}" for unit in units]
+        out = containerd_node.node.run(argv, check=False).stdout
+        print(f"--- journal of {', '.join(units)} ---\n" + out[-8000:])
 
 
 @pytest.mark.parametrize("release", TESTED_RELEASES)
@@ -63,6 +75,7 @@ async def test_a_machine_comes_up_from_gardeners_generated_user_data_and_updates
     csr_approver: CSRApprover,
     containerd_node: ContainerdNode,
     registry: Registry,
+    network: rk.PodNetwork,
     journal: None,
 ) -> None:
     run = await gp.provision_from_user_data(
@@ -73,6 +86,7 @@ async def test_a_machine_comes_up_from_gardeners_generated_user_data_and_updates
         registry,
         agent_image,
         release=release,
+        network=network,
     )
     node = containerd_node.node
     assert run.first.gardener_version == release
@@ -102,16 +116,35 @@ async def test_a_machine_comes_up_from_gardeners_generated_user_data_and_updates
         assert base64.b64decode(cluster["certificate-authority-data"]) == ca
     else:
         assert node.path(cluster["certificate-authority"]).read_bytes() == ca
-    # and the kubelet's bootstrap kubeconfig with it, once the Node exists (upstream's rule; the
-    # bed's stand-in kubelet never writes a kubeconfig of its own)
+    # the Node is the real kubelet's own: registered with its certificate, labelled by the OSC's
+    # flags, Ready; node-agent found it by its hostname label and reported the OSC on it
+    first, patch = run.versions
+    assert run.node is not None
+    ready = [c.status for c in run.node.status.conditions if c.type == "Ready"]
+    assert ready == ["True"], run.node.status.conditions
+    assert run.kubelet_user == f"system:node:{run.machine}"
+    labels = run.node.metadata.labels
+    assert labels["kubernetes.io/hostname"] == run.machine
+    assert labels["worker.gardener.cloud/pool"] == "worker"
+    assert labels[gp.VERSION_LABEL] == first
+    assert run.node.status.node_info.kubelet_version == f"v{first}"
+    assert (run.node.metadata.annotations or {}).get(gp.CHECKSUM) == run.checksums[0]
+    # upstream's rule: the kubelet's bootstrap kubeconfig goes once the Node exists; the
+    # kubelet's own kubeconfig stays
     assert not node.path("/var/lib/kubelet/kubeconfig-bootstrap").exists()
+    assert node.path("/var/lib/kubelet/kubeconfig-real").exists()
+    # the restart annotation restarted exactly the kubelet, which came back healthy and Ready
+    assert run.restarted == {gp.KUBELET}
     # the patch update: the new kubelet, restarted with the agent (its config changed), nothing
-    # else; the Node's version label follows
+    # else; the Node's version label follows, and the Node is Ready on the new kubelet
     assert run.update_restarted == {gp.KUBELET, gp.AGENT_UNIT}
-    assert run.labels[gp.VERSION_LABEL] == "1.33.1"
+    assert run.labels[gp.VERSION_LABEL] == patch
     # in the same Node object as the update's checksum, as upstream writes both in one patch
-    assert run.label_with_update == "1.33.1"
-    assert f"/v2/{gp.HYPERKUBE_REPOSITORY}/manifests/v1.33.1" in run.image_pulls
+    assert run.label_with_update == patch
+    assert f"/v2/{gp.HYPERKUBE_REPOSITORY}/manifests/v{patch}" in run.image_pulls
+    assert run.update_node is not None
+    assert run.update_node.status.node_info.kubelet_version == f"v{patch}"
+    assert run.update_node.metadata.annotations[gp.CHECKSUM] == run.checksums[1]
     assert csr_approver.errors == []
     # The agent's journal, from the bootstrap to the update, is JSON and has no error: a first
     # boot that logs "OSC partly applied" or a plain-text warning is not upstream's first boot.

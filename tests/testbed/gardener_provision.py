@@ -6,9 +6,11 @@ token) and the reconcile OSC for an MCM machine name; ``init.sh`` pulls the agen
 its name, ``europe-docker.pkg.dev/gardener-project/releases/gardener/node-agent:<version>``.
 The bed has no network: a ``hosts.toml`` for ``europe-docker.pkg.dev`` sends containerd to the
 bed's registry as a mirror, which holds node-agent's image under the agent's upstream name and
-a stand-in kubelet under the hyperkube's. From there the agent must get its certificate, apply
-the reconcile OSC (which replaces the agent by the OSC's own unit and binary) and then a
-Kubernetes patch update.
+the real kubelet (``real_kubelet``) under the hyperkube's. From there the agent must get its
+certificate, apply the reconcile OSC (which replaces the agent by the OSC's own unit and
+binary), the kubelet must register its Node and become Ready, and then a Kubernetes patch update
+must act on it. An emulated arm64 node runs the stand-in kubelet instead (the bed builds the
+real one for amd64 only).
 
 What the bed changes, because its nodes share the host's network (several agents and kubelets
 at once): the agent's two ports and the kubelet's health port move to free ports, in the
@@ -34,6 +36,7 @@ from kubernetes_asyncio.client import ApiClient
 
 from tests.testbed import gardener_osc as g
 from tests.testbed import oci, standin
+from tests.testbed import real_kubelet as rk
 from tests.testbed.agent_harness import (
     create_node,
     node_labels,
@@ -43,7 +46,11 @@ from tests.testbed.agent_harness import (
     wait_for,
 )
 from tests.testbed.agent_image import AgentImage, read_layout
-from tests.testbed.bootstrap import create_bootstrap_token, grant_node_agent_identity
+from tests.testbed.bootstrap import (
+    allow_kubelet_bootstrap,
+    create_bootstrap_token,
+    grant_node_agent_identity,
+)
 from tests.testbed.containerd import ContainerdNode
 from tests.testbed.controlplane import ControlPlane, free_port
 from tests.testbed.csr_approver import CSRApprover
@@ -65,7 +72,8 @@ INIT_UNIT = "gardener-node-init.service"
 AGENT_BINARY = "/opt/bin/gardener-node-agent"
 KUBELET = "kubelet.service"
 KUBELET_EXTRA_ARGS = "/var/lib/kubelet/extra_args"
-#: the Kubernetes versions of the two OSCs: the pool's and its patch update
+#: the pool shapes of a machine whose kubelet is the stand-in, and their Kubernetes versions:
+#: the pool's and its patch update (the real kubelet's are ``real_kubelet.SHAPES``/``VERSIONS``)
 FIRST, UPDATE = "k8s-1.33", "k8s-1.33-patch"
 VERSIONS = ("1.33.0", "1.33.1")
 #: Gardener's sshd-ensurer.service restarts every 5 s on a machine without sshd (the bed's): its
@@ -112,15 +120,22 @@ class LocalPorts:
 
 
 def serve_gardener_images(
-    registry: Registry, cn: ContainerdNode, agent: AgentImage, gardener_version: str
+    registry: Registry,
+    cn: ContainerdNode,
+    agent: AgentImage,
+    gardener_version: str,
+    *,
+    real_kubelet: bool,
 ) -> None:
-    """node-agent's image and stand-in hyperkube images under Gardener's names in the bed's
-    registry, and the node's ``certs.d`` sending Gardener's registry to it as a mirror. Both
-    are image indexes of linux/amd64 and linux/arm64, as Gardener's images are: the node's
-    ``ctr`` takes its own platform's."""
+    """node-agent's image and the hyperkube images under Gardener's names in the bed's
+    registry, and the node's ``certs.d`` sending Gardener's registry to it as a mirror. The
+    agent's image is an index of linux/amd64 and linux/arm64, as Gardener's images are: the
+    node's ``ctr`` takes its own platform's. The hyperkube images carry the real kubelet
+    (linux/amd64) or, for an emulated arm64 node, the stand-in's index of both."""
     registry.push(AGENT_REPOSITORY, gardener_version, read_layout(agent.layout))
-    for version in VERSIONS:
-        registry.push(HYPERKUBE_REPOSITORY, f"v{version}", hyperkube_index(version))
+    for version in rk.VERSIONS if real_kubelet else VERSIONS:
+        image = rk.hyperkube_image(version) if real_kubelet else hyperkube_index(version)
+        registry.push(HYPERKUBE_REPOSITORY, f"v{version}", image)
     cn.write_hosts_toml(
         UPSTREAM_REGISTRY, f"https://{UPSTREAM_REGISTRY}", (f"https://{registry.host}",)
     )
@@ -180,6 +195,8 @@ class ProvisionRun:
     machine: str
     first: Generated
     update: Generated
+    #: the Kubernetes versions of the pool and of its patch update
+    versions: tuple[str, str]
     #: seconds from starting the user data (or publishing the update) to each milestone
     timings: dict[str, float] = field(default_factory=dict)
     common_name: str = ""
@@ -197,6 +214,12 @@ class ProvisionRun:
     #: the version label of the first Node version seen with the update's checksum (upstream
     #: writes both in one patch: never the new checksum with the old version)
     label_with_update: str | None = None
+    #: with the real kubelet: the user its signed client certificate names, its Node once
+    #: Ready, the units Gardener's restart annotation started again, the Node after the update
+    kubelet_user: str = ""
+    node: client.V1Node | None = None
+    restarted: set[str] = field(default_factory=set)
+    update_node: client.V1Node | None = None
 
 
 def main_pid(node: IsolatedSystemd) -> int:
@@ -244,11 +267,16 @@ async def provision_from_user_data(
     agent: AgentImage,
     *,
     release: str = NEWEST,
+    network: rk.PodNetwork | None = None,
     tick: Callable[[str], None] = lambda _: None,
 ) -> ProvisionRun:
     """Provision from Gardener ``release``'s user data, first OSC, Kubernetes patch update;
-    ``tick(step)`` after each milestone."""
+    ``tick(step)`` after each milestone. With a pod ``network`` the kubelet is the real one
+    (``real_kubelet``): it registers the Node, which must become Ready, and Gardener's restart
+    annotation acts on it before the update. Without, the stand-in kubelet runs and the test
+    makes the Node (an emulated arm64 node)."""
     node = cn.node
+    real = network is not None
     machine = mcm_machine_name()
     token = await create_bootstrap_token(admin)
     args: dict[str, Any] = {
@@ -258,16 +286,23 @@ async def provision_from_user_data(
         "bootstrap_token": token.token,
         "release": release,
     }
-    first, update = generate(FIRST, **args), generate(UPDATE, **args)
+    shapes, versions = (rk.SHAPES, rk.VERSIONS) if real else ((FIRST, UPDATE), VERSIONS)
+    first, update = (generate(shape, **args) for shape in shapes)
     assert first.secret_name == update.secret_name  # a patch update keeps the Secret
-    run = ProvisionRun(machine, first, update, bootstrap_username=token.username)
-    serve_gardener_images(registry, cn, agent, first.gardener_version)
+    run = ProvisionRun(machine, first, update, versions, bootstrap_username=token.username)
+    serve_gardener_images(registry, cn, agent, first.gardener_version, real_kubelet=real)
     await grant_node_agent_identity(admin, machine, secret_names=[first.secret_name])
     ports = LocalPorts.free()
     prepare_machine(cn, machine, ports)
+    if network is not None:
+        await allow_kubelet_bootstrap(admin)
+        kubelet_args = rk.prepare_node(node, first, network)
+        extra = node.path(KUBELET_EXTRA_ARGS)
+        extra.write_text(extra.read_text().rstrip("\n") + f" {kubelet_args}\n")
     # The Secret exists before the machine does, as in a shoot.
     checksum = await publish_osc(admin, first.secret_name, ports.osc_yaml(first))
     run.agent_unit_in_osc = _agent_unit(first.osc)
+    core = client.CoreV1Api(admin)
 
     started = time.monotonic()
     play_user_data(node, first, ports)
@@ -277,18 +312,32 @@ async def provision_from_user_data(
     run.timings["user data -> certificate"] = time.monotonic() - started
     tick("certificate")
     run.agent_pids = (main_pid(node), 0)
-    # The OSC starts the kubelet, which registers its Node (the stand-in cannot: the test does).
-    await wait_for(
-        lambda: show(node, KUBELET).get("ActiveState") == "active", 180, "kubelet started"
-    )
-    await create_node(admin, machine)
+    if real:
+        await wait_for(lambda: rk.node_registered(admin, machine), 240, "the kubelet's Node")
+        run.timings["user data -> Node registered"] = time.monotonic() - started
+    else:
+        # The OSC starts the kubelet, which registers its Node (the stand-in cannot: the test
+        # does).
+        await wait_for(
+            lambda: show(node, KUBELET).get("ActiveState") == "active", 180, "kubelet started"
+        )
+        await create_node(admin, machine)
     await wait_applied(admin, machine, checksum, timeout=180)
     run.timings["user data -> reconcile OSC applied"] = time.monotonic() - started
     tick("reconcile OSC applied")
+    if real:
+        await wait_for(lambda: rk.node_ready(admin, machine), 120, "the Node Ready")
+        run.timings["user data -> Node Ready"] = time.monotonic() - started
+        run.kubelet_user = await rk.kubelet_csr_user(admin, machine)
+        run.node = await core.read_node(machine)
     await wait_for(lambda: restarted(node, run.agent_pids[0]), 60, "the agent restarted")
     await wait_for(lambda: not node.path(BOOTSTRAP_TOKEN).exists(), 60, "the token dropped")
     run.agent_pids = (run.agent_pids[0], main_pid(node))
     run.agent_unit_after = node.path(f"/etc/systemd/system/{AGENT_UNIT}").read_text()
+    if real:
+        clock = time.monotonic()
+        run.restarted = await restart_kubelet_by_annotation(admin, node, machine, ports)
+        run.timings["restart annotation -> kubelet healthy"] = time.monotonic() - clock
 
     units = tuple(u["name"] for u in first.osc["spec"]["units"] if u["name"] not in LOOPING)
     before = g.unit_marks(node, units)
@@ -298,16 +347,45 @@ async def provision_from_user_data(
     run.timings["update published -> applied"] = time.monotonic() - clock
     tick("update applied")
     # The version label comes with the checksum (the version of the config the update wrote).
-    await wait_for(
-        lambda: _label(admin, machine, VERSIONS[1]), 60, "the version label of the update"
-    )
+    await wait_for(lambda: _label(admin, machine, versions[1]), 60, "the update's version label")
     run.timings["update published -> version label"] = time.monotonic() - clock
     # The agent restarts last, on its new config (upstream's before it reports, ours after).
     before_update = run.agent_pids[1]
     await wait_for(lambda: restarted(node, before_update), 120, "the agent restarted on the update")
     run.timings["update published -> agent restarted"] = time.monotonic() - clock
+    if real:
+        # the new kubelet from its image posts its version and keeps the Node Ready
+        new = f"v{versions[1]}"
+        await wait_for(
+            lambda: rk.kubelet_version_reported(admin, machine, new), 120, "the new kubelet"
+        )
+        run.timings["update published -> new kubelet reported"] = time.monotonic() - clock
+        await wait_for(lambda: rk.node_ready(admin, machine), 60, "the Node Ready after it")
+        run.update_node = await core.read_node(machine)
     run.update_restarted = g.started_again(before, g.unit_marks(node, units))
     run.labels = await node_labels(admin, machine)
     run.checksums = (checksum, checksum2)
     run.image_pulls = [e.path for e in registry.access_log() if "/manifests/" in e.path]
     return run
+
+
+async def restart_kubelet_by_annotation(
+    admin: ApiClient, node: IsolatedSystemd, machine: str, ports: LocalPorts
+) -> set[str]:
+    """Gardener's restart annotation for the kubelet on the Node: until the agent acted on it
+    and removed it, and the real kubelet is healthy and the Node Ready again; the units that
+    started again."""
+    core = client.CoreV1Api(admin)
+    before = g.unit_marks(node, (KUBELET,))
+    patch = {"metadata": {"annotations": {rk.RESTART_ANNOTATION: "kubelet"}}}
+    await core.patch_node(machine, patch)
+
+    async def annotation_done() -> bool:
+        obj = await core.read_node(machine)
+        return rk.RESTART_ANNOTATION not in (obj.metadata.annotations or {})
+
+    await wait_for(annotation_done, 60, "the restart annotation acted on and removed")
+    restarted_units = g.started_again(before, g.unit_marks(node, (KUBELET,)))
+    await wait_for(lambda: rk.kubelet_healthz(ports.kubelet_healthz), 60, "the kubelet's /healthz")
+    await wait_for(lambda: rk.node_ready(admin, machine), 60, "the Node Ready after the restart")
+    return restarted_units

@@ -12,7 +12,7 @@ shares the host's network); the kubelet's own server port moves the same way, th
 kube-controller-manager approves (``csrapproving``) and signs the kubelet's client CSR, made
 with the bootstrap kubeconfig node-agent leaves it, under Gardener's bindings for it
 (``bootstrap.allow_kubelet_bootstrap``). The kubelet registers the Node itself: the test makes
-none.
+none. ``gardener_provision`` runs the flow on a throwaway node, ``vm_node`` on a VM.
 """
 
 from __future__ import annotations
@@ -21,10 +21,8 @@ import base64
 import json
 import secrets
 import subprocess
-import time
 import urllib.request
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 from cryptography import x509
 from cryptography.x509.oid import NameOID
@@ -32,20 +30,9 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client import ApiClient
 
 from tests.testbed import gardener_osc as g
-from tests.testbed import gardener_provision as gp
 from tests.testbed import oci
-from tests.testbed.agent_harness import publish_osc, wait_applied, wait_for
-from tests.testbed.agent_image import AgentImage, read_layout
-from tests.testbed.bootstrap import (
-    allow_kubelet_bootstrap,
-    create_bootstrap_token,
-    grant_node_agent_identity,
-)
-from tests.testbed.containerd import ContainerdNode
-from tests.testbed.controlplane import ControlPlane, binaries_dir, free_port
-from tests.testbed.csr_approver import CSRApprover
-from tests.testbed.gardener_gen import Generated, generate
-from tests.testbed.registry import Registry
+from tests.testbed.controlplane import binaries_dir, free_port
+from tests.testbed.gardener_gen import Generated
 from tests.testbed.systemd_ns import IsolatedSystemd
 
 #: the pool's shape and its Kubernetes patch update, and their kubelets' versions (built by
@@ -182,6 +169,23 @@ def kubelet_healthz(port: int) -> bool:
         return False
 
 
+def prepare_node(node: IsolatedSystemd, gen: Generated, network: PodNetwork) -> str:
+    """What a machine image and the network extension give the real kubelet on the throwaway
+    node: the kernel settings it checks, the pod network; returns the kubelet arguments the
+    host's network and cgroups need (its own server port, ``NO_QOS_CGROUPS``), for the unit's
+    ``$KUBELET_EXTRA_ARGS``."""
+    shadow_kernel_tunables(node, sysctl_values(gen))
+    network.install(node)
+    return f"--port={free_port()} {NO_QOS_CGROUPS}"
+
+
+async def kubelet_version_reported(admin: ApiClient, machine: str, version: str) -> bool:
+    """The Node's ``nodeInfo`` names the kubelet of ``version`` (it posts it when it starts)."""
+    node = await client.CoreV1Api(admin).read_node(machine)
+    info = node.status.node_info if node.status else None
+    return info is not None and info.kubelet_version == version
+
+
 async def node_registered(admin: ApiClient, node_name: str) -> bool:
     """The Node exists (the kubelet registered it)."""
     nodes = await client.CoreV1Api(admin).list_node(field_selector=f"metadata.name={node_name}")
@@ -194,25 +198,6 @@ async def node_ready(admin: ApiClient, node_name: str) -> bool:
     return any(c.type == "Ready" and c.status == "True" for c in conditions)
 
 
-@dataclass
-class RealKubeletRun:
-    """What happened, for the test to check."""
-
-    machine: str
-    checksum: str = ""
-    #: the user the kubelet's signed client certificate names
-    kubelet_user: str = ""
-    node: client.V1Node | None = None
-    timings: dict[str, float] = field(default_factory=dict)
-    #: the units the restart annotation started again
-    restarted: set[str] = field(default_factory=set)
-    healthz_port: int = 0
-    update_checksum: str = ""
-    #: the units the patch update started again, and the Node after it
-    update_restarted: set[str] = field(default_factory=set)
-    update_node: client.V1Node | None = None
-
-
 async def kubelet_csr_user(admin: ApiClient, machine: str) -> str:
     """The common name of the kubelet's issued client certificate ("" while none is)."""
     csrs = await client.CertificatesV1Api(admin).list_certificate_signing_request()
@@ -223,104 +208,3 @@ async def kubelet_csr_user(admin: ApiClient, machine: str) -> str:
             if str(cn.value) == f"system:node:{machine}":
                 return str(cn.value)
     return ""
-
-
-async def _reports_kubelet(admin: ApiClient, machine: str, version: str) -> bool:
-    """The Node's ``nodeInfo`` names the kubelet of ``version`` (it posts it when it starts)."""
-    node = await client.CoreV1Api(admin).read_node(machine)
-    info = node.status.node_info if node.status else None
-    return info is not None and info.kubelet_version == version
-
-
-async def provision(
-    admin: ApiClient,
-    control_plane: ControlPlane,
-    approver: CSRApprover,
-    cn: ContainerdNode,
-    registry: Registry,
-    agent: AgentImage,
-    network: PodNetwork,
-) -> RealKubeletRun:
-    """Gardener's provision user data of a ``k8s-1.34`` pool and its reconcile OSC, until the
-    real kubelet's Node is Ready and carries the OSC's checksum; then the restart annotation
-    and the Kubernetes patch update (``k8s-1.34-patch``: the next kubelet, built as the first)."""
-    node = cn.node
-    machine = gp.mcm_machine_name()
-    run = RealKubeletRun(machine)
-    token = await create_bootstrap_token(admin)
-    args: dict[str, Any] = {
-        "machine_name": machine,
-        "api_server": control_plane.server,
-        "ca_file": control_plane.ca_file,
-        "bootstrap_token": token.token,
-    }
-    first, update = (generate(shape, **args) for shape in SHAPES)
-    assert first.secret_name == update.secret_name  # a patch update keeps the Secret
-    registry.push(gp.AGENT_REPOSITORY, first.gardener_version, read_layout(agent.layout))
-    for version in VERSIONS:
-        registry.push(gp.HYPERKUBE_REPOSITORY, f"v{version}", hyperkube_image(version))
-    cn.write_hosts_toml(
-        gp.UPSTREAM_REGISTRY, f"https://{gp.UPSTREAM_REGISTRY}", (f"https://{registry.host}",)
-    )
-    await grant_node_agent_identity(admin, machine, secret_names=[first.secret_name])
-    await allow_kubelet_bootstrap(admin)
-    ports = gp.LocalPorts.free()
-    run.healthz_port = ports.kubelet_healthz
-    gp.prepare_machine(cn, machine, ports)
-    shadow_kernel_tunables(node, sysctl_values(first))
-    network.install(node)
-    extra = node.path(gp.KUBELET_EXTRA_ARGS)
-    extra.write_text(extra.read_text().rstrip("\n") + f" --port={free_port()} {NO_QOS_CGROUPS}\n")
-    run.checksum = await publish_osc(admin, first.secret_name, ports.osc_yaml(first))
-
-    started = time.monotonic()
-    gp.play_user_data(node, first, ports)
-    await approver.wait_for_decision(outcome="approved", timeout=180)
-    await wait_for(lambda: node.path(gp.KUBECONFIG).exists(), 60, "the agent's kubeconfig")
-    run.timings["user data -> agent's certificate"] = time.monotonic() - started
-    core = client.CoreV1Api(admin)
-
-    await wait_for(lambda: node_registered(admin, machine), 240, "the kubelet's Node")
-    run.timings["user data -> Node registered"] = time.monotonic() - started
-    await wait_applied(admin, machine, run.checksum, timeout=180)
-    run.timings["user data -> reconcile OSC applied"] = time.monotonic() - started
-    await wait_for(lambda: node_ready(admin, machine), 120, "the Node Ready")
-    run.timings["user data -> Node Ready"] = time.monotonic() - started
-    run.kubelet_user = await kubelet_csr_user(admin, machine)
-    run.node = await core.read_node(machine)
-
-    # Gardener's restart annotation: node-agent restarts the real kubelet, which comes back
-    before = g.unit_marks(node, (gp.KUBELET,))
-    clock = time.monotonic()
-    await core.patch_node(machine, {"metadata": {"annotations": {RESTART_ANNOTATION: "kubelet"}}})
-
-    async def annotation_done() -> bool:
-        obj = await core.read_node(machine)
-        return RESTART_ANNOTATION not in (obj.metadata.annotations or {})
-
-    await wait_for(annotation_done, 60, "the restart annotation acted on and removed")
-    run.restarted = g.started_again(before, g.unit_marks(node, (gp.KUBELET,)))
-    await wait_for(lambda: kubelet_healthz(run.healthz_port), 60, "the kubelet's /healthz")
-    await wait_for(lambda: node_ready(admin, machine), 60, "the Node Ready after the restart")
-    run.timings["restart annotation -> kubelet healthy"] = time.monotonic() - clock
-
-    # The Kubernetes patch update: the next kubelet from its hyperkube image, restarted with
-    # the agent; the Node reports the new kubelet's version and stays Ready
-    units = tuple(u["name"] for u in first.osc["spec"]["units"] if u["name"] not in gp.LOOPING)
-    before = g.unit_marks(node, units)
-    agent_pid = gp.main_pid(node)
-    clock = time.monotonic()
-    run.update_checksum = await publish_osc(admin, update.secret_name, ports.osc_yaml(update))
-    await wait_applied(admin, machine, run.update_checksum, timeout=180)
-    run.timings["update published -> applied"] = time.monotonic() - clock
-    await wait_for(
-        lambda: _reports_kubelet(admin, machine, f"v{VERSIONS[1]}"),
-        120,
-        "the Node reporting the new kubelet",
-    )
-    run.timings["update published -> new kubelet reported"] = time.monotonic() - clock
-    await wait_for(lambda: gp.restarted(node, agent_pid), 120, "the agent restarted")
-    await wait_for(lambda: node_ready(admin, machine), 60, "the Node Ready after the update")
-    run.update_restarted = g.started_again(before, g.unit_marks(node, units))
-    run.update_node = await core.read_node(machine)
-    return run
