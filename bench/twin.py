@@ -559,7 +559,7 @@ async def run(opts: argparse.Namespace) -> None:
                     ("ours", "node-agent", our_node),
                     ("upstream", "upstream", up_node),
                 ):
-                    twin = await provision_twin(label, cn, cp, admin, NEWEST)
+                    twin = await provision_twin(label, cn, cp, admin, NEWEST, own_secret=True)
                     agents.append(Agent(name, twin, admin))
                 try:
                     await measure(agents, binaries, work, audit_log, opts)

@@ -4,8 +4,10 @@ sequence of Gardener-generated OSCs, compared after every step; for each Gardene
 that release's provision files and OSCs.
 
 Both nodes have the same shape (the bed's containerd node, Gardener's provision files, a
-bootstrap token, an MCM machine name). Each agent reads its own Secret; both Secrets carry the
-same ``osc.yaml`` bytes at every step. After each step, once both Nodes report the step's
+bootstrap token, an MCM machine name, the real kubelet of each step's Kubernetes version, which
+registers the Node). Both agents read the pool's one Secret, the one the Node's
+``worker.gardener.cloud/gardener-node-agent-secret-name`` label names (the kubelet registers
+the Node with it, from the OSC's flags, and both agents follow the label as upstream does). After each step, once both Nodes report the step's
 checksum (or, for a step that must fail, once both have settled), the test compares every OSC
 file, the unit files and drop-ins, unit enablement and state, which units started again,
 containerd's configuration and ``certs.d``, the Node's annotations, labels and conditions and
@@ -16,6 +18,7 @@ its Event reasons. A difference must be in ``KNOWN_DIFFERENCES`` (each one also 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import copy
 from collections.abc import Callable, Iterator
@@ -28,7 +31,12 @@ import yaml
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client import ApiClient
 
-from node_agent.base.layout import BASE_DIR, KUBECONFIG_FILE
+from node_agent.base.layout import (
+    BASE_DIR,
+    BOOTSTRAP_TOKEN_FILE,
+    KUBECONFIG_FILE,
+    KUBELET_BOOTSTRAP_KUBECONFIG,
+)
 from tests.integration.test_gardener_generated import (
     UPSTREAM_BINARY,
     UPSTREAM_UNIT,
@@ -37,9 +45,9 @@ from tests.integration.test_gardener_generated import (
     subject_cn,
 )
 from tests.testbed import gardener_osc as g
+from tests.testbed import real_kubelet as rk
 from tests.testbed import twin as t
 from tests.testbed.agent_harness import (
-    create_node,
     host,
     node_annotations,
     publish_osc,
@@ -47,7 +55,11 @@ from tests.testbed.agent_harness import (
     wait_for,
 )
 from tests.testbed.agent_image import agent_image_layout
-from tests.testbed.bootstrap import create_bootstrap_token, grant_node_agent_identity
+from tests.testbed.bootstrap import (
+    allow_kubelet_bootstrap,
+    create_bootstrap_token,
+    grant_node_agent_identity,
+)
 from tests.testbed.containerd import ContainerdNode
 from tests.testbed.containerd import containerd_node as start_containerd_node
 from tests.testbed.controlplane import ControlPlane, free_port
@@ -63,9 +75,10 @@ pytestmark = [
 ]
 
 CHECKSUM = "checksum/cloud-config-data"
+KUBELET_EXTRA_ARGS = "/var/lib/kubelet/extra_args"
 RESTART_ANNOTATION = "worker.gardener.cloud/restart-systemd-services"
-#: Gardener's image references, replaced by the bed's registry (no network): same tag, a
-#: stand-in kubelet inside
+#: Gardener's image references, replaced by the bed's registry (no network): same tag, the real
+#: kubelet of that version inside (tests/testbed/real_kubelet.py)
 HYPERKUBE = "europe-docker.pkg.dev/gardener-project/releases/hyperkube:v"
 VERSIONS = ("1.33.0", "1.33.1", "1.34.0")
 #: the unit check's period on both twins (seconds; Gardener's default is a minute, its minimum
@@ -149,9 +162,12 @@ async def provision_twin(
     cp: ControlPlane,
     admin: ApiClient,
     release: str,
+    *,
+    own_secret: bool = False,
 ) -> Twin:
-    """Gardener's provision files on the node, its own Secret name, probe ports off the shared
-    host network's defaults."""
+    """Gardener's provision files on the node, probe ports off the shared host network's
+    defaults; the pool's Secret, or with ``own_secret`` one of the twin's own (for Nodes that
+    do not name the pool's, as the bench's)."""
     machine = mcm_machine_name()
     cn.node.run(["hostname", machine])
     token = await create_bootstrap_token(admin)
@@ -163,7 +179,8 @@ async def provision_twin(
         bootstrap_token=token.token,
         release=release,
     )
-    secret = f"{gen.secret_name}-{label}"
+    # the pool's Secret: what the kubelet's Node label will name
+    secret = f"{gen.secret_name}-{label}" if own_secret else gen.secret_name
     root = cn.node.root
     await grant_node_agent_identity(admin, machine, secret_names=[secret])
     for file in gen.provision_files:
@@ -185,7 +202,7 @@ async def provision_twin(
         # twin's kubelet keeps it; node-agent's twin's kubelet moves (through the unit's
         # $KUBELET_EXTRA_ARGS) and node-agent is told where (its own config field).
         port = free_port()
-        extra = host(root, "/var/lib/kubelet/extra_args")
+        extra = host(root, KUBELET_EXTRA_ARGS)
         extra.parent.mkdir(parents=True, exist_ok=True)
         extra.write_text(f"KUBELET_EXTRA_ARGS=--healthz-port={port}\n")
         doc.setdefault("nodeAgent", {})["healthCheck"] = {
@@ -193,6 +210,41 @@ async def provision_twin(
         }
     config_file.write_text(yaml.safe_dump(doc))
     return Twin(label, cn, machine, secret, gen)
+
+
+def give_real_kubelet(twin: Twin, cp: ControlPlane, network: rk.PodNetwork) -> None:
+    """What the twin's real kubelet needs before the first OSC starts it, the same on both
+    twins: the bootstrap kubeconfig Gardener's bootstrap leaves it (the twins start the agent
+    itself, not its bootstrap; made from the node's bootstrap token), the kernel settings it
+    checks and a pod network (``real_kubelet.prepare_node``), and through the unit's
+    ``$KUBELET_EXTRA_ARGS`` its server port off the shared host network's default and the
+    host's cgroups."""
+    root = twin.node.root
+    token = host(root, BOOTSTRAP_TOKEN_FILE).read_text().strip()
+    ca = base64.b64encode(cp.ca_file.read_bytes()).decode()
+    name = "kubelet-bootstrap"
+    kubeconfig = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {"name": name, "cluster": {"server": cp.server, "certificate-authority-data": ca}}
+        ],
+        "contexts": [{"name": name, "context": {"cluster": name, "user": name}}],
+        "current-context": name,
+        "users": [{"name": name, "user": {"token": token}}],
+    }
+    target = host(root, KUBELET_BOOTSTRAP_KUBECONFIG)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(yaml.safe_dump(kubeconfig))
+    target.chmod(0o600)
+    kubelet_args = rk.prepare_node(twin.node, twin.gen, network)
+    extra = host(root, KUBELET_EXTRA_ARGS)
+    line = extra.read_text().rstrip("\n") if extra.exists() else "KUBELET_EXTRA_ARGS="
+    extra.write_text(f"{line} {kubelet_args}\n")
+
+
+async def kubelet_registered(admin: ApiClient, twin: Twin) -> bool:
+    return await rk.node_registered(admin, twin.machine)
 
 
 def install_logrotate(cn: ContainerdNode) -> None:
@@ -223,18 +275,36 @@ def journal(twin: Twin) -> str:
         ["journalctl", "--no-pager", "-o", "cat", "-u", UPSTREAM_UNIT], check=False
     ).stdout
     lines = [ln for ln in out.splitlines() if '"health-check"' not in ln]
-    return f"--- journal of {twin.label}'s agent ---\n" + "\n".join(lines)[-8000:]
+    kubelet: str = twin.node.run(
+        ["journalctl", "--no-pager", "-o", "cat", "-u", g.KUBELET], check=False
+    ).stdout
+    return (
+        f"--- journal of {twin.label}'s agent ---\n" + "\n".join(lines)[-8000:] + "\n"
+        f"--- journal of {twin.label}'s kubelet ---\n" + kubelet[-4000:]
+    )
 
 
 # --- the OSC of each step ---------------------------------------------------------------------
 
 
-def base_osc(shape: str, pool: g.GardenerPool, release: str) -> dict[str, Any]:
-    """Gardener ``release``'s OSC of ``shape`` without the agent's own items, its hyperkube
+@dataclass(frozen=True)
+class Shoot:
+    """What a step's OSC is rendered for: the Gardener release, the bed's API server and CA
+    (which the kubelet's files name), the pool's images."""
+
+    release: str
+    control_plane: ControlPlane
+    pool: g.GardenerPool
+
+
+def base_osc(shape: str, shoot: Shoot) -> dict[str, Any]:
+    """Gardener's OSC of ``shape`` for ``shoot`` without the agent's own items, its hyperkube
     image in the bed's registry."""
-    text = generate(shape, release=release).osc_yaml
+    cp = shoot.control_plane
+    gen = generate(shape, release=shoot.release, api_server=cp.server, ca_file=cp.ca_file)
+    text = gen.osc_yaml
     for version in VERSIONS:
-        text = text.replace(f"{HYPERKUBE}{version}", pool.hyperkube_ref(version))
+        text = text.replace(f"{HYPERKUBE}{version}", shoot.pool.hyperkube_ref(version))
     return t.strip_agent(yaml.safe_load(text))
 
 
@@ -252,8 +322,8 @@ FAILING = "twin-failing.service"
 @dataclass(frozen=True)
 class Step:
     name: str
-    #: the OSC of the step for the pool and the Gardener release
-    osc: Callable[[g.GardenerPool, str], dict[str, Any]]
+    #: the OSC of the step for the shoot
+    osc: Callable[[Shoot], dict[str, Any]]
     #: the agents must report the checksum (False: both must settle without it)
     applies: bool = True
     #: the Node annotation set before the OSC (the restart annotation)
@@ -265,19 +335,19 @@ class Step:
 
 
 STEPS = (
-    Step("create", lambda p, r: base_osc("k8s-1.33", p, r)),
-    Step("patch update", lambda p, r: base_osc("k8s-1.33-patch", p, r)),
+    Step("create", lambda s: base_osc("k8s-1.33", s)),
+    Step("patch update", lambda s: base_osc("k8s-1.33-patch", s)),
     Step(
         "unit added",
-        lambda p, r: with_units(
-            base_osc("k8s-1.33-patch", p, r), service(EXTRA, command="start", enable=True)
+        lambda s: with_units(
+            base_osc("k8s-1.33-patch", s), service(EXTRA, command="start", enable=True)
         ),
     ),
-    Step("unit removed", lambda p, r: base_osc("k8s-1.33-patch", p, r)),
+    Step("unit removed", lambda s: base_osc("k8s-1.33-patch", s)),
     Step(
         "template unit",
-        lambda p, r: with_units(
-            base_osc("k8s-1.33-patch", p, r),
+        lambda s: with_units(
+            base_osc("k8s-1.33-patch", s),
             {"name": TEMPLATE, "content": "[Service]\nExecStart=/bin/sleep infinity\n"},
         ),
         upstream_applies=False,
@@ -287,8 +357,8 @@ STEPS = (
     # it after that, so both agents report the OSC and the unit check calls the unit failed
     Step(
         "failing unit",
-        lambda p, r: with_units(
-            base_osc("k8s-1.33-patch", p, r),
+        lambda s: with_units(
+            base_osc("k8s-1.33-patch", s),
             service(
                 FAILING,
                 "/opt/bin/twin-missing",
@@ -298,12 +368,10 @@ STEPS = (
             ),
         ),
     ),
-    Step(
-        "restart annotation", lambda p, r: base_osc("k8s-1.33-patch", p, r), restart="twin-restart"
-    ),
-    Step("registry added", lambda p, r: base_osc("mirrors", p, r)),
-    Step("registry removed", lambda p, r: base_osc("k8s-1.33", p, r)),
-    Step("minor update", lambda p, r: base_osc("k8s-1.34", p, r)),
+    Step("restart annotation", lambda s: base_osc("k8s-1.33-patch", s), restart="twin-restart"),
+    Step("registry added", lambda s: base_osc("mirrors", s)),
+    Step("registry removed", lambda s: base_osc("k8s-1.33", s)),
+    Step("minor update", lambda s: base_osc("k8s-1.34", s)),
 )
 
 
@@ -312,6 +380,8 @@ async def wait_both(admin: ApiClient, twins: tuple[Twin, ...], checksum: str, st
     can converge on gets a fixed time for both to try it)."""
 
     async def reported(twin: Twin) -> bool:
+        if not await kubelet_registered(admin, twin):  # the first step's kubelet makes it
+            return False
         return (await node_annotations(admin, twin.machine)).get(CHECKSUM) == checksum
 
     expected = [
@@ -334,15 +404,23 @@ async def test_upstream_and_node_agent_do_the_same_on_twin_nodes(
     mirror: Registry,
 ) -> None:
     pool = g.GardenerPool.fresh(registry, mirror)
-    pool.push_images(VERSIONS)
+    pool.push_images(VERSIONS, kubelet_image=rk.hyperkube_image)
+    shoot = Shoot(release, gardener_controlplane, pool)
+    await allow_kubelet_bootstrap(admin_api)
     failures: list[str] = []
-    with twin_nodes(workdir, registry_ca) as (up_node, our_node):
+    networks = (rk.PodNetwork.unique(), rk.PodNetwork.unique())
+    with contextlib.ExitStack() as cleanup, twin_nodes(workdir, registry_ca) as (up_node, our_node):
+        for network in networks:
+            cleanup.callback(network.remove)
         twins: list[Twin] = []
-        for label, cn in (("upstream", up_node), ("ours", our_node)):
+        nodes = (("upstream", up_node), ("ours", our_node))
+        for (label, cn), network in zip(nodes, networks, strict=True):
             cn.trust(registry.host)
             install_logrotate(cn)
             g.unmask(cn.node, g.SYSCTL)
-            twins.append(await provision_twin(label, cn, gardener_controlplane, admin_api, release))
+            twin = await provision_twin(label, cn, gardener_controlplane, admin_api, release)
+            give_real_kubelet(twin, gardener_controlplane, network)
+            twins.append(twin)
         upstream, ours = twins
         await allow_upstream_caches(admin_api, upstream.machine)
         install_agent(upstream, gardener_node_agent(release).read_bytes())
@@ -354,16 +432,11 @@ async def test_upstream_and_node_agent_do_the_same_on_twin_nodes(
                 f"{twin.label}'s kubeconfig",
             )
             assert subject_cn(host(twin.node.root, KUBECONFIG_FILE)).endswith(twin.machine)
-            await create_node(admin_api, twin.machine)
-            # the kubelet reports the node's address (upstream's health check wants one)
-            await client.CoreV1Api(admin_api).patch_node_status(
-                twin.machine,
-                {"status": {"addresses": [{"type": "InternalIP", "address": "127.0.0.1"}]}},
-            )
+        # no Node yet: the first step's kubelet registers it
         views = {tw.label: t.NodeView() for tw in twins}
         try:
             for step in STEPS:
-                osc = step.osc(pool, release)
+                osc = step.osc(shoot)
                 raw = t.osc_bytes(osc)
                 paths, units = t.osc_paths(osc), [*t.osc_units(osc), g.CONTAINERD]
                 if step.restart:
@@ -372,8 +445,8 @@ async def test_upstream_and_node_agent_do_the_same_on_twin_nodes(
                             twin.machine,
                             {"metadata": {"annotations": {RESTART_ANNOTATION: "kubelet"}}},
                         )
-                for twin in twins:
-                    checksum = await publish_osc(admin_api, twin.secret, raw)
+                for secret in sorted({twin.secret for twin in twins}):
+                    checksum = await publish_osc(admin_api, secret, raw)
                 await wait_both(admin_api, tuple(twins), checksum, step)
                 if step.restart:
                     for twin in twins:

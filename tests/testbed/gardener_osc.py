@@ -19,6 +19,7 @@ from __future__ import annotations
 import base64
 import subprocess
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -148,12 +149,22 @@ class GardenerPool:
         )
 
     # -- images -------------------------------------------------------------------------
-    def push_images(self, versions: tuple[str, ...]) -> None:
-        """The hyperkube image of each version and the log shipper's image, into ``registry``."""
+    def push_images(
+        self,
+        versions: tuple[str, ...],
+        *,
+        kubelet_image: Callable[[str], oci.Image] | None = None,
+    ) -> None:
+        """The hyperkube image of each version and the log shipper's image, into ``registry``:
+        the stand-in kubelet inside, or the image ``kubelet_image(version)`` gives (the real
+        kubelet's, ``real_kubelet.hyperkube_image``)."""
         for version in versions:
-            files = standin.kubelet_image_files(f"v{version}")
+            if kubelet_image is None:
+                image = oci.build_image(standin.kubelet_image_files(f"v{version}"))
+            else:
+                image = kubelet_image(version)
             self.digests[self.hyperkube_ref(version)] = self.registry.push(
-                self.hyperkube, f"v{version}", oci.build_image(files)
+                self.hyperkube, f"v{version}", image
             )
         shipper = oci.build_image({"/log-shipper": (_SHIPPER_SCRIPT, 0o755)})
         self.digests[self.shipper_ref()] = self.registry.push(self.shipper, "v1", shipper)

@@ -523,6 +523,32 @@ async def test_a_successful_apply_reports_in_order(
     )
 
 
+async def test_an_apply_before_the_node_exists_gets_its_event_with_the_first_report(
+    tmp_path: Path,
+) -> None:
+    """Upstream's order when the kubelet registers the Node after the first apply: the
+    checksum and the ``OSCApplied`` Event both come once the Node exists, the Event once."""
+    ctl, ctx, kube, _ = controller(tmp_path)
+    kube.nodes().delete("n1")  # the kubelet has not registered the Node yet
+    ctx.node_name = ctx.node_uid = None
+    ctx.node_known.clear()
+    raw = osc_bytes("one\n")
+    assert await ctl.reconcile(secret(raw)) is not None
+    assert kube.writes("patch_node") == []
+    assert kube.writes("create_event") == []
+    kube.nodes().put({"metadata": {"name": "n1", "uid": "u1", "resourceVersion": "2"}})
+    assert await ctx.look_up_node()  # the node watch's lookup, which tells the controller
+    ctl.node_recreated()
+    assert await ctl.reconcile(secret(raw)) is None  # applied: only reported
+    assert await applied_annotation(kube) == checksum_of(raw)
+    reasons = [write[1]["reason"] for write in kube.writes("create_event")]
+    assert reasons == [report.REASON_OSC_APPLIED]
+    assert await ctl.reconcile(secret(raw)) is None
+    ctl.node_recreated()  # a new look finds the checksum there: no Event again
+    assert await ctl.reconcile(secret(raw)) is None
+    assert [w[1]["reason"] for w in kube.writes("create_event")] == reasons
+
+
 async def test_the_agents_own_unit_restarts_last(tmp_path: Path) -> None:
     calls: list[Call] = []
     ctl, ctx, kube, _ = controller(tmp_path, calls)

@@ -207,6 +207,9 @@ class OSCController:
         self._osc_yaml = Base64ByChange()  # the Secret's osc.yaml, decoded by what changed
         self._digest: tuple[bytes, str] | None = None  # the last osc.yaml bytes and their sha256
         self._reported: str | None = None  # checksum last written to the Node
+        # (checksum, message) of the OSCApplied Event of an apply made before the Node existed:
+        # sent with the first report of that checksum, as upstream sends it once it can
+        self._unannounced: tuple[str, str] | None = None
         # checksum whose reconciliation delay was waited out: a node the rollout holds back is
         # woken many times for the same update, and each look would read the Node again
         self._delayed: str | None = None
@@ -790,9 +793,11 @@ class OSCController:
                 report.REASON_OSC_SKIPPED, "; ".join(outcome.report.skipped), warning=True
             )
         summary = ", ".join(outcome.change_set.reasons()) or "no unit changes"
-        await self.ctx.event(
-            report.REASON_OSC_APPLIED, f"OSC {update.checksum[:12]} applied: {summary}"
-        )
+        message = f"OSC {update.checksum[:12]} applied: {summary}"
+        if self.ctx.node_name is None:
+            self._unannounced = (update.checksum, message)
+        else:
+            await self.ctx.event(report.REASON_OSC_APPLIED, message)
         log.info(
             "OSC applied",
             checksum=update.checksum,
@@ -1092,7 +1097,9 @@ class OSCController:
         """The applied checksum (and version, role, zone labels) on the Node: one merge patch
         after an apply, no read. ``only_if_missing`` (a start or a resume finding the OSC
         applied) reads the Node first and writes only what it lacks. ``next_config``: the
-        apply restarts the agent on a config it wrote; the version label is that config's."""
+        apply restarts the agent on a config it wrote; the version label is that config's.
+        The first report of an apply made before the Node existed sends its ``OSCApplied``
+        Event, as upstream does once the kubelet registered the Node."""
         if self.ctx.node_name is None:
             return
         version = self.ctx.config.controllers.operating_system_config.kubernetes_version
@@ -1127,6 +1134,9 @@ class OSCController:
         await self._drop_bootstrap_credentials()
         await self.ctx.kube.patch_node(self.ctx.node_name, patch)
         self._reported = checksum
+        if self._unannounced is not None and self._unannounced[0] == checksum:
+            await self.ctx.event(report.REASON_OSC_APPLIED, self._unannounced[1])
+        self._unannounced = None
 
     async def _drop_bootstrap_credentials(self) -> None:
         """An OSC is applied and the Node registered: the bootstrap token (the agent's and the
