@@ -7,11 +7,11 @@ Both nodes have the same shape (the bed's containerd node, Gardener's provision 
 bootstrap token, an MCM machine name, the real kubelet of each step's Kubernetes version, which
 registers the Node). Both agents read the pool's one Secret, the one the Node's
 ``worker.gardener.cloud/gardener-node-agent-secret-name`` label names (the kubelet registers
-the Node with it, from the OSC's flags, and both agents follow the label as upstream does). After each step, once both Nodes report the step's
-checksum (or, for a step that must fail, once both have settled), the test compares every OSC
-file, the unit files and drop-ins, unit enablement and state, which units started again,
-containerd's configuration and ``certs.d``, the Node's annotations, labels and conditions and
-its Event reasons. A difference must be in ``KNOWN_DIFFERENCES`` (each one also described in
+the Node with it, from the OSC's flags, and both agents follow the label as upstream does).
+After each step, once both Nodes report the step's checksum (or, for a step that must fail,
+once both have settled), the test compares every OSC file, the unit files and drop-ins, unit
+enablement and state, which units started again, containerd's configuration and ``certs.d``,
+the Node's annotations, labels and conditions (the kubelet's among them) and its Event reasons. A difference must be in ``KNOWN_DIFFERENCES`` (each one also described in
 ``docs/design.md``); anything else fails the test with the step's table.
 """
 
