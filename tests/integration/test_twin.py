@@ -11,7 +11,8 @@ the Node with it, from the OSC's flags, and both agents follow the label as upst
 After each step, once both Nodes report the step's checksum (or, for a step that must fail,
 once both have settled), the test compares every OSC file, the unit files and drop-ins, unit
 enablement and state, which units started again, containerd's configuration and ``certs.d``,
-the Node's annotations, labels and conditions (the kubelet's among them) and its Event reasons. A difference must be in ``KNOWN_DIFFERENCES`` (each one also described in
+the Node's annotations, labels and conditions (the kubelet's among them) and its Event
+reasons. A difference must be in ``KNOWN_DIFFERENCES`` (each one also described in
 ``docs/design.md``); anything else fails the test with the step's table.
 """
 
