@@ -22,6 +22,7 @@ import pytest
 import yaml
 from kubernetes_asyncio.client import ApiClient
 
+from node_agent.osc import inplace as ip
 from tests.testbed import gardener_provision as gp
 from tests.testbed import real_kubelet as rk
 from tests.testbed.agent_image import AgentImage, agent_image_layout
@@ -161,3 +162,44 @@ async def test_a_machine_comes_up_from_gardeners_generated_user_data_and_updates
             errors.append(line)
     assert not_json == [], not_json
     assert errors == [], errors
+
+
+async def test_an_in_place_pool_takes_the_real_kubelet_to_its_next_minor(
+    agent_image: AgentImage,
+    admin_api: ApiClient,
+    gardener_controlplane: ControlPlane,
+    csr_approver: CSRApprover,
+    containerd_node: ContainerdNode,
+    registry: Registry,
+    network: rk.PodNetwork,
+    journal: None,
+) -> None:
+    """An in-place pool of Kubernetes 1.33 updated to 1.34: the same Secret, the update held
+    until machine-controller-manager says the node is drained, then kubelet 1.34.0 from its
+    image, its health awaited, the outcome on the Node."""
+    run = await gp.provision_from_user_data(
+        admin_api,
+        gardener_controlplane,
+        csr_approver,
+        containerd_node,
+        registry,
+        agent_image,
+        network=network,
+        shapes=("k8s-1.33", "k8s-1.34"),
+        in_place=True,
+    )
+    print("timings:", {k: round(v, 1) for k, v in run.timings.items()})
+    first, minor = run.versions
+    assert (first, minor) == ("1.33.0", "1.34.0")
+    assert run.node is not None
+    assert run.node.status.node_info.kubelet_version == f"v{first}"
+    assert run.restarted == {gp.KUBELET}
+    # the minor update, in place: the new kubelet and the agent (its config) restarted, nothing
+    # else; the Node is Ready on kubelet 1.34.0 and says the update succeeded
+    assert run.update_restarted == {gp.KUBELET, gp.AGENT_UNIT}
+    assert run.update_node is not None
+    assert run.update_node.status.node_info.kubelet_version == f"v{minor}"
+    assert run.labels[gp.VERSION_LABEL] == minor
+    assert run.labels[ip.LABEL_UPDATE_RESULT] == "successful"
+    assert run.update_node.metadata.annotations[gp.CHECKSUM] == run.checksums[1]
+    assert f"/v2/{gp.HYPERKUBE_REPOSITORY}/manifests/v{minor}" in run.image_pulls

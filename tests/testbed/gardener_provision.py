@@ -75,7 +75,7 @@ KUBELET_EXTRA_ARGS = "/var/lib/kubelet/extra_args"
 #: the pool shapes of a machine whose kubelet is the stand-in, and their Kubernetes versions:
 #: the pool's and its patch update (the real kubelet's are ``real_kubelet.SHAPES``/``VERSIONS``)
 FIRST, UPDATE = "k8s-1.33", "k8s-1.33-patch"
-VERSIONS = ("1.33.0", "1.33.1")
+VERSIONS = (rk.SHAPE_VERSIONS[FIRST], rk.SHAPE_VERSIONS[UPDATE])
 #: Gardener's sshd-ensurer.service restarts every 5 s on a machine without sshd (the bed's): its
 #: starts are that loop's, not the agent's
 LOOPING = ("sshd-ensurer.service",)
@@ -124,6 +124,7 @@ def serve_gardener_images(
     cn: ContainerdNode,
     agent: AgentImage,
     gardener_version: str,
+    versions: tuple[str, ...],
     *,
     real_kubelet: bool,
 ) -> None:
@@ -133,7 +134,7 @@ def serve_gardener_images(
     node's ``ctr`` takes its own platform's. The hyperkube images carry the real kubelet
     (linux/amd64) or, for an emulated arm64 node, the stand-in's index of both."""
     registry.push(AGENT_REPOSITORY, gardener_version, read_layout(agent.layout))
-    for version in rk.VERSIONS if real_kubelet else VERSIONS:
+    for version in versions:
         image = rk.hyperkube_image(version) if real_kubelet else hyperkube_index(version)
         registry.push(HYPERKUBE_REPOSITORY, f"v{version}", image)
     cn.write_hosts_toml(
@@ -166,6 +167,21 @@ def prepare_machine(cn: ContainerdNode, machine: str, ports: LocalPorts) -> None
     extra.write_text(f"KUBELET_EXTRA_ARGS=--healthz-port={ports.kubelet_healthz}\n")
     if not node.path("/etc/environment").exists():
         node.path("/etc/environment").write_text("")
+
+
+def os_release(version: str) -> str:
+    """The machine image's ``/etc/os-release`` at ``version``: the bed's Debian stands for the
+    pool's Garden Linux, whose version the kubelet reports and an in-place pool's OSC names (a
+    machine whose OS differs from it is updated in place)."""
+    return f'ID=gardenlinux\nNAME="Garden Linux"\nPRETTY_NAME="Garden Linux {version}"\n'
+
+
+def image_os_release(node: IsolatedSystemd, gen: Generated) -> None:
+    """The node's OS at the version an in-place pool's OSC names, as its machine image is."""
+    version = gen.osc["spec"]["inPlaceUpdates"]["operatingSystemVersion"]
+    target = node.path("/etc/os-release")
+    target.unlink(missing_ok=True)  # Debian's is a link into /usr/lib
+    target.write_text(os_release(version))
 
 
 def play_user_data(node: IsolatedSystemd, gen: Generated, ports: LocalPorts) -> None:
@@ -268,13 +284,17 @@ async def provision_from_user_data(
     *,
     release: str = NEWEST,
     network: rk.PodNetwork | None = None,
+    shapes: tuple[str, str] = rk.SHAPES,
+    in_place: bool = False,
     tick: Callable[[str], None] = lambda _: None,
 ) -> ProvisionRun:
-    """Provision from Gardener ``release``'s user data, first OSC, Kubernetes patch update;
+    """Provision from Gardener ``release``'s user data, first OSC, Kubernetes update;
     ``tick(step)`` after each milestone. With a pod ``network`` the kubelet is the real one
-    (``real_kubelet``): it registers the Node, which must become Ready, and Gardener's restart
-    annotation acts on it before the update. Without, the stand-in kubelet runs and the test
-    makes the Node (an emulated arm64 node)."""
+    (``real_kubelet``) of the pool's ``shapes`` (the first's and the update's): it registers
+    the Node, which must become Ready, and Gardener's restart annotation acts on it before the
+    update. ``in_place``: the pool updates in place, the update once machine-controller-manager
+    says the node is drained. Without a network, the stand-in kubelet of the k8s-1.33 shapes
+    runs and the test makes the Node (an emulated arm64 node)."""
     node = cn.node
     real = network is not None
     machine = mcm_machine_name()
@@ -286,14 +306,19 @@ async def provision_from_user_data(
         "bootstrap_token": token.token,
         "release": release,
     }
-    shapes, versions = (rk.SHAPES, rk.VERSIONS) if real else ((FIRST, UPDATE), VERSIONS)
-    first, update = (generate(shape, **args) for shape in shapes)
-    assert first.secret_name == update.secret_name  # a patch update keeps the Secret
+    if not real:
+        shapes = (FIRST, UPDATE)
+    versions = (rk.SHAPE_VERSIONS[shapes[0]], rk.SHAPE_VERSIONS[shapes[1]])
+    first, update = (generate(shape, **args, in_place=in_place) for shape in shapes)
+    # a patch update keeps the Secret, and so does any update of an in-place pool
+    assert first.secret_name == update.secret_name
     run = ProvisionRun(machine, first, update, versions, bootstrap_username=token.username)
-    serve_gardener_images(registry, cn, agent, first.gardener_version, real_kubelet=real)
+    serve_gardener_images(registry, cn, agent, first.gardener_version, versions, real_kubelet=real)
     await grant_node_agent_identity(admin, machine, secret_names=[first.secret_name])
     ports = LocalPorts.free()
     prepare_machine(cn, machine, ports)
+    if in_place:
+        image_os_release(node, first)
     if network is not None:
         await allow_kubelet_bootstrap(admin)
         kubelet_args = rk.prepare_node(node, first, network)
@@ -341,6 +366,8 @@ async def provision_from_user_data(
 
     units = tuple(u["name"] for u in first.osc["spec"]["units"] if u["name"] not in LOOPING)
     before = g.unit_marks(node, units)
+    if in_place:
+        await rk.ready_for_update(admin, machine)
     clock = time.monotonic()
     checksum2 = await publish_osc(admin, update.secret_name, ports.osc_yaml(update))
     run.label_with_update = await _applied_label(admin, machine, checksum2, 180)

@@ -1,13 +1,14 @@
 """A machine provisioned from Gardener's user data whose kubelet is the real one.
 
 The bed builds kubelet from Kubernetes' Go module (``build-controlplane.sh kubelet-<version>``,
-cached like the control plane) at the versions of Gardener's ``k8s-1.34`` pool shape and its
-patch update, which the bed's kube-apiserver serves under the version-skew policy (kubelet up to
-three minors older), and serves it as Gardener does: ``/kubelet`` inside the hyperkube image the
-OSC's ``imageRef`` names, under Gardener's name through the mirror. Nothing of the generated user
-data or OSC is rewritten but what ``gardener_provision`` localizes (ports: the throwaway node
-shares the host's network); the kubelet's own server port moves the same way, through
-``$KUBELET_EXTRA_ARGS``, and so do the two flags the host's cgroups need (``NO_QOS_CGROUPS``).
+cached like the control plane) at the versions of Gardener's ``k8s-1.33`` and ``k8s-1.34`` pool
+shapes and their patch updates, which the bed's kube-apiserver serves under the version-skew
+policy (kubelet up to three minors older), and serves it as Gardener does: ``/kubelet`` inside
+the hyperkube image the OSC's ``imageRef`` names, under Gardener's name through the mirror.
+Nothing of the generated user data or OSC is rewritten but what ``gardener_provision``
+localizes (ports: the throwaway node shares the host's network); the kubelet's own server port
+moves the same way, through ``$KUBELET_EXTRA_ARGS``, and so do the two flags the host's cgroups
+need (``NO_QOS_CGROUPS``).
 
 kube-controller-manager approves (``csrapproving``) and signs the kubelet's client CSR, made
 with the bootstrap kubeconfig node-agent leaves it, under Gardener's bindings for it
@@ -29,6 +30,7 @@ from cryptography.x509.oid import NameOID
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client import ApiClient
 
+from node_agent.osc import inplace as ip
 from tests.testbed import gardener_osc as g
 from tests.testbed import oci
 from tests.testbed.controlplane import binaries_dir, free_port
@@ -39,6 +41,14 @@ from tests.testbed.systemd_ns import IsolatedSystemd
 #: tests/testbed/kubelet-<version>/go.mod)
 SHAPES = ("k8s-1.34", "k8s-1.34-patch")
 VERSIONS = ("1.34.0", "1.34.2")
+#: the kubelet the bed builds for each of Gardener's pool shapes (tests/testbed/kubelet-<v>/):
+#: the k8s-1.33 ones for an in-place kubelet minor update to k8s-1.34
+SHAPE_VERSIONS = {
+    "k8s-1.33": "1.33.0",
+    "k8s-1.33-patch": "1.33.1",
+    "k8s-1.34": "1.34.0",
+    "k8s-1.34-patch": "1.34.2",
+}
 KUBELET_SIGNER = "kubernetes.io/kube-apiserver-client-kubelet"
 RESTART_ANNOTATION = "worker.gardener.cloud/restart-systemd-services"
 #: the kernel settings the kubelet checks at start (Gardener's config has
@@ -208,3 +218,16 @@ async def kubelet_csr_user(admin: ApiClient, machine: str) -> str:
             if str(cn.value) == f"system:node:{machine}":
                 return str(cn.value)
     return ""
+
+
+async def ready_for_update(admin: ApiClient, machine: str) -> None:
+    """machine-controller-manager, once it drained the node for an in-place update."""
+    condition = {
+        "type": ip.CONDITION_IN_PLACE_UPDATE,
+        "status": "True",
+        "reason": ip.REASON_READY_FOR_UPDATE,
+        "message": "node drained",
+    }
+    await client.CoreV1Api(admin).patch_node_status(
+        machine, {"status": {"conditions": [condition]}}
+    )

@@ -6,9 +6,10 @@ extension renders it), byte for byte; cloud-init runs it on a VM of the bed's im
 ``https://GUEST_ALIAS:API_PORT``, which QEMU forwards to the bed's kube-apiserver; nothing of
 the user data or of the OSC is localized (the VM has a network and ports of its own). The
 platform's part comes as the seed's vendor-data: the machine image's OS release
-(``os_release``: the pool's image version), the registry mirrors for Gardener's registry and
-``registry.k8s.io`` with the bed registry's CA, and the OS extension's update command with the
-unit that finishes an update at the next boot (a machine image would carry all of these).
+(``gardener_provision.os_release``: the pool's image version), the registry mirrors for
+Gardener's registry and ``registry.k8s.io`` with the bed registry's CA, and the OS extension's
+update command with the unit that finishes an update at the next boot (a machine image would
+carry all of these).
 node-agent comes from its image under Gardener's name, the real kubelet from the hyperkube image
 the OSC names (``tests/testbed/real_kubelet.py``), the pod sandbox from the bed's pause program.
 
@@ -34,7 +35,6 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from node_agent.osc import inplace as ip
 from tests.testbed import gardener_provision as gp
 from tests.testbed import oci, standin
 from tests.testbed import real_kubelet as rk
@@ -130,13 +130,6 @@ class VMRun:
     os_node: client.V1Node | None = None
 
 
-def os_release(version: str) -> str:
-    """The machine image's ``/etc/os-release`` at ``version``: the bed's Debian image stands
-    for the pool's Garden Linux, whose version the kubelet reports and an in-place pool's OSC
-    names (a machine whose OS differs from it is updated in place)."""
-    return f'ID=gardenlinux\nNAME="Garden Linux"\nPRETTY_NAME="Garden Linux {version}"\n'
-
-
 def upstream_agent_image(release: str = NEWEST) -> oci.Image:
     """Upstream gardener-node-agent of ``release`` (built from its Go module) as its image:
     the binary where ``init.sh`` copies it from."""
@@ -191,19 +184,6 @@ def pool(shape: str, image_version: str, machine: str, token: str, cp: ControlPl
         in_place=True,
         image_version=image_version,
         kubelet_data_volume=DATA_VOLUME,
-    )
-
-
-async def ready_for_update(admin: ApiClient, machine: str) -> None:
-    """machine-controller-manager, once it drained the node for an in-place update."""
-    condition = {
-        "type": ip.CONDITION_IN_PLACE_UPDATE,
-        "status": "True",
-        "reason": ip.REASON_READY_FOR_UPDATE,
-        "message": "node drained",
-    }
-    await client.CoreV1Api(admin).patch_node_status(
-        machine, {"status": {"conditions": [condition]}}
     )
 
 
@@ -282,7 +262,7 @@ async def powered_on(
         registry_ca,
         {gp.UPSTREAM_REGISTRY: mirror, SANDBOX_UPSTREAM: mirror},
         [
-            GuestFile("/etc/os-release", os_release(IMAGE_VERSIONS[0])),
+            GuestFile("/etc/os-release", gp.os_release(IMAGE_VERSIONS[0])),
             GuestFile(command, UPDATE_SCRIPT, 0o755),
             GuestFile(f"/etc/systemd/system/{FINISH_UNIT}", FINISH_UNIT_TEXT),
         ],
@@ -347,7 +327,7 @@ async def os_update(admin: ApiClient, vm: VM, run: VMRun, update: Generated) -> 
     """The in-place OS update: drained, the OS extension's command, the machine's reboot, the
     agent completing the update after it."""
     machine = run.machine
-    await ready_for_update(admin, machine)
+    await rk.ready_for_update(admin, machine)
     clock = time.monotonic()
     run.os_checksum = await publish_osc(admin, update.secret_name, update.osc_yaml.encode())
     await wait_applied(admin, machine, run.os_checksum, timeout=MILESTONE_TIMEOUT)
