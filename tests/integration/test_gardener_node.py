@@ -33,6 +33,7 @@ from node_agent.kube import certificates
 from tests.testbed import gardener_osc as g
 from tests.testbed import gardener_userdata as gu
 from tests.testbed import oci
+from tests.testbed import real_kubelet as rk
 from tests.testbed.agent_harness import (
     create_node,
     node_events,
@@ -139,6 +140,14 @@ def build_info_version(port: int) -> str | None:
     return None
 
 
+@pytest.fixture(autouse=True)
+def kubelet_chains() -> Iterator[None]:
+    """The pool's kubelet is the real one (standalone: the test makes the Node); its iptables
+    chains go with the test, from the host's network the node shares."""
+    yield
+    rk.remove_kubelet_chains()
+
+
 def push_agent_images(
     containerd_node: ContainerdNode,
     registry: Registry,
@@ -150,8 +159,9 @@ def push_agent_images(
     node = containerd_node.node
     g.unmask(node, g.SYSCTL)
     hide_python(node)
+    rk.shadow_kernel_tunables(node, rk.KUBELET_KERNEL_VALUES)  # what the real kubelet sets
     pool = g.GardenerPool.fresh(registry, mirror)
-    pool.push_images(("1.33.0",))
+    pool.push_images(("1.33.0",), kubelet_image=rk.hyperkube_image)
     repository = f"gardener/node-agent-{uuid.uuid4().hex[:8]}"
     refs = {}
     for image in images:
@@ -267,6 +277,7 @@ async def test_gardener_node_bootstraps_updates_itself_and_resets(
     assert lease.spec.renew_time > started
     assert node.path(gu.CA_FILE).read_bytes() == provision.ca_pem
     assert g.unit_marks(node)[g.KUBELET].active == "active"
+    await wait_for(lambda: rk.kubelet_healthz(pool.healthz_port), 60, "the real kubelet healthy")
 
     # 2. Self-update: the next Gardener version's image and config file.
     before = g.unit_marks(node)

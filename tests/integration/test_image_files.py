@@ -1,5 +1,9 @@
 """imageRef files on a throwaway node with real containerd and real TLS registries.
 
+The file is the real kubelet (1.33.0, 1.33.1) from a hyperkube image, run standalone by its unit
+as the OSC gives it (its config inline, its server port free, no QoS cgroups); its ``/healthz``
+says the binary the agent wrote runs.
+
 The agent runs in this process against the node (its root at ``/proc/<pid>/root``); ``ctr``
 runs inside the node (``CtrImages(argv_prefix=nsenter ...)``), so pulls read the node's
 ``hosts.toml`` and go through the mirror, and image mounts happen in the node's namespace.
@@ -7,6 +11,7 @@ runs inside the node (``CtrImages(argv_prefix=nsenter ...)``), so pulls read the
 
 from __future__ import annotations
 
+import asyncio
 import stat
 import time
 import uuid
@@ -15,10 +20,13 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
+import yaml
 
 from node_agent.containerd.images import CtrImages
 from tests.integration.conftest import ContainerdAgent
-from tests.testbed import oci, standin
+from tests.testbed import gardener_osc as g
+from tests.testbed import oci
+from tests.testbed import real_kubelet as rk
 from tests.testbed.agent_harness import OSCAgent, inline_file, osc_document, service, wait_for
 from tests.testbed.containerd import ContainerdNode
 from tests.testbed.controlplane import free_port
@@ -27,7 +35,19 @@ from tests.testbed.registry import Registry, StallingRegistry
 
 pytestmark = pytest.mark.integration
 
+#: the kubelet's config: standalone (no API server to ask for authentication)
+STANDALONE_CONFIG = yaml.safe_dump(
+    {
+        "apiVersion": "kubelet.config.k8s.io/v1beta1",
+        "kind": "KubeletConfiguration",
+        "authentication": {"webhook": {"enabled": False}},
+        "authorization": {"mode": "AlwaysAllow"},
+        "healthzBindAddress": "127.0.0.1",
+    }
+)
+
 KUBELET = "/opt/bin/kubelet"
+KUBELET_CONFIG = "/var/lib/kubelet/config/kubelet"
 
 
 class Bed:
@@ -47,12 +67,12 @@ class Bed:
         self.registry = registry
         self.mirror = mirror
         self.repository = f"test/hyperkube-{uuid.uuid4().hex[:8]}"
-        self.port = free_port()
+        self.port, self.server_port = free_port(), free_port()
         self.digests = {
-            tag: registry.push(
-                self.repository, tag, oci.build_image(standin.kubelet_image_files(tag))
+            f"v{version}": registry.push(
+                self.repository, f"v{version}", rk.hyperkube_image(version)
             )
-            for tag in ("v1.33.0", "v1.33.1")
+            for version in ("1.33.0", "1.33.1")
         }
 
     def ref(self, tag: str) -> str:
@@ -63,7 +83,8 @@ class Bed:
     ) -> dict[str, Any]:
         kubelet = service(
             "kubelet.service",
-            f"{KUBELET} --config=/var/lib/kubelet/config/kubelet --healthz-port={self.port}",
+            f"{KUBELET} --config={KUBELET_CONFIG} --healthz-port={self.port} "
+            f"--port={self.server_port} --read-only-port=0 {g.NO_QOS_CGROUPS}",
             extra="Restart=always\nRestartSec=1\n",
             enable=True,
             command="start",
@@ -77,9 +98,8 @@ class Bed:
             "permissions": 0o755,
             "content": {"imageRef": {"image": image, "filePathInImage": path_in_image}},
         }
-        return osc_document(
-            [image_file, inline_file("/etc/other.conf", other)], [kubelet, other_unit]
-        )
+        files = [image_file, inline_file(KUBELET_CONFIG, STANDALONE_CONFIG)]
+        return osc_document([*files, inline_file("/etc/other.conf", other)], [kubelet, other_unit])
 
     def fetches(self) -> tuple[int, int]:
         """Manifest and blob requests containerd made for the repository: (mirror, registry)."""
@@ -97,8 +117,11 @@ class Bed:
         host = self.node.node.path(path)
         return host.read_bytes(), stat.S_IMODE(host.stat().st_mode)
 
-    async def healthz(self) -> tuple[int, bytes]:
-        return await standin.kubelet_healthz(self.port)
+    async def healthy(self) -> bool:
+        """The kubelet answers ``ok`` on its ``/healthz`` (within a minute of a start)."""
+        port = self.port
+        await wait_for(lambda: asyncio.to_thread(rk.kubelet_healthz, port), 60, "kubelet /healthz")
+        return True
 
 
 @pytest_asyncio.fixture(loop_scope="session")
@@ -109,19 +132,23 @@ async def bed(
     mirror: Registry,
 ) -> AsyncIterator[Bed]:
     node = containerd_node.node
+    rk.shadow_kernel_tunables(node, rk.KUBELET_KERNEL_VALUES)  # what the kubelet sets at start
     images = CtrImages(root=node.root, argv_prefix=containerd_node.nsenter_argv)
     containerd_node.write_hosts_toml(registry.host, registry.url, [mirror.url])
-    async with containerd_agent(images=images) as harness:
-        yield Bed(harness, containerd_node, registry, mirror, images)
+    try:
+        async with containerd_agent(images=images) as harness:
+            yield Bed(harness, containerd_node, registry, mirror, images)
+    finally:
+        rk.remove_kubelet_chains()  # the real kubelet's, in the host's network it shares
 
 
 async def test_kubelet_from_image_runs_and_updates_restart_exactly_kubelet(bed: Bed) -> None:
     agent = bed.agent
     await agent.wait_applied(await agent.publish(bed.osc(bed.ref("v1.33.0"))))
 
-    binary = standin.kubelet_binary()
+    binary = rk.kubelet_binary("1.33.0")
     assert bed.on_disk(KUBELET) == (binary, 0o755)
-    assert await bed.healthz() == (200, b"ok")
+    assert await bed.healthy()
     states = await agent.unit_states(["kubelet.service"])
     assert states["kubelet.service"].active_state == "active"
     assert bed.node.images()[bed.ref("v1.33.0")] == bed.digests["v1.33.0"]
@@ -145,7 +172,7 @@ async def test_kubelet_from_image_runs_and_updates_restart_exactly_kubelet(bed: 
     after = await bed.invocations()
     assert {u for u in before if after[u] != before[u]} == {"kubelet.service"}
     assert bed.node.images()[bed.ref("v1.33.1")] == bed.digests["v1.33.1"]
-    assert await bed.healthz() == (200, b"ok")
+    assert await bed.healthy()
 
     # The same image reference again, with another change: no pull, kubelet untouched.
     fetched = bed.fetches()
@@ -195,7 +222,7 @@ async def test_failed_image_is_one_warning_naming_it_and_the_rest_applies(
     after = await bed.invocations()
     assert after["kubelet.service"] == before["kubelet.service"]
     assert after["other.service"] != before["other.service"]
-    assert await bed.healthz() == (200, b"ok")
+    assert await bed.healthy()
 
 
 async def test_a_registry_hanging_mid_blob_holds_only_the_units_of_its_file(
@@ -211,7 +238,7 @@ async def test_a_registry_hanging_mid_blob_holds_only_the_units_of_its_file(
     before = await bed.invocations()
     bed.images.pull_timeout = 20.0
     # a kubelet of its own (trailing bytes do not keep an ELF binary from running)
-    new_kubelet = standin.kubelet_binary() + b"\nstalling v1.33.2\n"
+    new_kubelet = rk.kubelet_binary("1.33.1") + b"\nstalling v1.33.2\n"
     image = oci.build_image({"/kubelet": (new_kubelet, 0o755)})
     with StallingRegistry(registry_ca, "test/stalling", "v1.33.2", image) as stalling:
         bed.node.trust(stalling.host)
@@ -238,7 +265,7 @@ async def test_a_registry_hanging_mid_blob_holds_only_the_units_of_its_file(
         after = await bed.invocations()
         assert after["kubelet.service"] == before["kubelet.service"]
         assert bed.on_disk(KUBELET) == binary
-        assert await bed.healthz() == (200, b"ok")
+        assert await bed.healthy()
 
         # The registry recovers: the next OSC converges (kubelet from the image, restarted).
         stalling.recover()
@@ -248,4 +275,4 @@ async def test_a_registry_hanging_mid_blob_holds_only_the_units_of_its_file(
         assert bed.on_disk(KUBELET) == (new_kubelet, 0o755)
         final = await bed.invocations()
         assert final["kubelet.service"] != after["kubelet.service"]
-        assert await bed.healthz() == (200, b"ok")
+        assert await bed.healthy()

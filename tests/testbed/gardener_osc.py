@@ -2,8 +2,10 @@
 
 Written from the facts in the design notes (a Gardener v1.150 node, Kubernetes 1.33): the same
 unit set and kinds of file, with everything made runnable inside a throwaway node that has no
-network and no real kubelet: the kubelet binary is the stand-in (an imageRef of a hyperkube-like
-test image, serving ``/healthz``), the log shipper's binary a shell script from a second test
+network: the kubelet binary comes by imageRef from a hyperkube image, the real kubelet
+(``push_images(..., kubelet_image=real_kubelet.hyperkube_image)``, run standalone: no API server
+to ask, its server port free, no QoS cgroups) or the stand-in, which serves ``/healthz`` only
+and ignores the rest of its flags; the log shipper's binary is a shell script from a second test
 image, and every other unit runs ``/bin/sleep infinity``, ``/bin/true`` or ``/bin/sh``.
 
 Left out on purpose: the agent's own unit and binary (``gardener-node-agent.service``,
@@ -17,6 +19,8 @@ config file (the Kubernetes version in it) and the kubelet unit text.
 from __future__ import annotations
 
 import base64
+import datetime
+import functools
 import subprocess
 import uuid
 from collections.abc import Callable
@@ -24,6 +28,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 
 from tests.testbed import oci, standin
 from tests.testbed.containerd import NODE_CA_PATH
@@ -48,6 +56,10 @@ AGENT_CONFIG = "/var/lib/gardener-node-agent/config-v1.150.0.yaml"
 SANDBOX_IMAGE = "registry.k8s.io/pause:3.10"
 
 KUBELET = "kubelet.service"
+#: what the throwaway node's real kubelet needs beside the pool's flags (the host's cgroup
+#: hierarchy has no controllers for QoS cgroups; see ``real_kubelet.NO_QOS_CGROUPS``); no
+#: kubeconfig: the pool's kubelet runs standalone, serving its /healthz
+NO_QOS_CGROUPS = "--cgroups-per-qos=false --enforce-node-allocatable=none"
 CONTAINERD = "containerd.service"
 SYSCTL = "systemd-sysctl.service"
 LOGROTATE = "containerd-logrotate.service"
@@ -76,15 +88,29 @@ UNITS = (
     USER_PATH,
 )
 
+
 # Not a certificate anyone parses: the bytes only have to be a CA file's shape.
-_FAKE_CA = (
-    "-----BEGIN CERTIFICATE-----\n"
-    + "\n".join(
-        base64.b64encode(f"node-agent test CA line {i:02d}".encode() * 2).decode()[:64]
-        for i in range(8)
+@functools.cache
+def pool_ca() -> str:
+    """The pool's cluster CA (PEM): a certificate a real kubelet loads as its client CA; one per
+    session, no key kept."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "node-agent test pool CA")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=7))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
     )
-    + "\n-----END CERTIFICATE-----\n"
-)
+    return cert.public_bytes(serialization.Encoding.PEM).decode()
+
+
 _SHIPPER_SCRIPT = (
     b"#!/bin/sh\n# a stand-in log shipper: runs until it is stopped\nexec /bin/sleep infinity\n"
 )
@@ -132,6 +158,8 @@ class GardenerPool:
     shipper: str
     """repository of the log shipper image (tag ``v1``) in ``registry``"""
     healthz_port: int = 10248
+    #: the kubelet's server port (the real kubelet's; the stand-in ignores it)
+    server_port: int = 10250
     readiness_probe: bool = True
     digests: dict[str, str] = field(default_factory=dict)
 
@@ -145,6 +173,7 @@ class GardenerPool:
             hyperkube=f"gardener/hyperkube-{suffix}",
             shipper=f"gardener/log-shipper-{suffix}",
             healthz_port=free_port(),
+            server_port=free_port(),
             **options,
         )
 
@@ -230,7 +259,8 @@ class GardenerPool:
             "RestartSec=5\n"
             f"ExecStart={KUBELET_BINARY} --config={KUBELET_CONFIG} "
             "--container-runtime-endpoint=unix:///run/containerd/containerd.sock "
-            f"--healthz-port={self.healthz_port} --v=2\n"
+            f"--healthz-port={self.healthz_port} --port={self.server_port} --read-only-port=0 "
+            f"{NO_QOS_CGROUPS} --v=2\n"
             "\n[Install]\nWantedBy=multi-user.target\n"
         )
 
@@ -330,7 +360,9 @@ class GardenerPool:
         doc = {
             "apiVersion": "kubelet.config.k8s.io/v1beta1",
             "kind": "KubeletConfiguration",
-            "authentication": {"x509": {"clientCAFile": KUBELET_CA}},
+            # the pool's kubelet has no API server to ask (standalone, see NO_QOS_CGROUPS)
+            "authentication": {"x509": {"clientCAFile": KUBELET_CA}, "webhook": {"enabled": False}},
+            "authorization": {"mode": "AlwaysAllow"},
             "cgroupDriver": "systemd",
             "clusterDNS": ["100.64.0.10"],
             "clusterDomain": "cluster.local",
@@ -339,7 +371,7 @@ class GardenerPool:
             "healthzPort": self.healthz_port,
             "maxPods": 110,
             # What a patch release changes in the generated file: defaults keyed to the version.
-            "featureGates": {"NodeAgentTestPatch": version.endswith(".0")},
+            "containerLogMaxFiles": 5 if version.endswith(".0") else 6,
             "serverTLSBootstrap": True,
         }
         return f"# Kubernetes v{version}\n" + yaml.safe_dump(doc, sort_keys=True)
@@ -390,10 +422,10 @@ class GardenerPool:
             sort_keys=True,
         )
         return [
-            _b64(KUBELET_CA, _FAKE_CA.encode(), 0o644),
+            _b64(KUBELET_CA, pool_ca().encode(), 0o644),
             _plain(KUBELET_CONFIG, self.kubelet_config(version), 0o644),
             _image_file(KUBELET_BINARY, self.hyperkube_ref(version), "/kubelet", 0o755),
-            _plain(NODE_CA_BUNDLE, _FAKE_CA, 0o644),
+            _plain(NODE_CA_BUNDLE, pool_ca(), 0o644),
             _plain(CONTAINERD_ENV, "CONTAINERD_POOL=pool-a\n", 0o644),
             _plain(SYSCTL_FILE, "kernel.msgmax = 65536\nkernel.msgmnb = 65536\n", 0o644),
             _plain(LOGROTATE_CONFIG, "/var/log/pods/*/*/*.log {\n  rotate 14\n  daily\n}\n", 0o644),

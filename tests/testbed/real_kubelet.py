@@ -19,6 +19,7 @@ none. ``gardener_provision`` runs the flow on a throwaway node, ``vm_node`` on a
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import secrets
 import subprocess
@@ -61,11 +62,20 @@ KERNEL_TUNABLES = (
     "kernel/keys/root_maxkeys",
     "kernel/keys/root_maxbytes",
 )
+#: the values the kubelet sets them to (or, protecting kernel defaults, insists on)
+KUBELET_KERNEL_VALUES = {
+    "vm/overcommit_memory": "1",
+    "vm/panic_on_oom": "0",
+    "kernel/panic": "10",
+    "kernel/panic_on_oops": "1",
+    "kernel/keys/root_maxkeys": "1000000",
+    "kernel/keys/root_maxbytes": "25000000",
+}
 SHADOW_DIR = "/run/node-agent-test/sysctl"
 #: the host's cgroup v2 hierarchy has no controllers (they are bound to v1 hierarchies): a kubelet
 #: that keeps QoS cgroups cannot set their cpu.weight (the first start logs it, a later one fails
 #: on the cgroups the first made), so the throwaway node's kubelet keeps none
-NO_QOS_CGROUPS = "--cgroups-per-qos=false --enforce-node-allocatable=none"
+NO_QOS_CGROUPS = g.NO_QOS_CGROUPS
 #: the iptables chains the kubelet makes at start
 KUBELET_CHAINS = ("KUBE-FIREWALL", "KUBE-KUBELET-CANARY", "KUBE-IPTABLES-HINT")
 #: where containerd's CRI looks for CNI (its defaults; Gardener's config keeps them) and where
@@ -73,9 +83,16 @@ KUBELET_CHAINS = ("KUBE-FIREWALL", "KUBE-KUBELET-CANARY", "KUBE-IPTABLES-HINT")
 CNI_CONF_DIR, CNI_BIN_DIR, DEBIAN_CNI_PLUGINS = "/etc/cni/net.d", "/opt/cni/bin", "/usr/lib/cni"
 
 
+def kubelet_binary(version: str) -> bytes:
+    """The real kubelet of ``version`` (linux/amd64), as the bed built it."""
+    return (binaries_dir(f"kubelet-{version}") / "kubelet").read_bytes()
+
+
+@functools.cache
 def hyperkube_image(version: str) -> oci.Image:
-    """Gardener's hyperkube image of ``version`` for linux/amd64: the real kubelet."""
-    kubelet = (binaries_dir(f"kubelet-{version}") / "kubelet").read_bytes()
+    """Gardener's hyperkube image of ``version`` for linux/amd64: the real kubelet (built once
+    a session: its layer is tens of MiB to compress)."""
+    kubelet = kubelet_binary(version)
     return oci.build_image(
         {"/kubelet": (kubelet, 0o755), "/version": (f"v{version}".encode(), 0o644)}
     )
