@@ -266,6 +266,40 @@ class HostFS:
             finally:
                 os.close(fd)
 
+    def read_through_sibling_link(self, path: HostPath, *, limit: int) -> bytes | None:
+        """The bytes of regular file ``path``, where a symlink at ``path`` is followed once to
+        a regular file beside it (by its bare name or its full path in the same directory) and
+        nowhere else: the kubelet keeps ``kubelet-client-current.pem`` as such a link to its
+        dated certificate file. None if missing; any other link is refused (UnsafePathError),
+        and so is a file larger than ``limit`` bytes."""
+        parts = self._target_parts(path)
+        with _os_errors("read", path), self._parent(path, parts, create=False) as dfd:
+            if dfd is None:
+                return None
+            name = parts[-1]
+            st = _lstat_at(dfd, name)
+            if st is not None and stat.S_ISLNK(st.st_mode):
+                target = os.readlink(name, dir_fd=dfd)
+                directory = "/" + "/".join(parts[:-1])
+                head, sibling = os.path.split(target)
+                if head not in ("", directory) or sibling in ("", ".", "..", name):
+                    raise UnsafePathError(
+                        os.fspath(path), f"is a symlink to {target!r}, not to a file beside it"
+                    )
+                name = sibling
+            fd = _open_regular(dfd, name, path)
+            if fd is None:
+                return None
+            try:
+                if os.fstat(fd).st_size > limit:
+                    raise UnsafePathError(os.fspath(path), f"is larger than {limit} bytes")
+                data = _read_all(fd, limit + 1)
+                if len(data) > limit:
+                    raise UnsafePathError(os.fspath(path), f"is larger than {limit} bytes")
+                return data
+            finally:
+                os.close(fd)
+
     def stat_matches(
         self,
         path: HostPath,

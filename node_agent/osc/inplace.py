@@ -55,6 +55,8 @@ KUBELET_CONFIG = f"{KUBELET_DIR}/config/kubelet"
 CPU_MANAGER_STATE = f"{KUBELET_DIR}/cpu_manager_state"
 KUBELET_PKI_DIR = f"{KUBELET_DIR}/pki"
 KUBELET_CLIENT_CERT = f"{KUBELET_PKI_DIR}/kubelet-client-current.pem"
+#: a client certificate and its key (PEM) are a few KiB; anything far larger is not one
+MAX_KUBELET_CERT_BYTES = 64 * 1024
 KUBELET_KUBECONFIG = f"{KUBELET_DIR}/kubeconfig-real"
 KUBELET_BOOTSTRAP_KUBECONFIG = f"{KUBELET_DIR}/kubeconfig-bootstrap"
 

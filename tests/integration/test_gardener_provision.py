@@ -15,16 +15,19 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
+from cryptography import x509
 from kubernetes_asyncio.client import ApiClient
 
 from node_agent.osc import inplace as ip
 from tests.testbed import gardener_provision as gp
 from tests.testbed import real_kubelet as rk
+from tests.testbed.agent_harness import node_annotations, node_events, node_labels, wait_for
 from tests.testbed.agent_image import AgentImage, agent_image_layout
 from tests.testbed.containerd import ContainerdNode
 from tests.testbed.controlplane import ControlPlane
@@ -203,3 +206,58 @@ async def test_an_in_place_pool_takes_the_real_kubelet_to_its_next_minor(
     assert run.labels[ip.LABEL_UPDATE_RESULT] == "successful"
     assert run.update_node.metadata.annotations[gp.CHECKSUM] == run.checksums[1]
     assert f"/v2/{gp.HYPERKUBE_REPOSITORY}/manifests/v{minor}" in run.image_pulls
+
+
+def kubelet_client_serial(node: IsolatedSystemd) -> int:
+    """The serial of the kubelet's current client certificate (0 while it has none)."""
+    path = node.path(ip.KUBELET_CLIENT_CERT)
+    if path.is_symlink():  # the kubelet's link names the dated file by its path on the node
+        path = node.path(os.readlink(path))
+    if not path.exists():
+        return 0
+    return x509.load_pem_x509_certificate(path.read_bytes()).serial_number
+
+
+async def test_an_in_place_ca_rotation_rebootstraps_the_real_kubelet(
+    agent_image: AgentImage,
+    admin_api: ApiClient,
+    gardener_controlplane: ControlPlane,
+    csr_approver: CSRApprover,
+    containerd_node: ContainerdNode,
+    registry: Registry,
+    network: rk.PodNetwork,
+    journal: None,
+) -> None:
+    """An in-place pool's CA rotation: the agent renews its own certificate, and the real
+    kubelet, its credentials removed and its current certificate left as its bootstrap
+    credential, requests a new client certificate itself and keeps the Node Ready."""
+    run = await gp.provision_from_user_data(
+        admin_api,
+        gardener_controlplane,
+        csr_approver,
+        containerd_node,
+        registry,
+        agent_image,
+        network=network,
+        in_place=True,
+    )
+    node = containerd_node.node
+    before = kubelet_client_serial(node)
+    assert before
+    checksum = await gp.in_place_ca_rotation(admin_api, run, "2026-11-29T10:00:00Z")
+    await wait_for(
+        lambda: kubelet_client_serial(node) not in (0, before), 120, "the kubelet's new certificate"
+    )
+    await wait_for(lambda: rk.node_ready(admin_api, run.machine), 120, "the Node Ready")
+    labels = await node_labels(admin_api, run.machine)
+    assert labels[ip.LABEL_UPDATE_RESULT] == "successful"
+    assert (await node_annotations(admin_api, run.machine))[gp.CHECKSUM] == checksum
+    messages = [
+        e.message
+        for e in await node_events(admin_api, run.machine)
+        if e.reason == "InPlaceUpdateSuccessful"
+    ]
+    assert "in-place update (ca_rotation_kubelet, ca_rotation_node_agent) successful" in messages
+    # the kubelet's new certificate names the same Node, signed by kube-controller-manager
+    assert await rk.kubelet_csr_user(admin_api, run.machine) == f"system:node:{run.machine}"
+    assert csr_approver.errors == []

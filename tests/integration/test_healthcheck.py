@@ -2,6 +2,11 @@
 of an OSC on a throwaway node (its ``/healthz`` made to fail with ``--healthz-fail-file``), real
 containerd for its check, the real API server for the Events and the Node's Ready condition.
 
+The kubelet is the stand-in on purpose: each test makes it misbehave (a ``/healthz`` failing on
+the test's word, a kubelet broken from its start) or writes the Node's Ready condition itself,
+which a real kubelet would overwrite. The health check passing on the real kubelet is
+test_gardener_provision.py's and the twin's.
+
 A restart is observed as a new InvocationID of the unit (sampled all along, so "exactly once"
 is seen, not inferred). The node shares the host's network namespace: each test's kubelet
 answers on a free port, found by the agent in the kubelet unit's flags.

@@ -4,6 +4,12 @@ the node whose os-release now names the new version), completion and the Node's 
 
 The test plays machine-controller-manager (it sets the Node's ``InPlaceUpdate`` condition to
 ``ReadyForUpdate`` after "draining") and the OS extension (``status.inPlaceUpdates.osUpdate``).
+
+Where a test needs a kubelet, it is the stand-in, on purpose: a new kubelet that starts
+unhealthy (``FAIL_FILE``), one that refuses the state file of another CPU manager policy, one
+whose bootstrap the test holds back to look at the files in between. The same updates on the
+real kubelet, going well, are test_gardener_provision.py's (a kubelet minor update and a CA
+rotation in place) and the VM's (an OS update through a reboot).
 """
 
 from __future__ import annotations

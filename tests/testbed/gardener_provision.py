@@ -236,6 +236,8 @@ class ProvisionRun:
     node: client.V1Node | None = None
     restarted: set[str] = field(default_factory=set)
     update_node: client.V1Node | None = None
+    #: where the bed moved the machine's ports (the OSCs published carry them)
+    ports: LocalPorts | None = None
 
 
 def main_pid(node: IsolatedSystemd) -> int:
@@ -315,7 +317,7 @@ async def provision_from_user_data(
     run = ProvisionRun(machine, first, update, versions, bootstrap_username=token.username)
     serve_gardener_images(registry, cn, agent, first.gardener_version, versions, real_kubelet=real)
     await grant_node_agent_identity(admin, machine, secret_names=[first.secret_name])
-    ports = LocalPorts.free()
+    ports = run.ports = LocalPorts.free()
     prepare_machine(cn, machine, ports)
     if in_place:
         image_os_release(node, first)
@@ -416,3 +418,18 @@ async def restart_kubelet_by_annotation(
     await wait_for(lambda: rk.kubelet_healthz(ports.kubelet_healthz), 60, "the kubelet's /healthz")
     await wait_for(lambda: rk.node_ready(admin, machine), 60, "the Node Ready after the restart")
     return restarted_units
+
+
+async def in_place_ca_rotation(admin: ApiClient, run: ProvisionRun, initiated: str) -> str:
+    """Gardener's CA rotation in an in-place pool: the pool's last OSC with
+    ``credentialsRotation.certificateAuthorities.lastInitiationTime`` set to ``initiated``,
+    published once machine-controller-manager says the node is drained; until the Node
+    carries its checksum (returned)."""
+    assert run.ports is not None
+    doc = yaml.safe_load(run.ports.osc_yaml(run.update))
+    rotation = {"certificateAuthorities": {"lastInitiationTime": initiated}}
+    doc["spec"]["inPlaceUpdates"]["credentialsRotation"] = rotation
+    await rk.ready_for_update(admin, run.machine)
+    checksum = await publish_osc(admin, run.update.secret_name, yaml.safe_dump(doc).encode())
+    await wait_applied(admin, run.machine, checksum, timeout=180)
+    return checksum

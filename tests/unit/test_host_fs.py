@@ -682,3 +682,39 @@ def test_move_aside_never_walks_a_symlinked_parent(fs: HostFS, root: Path, outsi
     assert sorted(p.name for p in outside.iterdir()) == ["a.json", "victim"]
     with pytest.raises(UnsafePathError):
         fs.move_aside("/var/a.json", "/../x")
+
+
+def test_a_link_is_followed_only_to_a_file_beside_it(fs: HostFS, root: Path) -> None:
+    """The kubelet's ``kubelet-client-current.pem``: a link to its dated file, by full path
+    or by bare name; a link anywhere else is refused, never followed."""
+    pki = root / "var/lib/kubelet/pki"
+    pki.mkdir(parents=True)
+    (pki / "kubelet-client-2026.pem").write_bytes(b"cert and key\n")
+    current = pki / "kubelet-client-current.pem"
+    path = "/var/lib/kubelet/pki/kubelet-client-current.pem"
+    assert fs.read_through_sibling_link(path, limit=100) is None
+    current.symlink_to("/var/lib/kubelet/pki/kubelet-client-2026.pem")
+    assert fs.read_through_sibling_link(path, limit=100) == b"cert and key\n"
+    with pytest.raises(UnsafePathError, match="larger than 5 bytes"):
+        fs.read_through_sibling_link(path, limit=5)
+    current.unlink()
+    current.symlink_to("kubelet-client-2026.pem")
+    assert fs.read_through_sibling_link(path, limit=100) == b"cert and key\n"
+    (root / "etc").mkdir()
+    (root / "etc/shadow").write_bytes(b"secret\n")
+    for elsewhere in ("/etc/shadow", "../../../../etc/shadow", "..", "kubelet-client-current.pem"):
+        current.unlink()
+        current.symlink_to(elsewhere)
+        with pytest.raises(UnsafePathError, match="not to a file beside it"):
+            fs.read_through_sibling_link(path, limit=100)
+    current.unlink()
+    current.symlink_to("kubelet-client-missing.pem")  # a dangling link: no certificate
+    assert fs.read_through_sibling_link(path, limit=100) is None
+    current.unlink()
+    current.write_bytes(b"a plain file\n")
+    assert fs.read_through_sibling_link(path, limit=100) == b"a plain file\n"
+    (pki / "sub").mkdir()
+    current.unlink()
+    current.symlink_to("sub")
+    with pytest.raises(UnsafePathError, match="not a regular file"):
+        fs.read_through_sibling_link(path, limit=100)

@@ -564,7 +564,10 @@ class InPlaceUpdater:
         fs = self.ctx.fs
         server = self.ctx.config.api_server.server
         ca_file = self.ctx.config.api_server.ca_file
-        cert = await fs.read_async(ip.KUBELET_CLIENT_CERT)
+        # the kubelet keeps it as a link to its dated certificate file beside it
+        cert = await asyncio.to_thread(
+            fs.read_through_sibling_link, ip.KUBELET_CLIENT_CERT, limit=ip.MAX_KUBELET_CERT_BYTES
+        )
         if await fs.read_async(ip.KUBELET_KUBECONFIG) is not None and cert is not None:
             await asyncio.to_thread(
                 fs.write_atomic,
