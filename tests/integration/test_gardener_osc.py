@@ -168,8 +168,7 @@ async def test_gardener_osc_applies_and_a_patch_update_restarts_exactly_kubelet(
     for repository in (pool.hyperkube, pool.shipper):
         assert pool.mirror.served(repository, user_agent="containerd/") != []
         assert pool.registry.served(repository, user_agent="containerd/") == []
-    pulled = {(p.image, p.digest, p.target) for p in bed.pulls()}
-    assert pulled == {
+    expected = {
         (
             pool.hyperkube_ref("1.33.0"),
             pool.digests[pool.hyperkube_ref("1.33.0")],
@@ -177,6 +176,13 @@ async def test_gardener_osc_applies_and_a_patch_update_restarts_exactly_kubelet(
         ),
         (pool.shipper_ref(), pool.digests[pool.shipper_ref()], g.SHIPPER_BINARY),
     }
+    # the last apply's pulls: both, or the one its retry still had to make (the mirror may
+    # refuse a large image's first fetch under load; the agent retries what failed)
+    pulled = {(p.image, p.digest, p.target) for p in bed.pulls()}
+    assert pulled
+    assert pulled <= expected
+    for image, digest, _ in expected:
+        assert bed.node.images()[image] == digest
 
     # The same OSC again: a Secret update with identical osc.yaml (only its metadata changed; the
     # API server drops a byte-identical replace), then the periodic resync.
@@ -219,6 +225,7 @@ async def test_gardener_osc_applies_and_a_patch_update_restarts_exactly_kubelet(
 
 async def test_a_config_toml_change_restarts_containerd_and_nothing_else(bed: Bed) -> None:
     await bed.apply(bed.pool.osc("1.33.0"))
+    assert await bed.healthy()  # the kubelet up, not still starting, when containerd restarts
     before, requests = bed.marks(), bed.requests()
 
     await bed.apply(bed.pool.osc("1.33.0", sandbox_image="registry.k8s.io/pause:3.11"))
@@ -230,7 +237,6 @@ async def test_a_config_toml_change_restarts_containerd_and_nothing_else(bed: Be
     assert config["plugins"][CRI_V2]["sandbox_image"] == "registry.k8s.io/pause:3.11"
     assert bed.pulls() == []
     assert bed.requests() == requests
-    assert after[g.KUBELET].active == "active"
     assert await bed.healthy()
 
 

@@ -549,6 +549,31 @@ async def test_an_apply_before_the_node_exists_gets_its_event_with_the_first_rep
     assert [w[1]["reason"] for w in kube.writes("create_event")] == reasons
 
 
+async def test_a_node_registered_in_the_settle_window_gets_the_checksum_at_once(
+    tmp_path: Path,
+) -> None:
+    """The kubelet the update started registers the Node while the update's settle window is
+    watched: the checksum goes on the Node then, not after the window (nothing else would
+    wake the loop until the periodic check)."""
+    ctl, ctx, kube, _ = controller(tmp_path, gate={"enabled": True, "settleWindow": "30s"})
+    await ctl.reconcile(secret(osc_bytes("one\n")))
+    kube.nodes().delete("n1")
+    ctx.node_name = ctx.node_uid = None
+    ctx.node_known.clear()
+    two = osc_bytes("two\n")
+    assert await ctl.reconcile(secret(two)) is not None
+    assert ctl.gate.view().watching == checksum_of(two)  # the window runs
+    kube.nodes().put({"metadata": {"name": "n1", "uid": "u2", "resourceVersion": "5"}})
+    assert await ctx.look_up_node()
+    ctl.node_recreated()
+    async with asyncio.timeout(5):
+        assert await ctl.reconcile(secret(two)) is None
+    assert await applied_annotation(kube) == checksum_of(two)
+    assert ctl.gate.view().watching == checksum_of(two)  # still watched
+    assert [w[1]["reason"] for w in kube.writes("create_event")][-1] == report.REASON_OSC_APPLIED
+    await ctl._stop_settling()
+
+
 async def test_the_agents_own_unit_restarts_last(tmp_path: Path) -> None:
     calls: list[Call] = []
     ctl, ctx, kube, _ = controller(tmp_path, calls)

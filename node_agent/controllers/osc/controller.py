@@ -486,7 +486,11 @@ class OSCController:
         if desired is None:
             return None  # already reported; wait for the Secret to change
         if await self._stop_settling(desired.checksum):
-            return None  # reported; its settle window is still being watched
+            # its settle window is still being watched; reported, unless the Node came after
+            # the apply (the kubelet registered it meanwhile): then now, as upstream would
+            if self._reported != desired.checksum and self.ctx.node_name is not None:
+                await self._report_missing(desired)
+            return None
         if await self._gate_decides(desired.checksum):
             return None  # quarantined, or rolled back just now
         applied = await self.ctx.state.applied_checksum_async()
@@ -552,12 +556,17 @@ class OSCController:
         if resync:
             await self._repair_drift(desired.raw, desired.annotated)
         if self._reported != desired.checksum:
-            osc = decode_osc(desired.raw, desired.annotated, self.ctx.host_name, desired.checksum)
-            await self._report_applied(osc, desired.checksum, only_if_missing=True)
+            await self._report_missing(desired)
         elif self.ctx.node_name is not None:
             await self._drop_bootstrap_credentials()  # e.g. the kubelet re-bootstrapped since
         await self.rollout.up_to_date(desired.checksum)
         return True
+
+    async def _report_missing(self, desired: Desired) -> None:
+        """The applied ``desired`` on the Node, if the Node misses it (a start, a Node that
+        appeared or was made anew)."""
+        osc = decode_osc(desired.raw, desired.annotated, self.ctx.host_name, desired.checksum)
+        await self._report_applied(osc, desired.checksum, only_if_missing=True)
 
     async def _prepare(self, desired: Desired, applied: str) -> Update:
         """Everything the update needs before it may start: the OSC decoded (off the loop: a
