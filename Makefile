@@ -133,10 +133,12 @@ prepare:
 # The suite's files run side by side on TEST_JOBS workers (pytest-xdist; a file's tests stay
 # together on one worker, each worker has its own control plane and registry): most tests wait
 # on timers and processes, not on the cores. TEST_JOBS=0 runs them one after the other.
+# --no-loadscope-reorder: the files in the order tests/conftest.py gives them (the slow ones
+# first), not by their number of tests (which would leave the one-test VM and twin to the end).
 TEST_JOBS ?= 3
 test: prepare
 	rm -rf "$(TMPDIR)"/pytest-of-*
-	$(BIN)/pytest -n $(TEST_JOBS) --dist loadfile $(PYTEST_ARGS)
+	$(BIN)/pytest -n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 # Every Gardener release the bed serves (tests/testbed/gardener/releases), end to end: the
 # config oracle, the provision from Gardener's user data and the differential twin, each once

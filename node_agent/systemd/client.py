@@ -76,6 +76,9 @@ class _Worker:
         for future in self.pending.values():
             if not future.done():
                 future.set_exception(error)
+                # retrieved: the call whose own send failed raises that error itself and never
+                # awaits its future (no "Future exception was never retrieved" at shutdown)
+                future.exception()
         self.pending.clear()
         if not self.hello.done():
             self.hello.set_exception(error)
