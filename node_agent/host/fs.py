@@ -251,20 +251,7 @@ class HostFS:
         with _os_errors("read", path), self._parent(path, parts, create=False) as dfd:
             if dfd is None:
                 return None
-            fd = _open_regular(dfd, parts[-1], path)
-            if fd is None:
-                return None
-            try:
-                if limit is None:
-                    return _read_all(fd)
-                if os.fstat(fd).st_size > limit:
-                    raise UnsafePathError(os.fspath(path), f"is larger than {limit} bytes")
-                data = _read_all(fd, limit + 1)
-                if len(data) > limit:
-                    raise UnsafePathError(os.fspath(path), f"is larger than {limit} bytes")
-                return data
-            finally:
-                os.close(fd)
+            return _read_regular(dfd, parts[-1], path, limit)
 
     def read_through_sibling_link(self, path: HostPath, *, limit: int) -> bytes | None:
         """The bytes of regular file ``path``, where a symlink at ``path`` is followed once to
@@ -287,18 +274,7 @@ class HostFS:
                         os.fspath(path), f"is a symlink to {target!r}, not to a file beside it"
                     )
                 name = sibling
-            fd = _open_regular(dfd, name, path)
-            if fd is None:
-                return None
-            try:
-                if os.fstat(fd).st_size > limit:
-                    raise UnsafePathError(os.fspath(path), f"is larger than {limit} bytes")
-                data = _read_all(fd, limit + 1)
-                if len(data) > limit:
-                    raise UnsafePathError(os.fspath(path), f"is larger than {limit} bytes")
-                return data
-            finally:
-                os.close(fd)
+            return _read_regular(dfd, name, path, limit)
 
     def stat_matches(
         self,
@@ -1011,6 +987,25 @@ def _open_dir_at(dfd: int, name: str, path: HostPath) -> int:
         if st is not None and stat.S_ISLNK(st.st_mode):
             raise UnsafePathError(os.fspath(path), f"component {name!r} is a symlink") from exc
         raise
+
+
+def _read_regular(dfd: int, name: str, path: HostPath, limit: int | None) -> bytes | None:
+    """The bytes of regular file ``name`` in ``dfd`` (None if missing), refused when larger
+    than ``limit`` bytes (when given)."""
+    fd = _open_regular(dfd, name, path)
+    if fd is None:
+        return None
+    try:
+        if limit is None:
+            return _read_all(fd)
+        if os.fstat(fd).st_size > limit:
+            raise UnsafePathError(os.fspath(path), f"is larger than {limit} bytes")
+        data = _read_all(fd, limit + 1)
+        if len(data) > limit:
+            raise UnsafePathError(os.fspath(path), f"is larger than {limit} bytes")
+        return data
+    finally:
+        os.close(fd)
 
 
 def _open_regular(dfd: int, name: str, path: HostPath) -> int | None:

@@ -16,8 +16,9 @@ from __future__ import annotations
 import base64
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -70,9 +71,11 @@ def journal(containerd_node: ContainerdNode) -> Iterator[None]:
         print(f"--- journal of {', '.join(units)} ---\n" + out[-8000:])
 
 
-@pytest.mark.parametrize("release", TESTED_RELEASES)
-async def test_a_machine_comes_up_from_gardeners_generated_user_data_and_updates(
-    release: str,
+Provision = Callable[..., Awaitable[gp.ProvisionRun]]
+
+
+@pytest.fixture
+def provision(
     agent_image: AgentImage,
     admin_api: ApiClient,
     gardener_controlplane: ControlPlane,
@@ -81,17 +84,35 @@ async def test_a_machine_comes_up_from_gardeners_generated_user_data_and_updates
     registry: Registry,
     network: rk.PodNetwork,
     journal: None,
+) -> Provision:
+    """``provision(**options)``: the machine from Gardener's user data on the bed's node, with
+    the real kubelet (``gardener_provision.provision_from_user_data``)."""
+
+    async def run(**options: Any) -> gp.ProvisionRun:
+        return await gp.provision_from_user_data(
+            admin_api,
+            gardener_controlplane,
+            csr_approver,
+            containerd_node,
+            registry,
+            agent_image,
+            network=network,
+            **options,
+        )
+
+    return run
+
+
+@pytest.mark.parametrize("release", TESTED_RELEASES)
+async def test_a_machine_comes_up_from_gardeners_generated_user_data_and_updates(
+    release: str,
+    provision: Provision,
+    agent_image: AgentImage,
+    gardener_controlplane: ControlPlane,
+    csr_approver: CSRApprover,
+    containerd_node: ContainerdNode,
 ) -> None:
-    run = await gp.provision_from_user_data(
-        admin_api,
-        gardener_controlplane,
-        csr_approver,
-        containerd_node,
-        registry,
-        agent_image,
-        release=release,
-        network=network,
-    )
+    run = await provision(release=release)
     node = containerd_node.node
     assert run.first.gardener_version == release
     print("timings:", {k: round(v, 1) for k, v in run.timings.items()})
@@ -168,29 +189,12 @@ async def test_a_machine_comes_up_from_gardeners_generated_user_data_and_updates
 
 
 async def test_an_in_place_pool_takes_the_real_kubelet_to_its_next_minor(
-    agent_image: AgentImage,
-    admin_api: ApiClient,
-    gardener_controlplane: ControlPlane,
-    csr_approver: CSRApprover,
-    containerd_node: ContainerdNode,
-    registry: Registry,
-    network: rk.PodNetwork,
-    journal: None,
+    provision: Provision,
 ) -> None:
     """An in-place pool of Kubernetes 1.33 updated to 1.34: the same Secret, the update held
     until machine-controller-manager says the node is drained, then kubelet 1.34.0 from its
     image, its health awaited, the outcome on the Node."""
-    run = await gp.provision_from_user_data(
-        admin_api,
-        gardener_controlplane,
-        csr_approver,
-        containerd_node,
-        registry,
-        agent_image,
-        network=network,
-        shapes=("k8s-1.33", "k8s-1.34"),
-        in_place=True,
-    )
+    run = await provision(shapes=("k8s-1.33", "k8s-1.34"), in_place=True)
     print("timings:", {k: round(v, 1) for k, v in run.timings.items()})
     first, minor = run.versions
     assert (first, minor) == ("1.33.0", "1.34.0")
@@ -219,28 +223,15 @@ def kubelet_client_serial(node: IsolatedSystemd) -> int:
 
 
 async def test_an_in_place_ca_rotation_rebootstraps_the_real_kubelet(
-    agent_image: AgentImage,
+    provision: Provision,
     admin_api: ApiClient,
-    gardener_controlplane: ControlPlane,
     csr_approver: CSRApprover,
     containerd_node: ContainerdNode,
-    registry: Registry,
-    network: rk.PodNetwork,
-    journal: None,
 ) -> None:
     """An in-place pool's CA rotation: the agent renews its own certificate, and the real
     kubelet, its credentials removed and its current certificate left as its bootstrap
     credential, requests a new client certificate itself and keeps the Node Ready."""
-    run = await gp.provision_from_user_data(
-        admin_api,
-        gardener_controlplane,
-        csr_approver,
-        containerd_node,
-        registry,
-        agent_image,
-        network=network,
-        in_place=True,
-    )
+    run = await provision(in_place=True)
     node = containerd_node.node
     before = kubelet_client_serial(node)
     assert before
