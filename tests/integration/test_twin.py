@@ -11,8 +11,8 @@ the Node with it, from the OSC's flags, and both agents follow the label as upst
 After each step, once both Nodes report the step's checksum (or, for a step that must fail,
 once both have settled), the test compares every OSC file, the unit files and drop-ins, unit
 enablement and state, which units started again, containerd's configuration and ``certs.d``,
-the Node's annotations, labels and conditions (the kubelet's among them) and its Event
-reasons. A difference must be in ``KNOWN_DIFFERENCES`` (each one also described in
+the Node's annotations, labels and conditions (the kubelet's among them) and the reasons of
+the Events about it (the agents'; the kubelet's own are left out). A difference must be in ``KNOWN_DIFFERENCES`` (each one also described in
 ``docs/design.md``); anything else fails the test with the step's table.
 """
 
@@ -105,9 +105,9 @@ EXCLUDED_KEYS = (
     # the kubelet restart of an update (upstream probes every 30 s, node-agent every 20 s) and,
     # for upstream, on whether it looked at the Node before the bed gave it an address.
     "node event kubelet",
-    # The real kubelet's own record of a moment of NotReady: both twins restart their kubelet
-    # at the same steps (compared by unit), and whether the restarted kubelet posts NotReady
-    # before Ready depends on how fast its runtime checks pass, not on an agent.
+    # The node lifecycle controller's record of a moment of NotReady (the kubelet's own Events
+    # are left out by the view): both twins restart their kubelet at the same steps (compared
+    # by unit), and whether it is seen NotReady depends on its checks' timing, not on an agent.
     "node event NodeNotReady",
 )
 

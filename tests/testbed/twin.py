@@ -32,6 +32,8 @@ UNIT_PROPS = ("LoadState", "UnitFileState", "ActiveState", "SubState", "Invocati
 #: trees compared whole (every file: bytes, mode, owner; every symlink: its target)
 TREES = ("/etc/systemd/system", "/etc/containerd")
 
+#: the component the real kubelet records its Events as
+KUBELET_COMPONENT = "kubelet"
 #: Node labels that name the node itself
 NODE_NAME_LABELS = ("kubernetes.io/hostname",)
 #: how a health-check Event of upstream's ends when the probe's context was cancelled (by the
@@ -163,11 +165,24 @@ async def node_view(
     )
     # a health probe cut short by its own agent's shutdown ("... context canceled": upstream
     # records it as unhealthiness when it restarts itself mid-probe) says nothing of the node
-    seen = [e for e in events.items if not str(e.message or "").endswith(CANCELLED_PROBE)]
+    seen = [
+        e
+        for e in events.items
+        if not str(e.message or "").endswith(CANCELLED_PROBE) and not _kubelets(e)
+    ]
     for reason in sorted({str(e.reason) for e in seen}):
         types = sorted({str(e.type) for e in seen if e.reason == reason})
         view.add(f"node event {reason}", ",".join(types))
     return view
+
+
+def _kubelets(event: Any) -> bool:
+    """An Event the real kubelet itself recorded (its start, its status changes, its image
+    file system): both twins' kubelets record the same ones, at moments that depend on their
+    own checks' timing, not on an agent (the agents' restarts of it are compared by unit)."""
+    source = getattr(event, "source", None)
+    components = {getattr(source, "component", None), getattr(event, "reporting_component", None)}
+    return KUBELET_COMPONENT in components
 
 
 async def event_messages(admin: ApiClient, node_name: str) -> list[str]:
