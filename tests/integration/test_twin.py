@@ -12,8 +12,9 @@ After each step, once both Nodes report the step's checksum (or, for a step that
 once both have settled), the test compares every OSC file, the unit files and drop-ins, unit
 enablement and state, which units started again, containerd's configuration and ``certs.d``,
 the Node's annotations, labels and conditions (the kubelet's among them) and the reasons of
-the Events about it (the agents'; the kubelet's own are left out). A difference must be in ``KNOWN_DIFFERENCES`` (each one also described in
-``docs/design.md``); anything else fails the test with the step's table.
+the Events about it (the agents'; the kubelet's own are left out). A difference must be in
+``KNOWN_DIFFERENCES`` (each one also described in ``docs/design.md``); anything else fails the
+test with the step's table.
 """
 
 from __future__ import annotations
