@@ -47,6 +47,7 @@ from tests.integration.test_gardener_generated import (
     subject_cn,
 )
 from tests.testbed import gardener_osc as g
+from tests.testbed import gardener_provision as gp
 from tests.testbed import real_kubelet as rk
 from tests.testbed import twin as t
 from tests.testbed.agent_harness import (
@@ -77,7 +78,6 @@ pytestmark = [
 ]
 
 CHECKSUM = "checksum/cloud-config-data"
-KUBELET_EXTRA_ARGS = "/var/lib/kubelet/extra_args"
 RESTART_ANNOTATION = "worker.gardener.cloud/restart-systemd-services"
 #: Gardener's image references, replaced by the bed's registry (no network): same tag, the real
 #: kubelet of that version inside (tests/testbed/real_kubelet.py)
@@ -208,7 +208,7 @@ async def provision_twin(
         # twin's kubelet keeps it; node-agent's twin's kubelet moves (through the unit's
         # $KUBELET_EXTRA_ARGS) and node-agent is told where (its own config field).
         port = free_port()
-        extra = host(root, KUBELET_EXTRA_ARGS)
+        extra = host(root, gp.KUBELET_EXTRA_ARGS)
         extra.parent.mkdir(parents=True, exist_ok=True)
         extra.write_text(f"KUBELET_EXTRA_ARGS=--healthz-port={port}\n")
         doc.setdefault("nodeAgent", {})["healthCheck"] = {
@@ -244,7 +244,7 @@ def give_real_kubelet(twin: Twin, cp: ControlPlane, network: rk.PodNetwork) -> N
     target.write_text(yaml.safe_dump(kubeconfig))
     target.chmod(0o600)
     kubelet_args = rk.prepare_node(twin.node, twin.gen, network)
-    extra = host(root, KUBELET_EXTRA_ARGS)
+    extra = host(root, gp.KUBELET_EXTRA_ARGS)
     line = extra.read_text().rstrip("\n") if extra.exists() else "KUBELET_EXTRA_ARGS="
     extra.write_text(f"{line} {kubelet_args}\n")
 
