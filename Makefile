@@ -61,10 +61,14 @@ controlplane: deps
 vm-image: deps
 	@sh tests/testbed/vm/build-image.sh > /dev/null
 
-# The real kubelets, at the Kubernetes versions of the Gardener shapes their tests provision.
+# The real kubelets, at the Kubernetes versions of the Gardener shapes their tests provision;
+# those of the k8s-1.34 shape and its patch update also for linux/arm64 (the emulated arm64 node).
+ARM64_KUBELETS := kubelet-1.34.0 kubelet-1.34.2
 kubelet: deps
 	@for module in $$(cd tests/testbed && ls -d kubelet-*); do \
 	  sh tests/testbed/build-controlplane.sh "$$module" > /dev/null || exit 1; done
+	@for module in $(ARM64_KUBELETS); do \
+	  sh tests/testbed/build-controlplane.sh "$$module" arm64 > /dev/null || exit 1; done
 
 # Gardener's own generator and upstream gardener-node-agent, built per Gardener release
 # (tests/testbed/gardener/releases; cached like the control plane): `make test` needs the oldest

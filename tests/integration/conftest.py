@@ -16,6 +16,7 @@ import pytest
 import pytest_asyncio
 from kubernetes_asyncio.client import ApiClient
 
+from tests.testbed import real_kubelet as rk
 from tests.testbed.agent_harness import OSCAgent
 from tests.testbed.containerd import ContainerdNode
 from tests.testbed.controlplane import ControlPlane
@@ -74,3 +75,11 @@ def server(artifact: Artifact) -> Iterator[str]:
     """A loopback HTTP server for the artifact; the node shares this network namespace."""
     with serve_directory(artifact.path.parent) as url:
         yield url
+
+
+@pytest.fixture
+def network() -> Iterator[rk.PodNetwork]:
+    """A real kubelet's pod network on the throwaway node, taken off the host's afterwards."""
+    network = rk.PodNetwork.unique()
+    yield network
+    network.remove()

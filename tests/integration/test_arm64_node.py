@@ -4,15 +4,13 @@ The node is an arm64 machine to everything that asks (tests/testbed/arm64_node.p
 containerd and ``ctr`` are Debian's arm64 builds, run by the kernel through qemu-aarch64. Gardener's
 generated ``init.sh``, unchanged, pulls the agent's image index by Gardener's name and ``ctr``
 takes the linux/arm64 manifest; the arm64 agent bootstraps, gets its certificate, applies the
-reconcile OSC (files, units, its own restart into the OSC's unit) whose kubelet comes from the
-arm64 manifest of the stand-in hyperkube index, reports on the Node, applies a Kubernetes patch
-update, and ``node-agent status`` answers (tests/testbed/gardener_provision.py runs the flow, as
-for test_gardener_provision.py's x86-64 machine).
-
-The kubelet is the stand-in here, on purpose: what this node proves is that every program comes
-from its image's arm64 manifest and runs as an arm64 program. The real kubelet's bootstrap,
-registration and readiness are test_gardener_provision.py's and the VM's (test_vm_node.py); the
-bed builds the real kubelet for linux/amd64 only.
+reconcile OSC (files, units, its own restart into the OSC's unit). Its kubelet is the real one,
+cross-built by the bed for linux/arm64 and taken from the arm64 manifest of the two-platform
+hyperkube index: it bootstraps its client certificate, registers the Node as an arm64 machine and
+becomes Ready; the agent reports on that Node, acts on Gardener's restart annotation, applies a
+Kubernetes patch update (the new arm64 kubelet posts its version), and ``node-agent status``
+answers (tests/testbed/gardener_provision.py runs the flow, as for test_gardener_provision.py's
+x86-64 machine).
 """
 
 from __future__ import annotations
@@ -26,6 +24,7 @@ import pytest
 from kubernetes_asyncio.client import ApiClient
 
 from tests.testbed import gardener_provision as gp
+from tests.testbed import real_kubelet as rk
 from tests.testbed.agent_harness import wait_for
 from tests.testbed.agent_image import (
     ELF_MACHINES,
@@ -61,13 +60,12 @@ def arm64_node(workdir: Path, registry_ca: CertificateAuthority) -> Iterator[Con
 
 @pytest.fixture
 def journal(arm64_node: ContainerdNode) -> Iterator[None]:
-    """The init unit's and the agent's journal in the report of a failing test."""
+    """The init unit's, the agent's and the kubelet's journal in the report of a failing test."""
     yield
-    out = arm64_node.node.run(
-        ["journalctl", "--no-pager", "-o", "cat", "-u", gp.INIT_UNIT, "-u", gp.AGENT_UNIT],
-        check=False,
-    ).stdout
-    print("--- journal of the init unit and the agent ---\n" + out[-8000:])
+    for units in ((gp.INIT_UNIT, gp.AGENT_UNIT), (gp.KUBELET,)):
+        argv = ["journalctl", "--no-pager", "-o", "cat"] + [f"-u{unit}" for unit in units]
+        out = arm64_node.node.run(argv, check=False).stdout
+        print(f"--- journal of {', '.join(units)} ---\n" + out[-8000:])
 
 
 def manifests_fetched(registry: Registry, repository: str) -> set[str]:
@@ -101,10 +99,18 @@ async def test_an_arm64_machine_comes_up_from_gardeners_user_data_and_updates(
     csr_approver: CSRApprover,
     arm64_node: ContainerdNode,
     registry: Registry,
+    network: rk.PodNetwork,
     journal: None,
 ) -> None:
     run = await gp.provision_from_user_data(
-        admin_api, gardener_controlplane, csr_approver, arm64_node, registry, agent_image
+        admin_api,
+        gardener_controlplane,
+        csr_approver,
+        arm64_node,
+        registry,
+        agent_image,
+        network,
+        arch="arm64",
     )
     node = arm64_node.node
     print("timings (emulated arm64):", {k: round(v, 1) for k, v in run.timings.items()})
@@ -138,18 +144,36 @@ async def test_an_arm64_machine_comes_up_from_gardeners_user_data_and_updates(
     assert run.agent_unit_after == run.agent_unit_in_osc
     assert run.agent_pids[1] not in (0, run.agent_pids[0])
     assert not node.path(gp.BOOTSTRAP_TOKEN).exists()
-    # the kubelet the OSC names by imageRef came from the hyperkube index's arm64 manifest
-    kubelet = node.path(KUBELET_BINARY).read_bytes()
-    assert elf_machine(kubelet) == AARCH64
+    # the kubelet the OSC names by imageRef came from the hyperkube index's arm64 manifest: the
+    # real arm64 kubelet, run through qemu-aarch64
+    first, patch = run.versions
+    assert node.path(KUBELET_BINARY).read_bytes() == rk.kubelet_binary(patch, "arm64")
     hyperkube = manifests_fetched(registry, gp.HYPERKUBE_REPOSITORY)
-    for version in gp.VERSIONS:
-        assert gp.hyperkube_index(version).image("arm64").digest in hyperkube
-        assert gp.hyperkube_index(version).image("amd64").digest not in hyperkube
-    assert show(node, gp.KUBELET)["ActiveState"] == "active"
+    for version in run.versions:
+        assert rk.hyperkube_index(version).image("arm64").digest in hyperkube
+        assert rk.hyperkube_index(version).image("amd64").digest not in hyperkube
+    kubelet_pid = int(show(node, gp.KUBELET)["MainPID"])
+    exe = node.run(["readlink", f"/proc/{kubelet_pid}/exe"]).stdout.strip()
+    assert exe.endswith("qemu-aarch64-static"), exe
+    # the Node is that kubelet's own: registered with the certificate it bootstrapped, an arm64
+    # machine to the API server, Ready; node-agent reported the OSC on it
+    assert run.node is not None
+    assert run.kubelet_user == f"system:node:{run.machine}"
+    assert run.node.metadata.labels["kubernetes.io/arch"] == "arm64"
+    assert run.node.status.node_info.architecture == "arm64"
+    assert run.node.status.node_info.kubelet_version == f"v{first}"
+    ready = [c.status for c in run.node.status.conditions if c.type == "Ready"]
+    assert ready == ["True"], run.node.status.conditions
+    assert run.node.metadata.annotations[gp.CHECKSUM] == run.checksums[0]
+    # Gardener's restart annotation restarted exactly the kubelet, which came back Ready
+    assert run.restarted == {gp.KUBELET}
     # the patch update: the new kubelet, restarted with the agent, nothing else; the Node's
-    # version label follows (the agent's report)
+    # version label follows (the agent's report), the new arm64 kubelet posts its version
     assert run.update_restarted == {gp.KUBELET, gp.AGENT_UNIT}
-    assert run.labels[gp.VERSION_LABEL] == run.versions[1]
+    assert run.labels[gp.VERSION_LABEL] == patch
+    assert run.update_node is not None
+    assert run.update_node.status.node_info.kubelet_version == f"v{patch}"
+    assert run.update_node.metadata.annotations[gp.CHECKSUM] == run.checksums[1]
     assert csr_approver.errors == []
 
     # on the node: `node-agent status` answers from the running arm64 agent (the agent's unit in

@@ -55,13 +55,6 @@ def agent_journal(node: IsolatedSystemd) -> list[str]:
 
 
 @pytest.fixture
-def network() -> Iterator[rk.PodNetwork]:
-    network = rk.PodNetwork.unique()
-    yield network
-    network.remove()
-
-
-@pytest.fixture
 def journal(containerd_node: ContainerdNode) -> Iterator[None]:
     """The init unit's, the agent's and the kubelet's journal in the report of a failing test."""
     yield

@@ -2,7 +2,9 @@
 # Builds the test bed's Kubernetes binaries, or reuses them from the cache: with no argument
 # (or "controlplane") kube-apiserver, kube-controller-manager and etcd; with "kubelet-<version>"
 # the real kubelet at the Kubernetes version of tests/testbed/kubelet-<version>/go.mod (a Gardener
-# shape's, which the control plane's version-skew policy allows). Output: the directory holding the binaries
+# shape's, which the control plane's version-skew policy allows), for linux/amd64 or, with a second
+# argument "arm64", cross-built for linux/arm64 (the emulated arm64 node's; Go alone, no cgo).
+# Output: the directory holding the binaries
 # (printed on stdout, last line). The cache lives outside the repository and is keyed by the
 # module and its Kubernetes version; Go's own module and build caches are kept beside it so that
 # removing the cache directory really starts from nothing. A cache directory from before
@@ -11,15 +13,23 @@ set -eu
 
 here=$(cd "$(dirname "$0")" && pwd)
 module=${1:-controlplane}
+arch=${2:-amd64}
 case $module in
     controlplane) binaries="kube-apiserver kube-controller-manager etcd" ;;
     kubelet-*) binaries="kubelet" ;;
     *) echo "build-controlplane: unknown module $module (controlplane or kubelet-<version>)" >&2; exit 2 ;;
 esac
+case $module:$arch in
+    *:amd64 | kubelet-*:arm64) ;;
+    *) echo "build-controlplane: $module is not built for $arch (kubelets only: amd64 or arm64)" >&2; exit 2 ;;
+esac
 version=$(sed -n 's/^[[:space:]]*k8s.io\/kubernetes v\([0-9.]*\)$/\1/p;s/^require k8s.io\/kubernetes v\([0-9.]*\)$/\1/p' "$here/$module/go.mod")
 [ -n "$version" ] || { echo "build-controlplane: cannot read the Kubernetes version from $module/go.mod" >&2; exit 1; }
 cache=${NODE_AGENT_TEST_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/node-agent-test}
-out="$cache/${module%%-*}-v$version"
+# the linux/amd64 builds keep their first directory name; the others carry their architecture
+suffix=""
+[ "$arch" = amd64 ] || suffix="-$arch"
+out="$cache/${module%%-*}-v$version$suffix"
 
 cached() {
     for b in $binaries; do [ -x "$out/$b" ] || return 1; done
@@ -34,7 +44,7 @@ fi
 command -v go >/dev/null 2>&1 || { echo "build-controlplane: Go is required to build the test control plane" >&2; exit 1; }
 mkdir -p "$cache"
 # One build at a time: test runs started side by side wait for the first one's build.
-exec 9>"$cache/.${module%%-*}-v$version.lock"
+exec 9>"$cache/.${module%%-*}-v$version$suffix.lock"
 if command -v flock >/dev/null 2>&1; then flock 9; fi
 if cached; then
     echo "$out"
@@ -42,7 +52,8 @@ if cached; then
 fi
 
 mkdir -p "$cache/go-mod" "$cache/go-build" "$cache/go-tmp"
-export GOMODCACHE="$cache/go-mod" GOCACHE="$cache/go-build" GOTMPDIR="$cache/go-tmp" GOFLAGS=-mod=mod CGO_ENABLED=0
+export GOMODCACHE="$cache/go-mod" GOCACHE="$cache/go-build" GOTMPDIR="$cache/go-tmp" GOFLAGS=-mod=mod CGO_ENABLED=0 \
+    GOOS=linux GOARCH="$arch"
 cd "$here/$module"
 if [ ! -f go.sum ]; then go mod tidy >&2; fi
 
@@ -78,7 +89,7 @@ if cmp -s go.mod "$out/go.mod" 2>/dev/null; then
     exit 0
 fi
 
-echo "build-controlplane: building $binaries v$version into $out (first time takes minutes)" >&2
+echo "build-controlplane: building $binaries v$version (linux/$arch) into $out (first time takes minutes)" >&2
 rm -rf "$out.tmp"
 mkdir -p "$out.tmp"
 for b in $binaries; do

@@ -47,11 +47,12 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def binaries_dir(module: str = "controlplane") -> Path:
+def binaries_dir(module: str = "controlplane", arch: str = "amd64") -> Path:
     """Build (or reuse from the cache) the bed's binaries of ``module``: ``controlplane``
-    (kube-apiserver, kube-controller-manager, etcd) or ``kubelet``; return their directory."""
+    (kube-apiserver, kube-controller-manager, etcd) or ``kubelet-<version>`` (for ``arch``:
+    amd64, or arm64 for the emulated arm64 node); return their directory."""
     result = subprocess.run(
-        ["sh", str(BUILD_SCRIPT), module],
+        ["sh", str(BUILD_SCRIPT), module, arch],
         capture_output=True,
         text=True,
         timeout=3600,

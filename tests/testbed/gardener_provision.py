@@ -9,8 +9,8 @@ bed's registry as a mirror, which holds node-agent's image under the agent's ups
 the real kubelet (``real_kubelet``) under the hyperkube's. From there the agent must get its
 certificate, apply the reconcile OSC (which replaces the agent by the OSC's own unit and
 binary), the kubelet must register its Node and become Ready, and then a Kubernetes patch update
-must act on it. An emulated arm64 node runs the stand-in kubelet instead (the bed builds the
-real one for amd64 only).
+must act on it. An emulated arm64 node gets the hyperkube image as Gardener publishes it, an index
+of linux/amd64 and linux/arm64 (``real_kubelet.hyperkube_index``), and runs the arm64 kubelet.
 
 What the bed changes, because its nodes share the host's network (several agents and kubelets
 at once): the agent's two ports and the kubelet's health port move to free ports, in the
@@ -35,10 +35,8 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client import ApiClient
 
 from tests.testbed import gardener_osc as g
-from tests.testbed import oci, standin
 from tests.testbed import real_kubelet as rk
 from tests.testbed.agent_harness import (
-    create_node,
     node_labels,
     publish_osc,
     unique,
@@ -72,10 +70,6 @@ INIT_UNIT = "gardener-node-init.service"
 AGENT_BINARY = "/opt/bin/gardener-node-agent"
 KUBELET = "kubelet.service"
 KUBELET_EXTRA_ARGS = "/var/lib/kubelet/extra_args"
-#: the pool shapes of a machine whose kubelet is the stand-in, and their Kubernetes versions:
-#: the pool's and its patch update (the real kubelet's are ``real_kubelet.SHAPES``/``VERSIONS``)
-FIRST, UPDATE = "k8s-1.33", "k8s-1.33-patch"
-VERSIONS = (rk.SHAPE_VERSIONS[FIRST], rk.SHAPE_VERSIONS[UPDATE])
 #: Gardener's sshd-ensurer.service restarts every 5 s on a machine without sshd (the bed's): its
 #: starts are that loop's, not the agent's
 LOOPING = ("sshd-ensurer.service",)
@@ -126,29 +120,21 @@ def serve_gardener_images(
     gardener_version: str,
     versions: tuple[str, ...],
     *,
-    real_kubelet: bool,
+    arch: str = "amd64",
 ) -> None:
     """node-agent's image and the hyperkube images under Gardener's names in the bed's
     registry, and the node's ``certs.d`` sending Gardener's registry to it as a mirror. The
     agent's image is an index of linux/amd64 and linux/arm64, as Gardener's images are: the
-    node's ``ctr`` takes its own platform's. The hyperkube images carry the real kubelet
-    (linux/amd64) or, for an emulated arm64 node, the stand-in's index of both."""
+    node's ``ctr`` takes its own platform's. The hyperkube images carry the real kubelet: for
+    an ``arch`` other than amd64 (the emulated arm64 node) the index of both platforms, as
+    Gardener publishes it, else the linux/amd64 image alone (the arm64 kubelet's layer is not
+    compressed for nodes that never take it)."""
     registry.push(AGENT_REPOSITORY, gardener_version, read_layout(agent.layout))
     for version in versions:
-        image = rk.hyperkube_image(version) if real_kubelet else hyperkube_index(version)
+        image = rk.hyperkube_image(version) if arch == "amd64" else rk.hyperkube_index(version)
         registry.push(HYPERKUBE_REPOSITORY, f"v{version}", image)
     cn.write_hosts_toml(
         UPSTREAM_REGISTRY, f"https://{UPSTREAM_REGISTRY}", (f"https://{registry.host}",)
-    )
-
-
-def hyperkube_index(version: str) -> oci.Index:
-    """The stand-in hyperkube image of ``version`` for linux/amd64 and linux/arm64."""
-    return oci.build_index(
-        [
-            oci.build_image(standin.kubelet_image_files(f"v{version}", arch), architecture=arch)
-            for arch in ("amd64", "arm64")
-        ]
     )
 
 
@@ -283,22 +269,21 @@ async def provision_from_user_data(
     cn: ContainerdNode,
     registry: Registry,
     agent: AgentImage,
+    network: rk.PodNetwork,
     *,
     release: str = NEWEST,
-    network: rk.PodNetwork | None = None,
     shapes: tuple[str, str] = rk.SHAPES,
     in_place: bool = False,
+    arch: str = "amd64",
     tick: Callable[[str], None] = lambda _: None,
 ) -> ProvisionRun:
     """Provision from Gardener ``release``'s user data, first OSC, Kubernetes update;
-    ``tick(step)`` after each milestone. With a pod ``network`` the kubelet is the real one
-    (``real_kubelet``) of the pool's ``shapes`` (the first's and the update's): it registers
-    the Node, which must become Ready, and Gardener's restart annotation acts on it before the
-    update. ``in_place``: the pool updates in place, the update once machine-controller-manager
-    says the node is drained. Without a network, the stand-in kubelet of the k8s-1.33 shapes
-    runs and the test makes the Node (an emulated arm64 node)."""
+    ``tick(step)`` after each milestone. The kubelet is the real one (``real_kubelet``) of the
+    pool's ``shapes`` (the first's and the update's), for the node's ``arch``, on the pod
+    ``network``: it registers the Node, which must become Ready, and Gardener's restart
+    annotation acts on it before the update. ``in_place``: the pool updates in place, the
+    update once machine-controller-manager says the node is drained."""
     node = cn.node
-    real = network is not None
     machine = mcm_machine_name()
     token = await create_bootstrap_token(admin)
     args: dict[str, Any] = {
@@ -308,24 +293,21 @@ async def provision_from_user_data(
         "bootstrap_token": token.token,
         "release": release,
     }
-    if not real:
-        shapes = (FIRST, UPDATE)
     versions = (rk.SHAPE_VERSIONS[shapes[0]], rk.SHAPE_VERSIONS[shapes[1]])
     first, update = (generate(shape, **args, in_place=in_place) for shape in shapes)
     # a patch update keeps the Secret, and so does any update of an in-place pool
     assert first.secret_name == update.secret_name
     run = ProvisionRun(machine, first, update, versions, bootstrap_username=token.username)
-    serve_gardener_images(registry, cn, agent, first.gardener_version, versions, real_kubelet=real)
+    serve_gardener_images(registry, cn, agent, first.gardener_version, versions, arch=arch)
     await grant_node_agent_identity(admin, machine, secret_names=[first.secret_name])
     ports = run.ports = LocalPorts.free()
     prepare_machine(cn, machine, ports)
     if in_place:
         image_os_release(node, first)
-    if network is not None:
-        await allow_kubelet_bootstrap(admin)
-        kubelet_args = rk.prepare_node(node, first, network)
-        extra = node.path(KUBELET_EXTRA_ARGS)
-        extra.write_text(extra.read_text().rstrip("\n") + f" {kubelet_args}\n")
+    await allow_kubelet_bootstrap(admin)
+    kubelet_args = rk.prepare_node(node, first, network)
+    extra = node.path(KUBELET_EXTRA_ARGS)
+    extra.write_text(extra.read_text().rstrip("\n") + f" {kubelet_args}\n")
     # The Secret exists before the machine does, as in a shoot.
     checksum = await publish_osc(admin, first.secret_name, ports.osc_yaml(first))
     run.agent_unit_in_osc = _agent_unit(first.osc)
@@ -339,32 +321,22 @@ async def provision_from_user_data(
     run.timings["user data -> certificate"] = time.monotonic() - started
     tick("certificate")
     run.agent_pids = (main_pid(node), 0)
-    if real:
-        await wait_for(lambda: rk.node_registered(admin, machine), 240, "the kubelet's Node")
-        run.timings["user data -> Node registered"] = time.monotonic() - started
-    else:
-        # The OSC starts the kubelet, which registers its Node (the stand-in cannot: the test
-        # does).
-        await wait_for(
-            lambda: show(node, KUBELET).get("ActiveState") == "active", 180, "kubelet started"
-        )
-        await create_node(admin, machine)
+    await wait_for(lambda: rk.node_registered(admin, machine), 240, "the kubelet's Node")
+    run.timings["user data -> Node registered"] = time.monotonic() - started
     await wait_applied(admin, machine, checksum, timeout=180)
     run.timings["user data -> reconcile OSC applied"] = time.monotonic() - started
     tick("reconcile OSC applied")
-    if real:
-        await wait_for(lambda: rk.node_ready(admin, machine), 120, "the Node Ready")
-        run.timings["user data -> Node Ready"] = time.monotonic() - started
-        run.kubelet_user = await rk.kubelet_csr_user(admin, machine)
-        run.node = await core.read_node(machine)
+    await wait_for(lambda: rk.node_ready(admin, machine), 120, "the Node Ready")
+    run.timings["user data -> Node Ready"] = time.monotonic() - started
+    run.kubelet_user = await rk.kubelet_csr_user(admin, machine)
+    run.node = await core.read_node(machine)
     await wait_for(lambda: restarted(node, run.agent_pids[0]), 60, "the agent restarted")
     await wait_for(lambda: not node.path(BOOTSTRAP_TOKEN).exists(), 60, "the token dropped")
     run.agent_pids = (run.agent_pids[0], main_pid(node))
     run.agent_unit_after = node.path(f"/etc/systemd/system/{AGENT_UNIT}").read_text()
-    if real:
-        clock = time.monotonic()
-        run.restarted = await restart_kubelet_by_annotation(admin, node, machine, ports)
-        run.timings["restart annotation -> kubelet healthy"] = time.monotonic() - clock
+    clock = time.monotonic()
+    run.restarted = await restart_kubelet_by_annotation(admin, node, machine, ports)
+    run.timings["restart annotation -> kubelet healthy"] = time.monotonic() - clock
 
     units = tuple(u["name"] for u in first.osc["spec"]["units"] if u["name"] not in LOOPING)
     before = g.unit_marks(node, units)
@@ -382,15 +354,12 @@ async def provision_from_user_data(
     before_update = run.agent_pids[1]
     await wait_for(lambda: restarted(node, before_update), 120, "the agent restarted on the update")
     run.timings["update published -> agent restarted"] = time.monotonic() - clock
-    if real:
-        # the new kubelet from its image posts its version and keeps the Node Ready
-        new = f"v{versions[1]}"
-        await wait_for(
-            lambda: rk.kubelet_version_reported(admin, machine, new), 120, "the new kubelet"
-        )
-        run.timings["update published -> new kubelet reported"] = time.monotonic() - clock
-        await wait_for(lambda: rk.node_ready(admin, machine), 60, "the Node Ready after it")
-        run.update_node = await core.read_node(machine)
+    # the new kubelet from its image posts its version and keeps the Node Ready
+    new = f"v{versions[1]}"
+    await wait_for(lambda: rk.kubelet_version_reported(admin, machine, new), 120, "the new kubelet")
+    run.timings["update published -> new kubelet reported"] = time.monotonic() - clock
+    await wait_for(lambda: rk.node_ready(admin, machine), 60, "the Node Ready after it")
+    run.update_node = await core.read_node(machine)
     run.update_restarted = g.started_again(before, g.unit_marks(node, units))
     run.labels = await node_labels(admin, machine)
     run.checksums = (checksum, checksum2)

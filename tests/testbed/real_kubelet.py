@@ -4,7 +4,9 @@ The bed builds kubelet from Kubernetes' Go module (``build-controlplane.sh kubel
 cached like the control plane) at the versions of Gardener's ``k8s-1.33`` and ``k8s-1.34`` pool
 shapes and their patch updates, which the bed's kube-apiserver serves under the version-skew
 policy (kubelet up to three minors older), and serves it as Gardener does: ``/kubelet`` inside
-the hyperkube image the OSC's ``imageRef`` names, under Gardener's name through the mirror.
+the hyperkube image the OSC's ``imageRef`` names, under Gardener's name through the mirror. The
+``k8s-1.34`` shapes' kubelets are also cross-built for linux/arm64, for the emulated arm64 node,
+which gets the two-platform index.
 Nothing of the generated user data or OSC is rewritten but what ``gardener_provision``
 localizes (ports: the throwaway node shares the host's network); the kubelet's own server port
 moves the same way, through ``$KUBELET_EXTRA_ARGS``, and so do the two flags the host's cgroups
@@ -83,19 +85,24 @@ KUBELET_CHAINS = ("KUBE-FIREWALL", "KUBE-KUBELET-CANARY", "KUBE-IPTABLES-HINT")
 CNI_CONF_DIR, CNI_BIN_DIR, DEBIAN_CNI_PLUGINS = "/etc/cni/net.d", "/opt/cni/bin", "/usr/lib/cni"
 
 
-def kubelet_binary(version: str) -> bytes:
-    """The real kubelet of ``version`` (linux/amd64), as the bed built it."""
-    return (binaries_dir(f"kubelet-{version}") / "kubelet").read_bytes()
+def kubelet_binary(version: str, arch: str = "amd64") -> bytes:
+    """The real kubelet of ``version`` for linux/``arch``, as the bed built it."""
+    return (binaries_dir(f"kubelet-{version}", arch) / "kubelet").read_bytes()
 
 
 @functools.cache
-def hyperkube_image(version: str) -> oci.Image:
-    """Gardener's hyperkube image of ``version`` for linux/amd64: the real kubelet (built once
-    a session: its layer is tens of MiB to compress)."""
-    kubelet = kubelet_binary(version)
-    return oci.build_image(
-        {"/kubelet": (kubelet, 0o755), "/version": (f"v{version}".encode(), 0o644)}
-    )
+def hyperkube_image(version: str, arch: str = "amd64") -> oci.Image:
+    """Gardener's hyperkube image of ``version`` for linux/``arch``: the real kubelet (built
+    once a session: its layer is tens of MiB to compress)."""
+    kubelet = kubelet_binary(version, arch)
+    files = {"/kubelet": (kubelet, 0o755), "/version": (f"v{version}".encode(), 0o644)}
+    return oci.build_image(files, architecture=arch)
+
+
+def hyperkube_index(version: str) -> oci.Index:
+    """Gardener's hyperkube image of ``version`` as Gardener publishes it: an index of the
+    linux/amd64 and linux/arm64 images."""
+    return oci.build_index([hyperkube_image(version, arch) for arch in ("amd64", "arm64")])
 
 
 def sysctl_values(gen: Generated) -> dict[str, str]:

@@ -35,15 +35,14 @@ def _source_hash(source: Path) -> str:
 
 
 @functools.cache
-def build(name: str, goarch: str = "amd64") -> Path:
-    """The binary of ``standin/<name>/`` for linux/``goarch`` (built on first use, then reused
-    from the cache)."""
+def build(name: str) -> Path:
+    """The binary of ``standin/<name>/`` for linux/amd64 (built on first use, then reused from
+    the cache)."""
     source = HERE / name
     if not (source / "go.mod").is_file():
         raise HarnessError(f"no stand-in named {name!r}")
     cache = _cache_root()
-    suffix = "" if goarch == "amd64" else f"-{goarch}"
-    out = cache / f"standin-{name}-{_source_hash(source)}" / f"{name}{suffix}"
+    out = cache / f"standin-{name}-{_source_hash(source)}" / name
     if out.is_file():
         return out
     go = shutil.which("go") or "/usr/local/go/bin/go"
@@ -55,7 +54,7 @@ def build(name: str, goarch: str = "amd64") -> Path:
         os.environ,
         CGO_ENABLED="0",
         GOOS="linux",
-        GOARCH=goarch,
+        GOARCH="amd64",
         GOTOOLCHAIN="local",
         GOFLAGS="",
         GOCACHE=str(cache / "go-build"),
@@ -78,18 +77,16 @@ def build(name: str, goarch: str = "amd64") -> Path:
     return out
 
 
-def kubelet_binary(goarch: str = "amd64") -> bytes:
+def kubelet_binary() -> bytes:
     """The stand-in kubelet: ``GET /healthz`` → ``ok`` on 127.0.0.1:10248 (``--healthz-port``)."""
-    return build("kubelet", goarch).read_bytes()
+    return build("kubelet").read_bytes()
 
 
-def kubelet_image_files(
-    version: str = "v1.33.0", goarch: str = "amd64"
-) -> dict[str, tuple[bytes, int]]:
-    """Files of a stand-in hyperkube image for linux/``goarch``: ``/kubelet`` (0755) and a
-    ``/version`` marker, so that images of different versions have different digests."""
+def kubelet_image_files(version: str = "v1.33.0") -> dict[str, tuple[bytes, int]]:
+    """Files of a stand-in hyperkube image: ``/kubelet`` (0755) and a ``/version`` marker, so
+    that images of different versions have different digests."""
     return {
-        "/kubelet": (kubelet_binary(goarch), 0o755),
+        "/kubelet": (kubelet_binary(), 0o755),
         "/version": (version.encode() + b"\n", 0o644),
     }
 
