@@ -11,7 +11,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 APT_PACKAGES := gcc pkg-config libsystemd-dev libzstd-dev zstd dbus util-linux e2fsprogs iproute2 openssl curl shellcheck containerd docker-registry \
-  mmdebstrap arch-test gpg qemu-user-static binfmt-support gcc-aarch64-linux-gnu binutils \
+  mmdebstrap arch-test gpg qemu-user-static binfmt-support gcc-aarch64-linux-gnu libc6-dev-arm64-cross binutils \
   qemu-system-x86 dosfstools mtools socat iptables containernetworking-plugins
 CONTROLPLANE_STAMP := $(VENV)/.controlplane
 PYTEST_ARGS ?=
@@ -128,8 +128,10 @@ image: artifact
 	$(BIN)/python packaging/image.py
 
 # What the suite needs, built side by side (make -j): the Go builds of the bed, the emulated
-# arm64 artifact and the checks fill the cores between them; each is cached on its own.
-PREPARE := deps venv controlplane kubelet vm-image gardener artifact image lint typecheck monitoring
+# arm64 artifact and the checks fill the cores between them; each is cached on its own. The
+# artifact comes first: its arm64 half compiles under emulation on one core, the longest single
+# job, which would otherwise run alone at the end of a cold run.
+PREPARE := deps venv artifact image controlplane kubelet vm-image gardener lint typecheck monitoring
 PREPARE_JOBS ?= 3
 prepare:
 	@$(MAKE) --no-print-directory -j$(PREPARE_JOBS) $(PREPARE)
