@@ -156,7 +156,8 @@ async def test_an_arm64_machine_comes_up_from_gardeners_user_data_and_updates(
     exe = node.run(["readlink", f"/proc/{kubelet_pid}/exe"]).stdout.strip()
     assert exe.endswith("qemu-aarch64-static"), exe
     # the Node is that kubelet's own: registered with the certificate it bootstrapped, an arm64
-    # machine to the API server, Ready; node-agent reported the OSC on it
+    # machine to the API server (and to Gardener, which rendered the OSC of an arm64 pool: its
+    # kubelet flags label the Node so), Ready; node-agent reported the OSC on it
     assert run.node is not None
     assert run.kubelet_user == f"system:node:{run.machine}"
     assert run.node.metadata.labels["kubernetes.io/arch"] == "arm64"
@@ -173,6 +174,7 @@ async def test_an_arm64_machine_comes_up_from_gardeners_user_data_and_updates(
     assert run.labels[gp.VERSION_LABEL] == patch
     assert run.update_node is not None
     assert run.update_node.status.node_info.kubelet_version == f"v{patch}"
+    assert run.update_node.metadata.labels["kubernetes.io/arch"] == "arm64"
     assert run.update_node.metadata.annotations[gp.CHECKSUM] == run.checksums[1]
     assert csr_approver.errors == []
 

@@ -151,11 +151,13 @@ def generate(
     in_place: bool = False,
     image_version: str = "",
     kubelet_data_volume: str = "",
+    architecture: str = "",
 ) -> Generated:
     """Gardener ``release``'s output for ``shape``; empty arguments take gardener-gen's test
     values. ``in_place`` makes any shape's pool update in place, ``image_version`` is its
     machine image's (the OS version an in-place pool updates to), ``kubelet_data_volume`` the
-    size of the pool's data volume for the kubelet (a quantity such as ``1Gi``).
+    size of the pool's data volume for the kubelet (a quantity such as ``1Gi``),
+    ``architecture`` its machines' (``amd64``, the default, or ``arm64``).
 
     With the test values (no arguments), the result is kept next to the binaries (the
     generator is deterministic), so a session runs it once per shape; a run with a test's own
@@ -178,6 +180,8 @@ def generate(
         args.append(f"--image-version={image_version}")
     if kubelet_data_volume:
         args.append(f"--kubelet-data-volume={kubelet_data_volume}")
+    if architecture:
+        args.append(f"--architecture={architecture}")
     binaries = binaries_dir(release)
     cached = binaries / "generated" / f"{shape}.json" if len(args) == 1 else None
     if cached is not None and cached.exists():

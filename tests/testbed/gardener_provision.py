@@ -281,8 +281,9 @@ async def provision_from_user_data(
     ``tick(step)`` after each milestone. The kubelet is the real one (``real_kubelet``) of the
     pool's ``shapes`` (the first's and the update's), for the node's ``arch``, on the pod
     ``network``: it registers the Node, which must become Ready, and Gardener's restart
-    annotation acts on it before the update. ``in_place``: the pool updates in place, the
-    update once machine-controller-manager says the node is drained."""
+    annotation acts on it before the update. The pool's machines are of ``arch`` (Gardener
+    renders its OSC for it: the kubelet's ``kubernetes.io/arch`` label). ``in_place``: the pool
+    updates in place, the update once machine-controller-manager says the node is drained."""
     node = cn.node
     machine = mcm_machine_name()
     token = await create_bootstrap_token(admin)
@@ -292,6 +293,7 @@ async def provision_from_user_data(
         "ca_file": control_plane.ca_file,
         "bootstrap_token": token.token,
         "release": release,
+        "architecture": arch,
     }
     versions = (rk.SHAPE_VERSIONS[shapes[0]], rk.SHAPE_VERSIONS[shapes[1]])
     first, update = (generate(shape, **args, in_place=in_place) for shape in shapes)

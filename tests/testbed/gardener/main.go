@@ -57,9 +57,11 @@ type shape struct {
 	inPlace    bool
 	mirrors    bool
 	serial     bool
-	// set by flags on any shape: the machine image's version, the kubelet data volume's size
+	// set by flags on any shape: the machine image's version, the kubelet data volume's size,
+	// the machines' architecture
 	imageVersion    string
 	kubeletDataSize string
+	architecture    string
 }
 
 var shapes = map[string]shape{
@@ -111,6 +113,7 @@ func main() {
 		inPlace     = flag.Bool("in-place", false, "the pool updates in place (AutoInPlaceUpdate), whatever the shape")
 		imageVer    = flag.String("image-version", "1877.5.0", "the machine image's version (an in-place pool's OS version)")
 		dataVolume  = flag.String("kubelet-data-volume", "", "the size of a data volume for the kubelet (e.g. 1Gi; default: none)")
+		arch        = flag.String("architecture", v1beta1constants.ArchitectureAMD64, "the pool's machine architecture (amd64 or arm64)")
 	)
 	flag.Parse()
 	// gardenlet's feature gates at their defaults: the components consult them.
@@ -125,6 +128,12 @@ func main() {
 	}
 	s.inPlace = s.inPlace || *inPlace
 	s.imageVersion, s.kubeletDataSize = *imageVer, *dataVolume
+	switch *arch {
+	case v1beta1constants.ArchitectureAMD64, v1beta1constants.ArchitectureARM64:
+		s.architecture = *arch
+	default:
+		fail(fmt.Errorf("unknown architecture %q (amd64 or arm64)", *arch))
+	}
 	if *machineName == "" {
 		*machineName = fmt.Sprintf("%s-%s-z1-7d9f8b6c5-q4x2z", namespace, poolName)
 	}
@@ -170,7 +179,7 @@ func worker(s shape) gardencorev1beta1.Worker {
 			Type:  "m5.large",
 			Image: &gardencorev1beta1.ShootMachineImage{Name: "gardenlinux", Version: new(s.imageVersion)},
 			// As the Shoot's defaulting sets it: releases before v1.149 read it without a default.
-			Architecture: new(v1beta1constants.ArchitectureAMD64),
+			Architecture: new(s.architecture),
 		},
 		CRI:    &gardencorev1beta1.CRI{Name: gardencorev1beta1.CRINameContainerD},
 		Volume: &gardencorev1beta1.Volume{VolumeSize: "50Gi", Type: new("gp3")},
