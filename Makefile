@@ -131,9 +131,12 @@ image: artifact
 # arm64 artifact and the checks fill the cores between them; each is cached on its own. The
 # artifact comes first: its arm64 half compiles under emulation on one core, the longest single
 # job, which would otherwise run alone at the end of a cold run.
-PREPARE := deps venv artifact image controlplane kubelet vm-image gardener lint typecheck monitoring
+# The venv is made first, on its own: make -j would otherwise fill its places with the Go
+# builds while the venv's pip install runs, and the artifact would wait for one to end.
+PREPARE := artifact image controlplane kubelet vm-image gardener lint typecheck monitoring
 PREPARE_JOBS ?= 3
 prepare:
+	@$(MAKE) --no-print-directory deps venv
 	@$(MAKE) --no-print-directory -j$(PREPARE_JOBS) $(PREPARE)
 
 # The suite's files run side by side on TEST_JOBS workers (pytest-xdist; a file's tests stay
