@@ -128,11 +128,9 @@ image: artifact
 	$(BIN)/python packaging/image.py
 
 # What the suite needs, built side by side (make -j): the Go builds of the bed, the emulated
-# arm64 artifact and the checks fill the cores between them; each is cached on its own. The
-# artifact comes first: its arm64 half compiles under emulation on one core, the longest single
-# job, which would otherwise run alone at the end of a cold run.
-# The venv is made first, on its own: make -j would otherwise fill its places with the Go
-# builds while the venv's pip install runs, and the artifact would wait for one to end.
+# arm64 artifact and the checks fill the cores between them; each is cached on its own. The venv
+# is made first, on its own, then the artifact starts first: its arm64 half compiles under
+# emulation on one core, the longest single job, which would otherwise run alone at the end.
 PREPARE := artifact image controlplane kubelet vm-image gardener lint typecheck monitoring
 PREPARE_JOBS ?= 3
 prepare:

@@ -62,10 +62,7 @@ def arm64_node(workdir: Path, registry_ca: CertificateAuthority) -> Iterator[Con
 def journal(arm64_node: ContainerdNode) -> Iterator[None]:
     """The init unit's, the agent's and the kubelet's journal in the report of a failing test."""
     yield
-    for units in ((gp.INIT_UNIT, gp.AGENT_UNIT), (gp.KUBELET,)):
-        argv = ["journalctl", "--no-pager", "-o", "cat"] + [f"-u{unit}" for unit in units]
-        out = arm64_node.node.run(argv, check=False).stdout
-        print(f"--- journal of {', '.join(units)} ---\n" + out[-8000:])
+    gp.print_journals(arm64_node.node)
 
 
 def manifests_fetched(registry: Registry, repository: str) -> set[str]:

@@ -58,10 +58,7 @@ def agent_journal(node: IsolatedSystemd) -> list[str]:
 def journal(containerd_node: ContainerdNode) -> Iterator[None]:
     """The init unit's, the agent's and the kubelet's journal in the report of a failing test."""
     yield
-    for units in ((gp.INIT_UNIT, gp.AGENT_UNIT), (gp.KUBELET,)):
-        argv = ["journalctl", "--no-pager", "-o", "cat"] + [f"-u{unit}" for unit in units]
-        out = containerd_node.node.run(argv, check=False).stdout
-        print(f"--- journal of {', '.join(units)} ---\n" + out[-8000:])
+    gp.print_journals(containerd_node.node)
 
 
 Provision = Callable[..., Awaitable[gp.ProvisionRun]]

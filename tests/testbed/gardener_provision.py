@@ -226,6 +226,15 @@ class ProvisionRun:
     ports: LocalPorts | None = None
 
 
+def print_journals(node: IsolatedSystemd) -> None:
+    """The init unit's, the agent's and the kubelet's journal, for the report of a failing
+    test."""
+    for units in ((INIT_UNIT, AGENT_UNIT), (KUBELET,)):
+        argv = ["journalctl", "--no-pager", "-o", "cat"] + [f"-u{unit}" for unit in units]
+        out = node.run(argv, check=False).stdout
+        print(f"--- journal of {', '.join(units)} ---\n" + out[-8000:])
+
+
 def main_pid(node: IsolatedSystemd) -> int:
     return int(show(node, AGENT_UNIT).get("MainPID") or 0)
 
