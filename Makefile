@@ -20,7 +20,7 @@ export NODE_AGENT_TEST_CACHE ?= $(HOME)/.cache/node-agent-test
 export TMPDIR := $(NODE_AGENT_TEST_CACHE)/tmp
 $(shell mkdir -p $(TMPDIR))
 
-.PHONY: help prepare deps venv controlplane kubelet vm-image gardener gardener-all compat promtool monitoring artifact image lint typecheck unit test fuzz demo clean
+.PHONY: help prepare deps venv controlplane kubelet kubelet-amd64 kubelet-arm64 vm-image gardener gardener-all compat promtool monitoring artifact image lint typecheck unit test fuzz demo clean
 
 help:
 	@echo "make test   - set up and run ruff, mypy (strict) and the whole pytest suite"
@@ -61,12 +61,18 @@ controlplane: deps
 vm-image: deps
 	@sh tests/testbed/vm/build-image.sh > /dev/null
 
-# The real kubelets, at the Kubernetes versions of the Gardener shapes their tests provision;
-# those of the k8s-1.34 shape and its patch update also for linux/arm64 (the emulated arm64 node).
-ARM64_KUBELETS := kubelet-1.34.0 kubelet-1.34.2
-kubelet: deps
-	@for module in $$(cd tests/testbed && ls -d kubelet-*); do \
+# The real kubelets, at the Kubernetes versions of the Gardener shapes their tests provision
+# (tests/testbed/kubelet-<version>/); that of the k8s-1.34 shape also for linux/arm64 (the
+# emulated arm64 node). The amd64 ones one after the other, newest first: they share most of
+# their dependencies, which the first build leaves in Go's build cache for the next (builds side
+# by side would each compile them). The arm64 build shares nothing with them: a job of its own.
+KUBELETS := $(sort $(notdir $(wildcard tests/testbed/kubelet-*)))
+ARM64_KUBELETS := kubelet-1.34.0
+kubelet: kubelet-amd64 kubelet-arm64
+kubelet-amd64: deps
+	@for module in $(shell printf '%s\n' $(KUBELETS) | sort -rV); do \
 	  sh tests/testbed/build-controlplane.sh "$$module" > /dev/null || exit 1; done
+kubelet-arm64: deps
 	@for module in $(ARM64_KUBELETS); do \
 	  sh tests/testbed/build-controlplane.sh "$$module" arm64 > /dev/null || exit 1; done
 
@@ -75,8 +81,8 @@ kubelet: deps
 # and the newest, `make compat` every release.
 GARDENER_BUILD := sh tests/testbed/build-gardener.sh
 gardener: deps
-	@$(GARDENER_BUILD) "$$($(GARDENER_BUILD) --list | head -n 1)" > /dev/null
 	@$(GARDENER_BUILD) > /dev/null
+	@$(GARDENER_BUILD) "$$($(GARDENER_BUILD) --list | head -n 1)" > /dev/null
 
 gardener-all: deps
 	@for release in $$($(GARDENER_BUILD) --list); do $(GARDENER_BUILD) "$$release" > /dev/null; done
@@ -117,9 +123,9 @@ fuzz: venv
 # architecture than this machine's is built in an emulated Debian root, packaging/rootfs.sh; each
 # reused from the cache while its sources are unchanged). The integration tests install them on
 # throwaway nodes.
-artifact: deps venv
-	NODE_AGENT_ARCH=amd64 PYTHON=$(BIN)/python sh packaging/build.sh
-	NODE_AGENT_ARCH=arm64 PYTHON=$(BIN)/python sh packaging/build.sh
+artifact: artifact-amd64 artifact-arm64
+artifact-%: deps venv
+	NODE_AGENT_ARCH=$* PYTHON=$(BIN)/python sh packaging/build.sh
 
 # The OCI image layout, an index of linux/amd64 and linux/arm64 with the agent as one executable
 # each (packaging/image.py; no container daemon; reused from the cache while the artifacts and
@@ -127,12 +133,15 @@ artifact: deps venv
 image: artifact
 	$(BIN)/python packaging/image.py
 
-# What the suite needs, built side by side (make -j): the Go builds of the bed, the emulated
-# arm64 artifact and the checks fill the cores between them; each is cached on its own. The venv
-# is made first, on its own, then the artifact starts first: its arm64 half compiles under
-# emulation on one core, the longest single job, which would otherwise run alone at the end.
-PREPARE := artifact image controlplane kubelet vm-image gardener lint typecheck monitoring
-PREPARE_JOBS ?= 3
+# What the suite needs, built side by side (make -j): the Go builds of the bed (the control plane,
+# the amd64 kubelets, the arm64 kubelet, the Gardener releases: four jobs), the emulated arm64
+# artifact and the checks fill the cores between them (while one job downloads, links or runs on
+# one core, the others compile); each is cached on its own. The venv is made first, on its own;
+# then the arm64 artifact starts first: it runs under emulation on one core, the longest single
+# job, which would otherwise run alone at the end.
+PREPARE := artifact-arm64 controlplane kubelet-amd64 vm-image gardener kubelet-arm64 artifact-amd64 \
+  image lint typecheck monitoring
+PREPARE_JOBS ?= 4
 prepare:
 	@$(MAKE) --no-print-directory deps venv
 	@$(MAKE) --no-print-directory -j$(PREPARE_JOBS) $(PREPARE)

@@ -1,6 +1,6 @@
 """A Gardener-shaped reconcile OSC on a throwaway node with real containerd and real registries.
 
-Its kubelet is the real one (1.33.0, then 1.33.1) from the hyperkube image, run standalone; its
+Its kubelet is the real one (1.34.0, then 1.34.2) from the hyperkube image, run standalone; its
 ``/healthz`` says it runs after each update.
 
 The agent runs in this process with both halves of containerd support: the ``ContainerdExpander``
@@ -111,7 +111,7 @@ async def bed(
     # would refuse: as a machine's sysctl would have them
     rk.shadow_kernel_tunables(node, rk.KUBELET_KERNEL_VALUES)
     pool = g.GardenerPool.fresh(registry, mirror)
-    pool.push_images(("1.33.0", "1.33.1"), kubelet_image=rk.hyperkube_image)
+    pool.push_images(("1.34.0", "1.34.2"), kubelet_image=rk.hyperkube_image)
     images = CtrImages(root=node.root, argv_prefix=containerd_node.nsenter_argv)
     try:
         async with containerd_agent(images=images, expander=ContainerdExpander) as harness:
@@ -124,12 +124,12 @@ async def bed(
 
 async def test_gardener_osc_applies_and_a_patch_update_restarts_exactly_kubelet(bed: Bed) -> None:
     pool = bed.pool
-    checksum = await bed.apply(pool.osc("1.33.0"))
+    checksum = await bed.apply(pool.osc("1.34.0"))
     annotations = await bed.agent.node_annotations()
     assert annotations["checksum/cloud-config-data"] == checksum
 
     # the real kubelet from the hyperkube image, byte-exact, running and healthy.
-    assert bed.read(g.KUBELET_BINARY) == rk.kubelet_binary("1.33.0")
+    assert bed.read(g.KUBELET_BINARY) == rk.kubelet_binary("1.34.0")
     assert bed.mode(g.KUBELET_BINARY) == 0o755
     assert bed.read(g.SHIPPER_BINARY) == pool.shipper_binary()
     assert bed.mode(g.SHIPPER_BINARY) == 0o700
@@ -148,7 +148,7 @@ async def test_gardener_osc_applies_and_a_patch_update_restarts_exactly_kubelet(
     assert bed.mode(g.USER_KEYS) == 0o400
     assert bed.mode(g.AGENT_CONFIG) == 0o600
     assert bed.mode(g.USER_SCRIPT) == 0o755
-    assert bed.read(g.AGENT_CONFIG).decode() == pool.agent_config("1.33.0")
+    assert bed.read(g.AGENT_CONFIG).decode() == pool.agent_config("1.34.0")
 
     # containerd's configuration from criConfig, and both drop-ins.
     config = tomllib.loads(bed.read(CONFIG).decode())
@@ -170,8 +170,8 @@ async def test_gardener_osc_applies_and_a_patch_update_restarts_exactly_kubelet(
         assert pool.registry.served(repository, user_agent="containerd/") == []
     expected = {
         (
-            pool.hyperkube_ref("1.33.0"),
-            pool.digests[pool.hyperkube_ref("1.33.0")],
+            pool.hyperkube_ref("1.34.0"),
+            pool.digests[pool.hyperkube_ref("1.34.0")],
             g.KUBELET_BINARY,
         ),
         (pool.shipper_ref(), pool.digests[pool.shipper_ref()], g.SHIPPER_BINARY),
@@ -199,22 +199,22 @@ async def test_gardener_osc_applies_and_a_patch_update_restarts_exactly_kubelet(
 
     # The patch update: exactly kubelet restarts, on the new binary's image.
     before, requests = bed.marks(), bed.requests()
-    await bed.apply(pool.osc("1.33.1"))
+    await bed.apply(pool.osc("1.34.2"))
     after = bed.marks()
     assert g.started_again(before, after) == {g.KUBELET}
     assert after[g.KUBELET].active == "active"
-    assert bed.read(g.KUBELET_BINARY) == rk.kubelet_binary("1.33.1")
+    assert bed.read(g.KUBELET_BINARY) == rk.kubelet_binary("1.34.2")
     assert await bed.healthy()
     [pull] = bed.pulls()
     assert (pull.image, pull.digest) == (
-        pool.hyperkube_ref("1.33.1"),
-        pool.digests[pool.hyperkube_ref("1.33.1")],
+        pool.hyperkube_ref("1.34.2"),
+        pool.digests[pool.hyperkube_ref("1.34.2")],
     )
-    assert bed.node.images()[pool.hyperkube_ref("1.33.1")] == pull.digest
-    assert bed.read(g.KUBELET_CONFIG).decode() == pool.kubelet_config("1.33.1")
-    assert bed.read(g.AGENT_CONFIG).decode() == pool.agent_config("1.33.1")
+    assert bed.node.images()[pool.hyperkube_ref("1.34.2")] == pull.digest
+    assert bed.read(g.KUBELET_CONFIG).decode() == pool.kubelet_config("1.34.2")
+    assert bed.read(g.AGENT_CONFIG).decode() == pool.agent_config("1.34.2")
     assert bed.read("/etc/systemd/system/kubelet.service").decode() == pool.kubelet_unit_text(
-        "1.33.1"
+        "1.34.2"
     )
     # Only the new hyperkube image was fetched, again only through the mirror.
     assert pool.registry.served(pool.hyperkube, user_agent="containerd/") == []
@@ -224,11 +224,11 @@ async def test_gardener_osc_applies_and_a_patch_update_restarts_exactly_kubelet(
 
 
 async def test_a_config_toml_change_restarts_containerd_and_nothing_else(bed: Bed) -> None:
-    await bed.apply(bed.pool.osc("1.33.0"))
+    await bed.apply(bed.pool.osc("1.34.0"))
     assert await bed.healthy()  # the kubelet up, not still starting, when containerd restarts
     before, requests = bed.marks(), bed.requests()
 
-    await bed.apply(bed.pool.osc("1.33.0", sandbox_image="registry.k8s.io/pause:3.11"))
+    await bed.apply(bed.pool.osc("1.34.0", sandbox_image="registry.k8s.io/pause:3.11"))
 
     after = bed.marks()
     assert g.started_again(before, after) == {g.CONTAINERD}
@@ -242,10 +242,10 @@ async def test_a_config_toml_change_restarts_containerd_and_nothing_else(bed: Be
 
 async def test_a_patch_update_to_a_missing_hyperkube_tag_keeps_the_old_kubelet(bed: Bed) -> None:
     pool = bed.pool
-    await bed.apply(pool.osc("1.33.0"))
+    await bed.apply(pool.osc("1.34.0"))
     before = bed.marks()
-    missing = pool.registry.ref(pool.hyperkube, "v1.33.9")
-    doc = pool.osc("1.33.1")
+    missing = pool.registry.ref(pool.hyperkube, "v1.34.9")
+    doc = pool.osc("1.34.2")
     [kubelet_file] = [f for f in doc["spec"]["files"] if f["path"] == g.KUBELET_BINARY]
     kubelet_file["content"]["imageRef"]["image"] = missing
 
@@ -256,9 +256,9 @@ async def test_a_patch_update_to_a_missing_hyperkube_tag_keeps_the_old_kubelet(b
     blocked = await bed.agent.wait_warning(f"{g.KUBELET}: not attempted", g.KUBELET_BINARY)
     assert missing in blocked
     # The rest of the update is on disk; the old binary stays and kubelet keeps running it.
-    assert bed.read(g.KUBELET_CONFIG).decode() == pool.kubelet_config("1.33.1")
-    assert bed.read(g.AGENT_CONFIG).decode() == pool.agent_config("1.33.1")
-    assert bed.read(g.KUBELET_BINARY) == rk.kubelet_binary("1.33.0")
+    assert bed.read(g.KUBELET_CONFIG).decode() == pool.kubelet_config("1.34.2")
+    assert bed.read(g.AGENT_CONFIG).decode() == pool.agent_config("1.34.2")
+    assert bed.read(g.KUBELET_BINARY) == rk.kubelet_binary("1.34.0")
     assert g.started_again(before, bed.marks()) == set()
     assert await bed.healthy()
 
@@ -266,7 +266,7 @@ async def test_a_patch_update_to_a_missing_hyperkube_tag_keeps_the_old_kubelet(b
 async def test_a_replaced_binary_from_an_image_is_repaired_by_the_periodic_check(bed: Bed) -> None:
     """Drift repair covers imageRef files too: the bytes written are known from the inventory,
     so a binary swapped on the host is written again from the image and kubelet restarts."""
-    await bed.apply(bed.pool.osc("1.33.0"))
+    await bed.apply(bed.pool.osc("1.34.0"))
     good = bed.read(g.KUBELET_BINARY)
     before = bed.marks()
     blobs_before = blob_requests(bed)

@@ -1,6 +1,6 @@
 """imageRef files on a throwaway node with real containerd and real TLS registries.
 
-The file is the real kubelet (1.33.0, 1.33.1) from a hyperkube image, run standalone by its unit
+The file is the real kubelet (1.34.0, 1.34.2) from a hyperkube image, run standalone by its unit
 as the OSC gives it (its config inline, its server port free, no QoS cgroups); its ``/healthz``
 says the binary the agent wrote runs.
 
@@ -72,7 +72,7 @@ class Bed:
             f"v{version}": registry.push(
                 self.repository, f"v{version}", rk.hyperkube_image(version)
             )
-            for version in ("1.33.0", "1.33.1")
+            for version in ("1.34.0", "1.34.2")
         }
 
     def ref(self, tag: str) -> str:
@@ -144,14 +144,14 @@ async def bed(
 
 async def test_kubelet_from_image_runs_and_updates_restart_exactly_kubelet(bed: Bed) -> None:
     agent = bed.agent
-    await agent.wait_applied(await agent.publish(bed.osc(bed.ref("v1.33.0"))))
+    await agent.wait_applied(await agent.publish(bed.osc(bed.ref("v1.34.0"))))
 
-    binary = rk.kubelet_binary("1.33.0")
+    binary = rk.kubelet_binary("1.34.0")
     assert bed.on_disk(KUBELET) == (binary, 0o755)
     assert await bed.healthy()
     states = await agent.unit_states(["kubelet.service"])
     assert states["kubelet.service"].active_state == "active"
-    assert bed.node.images()[bed.ref("v1.33.0")] == bed.digests["v1.33.0"]
+    assert bed.node.images()[bed.ref("v1.34.0")] == bed.digests["v1.34.0"]
     # Pulled through the mirror's hosts.toml: containerd never asked the registry itself.
     mirror_fetches, registry_fetches = bed.fetches()
     assert mirror_fetches > 0
@@ -164,20 +164,20 @@ async def test_kubelet_from_image_runs_and_updates_restart_exactly_kubelet(bed: 
     last = agent.controller.last_outcome
     assert last is not None
     [pull] = last.report.pulls
-    assert (pull.digest, pull.size) == (bed.digests["v1.33.0"], len(binary))
+    assert (pull.digest, pull.size) == (bed.digests["v1.34.0"], len(binary))
 
     # A new tag: exactly kubelet restarts.
     before = await bed.invocations()
-    await agent.wait_applied(await agent.publish(bed.osc(bed.ref("v1.33.1"))))
+    await agent.wait_applied(await agent.publish(bed.osc(bed.ref("v1.34.2"))))
     after = await bed.invocations()
     assert {u for u in before if after[u] != before[u]} == {"kubelet.service"}
-    assert bed.node.images()[bed.ref("v1.33.1")] == bed.digests["v1.33.1"]
+    assert bed.node.images()[bed.ref("v1.34.2")] == bed.digests["v1.34.2"]
     assert await bed.healthy()
 
     # The same image reference again, with another change: no pull, kubelet untouched.
     fetched = bed.fetches()
     before = after
-    await agent.wait_applied(await agent.publish(bed.osc(bed.ref("v1.33.1"), other="two\n")))
+    await agent.wait_applied(await agent.publish(bed.osc(bed.ref("v1.34.2"), other="two\n")))
     after = await bed.invocations()
     assert {u for u in before if after[u] != before[u]} == {"other.service"}
     assert bed.fetches() == fetched
@@ -192,14 +192,14 @@ async def test_failed_image_is_one_warning_naming_it_and_the_rest_applies(
     bed: Bed, case: str
 ) -> None:
     agent = bed.agent
-    await agent.wait_applied(await agent.publish(bed.osc(bed.ref("v1.33.0"))))
+    await agent.wait_applied(await agent.publish(bed.osc(bed.ref("v1.34.0"))))
     binary = bed.on_disk(KUBELET)
     before = await bed.invocations()
 
     image, path = {
         "missing image": (bed.ref("v9.9.9"), "/kubelet"),
-        "unreachable registry": (f"127.0.0.1:{free_port()}/test/hyperkube:v1.33.1", "/kubelet"),
-        "bad path": (bed.ref("v1.33.1"), "/usr/bin/no-kubelet"),
+        "unreachable registry": (f"127.0.0.1:{free_port()}/test/hyperkube:v1.34.2", "/kubelet"),
+        "bad path": (bed.ref("v1.34.2"), "/usr/bin/no-kubelet"),
     }[case]
     await agent.publish(bed.osc(image, path, other="changed alongside\n"))
 
@@ -233,14 +233,14 @@ async def test_a_registry_hanging_mid_blob_holds_only_the_units_of_its_file(
     after the pull timeout with a Warning naming the image, the unit that uses the file keeps
     running the old binary; once the registry is healthy, the next OSC converges."""
     agent = bed.agent
-    await agent.wait_applied(await agent.publish(bed.osc(bed.ref("v1.33.0"))))
+    await agent.wait_applied(await agent.publish(bed.osc(bed.ref("v1.34.0"))))
     binary = bed.on_disk(KUBELET)
     before = await bed.invocations()
     bed.images.pull_timeout = 20.0
     # a kubelet of its own (trailing bytes do not keep an ELF binary from running)
-    new_kubelet = rk.kubelet_binary("1.33.1") + b"\nstalling v1.33.2\n"
+    new_kubelet = rk.kubelet_binary("1.34.2") + b"\nstalling v1.34.3\n"
     image = oci.build_image({"/kubelet": (new_kubelet, 0o755)})
-    with StallingRegistry(registry_ca, "test/stalling", "v1.33.2", image) as stalling:
+    with StallingRegistry(registry_ca, "test/stalling", "v1.34.3", image) as stalling:
         bed.node.trust(stalling.host)
         ref = stalling.ref()
         started = time.monotonic()

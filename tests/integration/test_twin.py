@@ -82,7 +82,7 @@ RESTART_ANNOTATION = "worker.gardener.cloud/restart-systemd-services"
 #: Gardener's image references, replaced by the bed's registry (no network): same tag, the real
 #: kubelet of that version inside (tests/testbed/real_kubelet.py)
 HYPERKUBE = "europe-docker.pkg.dev/gardener-project/releases/hyperkube:v"
-VERSIONS = ("1.33.0", "1.33.1", "1.34.0")
+VERSIONS = ("1.33.0", "1.34.0", "1.34.2")
 #: the unit check's period on both twins (seconds; Gardener's default is a minute, its minimum
 #: 15 s) and how long the test lets both agents settle after they reported a step (one unit
 #: check and a bit)
@@ -342,18 +342,21 @@ class Step:
 
 STEPS = (
     Step("create", lambda s: base_osc("k8s-1.33", s)),
-    Step("patch update", lambda s: base_osc("k8s-1.33-patch", s)),
+    Step("registry added", lambda s: base_osc("mirrors", s)),
+    Step("registry removed", lambda s: base_osc("k8s-1.33", s)),
+    Step("minor update", lambda s: base_osc("k8s-1.34", s)),
+    Step("patch update", lambda s: base_osc("k8s-1.34-patch", s)),
     Step(
         "unit added",
         lambda s: with_units(
-            base_osc("k8s-1.33-patch", s), service(EXTRA, command="start", enable=True)
+            base_osc("k8s-1.34-patch", s), service(EXTRA, command="start", enable=True)
         ),
     ),
-    Step("unit removed", lambda s: base_osc("k8s-1.33-patch", s)),
+    Step("unit removed", lambda s: base_osc("k8s-1.34-patch", s)),
     Step(
         "template unit",
         lambda s: with_units(
-            base_osc("k8s-1.33-patch", s),
+            base_osc("k8s-1.34-patch", s),
             {"name": TEMPLATE, "content": "[Service]\nExecStart=/bin/sleep infinity\n"},
         ),
         upstream_applies=False,
@@ -364,7 +367,7 @@ STEPS = (
     Step(
         "failing unit",
         lambda s: with_units(
-            base_osc("k8s-1.33-patch", s),
+            base_osc("k8s-1.34-patch", s),
             service(
                 FAILING,
                 "/opt/bin/twin-missing",
@@ -374,10 +377,7 @@ STEPS = (
             ),
         ),
     ),
-    Step("restart annotation", lambda s: base_osc("k8s-1.33-patch", s), restart="twin-restart"),
-    Step("registry added", lambda s: base_osc("mirrors", s)),
-    Step("registry removed", lambda s: base_osc("k8s-1.33", s)),
-    Step("minor update", lambda s: base_osc("k8s-1.34", s)),
+    Step("restart annotation", lambda s: base_osc("k8s-1.34-patch", s), restart="twin-restart"),
 )
 
 

@@ -68,7 +68,7 @@ if [ "$binaries" = kubelet ]; then
 fi
 
 build() { # build <binary> <package> <dir>
-    go build -trimpath -ldflags="-s -w $stamp" -o "$3/$1.tmp" "$2" >&2
+    go build -trimpath -gcflags=all=-dwarf=false -ldflags="-s -w $stamp" -o "$3/$1.tmp" "$2" >&2
     mv "$3/$1.tmp" "$3/$1"
 }
 package() {

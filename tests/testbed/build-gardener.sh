@@ -84,8 +84,8 @@ ldflags="-s -w -X k8s.io/component-base/version.gitVersion=$version"
 ldflags="$ldflags -X k8s.io/component-base/version.gitMajor=$major -X k8s.io/component-base/version.gitMinor=$minor"
 ldflags="$ldflags -X k8s.io/component-base/version.gitTreeState=clean"
 
-go build -trimpath -ldflags="$ldflags" -o "$out.tmp/gardener-node-agent" github.com/gardener/gardener/cmd/gardener-node-agent >&2
-go build -trimpath -ldflags="$ldflags" -o "$out.tmp/gardener-gen" . >&2
+go build -trimpath -gcflags=all=-dwarf=false -ldflags="$ldflags" -o "$out.tmp/gardener-node-agent" github.com/gardener/gardener/cmd/gardener-node-agent >&2
+go build -trimpath -gcflags=all=-dwarf=false -ldflags="$ldflags" -o "$out.tmp/gardener-gen" . >&2
 cd "$cache"
 rm -rf "$out"
 mv "$out.tmp" "$out"

@@ -37,7 +37,7 @@ cd "$here/promtool"
 echo "build-promtool: building promtool $version into $out (first time takes minutes)" >&2
 rm -rf "$out.tmp"
 mkdir -p "$out.tmp"
-go build -trimpath -tags remove_all_sd -ldflags='-s -w' -o "$out.tmp/promtool" \
+go build -trimpath -gcflags=all=-dwarf=false -tags remove_all_sd -ldflags='-s -w' -o "$out.tmp/promtool" \
     github.com/prometheus/prometheus/cmd/promtool >&2
 cp go.mod "$out.tmp/go.mod"
 rm -rf "$out"

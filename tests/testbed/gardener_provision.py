@@ -196,15 +196,17 @@ class ProvisionRun:
 
     machine: str
     first: Generated
-    update: Generated
-    #: the Kubernetes versions of the pool and of its patch update
-    versions: tuple[str, str]
+    #: the pool's update (None: provisioned without one)
+    update: Generated | None
+    #: the Kubernetes versions of the pool and of its update (if any)
+    versions: tuple[str, ...]
     #: seconds from starting the user data (or publishing the update) to each milestone
     timings: dict[str, float] = field(default_factory=dict)
     common_name: str = ""
     requester: str = ""
     bootstrap_username: str = ""
-    checksums: tuple[str, str] = ("", "")
+    #: the first OSC's checksum and the update's (if any)
+    checksums: tuple[str, ...] = ()
     #: the units the update started again
     update_restarted: set[str] = field(default_factory=set)
     #: the agent unit's text after the first OSC, and the OSC's text for it
@@ -281,14 +283,15 @@ async def provision_from_user_data(
     network: rk.PodNetwork,
     *,
     release: str = NEWEST,
-    shapes: tuple[str, str] = rk.SHAPES,
+    shapes: tuple[str, ...] = rk.SHAPES,
     in_place: bool = False,
     arch: str = "amd64",
     tick: Callable[[str], None] = lambda _: None,
 ) -> ProvisionRun:
     """Provision from Gardener ``release``'s user data, first OSC, Kubernetes update;
     ``tick(step)`` after each milestone. The kubelet is the real one (``real_kubelet``) of the
-    pool's ``shapes`` (the first's and the update's), for the node's ``arch``, on the pod
+    pool's ``shapes`` (the first's and the update's; one shape: no update), for the node's
+    ``arch``, on the pod
     ``network``: it registers the Node, which must become Ready, and Gardener's restart
     annotation acts on it before the update. The pool's machines are of ``arch`` (Gardener
     renders its OSC for it: the kubelet's ``kubernetes.io/arch`` label). ``in_place``: the pool
@@ -304,10 +307,11 @@ async def provision_from_user_data(
         "release": release,
         "architecture": arch,
     }
-    versions = (rk.SHAPE_VERSIONS[shapes[0]], rk.SHAPE_VERSIONS[shapes[1]])
-    first, update = (generate(shape, **args, in_place=in_place) for shape in shapes)
+    versions = tuple(rk.SHAPE_VERSIONS[shape] for shape in shapes)
+    first, *updates = (generate(shape, **args, in_place=in_place) for shape in shapes)
+    update = updates[0] if updates else None
     # a patch update keeps the Secret, and so does any update of an in-place pool
-    assert first.secret_name == update.secret_name
+    assert update is None or first.secret_name == update.secret_name
     run = ProvisionRun(machine, first, update, versions, bootstrap_username=token.username)
     serve_gardener_images(registry, cn, agent, first.gardener_version, versions, arch=arch)
     await grant_node_agent_identity(admin, machine, secret_names=[first.secret_name])
@@ -348,6 +352,9 @@ async def provision_from_user_data(
     clock = time.monotonic()
     run.restarted = await restart_kubelet_by_annotation(admin, node, machine, ports)
     run.timings["restart annotation -> kubelet healthy"] = time.monotonic() - clock
+    run.checksums = (checksum,)
+    if update is None:
+        return run
 
     units = tuple(u["name"] for u in first.osc["spec"]["units"] if u["name"] not in LOOPING)
     before = g.unit_marks(node, units)
@@ -406,6 +413,7 @@ async def in_place_ca_rotation(admin: ApiClient, run: ProvisionRun, initiated: s
     published once machine-controller-manager says the node is drained; until the Node
     carries its checksum (returned)."""
     assert run.ports is not None
+    assert run.update is not None
     doc = yaml.safe_load(run.ports.osc_yaml(run.update))
     rotation = {"certificateAuthorities": {"lastInitiationTime": initiated}}
     doc["spec"]["inPlaceUpdates"]["credentialsRotation"] = rotation

@@ -45,10 +45,9 @@ from tests.testbed.systemd_ns import IsolatedSystemd
 SHAPES = ("k8s-1.34", "k8s-1.34-patch")
 VERSIONS = ("1.34.0", "1.34.2")
 #: the kubelet the bed builds for each of Gardener's pool shapes (tests/testbed/kubelet-<v>/):
-#: the k8s-1.33 ones for an in-place kubelet minor update to k8s-1.34
+#: k8s-1.33 for an in-place kubelet minor update to k8s-1.34
 SHAPE_VERSIONS = {
     "k8s-1.33": "1.33.0",
-    "k8s-1.33-patch": "1.33.1",
     "k8s-1.34": "1.34.0",
     "k8s-1.34-patch": "1.34.2",
 }
