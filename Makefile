@@ -66,11 +66,11 @@ vm-image: deps
 # emulated arm64 node). The amd64 ones one after the other, newest first: they share most of
 # their dependencies, which the first build leaves in Go's build cache for the next (builds side
 # by side would each compile them). The arm64 build shares nothing with them: a job of its own.
-KUBELETS := $(sort $(notdir $(wildcard tests/testbed/kubelet-*)))
+KUBELETS := $(shell cd tests/testbed && ls -d kubelet-* | sort -rV)
 ARM64_KUBELETS := kubelet-1.34.0
 kubelet: kubelet-amd64 kubelet-arm64
 kubelet-amd64: deps
-	@for module in $(shell printf '%s\n' $(KUBELETS) | sort -rV); do \
+	@for module in $(KUBELETS); do \
 	  sh tests/testbed/build-controlplane.sh "$$module" > /dev/null || exit 1; done
 kubelet-arm64: deps
 	@for module in $(ARM64_KUBELETS); do \

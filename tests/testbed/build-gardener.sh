@@ -66,7 +66,9 @@ if cached; then
 fi
 
 mkdir -p "$cache/go-mod" "$cache/go-build" "$cache/go-tmp"
-export GOMODCACHE="$cache/go-mod" GOCACHE="${NODE_AGENT_GOCACHE:-$cache/go-build}" GOTMPDIR="$cache/go-tmp" GOFLAGS=-mod=mod CGO_ENABLED=0
+# No DWARF in the compiled packages: the binaries are stripped (-s -w) anyway, and leaving it
+# out saves about 8 % of a build's CPU.
+export GOMODCACHE="$cache/go-mod" GOCACHE="${NODE_AGENT_GOCACHE:-$cache/go-build}" GOTMPDIR="$cache/go-tmp" GOFLAGS="-mod=mod -gcflags=all=-dwarf=false" CGO_ENABLED=0
 echo "build-gardener: building $binaries $version into $out (first time takes minutes)" >&2
 rm -rf "$out.tmp"
 mkdir -p "$out.tmp/src"
@@ -84,8 +86,8 @@ ldflags="-s -w -X k8s.io/component-base/version.gitVersion=$version"
 ldflags="$ldflags -X k8s.io/component-base/version.gitMajor=$major -X k8s.io/component-base/version.gitMinor=$minor"
 ldflags="$ldflags -X k8s.io/component-base/version.gitTreeState=clean"
 
-go build -trimpath -gcflags=all=-dwarf=false -ldflags="$ldflags" -o "$out.tmp/gardener-node-agent" github.com/gardener/gardener/cmd/gardener-node-agent >&2
-go build -trimpath -gcflags=all=-dwarf=false -ldflags="$ldflags" -o "$out.tmp/gardener-gen" . >&2
+go build -trimpath -ldflags="$ldflags" -o "$out.tmp/gardener-node-agent" github.com/gardener/gardener/cmd/gardener-node-agent >&2
+go build -trimpath -ldflags="$ldflags" -o "$out.tmp/gardener-gen" . >&2
 cd "$cache"
 rm -rf "$out"
 mv "$out.tmp" "$out"

@@ -291,8 +291,8 @@ async def provision_from_user_data(
     """Provision from Gardener ``release``'s user data, first OSC, Kubernetes update;
     ``tick(step)`` after each milestone. The kubelet is the real one (``real_kubelet``) of the
     pool's ``shapes`` (the first's and the update's; one shape: no update), for the node's
-    ``arch``, on the pod
-    ``network``: it registers the Node, which must become Ready, and Gardener's restart
+    ``arch``, on the pod ``network``: it registers the Node, which must become Ready, and
+    Gardener's restart
     annotation acts on it before the update. The pool's machines are of ``arch`` (Gardener
     renders its OSC for it: the kubelet's ``kubernetes.io/arch`` label). ``in_place``: the pool
     updates in place, the update once machine-controller-manager says the node is drained."""
