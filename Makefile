@@ -54,21 +54,26 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python deps
 
 venv: $(VENV)/.installed
 
+# The control plane, then the real kubelet at its Kubernetes version, from the same module
+# (tests/testbed/controlplane): after the control plane, that kubelet compiles little of its own.
+CONTROLPLANE_KUBELET := kubelet-$(shell sed -n 's/^\tk8s.io\/kubernetes v//p' tests/testbed/controlplane/go.mod)
 controlplane: deps
 	@sh tests/testbed/build-controlplane.sh > /dev/null
+	@sh tests/testbed/build-controlplane.sh $(CONTROLPLANE_KUBELET) > /dev/null
 
 # The worker machine image the VM tests boot (Debian's packages, cached by its build script).
 vm-image: deps
 	@sh tests/testbed/vm/build-image.sh > /dev/null
 
-# The real kubelets, at the Kubernetes versions of the Gardener shapes their tests provision
-# (tests/testbed/kubelet-<version>/); that of the k8s-1.34 shape also for linux/arm64 (the
-# emulated arm64 node). The amd64 ones one after the other, newest first: they share most of
-# their dependencies, which the first build leaves in Go's build cache for the next (builds side
-# by side would each compile them). The arm64 build shares nothing with them: a job of its own.
+# The real kubelets, at the Kubernetes versions of the Gardener shapes their tests provision:
+# the control plane's (above) and those of tests/testbed/kubelet-<version>/; that of the k8s-1.34
+# shape also for linux/arm64 (the emulated arm64 node). The amd64 ones one after the other, newest
+# first: they share their third-party dependencies, which the first build leaves in Go's build
+# cache for the next (builds side by side would each compile them). The arm64 build shares
+# nothing with them: a job of its own.
 KUBELETS := $(shell cd tests/testbed && ls -d kubelet-* | sort -rV)
 ARM64_KUBELETS := kubelet-1.34.0
-kubelet: kubelet-amd64 kubelet-arm64
+kubelet: controlplane kubelet-amd64 kubelet-arm64
 kubelet-amd64: deps
 	@for module in $(KUBELETS); do \
 	  sh tests/testbed/build-controlplane.sh "$$module" > /dev/null || exit 1; done
@@ -100,8 +105,8 @@ monitoring: promtool
 lint: venv
 	$(BIN)/ruff check node_agent tests bench packaging
 	$(BIN)/ruff format --check node_agent tests bench packaging
-	shellcheck init/node-agent-init.sh packaging/build.sh packaging/rootfs.sh tests/testbed/build-promtool.sh \
-	  tests/testbed/build-gardener.sh tests/testbed/build-controlplane.sh tests/testbed/vm/build-image.sh
+	shellcheck -x init/node-agent-init.sh packaging/build.sh packaging/rootfs.sh tests/testbed/build-promtool.sh \
+	  tests/testbed/build-gardener.sh tests/testbed/build-controlplane.sh tests/testbed/go-env.sh tests/testbed/vm/build-image.sh
 
 typecheck: venv
 	$(BIN)/mypy node_agent tests bench

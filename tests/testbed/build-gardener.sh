@@ -65,10 +65,8 @@ if cached; then
     exit 0
 fi
 
-mkdir -p "$cache/go-mod" "$cache/go-build" "$cache/go-tmp"
-# No DWARF in the compiled packages: the binaries are stripped (-s -w) anyway, and leaving it
-# out saves about 8 % of a build's CPU.
-export GOMODCACHE="$cache/go-mod" GOCACHE="${NODE_AGENT_GOCACHE:-$cache/go-build}" GOTMPDIR="$cache/go-tmp" GOFLAGS="-mod=mod -gcflags=all=-dwarf=false" CGO_ENABLED=0
+# shellcheck source=tests/testbed/go-env.sh
+. "$here/go-env.sh"
 echo "build-gardener: building $binaries $version into $out (first time takes minutes)" >&2
 rm -rf "$out.tmp"
 mkdir -p "$out.tmp/src"

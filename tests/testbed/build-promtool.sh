@@ -31,10 +31,8 @@ if built; then
     exit 0
 fi
 
-mkdir -p "$cache/go-mod" "$cache/go-build" "$cache/go-tmp"
-# No DWARF in the compiled packages: the binaries are stripped (-s -w) anyway, and leaving it
-# out saves about 8 % of a build's CPU.
-export GOMODCACHE="$cache/go-mod" GOCACHE="$cache/go-build" GOTMPDIR="$cache/go-tmp" GOFLAGS="-mod=mod -gcflags=all=-dwarf=false" CGO_ENABLED=0
+# shellcheck source=tests/testbed/go-env.sh
+. "$here/go-env.sh"
 cd "$here/promtool"
 echo "build-promtool: building promtool $version into $out (first time takes minutes)" >&2
 rm -rf "$out.tmp"

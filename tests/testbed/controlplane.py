@@ -41,6 +41,15 @@ GUEST_ALIAS = "10.0.2.100"
 KCM_CONTROLLERS = ("csrsigning", "csrapproving", "tokencleaner", "csrcleaner")
 
 
+def _thread_stopped(task: Path) -> bool:
+    """Whether a thread (/proc/<pid>/task/<tid>) is stopped by a signal, or gone."""
+    try:
+        stat = (task / "stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] == "T"
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
@@ -223,9 +232,18 @@ class ControlPlane:
             self.apiserver.popen.wait(timeout=10)
             self.apiserver.popen = None
 
-    def freeze_apiserver(self) -> None:
+    def freeze_apiserver(self, timeout: float = 5.0) -> None:
+        """SIGSTOP kube-apiserver, and return once every one of its threads has stopped: kill()
+        returns before a thread running on another core has taken the signal, and such a thread
+        could still answer a request sent right after."""
         assert self.apiserver.popen is not None
-        os.kill(self.apiserver.popen.pid, signal.SIGSTOP)
+        pid = self.apiserver.popen.pid
+        os.kill(pid, signal.SIGSTOP)
+        deadline = time.monotonic() + timeout
+        while not all(_thread_stopped(t) for t in Path(f"/proc/{pid}/task").iterdir()):
+            if time.monotonic() > deadline:
+                raise HarnessError(f"kube-apiserver (pid {pid}) did not stop within {timeout}s")
+            time.sleep(0.01)
 
     def thaw_apiserver(self) -> None:
         assert self.apiserver.popen is not None

@@ -167,11 +167,11 @@ def agent_pss_kib(journal: str) -> list[int]:
 
 
 def watched_units(gen: Generated) -> set[str]:
-    """The OSC's units whose starts are the agent's doing: not those a timer of the OSC starts,
-    not the one that loops on a machine without sshd."""
+    """The OSC's units whose starts are the agent's doing: not those a timer of the OSC starts.
+    (Gardener's sshd-ensurer.service counts: the machine has sshd, so it does not loop.)"""
     names = {str(u["name"]) for u in gen.osc["spec"]["units"]}
     timed = {n.removesuffix(".timer") + ".service" for n in names if n.endswith(".timer")}
-    return names - timed - set(gp.LOOPING)
+    return names - timed
 
 
 def pool(shape: str, image_version: str, machine: str, token: str, cp: ControlPlane) -> Generated:

@@ -12,6 +12,10 @@ cache=${NODE_AGENT_TEST_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/node-agent-test}
 packages=linux-image-cloud-amd64,systemd,systemd-sysv,udev,dbus,kmod,cloud-init,containerd
 packages=$packages,ca-certificates,iproute2,iptables,e2fsprogs,netbase,logrotate
 packages=$packages,containernetworking-plugins
+# sshd, as on Gardener's worker images: Gardener's sshd-ensurer.service keeps it enabled and
+# running; on a machine without it, that unit fails and restarts every 5 s, each time with a
+# reload of systemd (seconds of emulated CPU each).
+packages=$packages,openssh-server
 key=$(sha256sum "$here/build-image.sh" | cut -c1-16)
 out="$cache/vm-image-$key"
 
@@ -49,6 +53,9 @@ mmdebstrap --variant=minbase --components=main --include="$packages" \
 # extension: here Debian's bridge plugin on the VM's own network).
 echo 'LABEL=root / ext4 defaults 0 1' > "$root/etc/fstab"
 printf 'datasource_list: [ NoCloud, None ]\n' > "$root/etc/cloud/cloud.cfg.d/90-bed.cfg"
+# The host keys made when sshd was installed are kept: a VM of the bed lives for one test, and new
+# keys would cost its first boot seconds of emulated CPU.
+printf 'ssh_deletekeys: false\n' >> "$root/etc/cloud/cloud.cfg.d/90-bed.cfg"
 mkdir -p "$root/etc/cni/net.d"
 cat > "$root/etc/cni/net.d/10-bed.conflist" <<'CNI'
 {"cniVersion": "1.0.0", "name": "bed", "plugins": [{"type": "bridge", "bridge": "cni0",
