@@ -54,12 +54,17 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python deps
 
 venv: $(VENV)/.installed
 
+# The bed's Go builds run niced: each is two compilers wide and fills whatever the other jobs of
+# `make prepare` leave, while the emulated arm64 artifact is one process long; at the same
+# priority that one got a fifth of a core and finished last, with the cores idle around it.
+GO_BUILD := nice -n 10 sh
+
 # The control plane, then the real kubelet at its Kubernetes version, from the same module
 # (tests/testbed/controlplane): after the control plane, that kubelet compiles little of its own.
 CONTROLPLANE_KUBELET := kubelet-$(shell sed -n 's/^\tk8s.io\/kubernetes v//p' tests/testbed/controlplane/go.mod)
 controlplane: deps
-	@sh tests/testbed/build-controlplane.sh > /dev/null
-	@sh tests/testbed/build-controlplane.sh $(CONTROLPLANE_KUBELET) > /dev/null
+	@$(GO_BUILD) tests/testbed/build-controlplane.sh > /dev/null
+	@$(GO_BUILD) tests/testbed/build-controlplane.sh $(CONTROLPLANE_KUBELET) > /dev/null
 
 # The worker machine image the VM tests boot (Debian's packages, cached by its build script).
 vm-image: deps
@@ -76,15 +81,15 @@ ARM64_KUBELETS := kubelet-1.34.0
 kubelet: controlplane kubelet-amd64 kubelet-arm64
 kubelet-amd64: deps
 	@for module in $(KUBELETS); do \
-	  sh tests/testbed/build-controlplane.sh "$$module" > /dev/null || exit 1; done
+	  $(GO_BUILD) tests/testbed/build-controlplane.sh "$$module" > /dev/null || exit 1; done
 kubelet-arm64: deps
 	@for module in $(ARM64_KUBELETS); do \
-	  sh tests/testbed/build-controlplane.sh "$$module" arm64 > /dev/null || exit 1; done
+	  $(GO_BUILD) tests/testbed/build-controlplane.sh "$$module" arm64 > /dev/null || exit 1; done
 
 # Gardener's own generator and upstream gardener-node-agent, built per Gardener release
 # (tests/testbed/gardener/releases; cached like the control plane): `make test` needs the oldest
 # and the newest, `make compat` every release.
-GARDENER_BUILD := sh tests/testbed/build-gardener.sh
+GARDENER_BUILD := $(GO_BUILD) tests/testbed/build-gardener.sh
 gardener: deps
 	@$(GARDENER_BUILD) > /dev/null
 	@$(GARDENER_BUILD) "$$($(GARDENER_BUILD) --list | head -n 1)" > /dev/null
@@ -94,7 +99,7 @@ gardener-all: deps
 
 # promtool, built from Prometheus' Go module like the control plane (cached by version).
 promtool: deps
-	@sh tests/testbed/build-promtool.sh > /dev/null
+	@$(GO_BUILD) tests/testbed/build-promtool.sh > /dev/null
 
 # The monitoring mixin: the rules are valid, every alert and recording rule passes its tests.
 monitoring: promtool
