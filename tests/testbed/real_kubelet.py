@@ -40,11 +40,11 @@ from tests.testbed.controlplane import binaries_dir, free_port
 from tests.testbed.gardener_gen import Generated
 from tests.testbed.systemd_ns import IsolatedSystemd
 
-#: the pool's shape and its Kubernetes patch update, and their kubelets' versions (built by
-#: tests/testbed/kubelet-<version>/go.mod)
+#: the pool's shape and its Kubernetes patch update, and their kubelets' versions (built from
+#: tests/testbed/kubelet-<version>/go.mod, or the control plane's module at its own version)
 SHAPES = ("k8s-1.34", "k8s-1.34-patch")
 VERSIONS = ("1.34.0", "1.34.2")
-#: the kubelet the bed builds for each of Gardener's pool shapes (tests/testbed/kubelet-<v>/):
+#: the kubelet the bed builds for each of Gardener's pool shapes (``build-controlplane.sh``):
 #: k8s-1.33 for an in-place kubelet minor update to k8s-1.34
 SHAPE_VERSIONS = {
     "k8s-1.33": "1.33.0",
