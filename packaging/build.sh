@@ -7,7 +7,8 @@
 # Writes OUT_DIR/node-agent-<version>-linux-<arch>.tar.gz and its .sha256 (sha256sum format) and
 # prints the tarball's path. <arch> is amd64 or arm64: this machine's, or NODE_AGENT_ARCH. The
 # other architecture is built by this same script run inside a Debian 12 root file system of that
-# architecture under qemu-user (packaging/rootfs.sh), with that Debian's python3.11. Tar layout:
+# architecture under qemu-user (packaging/rootfs.sh), with that Debian's python3.11; its build venv
+# is made here, without emulation (foreign_venv below). Tar layout:
 #   bin/node-agent -> ../lib/node-agent/node-agent   the entry point
 #   bin/kubectl-node_agent -> the same               `kubectl node-agent` (the fleet view)
 #   lib/node-agent/                                  the bundle (bootloader + _internal/)
@@ -47,6 +48,7 @@ case $(uname -m) in
 esac
 arch=${NODE_AGENT_ARCH:-$native}
 case $arch in amd64 | arm64) ;; *) die "bad NODE_AGENT_ARCH $arch (amd64 or arm64)" ;; esac
+case $arch in amd64) qemu_arch=x86_64 ;; arm64) qemu_arch=aarch64 ;; esac  # the GNU name
 version=$(sed -n 's/^__version__ = "\(.*\)"$/\1/p' "$src/node_agent/__init__.py")
 [ -n "$version" ] || die "no __version__ in node_agent/__init__.py"
 if [ -n "${NODE_AGENT_VERSION:-}" ] && [ "$NODE_AGENT_VERSION" != "$version" ]; then
@@ -83,6 +85,7 @@ src_key=$(
     done | { cat; echo "$pyinfo"; } | sha256sum | cut -c1-16
 )
 done_dir=$cache/builds/$version-$src_key
+venv=$cache/venv-$lock_key-$py_key
 
 mkdir -p "$out" "$cache/builds"
 if [ -f "$done_dir/$name.tar.gz" ] && [ -f "$done_dir/$name.tar.gz.sha256" ]; then
@@ -91,13 +94,86 @@ if [ -f "$done_dir/$name.tar.gz" ] && [ -f "$done_dir/$name.tar.gz.sha256" ]; th
     exit 0
 fi
 
+# The build venv of the other architecture, made on this machine into $1 (renamed to $venv when
+# complete). Emulated, pip and the compile took ~7 CPU-minutes, 4 of them pystemd's C; here ~25 s:
+# - pystemd has no wheel for arm64: its hash-checked sdist is built into a wheel by Debian's cross
+#   compiler against the root file system (its Python headers, its libsystemd), setuptools reading
+#   the target interpreter's build settings (its _sysconfigdata) instead of this one's;
+# - this machine's pip installs the lock's wheels for the target platform (CPython 3.11, manylinux
+#   up to the root's glibc), that wheel with them under its own hash: every file hash-checked;
+# - the venv around them is written as PEP 405 lays it out (pyvenv.cfg, bin/python pointing at the
+#   root's /usr/bin/python3.11), so nothing runs under emulation before PyInstaller.
+foreign_venv() {
+    into=$1
+    triplet=$qemu_arch-linux-gnu
+    command -v "$triplet-gcc" > /dev/null \
+        || die "$triplet-gcc missing (Debian package gcc-$(echo "$triplet" | tr _ -))"
+    glibc_minor=$(sed -n 's/^#define[[:space:]]*__GLIBC_MINOR__[[:space:]]*\([0-9]*\)$/\1/p' \
+        "$rootfs/usr/include/features.h")
+    [ -n "$glibc_minor" ] || die "no glibc version in $rootfs/usr/include/features.h"
+    sysdata=_sysconfigdata__linux_$triplet
+    [ -f "$rootfs/usr/lib/python3.11/$sysdata.py" ] || die "no $sysdata.py in $rootfs"
+    scratch=$into.scratch
+    mkdir -p "$scratch/sysconfig" "$scratch/wheels"
+    cp "$rootfs/usr/lib/python3.11/$sysdata.py" "$scratch/sysconfig/"
+    # A host venv with the lock's setuptools, the sdist's build backend (its .c files are shipped:
+    # Cython is not needed).
+    "$python" -m venv --without-pip "$scratch/host"
+    awk '/^setuptools==/ { p = 1 } p { print } p && !/\\$/ { exit }' "$src/packaging/requirements.lock" \
+        > "$scratch/setuptools.lock"
+    awk '/^pystemd==/ { p = 1 } p { print } p && !/\\$/ { exit }' "$src/packaging/requirements.lock" \
+        > "$scratch/pystemd.lock"
+    "$python" -m pip --python "$scratch/host/bin/python" install -q --disable-pip-version-check \
+        --no-deps --require-hashes -r "$scratch/setuptools.lock" >&2 || die "no setuptools for pystemd"
+    env _PYTHON_HOST_PLATFORM="linux-$qemu_arch" _PYTHON_SYSCONFIGDATA_NAME="$sysdata" \
+        PYTHONPATH="$scratch/sysconfig" CC="$triplet-gcc --sysroot=$rootfs" \
+        CPPFLAGS="-I$rootfs/usr/include/python3.11" \
+        PKG_CONFIG_LIBDIR="$rootfs/usr/lib/$triplet/pkgconfig:$rootfs/usr/share/pkgconfig" \
+        PKG_CONFIG_SYSROOT_DIR="$rootfs" \
+        "$python" -m pip --python "$scratch/host/bin/python" wheel -q --no-cache-dir --disable-pip-version-check \
+        --no-build-isolation --no-deps --require-hashes -w "$scratch/wheels" -r "$scratch/pystemd.lock" >&2 \
+        || die "cross-compiling pystemd for $arch failed"
+    wheel=$(echo "$scratch"/wheels/pystemd-*-linux_"$qemu_arch".whl)
+    [ -f "$wheel" ] || die "no pystemd wheel for linux_$qemu_arch"
+    {
+        awk '/^pystemd==/ { s = 1; next } s && /^ +--hash/ { next } { s = 0; print }' \
+            "$src/packaging/requirements.lock"
+        printf '%s --hash=sha256:%s\n' "$wheel" "$(sha256sum < "$wheel" | cut -d' ' -f1)"
+    } > "$scratch/requirements.lock"
+    platforms="--platform linux_$qemu_arch --platform manylinux2014_$qemu_arch"
+    minor=17
+    while [ "$minor" -le "$glibc_minor" ]; do
+        platforms="$platforms --platform manylinux_2_${minor}_$qemu_arch"
+        minor=$((minor + 1))
+    done
+    # shellcheck disable=SC2086 # $platforms: our own words
+    "$python" -m pip install -q --disable-pip-version-check --no-deps --require-hashes \
+        --only-binary=:all: --implementation cp --python-version 3.11 --abi cp311 $platforms \
+        --target "$into/lib/python3.11/site-packages" -r "$scratch/requirements.lock" >&2 \
+        || die "installing the lock for $arch failed"
+    rm -rf "$into/lib/python3.11/site-packages/bin"  # scripts for this machine's interpreter
+    mkdir -p "$into/bin"
+    ln -s lib "$into/lib64"
+    for exe in python python3 python3.11; do ln -s /usr/bin/python3.11 "$into/bin/$exe"; done
+    printf 'home = /usr/bin\ninclude-system-site-packages = false\nversion = %s\n' \
+        "${pyinfo%% *}" > "$into/pyvenv.cfg"
+    rm -rf "$scratch"
+    touch "$into/.complete"
+}
+
 if [ "$arch" != "$native" ]; then
     # This script again, inside the root file system under emulation, on a copy of the sources:
     # there it is the machine's own architecture. Its cache (and so the finished artifact under
-    # the key computed above) is this one, mounted at /build.
+    # the key computed above, and the venv made here beforehand) is this one, mounted at /build.
     work=$(mktemp -d "$cache/work.XXXXXX")
     trap 'rm -rf "$work"' EXIT INT TERM
     mkdir "$work/src" "$work/out"
+    if [ ! -f "$venv/.complete" ]; then
+        echo "packaging/build.sh: creating the $arch build venv $venv" >&2
+        foreign_venv "$work/venv"
+        rm -rf "$venv"
+        mv -T "$work/venv" "$venv"
+    fi
     (cd "$src" && tar -cf - node_agent pyproject.toml packaging systemd) | tar -C "$work/src" -xf -
     inner=/build/${work##*/}
     pass=""
@@ -135,19 +211,19 @@ if [ "$arch" != "$native" ]; then
     exit 0
 fi
 
-venv=$cache/venv-$lock_key-$py_key
-if [ ! -x "$venv/bin/pyinstaller" ]; then
+if [ ! -f "$venv/.complete" ]; then
     echo "packaging/build.sh: creating build venv $venv" >&2
     rm -rf "$venv"
     "$python" -m venv "$venv"
     "$venv/bin/pip" install -q --disable-pip-version-check --no-deps --require-hashes \
         -r "$src/packaging/requirements.lock"
+    touch "$venv/.complete"
 fi
 
 work=$(mktemp -d "$cache/work.XXXXXX")
 trap 'rm -rf "$work"' EXIT INT TERM
 echo "packaging/build.sh: building $name (key $src_key)" >&2
-NODE_AGENT_SRC=$src "$venv/bin/pyinstaller" --noconfirm --clean --log-level WARN \
+NODE_AGENT_SRC=$src "$venv/bin/python" -m PyInstaller --noconfirm --clean --log-level WARN \
     --workpath "$work/build" --distpath "$work/dist" "$src/packaging/node-agent.spec" >&2
 
 tree=$work/tree
