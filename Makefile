@@ -55,8 +55,8 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python deps
 venv: $(VENV)/.installed
 
 # The bed's Go builds run niced: each is two compilers wide and fills whatever the other jobs of
-# `make prepare` leave, while the emulated arm64 artifact is one process long; at the same
-# priority that one got a fifth of a core and finished last, with the cores idle around it.
+# `make prepare` leave, while the one-process jobs (PyInstaller under emulation for the arm64
+# artifact, the VM image) would otherwise get a fraction of a core and finish last.
 GO_BUILD := nice -n 10 sh
 
 # The control plane, then the real kubelet at its Kubernetes version, from the same module
@@ -147,8 +147,7 @@ image: artifact
 # the amd64 kubelets, the arm64 kubelet, the Gardener releases: four jobs), the emulated arm64
 # artifact and the checks fill the cores between them (while one job downloads, links or runs on
 # one core, the others compile); each is cached on its own. The venv is made first, on its own;
-# then the arm64 artifact starts first: it runs under emulation on one core, the longest single
-# job, which would otherwise run alone at the end.
+# then the arm64 artifact starts first: its PyInstaller runs under emulation on one core.
 PREPARE := artifact-arm64 controlplane kubelet-amd64 vm-image gardener kubelet-arm64 artifact-amd64 \
   image lint typecheck monitoring
 PREPARE_JOBS ?= 4
