@@ -95,7 +95,8 @@ if [ -f "$done_dir/$name.tar.gz" ] && [ -f "$done_dir/$name.tar.gz.sha256" ]; th
 fi
 
 # The build venv of the other architecture, made on this machine into $1 (renamed to $venv when
-# complete). Emulated, pip and the compile took ~7 CPU-minutes, 4 of them pystemd's C; here ~25 s:
+# complete). Emulated, pip and the compile took ~7 CPU-minutes, 4 of them pystemd's C; here under a
+# minute:
 # - pystemd has no wheel for arm64: its hash-checked sdist is built into a wheel by Debian's cross
 #   compiler against the root file system (its Python headers, its libsystemd), setuptools reading
 #   the target interpreter's build settings (its _sysconfigdata) instead of this one's;
@@ -171,8 +172,9 @@ if [ "$arch" != "$native" ]; then
     if [ ! -f "$venv/.complete" ]; then
         echo "packaging/build.sh: creating the $arch build venv $venv" >&2
         foreign_venv "$work/venv"
-        rm -rf "$venv"
-        mv -T "$work/venv" "$venv"
+        rm -rf "$venv"  # an incomplete one
+        # another build may have finished the same venv meanwhile: then it is used
+        mv -T "$work/venv" "$venv" 2> /dev/null || [ -f "$venv/.complete" ] || die "cannot create $venv"
     fi
     (cd "$src" && tar -cf - node_agent pyproject.toml packaging systemd) | tar -C "$work/src" -xf -
     inner=/build/${work##*/}
