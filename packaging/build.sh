@@ -94,6 +94,12 @@ if [ -f "$done_dir/$name.tar.gz" ] && [ -f "$done_dir/$name.tar.gz.sha256" ]; th
     exit 0
 fi
 
+# One package's pin and hashes from the lock (its line and the continuation lines after it).
+lock_entry() {
+    awk -v want="$1==" 'index($0, want) == 1 { p = 1 } p { print } p && !/\\$/ { exit }' \
+        "$src/packaging/requirements.lock"
+}
+
 # The build venv of the other architecture, made on this machine into $1 (renamed to $venv when
 # complete). Emulated, pip and the compile took ~7 CPU-minutes, 4 of them pystemd's C; here under a
 # minute:
@@ -120,10 +126,8 @@ foreign_venv() {
     # A host venv with the lock's setuptools, the sdist's build backend (its .c files are shipped:
     # Cython is not needed).
     "$python" -m venv --without-pip "$scratch/host"
-    awk '/^setuptools==/ { p = 1 } p { print } p && !/\\$/ { exit }' "$src/packaging/requirements.lock" \
-        > "$scratch/setuptools.lock"
-    awk '/^pystemd==/ { p = 1 } p { print } p && !/\\$/ { exit }' "$src/packaging/requirements.lock" \
-        > "$scratch/pystemd.lock"
+    lock_entry setuptools > "$scratch/setuptools.lock"
+    lock_entry pystemd > "$scratch/pystemd.lock"
     "$python" -m pip --python "$scratch/host/bin/python" install -q --disable-pip-version-check \
         --no-deps --require-hashes -r "$scratch/setuptools.lock" >&2 || die "no setuptools for pystemd"
     env _PYTHON_HOST_PLATFORM="linux-$qemu_arch" _PYTHON_SYSCONFIGDATA_NAME="$sysdata" \
