@@ -72,7 +72,7 @@ from kubernetes_asyncio.client import ApiClient
 
 from bench.fleet_upstream import Upstream
 from node_agent.controllers.osc import pacing
-from node_agent.kube.report import ANNOTATION_SERIAL
+from node_agent.kube.report import ANNOTATION_SERIAL, LABEL_SECRET_NAME
 from tests.conftest import api_client_from, cache_dir
 from tests.testbed.agent_harness import (
     NS,
@@ -251,13 +251,15 @@ async def pool_ledger(admin: ApiClient, lease: str) -> pacing.Ledger:
 class LineSampler:
     """The pool's ledger once a second while a paced rollout runs (as admin, outside the
     agents' audited identities): how often places stood free with nobody in line (the line ran
-    dry: nodes outside it must join before the rollout goes on), and the join window the pool
-    learned."""
+    dry: nodes outside it must join before the rollout goes on), the join window the pool's
+    nodes draw in (``pacing.join_window``: sized by the pool's count, else learned), and that
+    count."""
 
     def __init__(self, admin: ApiClient, lease: str, k: int) -> None:
         self.admin, self.lease, self.k = admin, lease, k
         self.samples: list[tuple[int, int, float]] = []  # (waiting, free places, window)
         self._task: asyncio.Task[None] | None = None
+        self.last = pacing.Ledger()
 
     async def _run(self) -> None:
         while True:
@@ -265,7 +267,8 @@ class LineSampler:
             with contextlib.suppress(Exception):
                 ledger = await pool_ledger(self.admin, self.lease)
                 free = self.k - len(ledger.slots)
-                self.samples.append((ledger.waiting(), free, ledger.window))
+                self.samples.append((ledger.waiting(), free, pacing.join_window(ledger)))
+                self.last = ledger
 
     def __enter__(self) -> LineSampler:
         self._task = asyncio.get_running_loop().create_task(self._run())
@@ -283,7 +286,8 @@ class LineSampler:
         return (
             f"{dry} of {len(self.samples)} s with a free place and nobody in line; line "
             f"p50 {statistics.median(w for w, _, _ in self.samples):.0f} tickets; join window "
-            f"p50 {statistics.median(windows):.1f} s, max {windows[-1]:.1f} s"
+            f"p50 {statistics.median(windows):.1f} s, max {windows[-1]:.1f} s; pool "
+            f"{self.last.pool or 'not counted'}, {self.last.joined} joined"
         )
 
 
@@ -533,10 +537,12 @@ class Fleet:
             client.V1Node(
                 metadata=client.V1ObjectMeta(
                     name=member.name,
-                    # as machine-controller-manager labels a worker's Node: its host and pool
+                    # as machine-controller-manager labels a worker's Node: its host, its pool
+                    # and the pool's OSC Secret
                     labels={
                         "kubernetes.io/hostname": member.name,
                         "worker.gardener.cloud/pool": POOL,
+                        LABEL_SECRET_NAME: self.secret,
                     },
                 )
             )

@@ -26,6 +26,19 @@ class ResourceSeam(Watchable, Protocol):
 
     async def get(self, name: str) -> JSON: ...
 
+    async def list(
+        self,
+        *,
+        field_selector: str | None = None,
+        label_selector: str | None = None,
+        limit: int | None = None,
+        continue_token: str | None = None,
+        metadata_only: bool = False,
+    ) -> JSON:
+        """One List (``limit``/``continue_token``: a page; ``metadata_only``: the items'
+        metadata alone)."""
+        ...
+
     async def create(self, body: Mapping[str, Any]) -> JSON: ...
 
     async def replace(self, name: str, body: Mapping[str, Any]) -> JSON:

@@ -83,11 +83,32 @@ class FakeResource:
         return self._existing("get", name)
 
     async def list(
-        self, *, field_selector: str | None = None, label_selector: str | None = None
+        self,
+        *,
+        field_selector: str | None = None,
+        label_selector: str | None = None,
+        limit: int | None = None,
+        continue_token: str | None = None,
+        metadata_only: bool = False,
     ) -> JSON:
-        self.kube._read(self._key("list"), self.namespace, field_selector)
-        items = [o for o in self.items.values() if _selected(o, field_selector)]
-        return {"items": items, "metadata": {"resourceVersion": str(self.kube.revision)}}
+        """The selected objects (a ``metadata.name=`` field selector, ``key=value`` label
+        selectors joined by commas), a page of ``limit`` from ``continue_token`` at a time;
+        ``metadata_only`` answers each object's metadata alone, as the server does."""
+        self.kube._read(self._key("list"), self.namespace, field_selector or label_selector)
+        items = [
+            o
+            for o in self.items.values()
+            if _selected(o, field_selector) and _labelled(o, label_selector)
+        ]
+        start = int(continue_token or 0)
+        end = len(items) if limit is None else start + limit
+        page = items[start:end]
+        if metadata_only:
+            page = [{"metadata": o.get("metadata", {})} for o in page]
+        meta: JSON = {"resourceVersion": str(self.kube.revision)}
+        if end < len(items):
+            meta["continue"] = str(end)
+        return {"items": page, "metadata": meta}
 
     async def watch(
         self,
@@ -175,6 +196,16 @@ def _selected(obj: JSON, field_selector: str | None) -> bool:
         return True
     name = field_selector.removeprefix("metadata.name=")
     return bool(obj.get("metadata", {}).get("name") == name)
+
+
+def _labelled(obj: JSON, label_selector: str | None) -> bool:
+    labels = obj.get("metadata", {}).get("labels") or {}
+    for term in (label_selector or "").split(","):
+        if term:
+            key, _, value = term.partition("=")
+            if labels.get(key) != value:
+                return False
+    return True
 
 
 class FakeKube:

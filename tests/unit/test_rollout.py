@@ -14,11 +14,12 @@ import pytest
 import pytest_asyncio
 
 from node_agent.base import retry
-from node_agent.base.errors import KubeConflict
+from node_agent.base.errors import KubeConflict, KubeForbidden
 from node_agent.base.retry import Backoff
 from node_agent.context import AgentContext
 from node_agent.controllers.osc import pacing
 from node_agent.controllers.osc import rollout as rollout_module
+from node_agent.controllers.osc.pacing import Ledger
 from node_agent.controllers.osc.rollout import Permit, Rollout
 from node_agent.kube import report
 from node_agent.osc.plan import ChangeSet, UnitCommand
@@ -908,3 +909,113 @@ async def test_serial_waiters_beyond_two_stay_out_of_the_line(pool: Pool) -> Non
         await pool.caught_up()
     assert pool.ledger().waiting() == pacing.JOIN_DEPTH
     assert len(pool.kube.writes("Lease.replace")) == writes + pacing.JOIN_DEPTH
+
+
+def label_pool(pool: Pool, *names: str, secret_name: str = SECRET) -> None:
+    """Label Nodes as Gardener labels a worker pool's: with the name of the pool's OSC Secret."""
+    for name in names:
+        if name not in pool.kube.nodes().items:
+            pool.kube.nodes().put({"metadata": {"name": name}})
+        labels = {report.LABEL_SECRET_NAME: secret_name}
+        pool.kube.nodes().items[name]["metadata"]["labels"] = labels
+
+
+def node_lists(pool: Pool) -> list[tuple[Any, ...]]:
+    return [r for r in pool.kube.reads if r[0] == "Node.list"]
+
+
+async def test_a_pools_first_join_counts_its_nodes_and_the_rest_draw_in_that_window(
+    pool: Pool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pool's first paced rollout: the first join counts the pool's Nodes (metadata, in
+    pages, by the label naming the pool's Secret) and writes the count; the next nodes read
+    it, make no list, and draw their joins in one JOIN_TARGET per node still outside. Without
+    the count a large pool's first rollout began with its nodes racing for the places."""
+    monkeypatch.setattr(rollout_module, "POOL_PAGE", 4)
+    nodes = [pool.node(f"n{i}", rng=random.Random(i)) for i in range(6)]
+    label_pool(pool, *(f"n{i}" for i in range(6)))
+    label_pool(pool, "elsewhere", secret_name="gardener-node-agent-pool-b")
+    assert await nodes[0].admit(secret(paced(1)), CS, retrying=False, plan=KUBELET) is not None
+    assert (pool.ledger().pool, pool.ledger().joined) == (6, 1)
+    assert len(node_lists(pool)) == 2  # two pages of four
+    assert all(r[2] == f"{report.LABEL_SECRET_NAME}={SECRET}" for r in node_lists(pool))
+    for node in nodes[1:3]:
+        assert await node.admit(secret(paced(1)), CS, retrying=False, plan=KUBELET) is None
+        assert node._pool_sized
+        assert node._join_window() == 5 * pacing.JOIN_TARGET  # 6 counted, 1 joined
+    assert len(node_lists(pool)) == 2  # counted once, by the first join
+    # the next rollout sizes its window by this one's joins: no list
+    nxt = pacing.for_checksum(pacing.count_join(pool.ledger()), CS2)
+    assert (nxt.pool, pacing.join_window(nxt)) == (2, 2 * pacing.JOIN_TARGET)
+
+
+async def test_an_agent_that_may_not_list_nodes_learns_its_pools_window(pool: Pool) -> None:
+    """A pool whose first joiner may not list Nodes (or whose Nodes lack the label) counts
+    nothing: its joins are still counted, its window learned as before, and the list is not
+    tried again."""
+    a, b = pool.node("a"), pool.node("b")
+    label_pool(pool, "a", "b")
+    pool.kube.fail("Node.list", KubeForbidden("nodes is forbidden", status=403))
+    assert await a.admit(secret(paced(1)), CS, retrying=False, plan=KUBELET) is not None
+    assert (pool.ledger().pool, pool.ledger().joined) == (0, 1)
+    assert a._counted == 0
+    await b.admit(secret(paced(1)), CS, retrying=False, plan=KUBELET)
+    assert not b._pool_sized
+    assert node_lists(pool) == []  # the refused one is not recorded; nobody asked again
+
+
+async def test_a_lost_race_in_a_pool_of_known_size_keeps_the_pools_window(pool: Pool) -> None:
+    """In a pool of known size a lost join is the share of collisions its window leaves:
+    the loser draws again in the pool's window (its own doubles from the floor only); before,
+    it doubled the pool's and waited out a rollout's length behind everyone."""
+    sized, learned = pool.node("a"), pool.node("b")
+    sized._saw_ledger(Ledger(CS, pool=100, joined=10), CS)
+    assert 0.0 <= sized._contended(CS) <= 90 * pacing.JOIN_TARGET
+    assert sized._window == 2 * rollout_module.JOIN_WINDOW
+    assert sized._join_window() == 90 * pacing.JOIN_TARGET
+    learned._saw_ledger(Ledger(CS, window=40.0), CS)
+    learned._contended(CS)
+    assert learned._window == 80.0  # unknown size: binary exponential backoff, as before
+
+
+async def test_a_delay_drawn_before_the_pool_was_counted_is_drawn_again(pool: Pool) -> None:
+    node = pool.node("a", rng=random.Random(7))
+    node._saw_ledger(Ledger(CS), CS)
+    assert node._join_delay() <= rollout_module.JOIN_WINDOW
+    node._saw_ledger(Ledger(CS, pool=100, joined=1), CS)
+    assert node._join_at is None  # drawn again, in the window of 99 nodes outside
+    assert node._join_window() == 99 * pacing.JOIN_TARGET
+
+
+async def test_a_pool_size_that_leaves_the_lease_standing_is_believed_for_a_grace(
+    pool: Pool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Any node of the pool writes the ledger, so a forged size (5,000 in a pool of a few)
+    would space the joins up to an hour apart. A size that leaves a node waiting to join
+    while nothing changes on the Lease for a grace is not believed for the rest of the
+    checksum: the join is drawn again in the learned window. A Lease that keeps changing
+    (joins landing) keeps it believed."""
+    monkeypatch.setattr(pacing, "TICKET_GRACE", 0.05)
+    forged = Ledger(CS, pool=pacing.MAX_POOL)
+    node = pool.node("a", rng=random.Random(1))
+    node._saw_ledger(forged, CS)
+    assert node._join_delay() > 60.0
+    await asyncio.sleep(0.06)
+    node._saw_ledger(forged, CS)  # the same ledger: nothing changed
+    assert node._join_delay() <= rollout_module.JOIN_WINDOW
+    assert not node._pool_sized
+    node._saw_ledger(forged, CS)
+    assert not node._pool_sized  # not believed again for this checksum
+    node._saw_ledger(pacing.for_checksum(forged, CS2), CS2)
+    assert node._pool_sized  # a new checksum: believed again until it, too, stands
+    honest = pool.node("b", rng=random.Random(1))
+    ledger = Ledger(CS, pool=200)
+    honest._saw_ledger(ledger, CS)
+    due = honest._join_delay()
+    for _ in range(3):
+        await asyncio.sleep(0.03)
+        ledger = pacing.count_join(ledger)
+        honest._saw_ledger(ledger, CS)  # a join landed meanwhile
+        assert honest._join_delay() == pytest.approx(due, abs=0.2)
+        due = honest._join_delay()
+    assert honest._pool_sized

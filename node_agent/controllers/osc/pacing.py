@@ -81,6 +81,9 @@ MAX_JOIN_WINDOW = 3600.0
 JOIN_TARGET = 1.0
 #: the most one join may widen the window by, and narrow it by
 JOIN_LEARN_STEP = (4.0, 0.5)
+#: the largest pool a ledger may name (a Kubernetes cluster's supported size): a forged or
+#: garbled count widens the join window at most as far as a pool this large would
+MAX_POOL = 5000
 #: a place handed by the node that leaves it to the next ticket (:func:`hand_over`) lives this
 #: long until its receiver claims it (its first renewal): a receiver that died in line costs the
 #: pool at most this, and is not counted by the breaker (it never started)
@@ -384,6 +387,13 @@ class Ledger:
     #: the pool's join window, learned from its joins (0: none learned yet); kept across
     #: checksums, since the pool's size is what it follows (see :func:`learn_window`)
     window: float = 0.0
+    #: how many nodes joined the rollout of ``checksum`` so far (drew a ticket, or took a place
+    #: without one): each node of the pool that is paced joins once
+    joined: int = 0
+    #: the pool's size as its last paced rollout counted it (the ``joined`` of the checksum
+    #: before; 0: not known yet): the nodes still outside the line are about ``pool - joined``,
+    #: which sizes the join window exactly (:func:`join_window`) instead of learning it
+    pool: int = 0
 
     def waiting(self) -> int:
         """Tickets handed out and not served (or passed over) yet."""
@@ -447,6 +457,8 @@ class Ledger:
                     else {}
                 ),
                 **({"window": round(self.window, 3)} if round(self.window, 3) else {}),
+                **({"joined": self.joined} if self.joined else {}),
+                **({"pool": self.pool} if self.pool else {}),
             },
             sort_keys=True,
             separators=(",", ":"),
@@ -527,6 +539,7 @@ class Ledger:
         if not 0.0 <= window <= MAX_JOIN_WINDOW:  # NaN too
             problems.append(f"window {str(doc.get('window'))[:40]} is out of range (forgotten)")
             window = 0.0
+        joined, pool = (_node_count(doc, key, problems) for key in ("joined", "pool"))
         ledger = cls(
             checksum=checksum or "",
             slots=tuple(slots),
@@ -538,8 +551,22 @@ class Ledger:
             served=served,
             hosts=hosts,
             window=window,
+            joined=joined,
+            pool=pool,
         )
         return ledger, tuple(problems)
+
+
+def _node_count(doc: Mapping[str, Any], key: str, problems: list[str]) -> int:
+    """A count of nodes a ledger carries: a whole number in [0, MAX_POOL], else forgotten (0,
+    as if never counted) with the problem named."""
+    raw = doc.get(key)
+    if raw is None:
+        return 0
+    if _whole(raw) and raw <= MAX_POOL:
+        return int(raw)
+    problems.append(f"{key} {str(raw)[:40]} is not a count of nodes (forgotten)")
+    return 0
 
 
 def _line(raw: object, problems: list[str]) -> tuple[int, int, tuple[int, ...], dict[int, str]]:
@@ -658,7 +685,32 @@ def for_checksum(ledger: Ledger, checksum: str) -> Ledger:
     (its holders keep their slots), as in :func:`current`."""
     if ledger.checksum == checksum:
         return ledger
-    return Ledger(checksum=checksum, slots=ledger.slots, window=ledger.window)
+    # the joins the last rollout counted are the pool's size now (when it counted none, the
+    # size known before stays)
+    pool = ledger.joined or ledger.pool
+    return Ledger(checksum=checksum, slots=ledger.slots, window=ledger.window, pool=pool)
+
+
+def count_join(ledger: Ledger, *, counted: int = 0) -> Ledger:
+    """``ledger`` as a joining node writes it: one more node joined its rollout; and, for a
+    pool that knows no size yet, the size this node ``counted`` (0: none)."""
+    return replace(
+        ledger,
+        joined=min(ledger.joined + 1, MAX_POOL),
+        pool=ledger.pool or min(max(counted, 0), MAX_POOL),
+    )
+
+
+def join_window(ledger: Ledger) -> float:
+    """The window a node outside the line draws its join delay in (0: none known; the caller
+    has its floor). With n nodes outside, each drawing in a window W, the first writes after
+    about W / n; W = n * :data:`JOIN_TARGET` spaces the joins JOIN_TARGET apart whatever the
+    pool's size. A pool that counted its last rollout knows n: ``pool - joined`` (at least
+    one). A pool that has not (its first paced rollout) uses the window its joins learned
+    (:func:`learn_window`)."""
+    if ledger.pool:
+        return min(JOIN_TARGET * max(ledger.pool - ledger.joined, 1), MAX_JOIN_WINDOW)
+    return ledger.window
 
 
 def learn_window(

@@ -65,6 +65,8 @@ RECHECK_FLOOR = 0.05
 #: of its writes lands, which then widens the pool's.
 JOIN_WINDOW = 4.0
 JOIN_WINDOW_MAX = pacing.MAX_JOIN_WINDOW
+#: Nodes per page when a pool counts itself (``_count_pool``)
+POOL_PAGE = 500
 #: a timer may fire this much before its time (the loop's clock resolution, float rounding)
 TIMER_SLACK = 0.05
 State = Literal["idle", "waiting", "applying", "applied", "failed"]
@@ -160,6 +162,13 @@ class Rollout:
         self._looked_at = -math.inf  # loop time of the last read of the Lease
         self._window = JOIN_WINDOW  # this node's join window (doubled per lost race)
         self._pool_window = 0.0  # the pool's join window, as the last ledger seen says
+        self._pool_sized = False  # the last ledger seen knew the pool's size (its window is n s)
+        self._counted: int | None = None  # the pool's Nodes as this node counted them (once)
+        # the ledger last seen and since when it has not changed (by this node's clock)
+        self._still: tuple[Ledger | None, float] = (None, 0.0)
+        self._sized_by: tuple[str, int] | None = None  # (checksum, pool) the window is sized by
+        self._distrusted: tuple[str, int] | None = None  # a size that left the line standing
+        self._drew_at = 0.0  # when this node drew its pending join delay
         self._drawn_so_far = 0  # tickets the pool had drawn, as the last ledger seen says
         self._join_at: float | None = None  # loop time this node's join is due (drawn)
         # when this node drew its join delay: (loop time, the window it drew from, tickets the
@@ -365,7 +374,7 @@ class Rollout:
             joining = self._ticket_for(checksum) is None
             step, ticket, ledger = self._serial_turn(lease, checksum, now)
             read, problems = _parse_ledger(lease)
-            self._saw_ledger(read)
+            self._saw_ledger(read, checksum)
             drawn = ledger != read or bool(problems)
             write = "serial-acquire" if step.action == "acquire" else "join"
             if step.action == "acquire":
@@ -442,16 +451,78 @@ class Rollout:
     def _contended(self, checksum: str) -> float:
         """A write that lost its race: when to decide again. A node whose turn it was looks
         at the next Lease its watch shows at once; a joining node doubles its window and waits
-        a random part of it (and the Lease that won may well have made its write needless)."""
+        a random part of it (and the Lease that won may well have made its write needless).
+        In a pool whose size is known the pool's window already spreads the joins as far as
+        they need: a lost race is the share of collisions that window leaves, and doubling it
+        would put the loser behind the whole pool (it waited out a rollout's length). Its own
+        window then doubles from the floor only, which counts once the pool's is narrower (a
+        pool that grew since it was counted)."""
         if self._ticket_for(checksum) is not None:
             return 0.0
-        self._window = min(self._join_window() * 2, JOIN_WINDOW_MAX)
+        own = max(self._window, JOIN_WINDOW) if self._pool_sized else self._join_window()
+        self._window = min(own * 2, JOIN_WINDOW_MAX)
         self._join_at = None
         return self._join_delay()
 
-    def _saw_ledger(self, ledger: Ledger) -> None:
-        """What a ledger says of the pool's joins: its window, and how many tickets it drew."""
-        self._pool_window, self._drawn_so_far = ledger.window, ledger.tickets
+    def _first_join(self, lease: JSON | None, checksum: str) -> bool:
+        """This node is about to make the first join of a pool that has never counted itself
+        (its first paced rollout): nobody joined yet and no size is known."""
+        record = pacing.for_checksum(_ledger_of(lease) if lease else Ledger(), checksum)
+        return not record.pool and not record.joined and self._ticket_for(checksum) is None
+
+    async def _count_pool(self) -> None:
+        """Count the pool's Nodes for its first paced rollout: the first join writes the count
+        into the ledger, and the rest of the pool, which drew its join delays in a window for a
+        pool of unknown size, draws them again in one sized by it (``pacing.join_window``).
+        Without it the first rollout of a large pool began with its nodes racing (measured at
+        100 nodes: 17 of 21 lost writes in its first second). Gardener labels each Node of a
+        worker pool with the name of the pool's OSC Secret, the name of this Lease; the list
+        is of metadata only, in pages, and made once per agent, by the few nodes whose join
+        comes before the first one is seen. An agent that may not list Nodes, or a pool
+        without the label, learns its window as before."""
+        if self._counted is not None:
+            return
+        self._counted = 0
+        selector = f"{report.LABEL_SECRET_NAME}={self.lease_name}"
+        token: str | None = None
+        try:
+            for _ in range(pacing.MAX_POOL // POOL_PAGE + 1):
+                page = await self.ctx.kube.nodes().list(
+                    label_selector=selector,
+                    limit=POOL_PAGE,
+                    continue_token=token,
+                    metadata_only=True,
+                )
+                self._counted += len(page.get("items") or [])
+                token = (page.get("metadata") or {}).get("continue") or None
+                if token is None or self._counted >= pacing.MAX_POOL:
+                    break
+        except KubeError as exc:
+            log.info("rollout pool not counted", lease=self.lease_name, error=str(exc))
+            self._counted = 0
+            return
+        self._counted = min(self._counted, pacing.MAX_POOL)
+        log.info("rollout pool counted", lease=self.lease_name, nodes=self._counted)
+
+    def _saw_ledger(self, ledger: Ledger, checksum: str) -> None:
+        """What a ledger says of the pool's joins for ``checksum``: its window (one at the
+        floor or below is none, as a learned one is), and how many tickets it drew. A ledger
+        still of the checksum before is read as the record it starts (the pool its last
+        rollout counted)."""
+        now = asyncio.get_running_loop().time()
+        if ledger != self._still[0]:
+            self._still = (ledger, now)
+        record = pacing.for_checksum(ledger, checksum)
+        self._sized_by = (checksum, record.pool) if record.pool else None
+        sized = self._sized_by is not None and self._sized_by != self._distrusted
+        window = pacing.join_window(record) if sized else record.window
+        if sized and not self._pool_sized:
+            # the pool's size just became known (its first joiner counted it): a join delay
+            # drawn in the narrow window of an unknown pool is drawn again in the sized one
+            self._join_at = None
+        self._pool_sized = sized
+        self._pool_window = window if window > JOIN_WINDOW else 0.0
+        self._drawn_so_far = ledger.tickets
 
     def _join_window(self) -> float:
         """The window this node's next join is drawn from: the pool's, or its own when a lost
@@ -461,9 +532,10 @@ class Rollout:
     def _learned(self, ledger: Ledger) -> Ledger:
         """``ledger`` with what this node's join says of the pool's window: how long it
         waited after it drew its delay, in which window, and whether it lost a race before
-        (``pacing.learn_window``)."""
-        if self._join_drawn is None:
-            return ledger
+        (``pacing.learn_window``), and counted as one more node joined (``pacing.count_join``)."""
+        ledger = pacing.count_join(ledger, counted=self._counted or 0)
+        if self._join_drawn is None or self._pool_sized:
+            return ledger  # (a pool of known size has its window from that, not learned)
         drawn_at, window, drawn_so_far, pool = self._join_drawn
         # the joins that landed since the draw came first (ours is the k-th): each of the k
         # took about waited / k of the window
@@ -489,6 +561,17 @@ class Rollout:
             if self._window > JOIN_WINDOW and self._join_drawn is not None:
                 pool = self._join_drawn[3]  # a redraw after a lost race: the pool's at the first
             self._join_drawn = None if capped else (now, window, self._drawn_so_far, pool)
+            self._drew_at = now
+        elif self._pool_sized and now - max(self._drew_at, self._still[1]) >= pacing.TICKET_GRACE:
+            # A size is written by any node of the pool: one that leaves this node waiting to
+            # join, with nothing changing on the Lease, for a grace is not believed for the rest
+            # of this checksum (a forged pool of 5000 in a pool of 10 would space the joins up
+            # to an hour apart). The join is drawn again in the learned window.
+            log.info("rollout pool size not believed", pool=self._sized_by)
+            self._distrusted, self._pool_sized = self._sized_by, False
+            self._pool_window = self._still[0].window if self._still[0] is not None else 0.0
+            self._join_at = None
+            return self._join_delay(cap)
         return max(0.0, self._join_at - now)
 
     def _joined(self) -> None:
@@ -543,7 +626,7 @@ class Rollout:
             nonlocal problems, write
             joining = self._ticket_for(checksum) is None
             ledger, problems = _parse_ledger(lease)
-            self._saw_ledger(ledger)
+            self._saw_ledger(ledger, checksum)
             decision = self._decide(policy, ledger, checksum, serial=serial)
             joins = decision.ledger != ledger and joining
             if joining and not joins:
@@ -566,6 +649,8 @@ class Rollout:
             if self._looked_for != checksum and not serial and self._ticket_for(checksum) is None:
                 self._looked_for = checksum
                 shown = await self._look_before_joining(policy, checksum, shown)
+            if not serial and self._first_join(shown, checksum):
+                await self._count_pool()
             decision = await self._update(change, shown=shown, contend=True, kind=lambda: write)
         except (_Contended, _Deferred) as stopped:
             retry_in = (
@@ -604,7 +689,7 @@ class Rollout:
         lease = shown if shown is not None else await self._read()
         if lease is not None:
             ledger = _ledger_of(lease)
-            self._saw_ledger(ledger)
+            self._saw_ledger(ledger, checksum)
             if self._decide(policy, ledger, checksum, serial=False).ledger == ledger:
                 return lease  # nothing to write (it waits, or its place is already taken)
         self._watch_while_waiting()
@@ -772,7 +857,7 @@ class Rollout:
             return
         policy, checksum = self._waiting_for
         lease, now = self._shown, self.clock()
-        self._saw_ledger(_ledger_of(lease))
+        self._saw_ledger(_ledger_of(lease), checksum)
         act, retry_in, reason = False, None, None
         mine = self._ticket_for(checksum)
         if policy.serial:
@@ -906,7 +991,7 @@ class Rollout:
                         self._saw(written)
                         return result
                     except KubeConflict:  # another node wrote first (or the watch was behind)
-                        self._conflicts[kind()] += 1
+                        self._lost(kind())
                         if contend:
                             self._lost_on = self._decided_on
                             raise _Contended() from None
@@ -926,7 +1011,7 @@ class Rollout:
                 self._saw(written)
                 return result
             except KubeConflict:  # also AlreadyExists: someone else wrote first
-                self._conflicts[kind()] += 1
+                self._lost(kind())
                 if contend:
                     self._lost_on = self._decided_on
                     raise _Contended() from None
@@ -934,6 +1019,12 @@ class Rollout:
                     raise
                 await backoff.wait()
         raise AssertionError("unreachable")
+
+    def _lost(self, kind: str) -> None:
+        """A compare-and-swap write lost its race: counted by what it was for (the metric) and
+        logged with the moment, so a rollout's lost writes can be placed on its timeline."""
+        self._conflicts[kind] += 1
+        log.info("rollout Lease write lost", write=kind)
 
     # -- reporting -------------------------------------------------------------------------------
 
