@@ -23,6 +23,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client import ApiClient
 
 from node_agent.controllers.osc import pacing, rollout
+from node_agent.kube import report
 from node_agent.kube.client import KubeClient
 from node_agent.kube.watch import ListWatch, list_watch
 from tests.testbed.agent_harness import (
@@ -245,7 +246,8 @@ async def fleet(
     admin_api: ApiClient, control_plane: ControlPlane, nodes: list[IsolatedSystemd], tmp_path: Path
 ) -> AsyncIterator[Fleet]:
     """N agents sharing one OSC Secret; all have applied version v1 (a first apply: never
-    paced) before the test starts."""
+    paced) before the test starts. Their Nodes carry the pool's Secret name as Gardener labels
+    a worker pool's Nodes (a pool's first paced rollout counts its Nodes by it)."""
     secret = unique("osc-pool")
     agents = [
         OSCAgent(admin_api, control_plane, n, tmp_path, secret_name=secret, node_agent=NODE_AGENT)
@@ -255,6 +257,9 @@ async def fleet(
         for agent in agents:
             await agent.setup()
             assert agent.creds is not None
+            await client.CoreV1Api(admin_api).patch_node(
+                agent.node_name, {"metadata": {"labels": {report.LABEL_SECRET_NAME: secret}}}
+            )
             await agent.start()
             stack.push_async_callback(agent.stop)
         pool = Fleet(admin_api, control_plane, agents)
@@ -343,6 +348,10 @@ async def test_paced_never_more_than_k(fleet: Fleet) -> None:
     ledger = await fleet.released()
     assert ledger.checksum == v2
     assert ledger.slots == ()
+    # the pool's first paced rollout: its first join counted the pool's Nodes (the agent's own
+    # identity may list them, as Gardener's authorizer allows) and every node's join was counted
+    assert ledger.pool == N, ledger.dump()
+    assert ledger.joined >= N, ledger.dump()
     # every node applied (converged above) and none failed; no canaries, so no success is kept
     assert ledger.failed == {}
     assert ledger.healthy == {}
