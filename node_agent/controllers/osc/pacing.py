@@ -968,6 +968,13 @@ def hand_over(
     return replace(decision.ledger, slots=slots)
 
 
+def leave(ledger: Ledger, host: str) -> Ledger:
+    """Our slot freed without a result: its update was superseded by a newer OSC before the
+    health gate's verdict (a result of an older checksum means nothing to the pool now, and an
+    update whose verdict never came must not count as healthy)."""
+    return replace(ledger, slots=tuple(s for s in ledger.slots if s.host != host))
+
+
 def finish(
     ledger: Ledger, host: str, checksum: str, now: float, *, ok: bool, why: str = ""
 ) -> Ledger:
