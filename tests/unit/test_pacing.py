@@ -793,8 +793,25 @@ _ledger = st.fixed_dictionaries(
         "failed": st.dictionaries(st.sampled_from(["a", "b", "ghost"]), _json) | _json,
         "window": _numbers,
         "line": _line | _json,
+        "joined": _numbers | st.integers(0, pacing.MAX_POOL),
+        "pool": _numbers | st.integers(0, pacing.MAX_POOL),
     },
 )
+
+
+@settings(max_examples=400, deadline=None)
+@given(doc=st.one_of(_ledger, _json), counted=st.integers(-(2**40), 2**40))
+def test_any_ledgers_count_sizes_a_bounded_window(doc: Any, counted: int) -> None:
+    """Whatever a ledger says of the pool's count, the window a node draws in stays within
+    [0, MAX_JOIN_WINDOW], the counts within [0, MAX_POOL], and the wire form reads back."""
+    ledger, _ = Ledger.parse(json.dumps(doc))
+    joined = pacing.count_join(ledger, counted=counted)
+    for record in (ledger, pacing.for_checksum(ledger, CS2), joined):
+        assert 0.0 <= pacing.join_window(record) <= pacing.MAX_JOIN_WINDOW
+        assert 0 <= record.joined <= pacing.MAX_POOL
+        assert 0 <= record.pool <= pacing.MAX_POOL
+        assert Ledger.load(record.dump()).pool == record.pool
+        assert Ledger.load(record.dump()).joined == record.joined
 
 
 @settings(max_examples=400, deadline=None)
